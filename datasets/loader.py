@@ -1,0 +1,158 @@
+"""Batching shared by every method: one training item = one video with all its queries.
+
+Frame handling follows the MS-SL family: the clip branch mean-pools the frames into
+exactly `num_clips` segments (short videos repeat frames), the frame branch mean-pools
+down to `max_frames` only when a video is longer, rows are L2-normalised, queries are cut
+to `max_query_len` tokens. Padding comes with boolean masks (True = real).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+import torch
+
+from prvr.datasets.types import Split
+
+
+def segment_bounds(length: int, segments: int) -> tuple[np.ndarray, np.ndarray]:
+    """[start, end) rows of `segments` near-equal segments of `length` rows (never empty)."""
+    idx = np.arange(segments + 1) * length / segments
+    start = np.floor(idx[:-1]).astype(np.int64)
+    end = np.maximum(np.floor(idx[1:]).astype(np.int64), start + 1)
+    return np.minimum(start, length - 1), np.minimum(end, length)
+
+
+def segment_mean(x: np.ndarray, segments: int) -> np.ndarray:
+    """Mean of each segment of rows: [T, D] -> [segments, D]."""
+    start, end = segment_bounds(len(x), segments)
+    cs = np.concatenate([np.zeros((1, x.shape[1]), dtype=np.float64), np.cumsum(x, axis=0, dtype=np.float64)])
+    return ((cs[end] - cs[start]) / (end - start)[:, None]).astype(np.float32)
+
+
+def l2_normalize(x: np.ndarray) -> np.ndarray:
+    norm = np.linalg.norm(x, axis=-1, keepdims=True)
+    return x / np.maximum(norm, 1e-12)
+
+
+@dataclass
+class VideoBatch:
+    frames: torch.Tensor  # [B, T, Dv]
+    frame_mask: torch.Tensor  # [B, T] bool
+    clips: torch.Tensor  # [B, C, Dv]
+    video_index: torch.Tensor  # [B] index into the split's videos
+
+
+@dataclass
+class QueryBatch:
+    tokens: torch.Tensor  # [Q, L, Dq]
+    token_mask: torch.Tensor  # [Q, L] bool
+    query_index: torch.Tensor  # [Q]
+
+
+@dataclass
+class TrainBatch:
+    videos: VideoBatch
+    queries: QueryBatch
+    query_item: torch.Tensor  # [Q] which batch video each query is labelled with
+    relevant: torch.Tensor | None  # [Q, B] bool ground truth (simulated data), else None
+
+    def to(self, device: torch.device) -> "TrainBatch":
+        return _to(self, device)
+
+    def pin_memory(self) -> "TrainBatch":
+        return _map_tensors(self, lambda t: t.pin_memory())
+
+
+def _map_tensors(obj, fn):
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if obj is None or not hasattr(obj, "__dataclass_fields__"):
+        return obj
+    return type(obj)(**{f.name: _map_tensors(getattr(obj, f.name), fn) for f in fields(obj)})
+
+
+def _to(obj, device):
+    return _map_tensors(obj, lambda t: t.to(device, non_blocking=True))
+
+
+VideoBatch.to = _to  # type: ignore[attr-defined]
+QueryBatch.to = _to  # type: ignore[attr-defined]
+
+
+class Batcher:
+    """Turns index lists into padded tensors for one split."""
+
+    def __init__(self, split: Split, data_cfg) -> None:
+        self.split = split
+        self.cfg = data_cfg
+        self.video_queries = split.video_queries()
+
+    def video_features(self, v: int) -> tuple[np.ndarray, np.ndarray]:
+        raw = np.asarray(self.split.frames[v], dtype=np.float32)
+        clips = segment_mean(raw, self.cfg.num_clips)
+        frames = segment_mean(raw, self.cfg.max_frames) if len(raw) > self.cfg.max_frames else raw
+        if self.cfg.normalize_frames:
+            clips, frames = l2_normalize(clips), l2_normalize(frames)
+        return frames, clips
+
+    def videos(self, index: np.ndarray) -> VideoBatch:
+        feats = [self.video_features(int(v)) for v in index]
+        frames, mask = _pad([f for f, _ in feats])
+        clips = torch.from_numpy(np.stack([c for _, c in feats]))
+        return VideoBatch(frames, mask, clips, torch.as_tensor(np.asarray(index, dtype=np.int64)))
+
+    def queries(self, index: np.ndarray) -> QueryBatch:
+        rows = []
+        for q in index:
+            tok = np.asarray(self.split.tokens[int(q)][: self.cfg.max_query_len], dtype=np.float32)
+            rows.append(l2_normalize(tok) if self.cfg.normalize_tokens else tok)
+        tokens, mask = _pad(rows)
+        return QueryBatch(tokens, mask, torch.as_tensor(np.asarray(index, dtype=np.int64)))
+
+    def train_batch(self, videos: np.ndarray) -> TrainBatch:
+        per = [self.video_queries[int(v)] for v in videos]
+        qidx = np.concatenate(per) if per else np.zeros(0, dtype=np.int64)
+        item = np.repeat(np.arange(len(videos)), [len(p) for p in per])
+        relevant = None
+        if self.split.relevance is not None:
+            relevant = torch.from_numpy(self.split.relevance[qidx][:, videos].toarray().astype(bool))
+        return TrainBatch(self.videos(videos), self.queries(qidx), torch.from_numpy(item), relevant)
+
+
+def _pad(rows: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+    longest = max((len(r) for r in rows), default=1)
+    dim = rows[0].shape[1] if rows else 0
+    out = np.zeros((len(rows), longest, dim), dtype=np.float32)
+    mask = np.zeros((len(rows), longest), dtype=bool)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+        mask[i, : len(r)] = True
+    return torch.from_numpy(out), torch.from_numpy(mask)
+
+
+class _BatchDataset(torch.utils.data.Dataset):
+    def __init__(self, batches: list[np.ndarray], make) -> None:
+        self.batches, self.make = batches, make
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, i: int):
+        return self.make(self.batches[i])
+
+
+def epoch_batches(num_videos: int, batch_size: int, seed: int, epoch: int, video_has_queries: np.ndarray) -> list[np.ndarray]:
+    """Shuffled video batches of one epoch; the order depends only on (seed, epoch)."""
+    rng = np.random.default_rng([seed, epoch, 17])
+    order = rng.permutation(np.nonzero(video_has_queries)[0])
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def make_loader(batches: list[np.ndarray], make, num_workers: int = 0, pin: bool = False):
+    """Iterate prepared batches, with worker processes and pinned memory when asked."""
+    return torch.utils.data.DataLoader(
+        _BatchDataset(batches, make), batch_size=None, shuffle=False,
+        num_workers=num_workers, pin_memory=pin, persistent_workers=False,
+    )

@@ -1,0 +1,313 @@
+"""A simulated PRVR world with known ground truth.
+
+Videos are sequences of events (a character does an action, maybe with an object) over a
+background of shared context (the show's scene and cast). Each annotated event gets one
+English query (with its gold parse); unannotated events fill the rest of the video. The
+phenomena that label-noise methods exist for each have a knob (SimConfig):
+
+- partial relevance: moment lengths follow the M/V fractions of the imitated dataset;
+- label ambiguity: events recur across videos (`repeat_prob`, `repeat_copies`) and vague
+  queries omit the object or the character (`vague_prob`), so the one-to-one labels miss
+  truly relevant videos;
+- shared context: every frame carries its scene and cast (`context_weight`);
+- uninformative words: function words and fillers (`filler_rate`) whose token features
+  come from word identity only, with no visual concept in them;
+- paraphrase: several verb phrases per action (language.py);
+- mislabelled pairs: `mislabel_rate` moves training queries to a random wrong video.
+
+Features are fixed random linear maps of the latent semantics plus noise, one map per
+modality, so a model must learn the cross-modal alignment.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+from prvr.datasets.sim import language as lang
+from prvr.datasets.types import Ragged, Split
+
+GENERATOR_VERSION = 1  # bump when the generated data changes; it is part of the cache key
+SPLIT_CODES = {"train": 1, "val": 2, "test": 3}
+
+
+@dataclass
+class Concepts:
+    """The world's latent semantics and its fixed feature maps (shared by every split)."""
+
+    character: np.ndarray  # [C, d]
+    action: np.ndarray  # [A, d]
+    obj: np.ndarray  # [O, d]
+    scene: np.ndarray  # [S, d]
+    video_map: np.ndarray  # [d, Dv]
+    text_map: np.ndarray  # [d, Dq]
+    seed: int
+
+    def word(self, token: str) -> np.ndarray:
+        """Word-identity vector: same word, same vector; no visual concept in it."""
+        d = self.character.shape[1]
+        rng = np.random.default_rng([self.seed, 7, zlib.crc32(token.encode())])
+        return rng.standard_normal(d) / np.sqrt(d)
+
+    def latent(self, kind: str, idx: int) -> np.ndarray:
+        return {"character": self.character, "action": self.action, "object": self.obj, "scene": self.scene}[kind][idx]
+
+
+def make_concepts(cfg, rng: np.random.Generator) -> Concepts:
+    vocab = lang.concept_vocab()
+    d = cfg.latent_dim
+
+    def unit(n: int) -> np.ndarray:
+        x = rng.standard_normal((n, d))
+        return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+    return Concepts(
+        character=unit(len(vocab["character"])),
+        action=unit(len(vocab["action"])),
+        obj=unit(len(vocab["object"])),
+        scene=unit(len(vocab["scene"])),
+        video_map=rng.standard_normal((d, cfg.video_dim)).astype(np.float32),
+        text_map=rng.standard_normal((d, cfg.query_dim)).astype(np.float32),
+        seed=cfg.seed,
+    )
+
+
+# Events are rows of an int table: video, character, action, object, start_frame, end_frame, annotated.
+EV_VIDEO, EV_CHAR, EV_ACTION, EV_OBJ, EV_START, EV_END, EV_ANNOT = range(7)
+
+
+@dataclass
+class VideoPlan:
+    show: np.ndarray  # [V]
+    scene: np.ndarray  # [V]
+    cast: list[np.ndarray]
+    duration: np.ndarray  # [V] seconds
+    num_frames: np.ndarray  # [V]
+
+
+def plan_videos(cfg, n: int, rng: np.random.Generator) -> VideoPlan:
+    n_shows = len(lang.SHOWS)
+    show = rng.integers(0, n_shows, n)
+    scene = np.array([rng.choice(lang.scenes_of_show(s)) for s in show])
+    cast = []
+    for s in show:
+        chars = lang.characters_of_show(int(s))
+        k = int(rng.integers(2, len(chars) + 1))
+        cast.append(np.sort(rng.choice(chars, size=k, replace=False)))
+    dur = rng.normal(cfg.duration_mean, cfg.duration_std, n)
+    dur = np.clip(dur, 0.4 * cfg.duration_mean, 2.5 * cfg.duration_mean)
+    frames = np.maximum(4, np.round(dur / cfg.seconds_per_frame)).astype(np.int64)
+    dur = frames * cfg.seconds_per_frame
+    return VideoPlan(show, scene, cast, dur, frames)
+
+
+def count_events(cfg, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Annotated events (= queries) and unannotated events per video."""
+    q = cfg.queries_per_video
+    base = int(np.floor(q))
+    annotated = base + (rng.random(n) < (q - base)).astype(np.int64)
+    annotated = np.maximum(annotated, 1)
+    extra = rng.poisson(cfg.extra_events, n)
+    return annotated, extra
+
+
+class EventSampler:
+    """Draws event contents; recurring events make label ambiguity, fresh ones avoid it."""
+
+    def __init__(self, cfg, plan: VideoPlan, total_events: int, rng: np.random.Generator) -> None:
+        self.cfg, self.plan, self.rng = cfg, plan, rng
+        self.used: set[tuple[int, int, int]] = set()
+        n_shows = len(lang.SHOWS)
+        expected_recurring = total_events * cfg.repeat_prob / n_shows
+        pool_size = max(1, int(round(expected_recurring / max(cfg.repeat_copies, 1.0))))
+        self.pool = [[self._fresh_for_show(s) for _ in range(pool_size)] for s in range(n_shows)]
+
+    def _fresh_for_show(self, show: int) -> tuple[int, int, int]:
+        chars = lang.characters_of_show(show)
+        return self._combo(np.asarray(chars))
+
+    def _combo(self, chars: np.ndarray) -> tuple[int, int, int]:
+        n_actions = len(lang.concept_vocab()["action"])
+        for _ in range(50):  # avoid accidental repeats so that `repeat_prob` is the knob
+            a = int(self.rng.integers(n_actions))
+            o = int(self.rng.choice(lang.objects_of_action(a)))
+            c = int(self.rng.choice(chars))
+            if (c, a, o) not in self.used:
+                break
+        self.used.add((c, a, o))
+        return c, a, o
+
+    def draw(self, video: int) -> tuple[int, int, int]:
+        show = int(self.plan.show[video])
+        if self.rng.random() < self.cfg.repeat_prob:
+            pool = self.pool[show]
+            combo = pool[int(self.rng.integers(len(pool)))]
+            self.used.add(combo)
+            return combo
+        return self._combo(self.plan.cast[video])
+
+
+def sample_moment(cfg, frames: int, rng: np.random.Generator) -> tuple[int, int]:
+    """[start, end) frame span whose length / video length follows the M/V fractions."""
+    fr = np.asarray(cfg.mv_fractions, dtype=np.float64)
+    bucket = rng.choice(3, p=fr / fr.sum())
+    lo, hi = [(0.02, 0.2), (0.2, 0.4), (0.4, 1.0)][bucket]
+    frac = rng.uniform(lo, hi)
+    length = int(np.clip(round(frac * frames), 1, frames))
+    # keep the realised fraction inside its bucket after rounding to whole frames
+    while length > 1 and length / frames > hi:
+        length -= 1
+    while length < frames and length / frames <= lo:
+        length += 1
+    start = int(rng.integers(0, frames - length + 1))
+    return start, start + length
+
+
+def build_events(cfg, plan: VideoPlan, rng: np.random.Generator) -> np.ndarray:
+    n = len(plan.show)
+    annotated, extra = count_events(cfg, n, rng)
+    sampler = EventSampler(cfg, plan, int(annotated.sum() + extra.sum()), rng)
+    rows = []
+    for v in range(n):
+        for k in range(annotated[v] + extra[v]):
+            c, a, o = sampler.draw(v)
+            s, e = sample_moment(cfg, int(plan.num_frames[v]), rng)
+            rows.append((v, c, a, o, s, e, int(k < annotated[v])))
+    return np.asarray(rows, dtype=np.int64).reshape(-1, 7)
+
+
+def query_specs(cfg, events: np.ndarray, plan: VideoPlan, rng: np.random.Generator) -> np.ndarray:
+    """What each query names: [Q, 5] = event row, character, object, scene, paraphrase (-1 = omitted)."""
+    ann = np.nonzero(events[:, EV_ANNOT])[0]
+    specs = np.full((len(ann), 5), -1, dtype=np.int64)
+    for i, e in enumerate(ann):
+        c, a, o = events[e, EV_CHAR], events[e, EV_ACTION], events[e, EV_OBJ]
+        scene = int(plan.scene[events[e, EV_VIDEO]])
+        named_scene = rng.random() < cfg.scene_prob
+        if rng.random() < cfg.vague_prob:
+            if rng.random() < 0.5:
+                o = -1  # "Sheldon sits down."
+            else:
+                c, named_scene = -1, True  # "Someone sits down on the couch in the kitchen."
+        specs[i] = (e, c, o, scene if named_scene else -1, rng.integers(lang.num_paraphrases(int(a))))
+    return specs
+
+
+def relevance_matrix(specs: np.ndarray, events: np.ndarray, plan: VideoPlan) -> sp.csr_matrix:
+    """Ground truth: a video is relevant to a query when one of its events (annotated or not)
+    matches every attribute the query names (character, action, object, scene)."""
+    index: dict[tuple, set[int]] = {}
+    for v, c, a, o in events[:, [EV_VIDEO, EV_CHAR, EV_ACTION, EV_OBJ]]:
+        for key in ((c, a, o), (c, a, -1), (-1, a, o), (-1, a, -1)):
+            index.setdefault(key, set()).add(int(v))
+    rows, cols = [], []
+    for q, (e, c, o, scene, _) in enumerate(specs):
+        videos = index[(c, events[e, EV_ACTION], o)]
+        if scene >= 0:
+            videos = {v for v in videos if plan.scene[v] == scene}
+        rows += [q] * len(videos)
+        cols += sorted(videos)
+    n_videos = len(plan.show)
+    return sp.csr_matrix((np.ones(len(rows), dtype=bool), (rows, cols)), shape=(len(specs), n_videos))
+
+
+def frame_latents(cfg, concepts: Concepts, plan: VideoPlan, events: np.ndarray, v: int,
+                  ev_rows: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Latent content of every frame of video v: context + active events + latent noise."""
+    t = int(plan.num_frames[v])
+    d = cfg.latent_dim
+    context = concepts.scene[plan.scene[v]] + 0.5 * concepts.character[plan.cast[v]].mean(0)
+    z = np.tile(cfg.context_weight * context, (t, 1))
+    for e in ev_rows:
+        _, c, a, o, s, end, _ = events[e]
+        ev = concepts.character[c] + concepts.action[a] + cfg.object_weight * concepts.obj[o]
+        z[s:end] += ev
+    z += cfg.frame_noise / np.sqrt(d) * rng.standard_normal((t, d))
+    return z
+
+
+def generate_split(cfg, concepts: Concepts, split: str, n_videos: int, prefix: str,
+                   progress=lambda n=1: None) -> Split:
+    rng = np.random.default_rng([cfg.seed, SPLIT_CODES[split]])
+    plan = plan_videos(cfg, n_videos, rng)
+    events = build_events(cfg, plan, rng)
+    specs = query_specs(cfg, events, plan, rng)
+    relevance = relevance_matrix(specs, events, plan)
+    by_video = np.split(np.arange(len(events)), np.searchsorted(events[:, EV_VIDEO], np.arange(1, n_videos)))
+
+    frames = _frame_features(cfg, concepts, plan, events, by_video, rng, progress)
+    text, tokens, parses = _queries(cfg, concepts, events, specs, rng)
+    query_video = events[specs[:, 0], EV_VIDEO].copy()
+    if split == "train" and cfg.mislabel_rate > 0:
+        query_video = _mislabel(query_video, cfg.mislabel_rate, n_videos, rng)
+    spf = cfg.seconds_per_frame
+    moments = events[specs[:, 0]][:, [EV_START, EV_END]].astype(np.float64) * spf
+    video_ids = [f"{prefix}_{split}_{v:05d}" for v in range(n_videos)]
+    k_of = np.zeros(len(specs), dtype=np.int64)
+    counts: dict[int, int] = {}
+    for i, v in enumerate(events[specs[:, 0], EV_VIDEO]):
+        k_of[i] = counts.get(int(v), 0)
+        counts[int(v)] = k_of[i] + 1
+    # query ids name the video the event truly happened in (the MS-SL cap-id convention)
+    query_ids = [f"{video_ids[v]}#enc#{k}" for v, k in zip(events[specs[:, 0], EV_VIDEO], k_of)]
+    return Split(
+        video_ids=video_ids, frames=frames, durations=plan.duration, query_ids=query_ids,
+        query_text=text, tokens=tokens, query_video=query_video, moments=moments,
+        relevance=relevance, parses=parses,
+        extra={"query_spec": specs, "events": events, "video_scene": plan.scene, "video_show": plan.show},
+    )
+
+
+def _mislabel(query_video: np.ndarray, rate: float, n_videos: int, rng: np.random.Generator) -> np.ndarray:
+    out = query_video.copy()
+    moved = np.nonzero(rng.random(len(out)) < rate)[0]
+    shift = rng.integers(1, n_videos, len(moved))  # never the true video
+    out[moved] = (out[moved] + shift) % n_videos
+    return out
+
+
+def _frame_features(cfg, concepts, plan, events, by_video, rng, progress) -> Ragged:
+    offsets = np.concatenate([[0], np.cumsum(plan.num_frames)])
+    data = np.empty((int(offsets[-1]), cfg.video_dim), dtype=np.float16)
+    latents = []
+    start = 0
+    for v in range(len(plan.show)):
+        latents.append(frame_latents(cfg, concepts, plan, events, v, by_video[v], rng))
+        if sum(len(x) for x in latents) >= 8192 or v == len(plan.show) - 1:
+            z = np.concatenate(latents).astype(np.float32)
+            feats = z @ concepts.video_map
+            feats += rng.standard_normal(feats.shape, dtype=np.float32)
+            data[start : start + len(z)] = feats
+            start += len(z)
+            progress(len(latents))
+            latents = []
+    return Ragged(data, offsets)
+
+
+def _queries(cfg, concepts, events, specs, rng) -> tuple[list[str], Ragged, list[str]]:
+    texts, parses, toks = [], [], []
+    d = cfg.latent_dim
+    for e, c, o, scene, para in specs:
+        s = lang.realize(None if c < 0 else int(c), int(events[e, EV_ACTION]), None if o < 0 else int(o),
+                         None if scene < 0 else int(scene), int(para), rng, filler_rate=cfg.filler_rate)
+        z = np.stack([_token_latent(concepts, tok, con) for tok, con in zip(s.tokens, s.concepts)])
+        z += cfg.token_noise / np.sqrt(d) * rng.standard_normal(z.shape)
+        feats = z.astype(np.float32) @ concepts.text_map
+        feats += rng.standard_normal(feats.shape, dtype=np.float32)
+        texts.append(s.text)
+        parses.append(s.parse)
+        toks.append(feats.astype(np.float16))
+    return texts, Ragged.from_list(toks, cfg.query_dim, dtype=np.float16), parses
+
+
+def _token_latent(concepts: Concepts, token: str, concept: tuple[str, int] | None) -> np.ndarray:
+    """Content words carry their concept plus a word-specific part (paraphrases differ);
+    function words and fillers carry word identity only: no visual signal."""
+    word = concepts.word(token)
+    if concept is None:
+        return word
+    kind, idx = concept
+    return concepts.latent(kind, idx) + 0.3 * word

@@ -1,0 +1,179 @@
+"""Retrieval evaluation: rank by counting, R@K / SumR, M/V buckets and oracle metrics.
+
+The evaluator takes scores and explicit relevance (sparse matrices), never ids to parse.
+Ranks are computed by counting, not sorting: the rank of a labelled video is 1 + the
+number of *other* videos scoring at least as high, so ties count against the model (a
+constant model ranks every labelled video last). With several labelled videos the best
+one counts. Scores are consumed in chunks of queries, so memory stays bounded.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from prvr.harness.registry import METRICS
+
+KS = (1, 5, 10, 100)
+# Moment length / video length buckets (MS-SL / ARL "M/V" analysis): short, medium, long.
+BUCKETS = {"short": (0.0, 0.2), "medium": (0.2, 0.4), "long": (0.4, 1.0)}
+
+ScoreFn = Callable[[int, int], torch.Tensor]
+
+
+def padded_targets(rel: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray]:
+    """Sparse [Q, V] relevance -> ([Q, M] video indices, [Q, M] validity mask)."""
+    rel = sp.csr_matrix(rel, dtype=bool)
+    rel.eliminate_zeros()
+    counts = np.diff(rel.indptr)
+    width = max(int(counts.max(initial=0)), 1)
+    idx = np.zeros((rel.shape[0], width), dtype=np.int64)
+    mask = np.arange(width)[None, :] < counts[:, None]
+    idx[mask] = rel.indices
+    return idx, mask
+
+
+def count_ranks(scores: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Rank of the best target per query: min over targets t of #{v : s_v >= s_t}.
+
+    scores [q, V]; targets, mask [q, M]. Queries without any target get rank V + 1.
+    Counting includes the target itself, which equals 1 + #{other videos >= s_t}.
+    """
+    target_scores = scores.gather(1, targets)  # [q, M]
+    ranks = torch.empty_like(targets)
+    for m in range(targets.shape[1]):  # M is tiny (labelled / relevant videos per query)
+        ranks[:, m] = (scores >= target_scores[:, m : m + 1]).sum(1)
+    ranks = ranks.masked_fill(~mask, scores.shape[1] + 1)
+    return ranks.min(1).values
+
+
+def count_above(scores: torch.Tensor, label_idx: torch.Tensor, label_mask: torch.Tensor,
+                extra_idx: torch.Tensor, extra_mask: torch.Tensor) -> torch.Tensor:
+    """Per query: how many truly relevant unlabelled videos score >= the best labelled one."""
+    best = scores.gather(1, label_idx).masked_fill(~label_mask, float("-inf")).max(1).values
+    extra = scores.gather(1, extra_idx)
+    return ((extra >= best[:, None]) & extra_mask).sum(1)
+
+
+def recall_table(ranks: np.ndarray, ks: Iterable[int] = KS) -> dict[str, float]:
+    """R@K in percent and SumR from 1-based ranks."""
+    ranks = np.asarray(ranks)
+    out: dict[str, float] = {}
+    for k in ks:
+        out[f"R@{k}"] = float(100.0 * np.mean(ranks <= k)) if len(ranks) else float("nan")
+    out["SumR"] = float(sum(out[f"R@{k}"] for k in ks))
+    return out
+
+
+def summarize_ranks(ranks: np.ndarray) -> dict[str, float]:
+    table = recall_table(ranks)
+    table["median_rank"] = float(np.median(ranks)) if len(ranks) else float("nan")
+    table["mean_rank"] = float(np.mean(ranks)) if len(ranks) else float("nan")
+    table["n"] = int(len(ranks))
+    return table
+
+
+def bucket_of(fraction: np.ndarray) -> np.ndarray:
+    """Bucket name per query from moment/video fraction ('' where unknown)."""
+    out = np.full(len(fraction), "", dtype=object)
+    for name, (lo, hi) in BUCKETS.items():
+        # (lo, hi]; a fraction above 1 (annotation past the end) counts as long.
+        sel = (fraction > lo) & ((fraction <= hi) | (hi == 1.0))
+        out[sel & np.isfinite(fraction)] = name
+    return out
+
+
+def compute_ranks(score_fn: ScoreFn, num_queries: int, labels: sp.csr_matrix,
+                  relevance: sp.csr_matrix | None = None, chunk: int = 1024,
+                  progress: Callable[[int], None] | None = None) -> dict[str, np.ndarray]:
+    """Ranks of every query from chunked scores (the counting path).
+
+    Returns {'labelled': ranks, and where relevance is given: 'oracle': best rank among all
+    truly relevant videos, 'above': relevant unlabelled videos scored >= the labelled one}.
+    """
+    lab_idx, lab_mask = padded_targets(labels)
+    out: dict[str, list[np.ndarray]] = {"labelled": []}
+    if relevance is not None:
+        rel_idx, rel_mask = padded_targets(relevance)
+        extra_idx, extra_mask = padded_targets(_difference(relevance, labels))
+        out.update(oracle=[], above=[])
+    for start in range(0, num_queries, chunk):
+        end = min(start + chunk, num_queries)
+        scores = score_fn(start, end).float()
+        dev = scores.device
+        li = torch.as_tensor(lab_idx[start:end], device=dev)
+        lm = torch.as_tensor(lab_mask[start:end], device=dev)
+        out["labelled"].append(count_ranks(scores, li, lm).cpu().numpy())
+        if relevance is not None:
+            ri = torch.as_tensor(rel_idx[start:end], device=dev)
+            rm = torch.as_tensor(rel_mask[start:end], device=dev)
+            out["oracle"].append(count_ranks(scores, ri, rm).cpu().numpy())
+            ei = torch.as_tensor(extra_idx[start:end], device=dev)
+            em = torch.as_tensor(extra_mask[start:end], device=dev)
+            out["above"].append(count_above(scores, li, lm, ei, em).cpu().numpy())
+        if progress is not None:
+            progress(end - start)
+    return {k: np.concatenate(v) if v else np.zeros(0, dtype=np.int64) for k, v in out.items()}
+
+
+def _difference(a: sp.csr_matrix, b: sp.csr_matrix) -> sp.csr_matrix:
+    a = sp.csr_matrix(a, dtype=bool)
+    b = sp.csr_matrix(b, dtype=bool)
+    return sp.csr_matrix(a.astype(np.int8) - a.multiply(b).astype(np.int8), dtype=bool)
+
+
+def metrics_from_ranks(ranks: dict[str, np.ndarray], moment_fraction: np.ndarray | None = None,
+                       relevance: sp.csr_matrix | None = None) -> dict:
+    """The metrics block of a run record: R@K, SumR, ranks, M/V buckets, oracle."""
+    lab = ranks["labelled"]
+    metrics = summarize_ranks(lab)
+    metrics["buckets"] = {}
+    if moment_fraction is not None and np.isfinite(moment_fraction).any():
+        names = bucket_of(np.asarray(moment_fraction, dtype=np.float64))
+        for b in BUCKETS:
+            sel = names == b
+            metrics["buckets"][b] = {**recall_table(lab[sel]), "n": int(sel.sum())}
+    metrics["oracle"] = {}
+    if "oracle" in ranks:
+        metrics["oracle"] = {**recall_table(ranks["oracle"]),
+                             "unlabelled_above": float(np.mean(ranks["above"])) if len(lab) else float("nan"),
+                             "multi_relevant_share": multi_relevant_share(relevance)
+                             if relevance is not None else None}
+    return metrics
+
+
+@METRICS.register("retrieval", "R@1/5/10/100, SumR, median/mean rank, M/V buckets, oracle R@K")
+def evaluate_scores(scores: torch.Tensor | np.ndarray, labels: sp.csr_matrix,
+                    relevance: sp.csr_matrix | None = None,
+                    moment_fraction: np.ndarray | None = None, chunk: int = 1024) -> dict:
+    """Evaluate a full [Q, V] score matrix (convenience wrapper over the chunked path)."""
+    scores = torch.as_tensor(scores)
+    ranks = compute_ranks(lambda s, e: scores[s:e], scores.shape[0], labels, relevance, chunk)
+    return metrics_from_ranks(ranks, moment_fraction, relevance)
+
+
+def multi_relevant_share(relevance: sp.csr_matrix) -> float:
+    """Share of queries (percent) with more than one truly relevant video."""
+    counts = np.diff(sp.csr_matrix(relevance).indptr)
+    return float(100.0 * np.mean(counts > 1)) if len(counts) else float("nan")
+
+
+def reference_ranks(scores: np.ndarray, targets: list[list[int]]) -> np.ndarray:
+    """Brute-force reference: full descending sort per query, ties placed pessimistically.
+
+    The rank of target t is the position (1-based) of the last video in the sorted order
+    whose score equals s_t, i.e. every tied video is placed before it. Used by tests only.
+    """
+    out = []
+    for s, ts in zip(np.asarray(scores), targets):
+        order = np.argsort(-s, kind="stable")
+        sorted_s = s[order]
+        best = len(s) + 1
+        for t in ts:
+            tied = np.nonzero(sorted_s == s[t])[0]
+            best = min(best, int(tied[-1]) + 1)
+        out.append(best)
+    return np.asarray(out)

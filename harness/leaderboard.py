@@ -1,0 +1,193 @@
+"""Leaderboard tables derived only from run records (never edited by hand).
+
+One row per (dataset, run name) where the run name encodes method, detector, backbone and
+tag. Each metric is mean +- std over seeds with the number of seeds; a row's SumR is
+compared with the baseline's on the same dataset (paired t-test over shared seeds, Welch
+otherwise). A missing metric is an empty cell, never a mean over what happens to exist.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+from prvr.harness import progress
+from prvr.harness.io import UserError, write_text
+from prvr.harness.records import load_record
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str  # header
+    path: tuple[str, ...]  # where in metrics.test
+    higher_is_better: bool = True
+
+
+COLUMNS = (
+    Column("R@1", ("R@1",)), Column("R@5", ("R@5",)), Column("R@10", ("R@10",)), Column("R@100", ("R@100",)),
+    Column("SumR", ("SumR",)),
+    Column("short SumR", ("buckets", "short", "SumR")), Column("medium SumR", ("buckets", "medium", "SumR")),
+    Column("long SumR", ("buckets", "long", "SumR")),
+    Column("oracle SumR", ("oracle", "SumR")),
+)
+KEY_COLUMNS = ("dataset", "method", "backbone", "relations", "tag")
+BASELINE = "baseline"
+
+
+def collect(root: str | Path, skip_bad: bool = False) -> list[dict[str, Any]]:
+    """All run records under root/runs (sorted); a bad record is an error unless skipped."""
+    files = sorted(Path(root).glob("runs/**/*.json"))
+    records = []
+    for f in files:
+        try:
+            records.append(load_record(f))
+        except UserError as e:
+            if not skip_bad:
+                raise UserError(f"{e} (or pass --skip-bad to leave it out of the tables)") from None
+            progress.log(f"[yellow]skipped[/]: {e}")
+    return records
+
+
+def _get(block: dict, path: tuple[str, ...]) -> float | None:
+    for p in path:
+        if not isinstance(block, dict) or p not in block:
+            return None
+        block = block[p]
+    return float(block) if isinstance(block, (int, float)) and not isinstance(block, bool) else None
+
+
+def build_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["dataset"], r.get("run_name", r["method"])), []).append(r)
+    rows = []
+    for (dataset, name), recs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] != BASELINE, kv[0][1])):
+        recs = sorted(recs, key=lambda r: r["seed"])
+        row = {"dataset": dataset, "run": name, "method": recs[0]["method"], "backbone": recs[0].get("backbone", ""),
+               "relations": recs[0].get("relations", ""), "tag": recs[0].get("tag", ""),
+               "seeds": [r["seed"] for r in recs], "n": len(recs),
+               "commands": sorted({r.get("command", "") for r in recs} - {""})}
+        for col in COLUMNS:
+            values = [v for r in recs if (v := _get(r["metrics"].get("test", {}), col.path)) is not None]
+            row[col.name] = values if len(values) == len(recs) else []  # empty cell, not a partial mean
+        rows.append(row)
+    _add_significance(rows)
+    return rows
+
+
+def _add_significance(rows: list[dict[str, Any]]) -> None:
+    base = {r["dataset"]: r for r in rows if r["run"] == BASELINE}
+    for r in rows:
+        b = base.get(r["dataset"])
+        r["delta"], r["p"] = None, None
+        if b is None or r is b or not r["SumR"] or not b["SumR"]:
+            continue
+        r["delta"] = float(np.mean(r["SumR"]) - np.mean(b["SumR"]))
+        r["p"] = _p_value(dict(zip(r["seeds"], r["SumR"])), dict(zip(b["seeds"], b["SumR"])))
+
+
+def _p_value(a: dict[int, float], b: dict[int, float]) -> float | None:
+    shared = sorted(set(a) & set(b))
+    if len(shared) >= 2:
+        diffs = [a[s] - b[s] for s in shared]
+        if np.allclose(diffs, diffs[0]):
+            return 0.0 if diffs[0] != 0 else 1.0
+        return float(stats.ttest_rel([a[s] for s in shared], [b[s] for s in shared]).pvalue)
+    if len(a) >= 2 and len(b) >= 2:
+        return float(stats.ttest_ind(list(a.values()), list(b.values()), equal_var=False).pvalue)
+    return None
+
+
+def fmt(values: list[float]) -> str:
+    if not values:
+        return ""
+    if len(values) == 1:
+        return f"{values[0]:.1f}"
+    return f"{np.mean(values):.1f} ± {np.std(values, ddof=1):.1f}"
+
+
+def fmt_delta(row: dict[str, Any]) -> str:
+    if row.get("delta") is None:
+        return ""
+    p = row.get("p")
+    star = "*" if p is not None and p < 0.05 else ""
+    p_text = f" (p={p:.3f}){star}" if p is not None and not math.isnan(p) else ""
+    return f"{row['delta']:+.1f}{p_text}"
+
+
+def to_csv(rows: list[dict[str, Any]]) -> str:
+    header = ["dataset", "run", "method", "backbone", "relations", "tag", "n_seeds", "seeds"]
+    for col in COLUMNS:
+        header += [f"{col.name} mean", f"{col.name} std"]
+    header += ["delta SumR vs baseline", "p"]
+    lines = [",".join(header)]
+    for r in rows:
+        cells = [r["dataset"], r["run"], r["method"], r["backbone"], r["relations"], r["tag"], str(r["n"]),
+                 " ".join(map(str, r["seeds"]))]
+        for col in COLUMNS:
+            v = r[col.name]
+            cells += [f"{np.mean(v):.3f}" if v else "", f"{np.std(v, ddof=1):.3f}" if len(v) > 1 else ""]
+        cells += ["" if r["delta"] is None else f"{r['delta']:.3f}", "" if r["p"] is None else f"{r['p']:.4f}"]
+        lines.append(",".join(_csv_cell(c) for c in cells))
+    return "\n".join(lines) + "\n"
+
+
+def _csv_cell(text: str) -> str:
+    return f'"{text}"' if "," in text or '"' in text else text
+
+
+def table_cells(r: dict[str, Any]) -> list[str]:
+    return [r["dataset"], r["run"], r["backbone"], r["relations"], str(r["n"])] + [fmt(r[c.name]) for c in COLUMNS] \
+        + [fmt_delta(r)]
+
+
+TABLE_HEADER = ["dataset", "run", "backbone", "relations", "seeds"] + [c.name for c in COLUMNS] + ["Δ SumR vs baseline"]
+
+
+def to_markdown(rows: list[dict[str, Any]]) -> str:
+    commands = sorted({c for r in rows for c in r["commands"]})
+    lines = ["# Leaderboard", "",
+             "Generated by `nox -s leaderboard` from the run records under `results/runs/`; do not edit by hand.",
+             "Test split, percent; mean ± sample std over seeds. Δ: difference of mean SumR to the `baseline` row "
+             "of the same dataset (p: paired t-test over shared seeds; * p < 0.05). oracle SumR counts a hit when "
+             "any truly relevant video is in the top K (simulated data only).", ""]
+    if commands:
+        lines += ["Produced by:", "", "```", *commands, "```", ""]
+    lines += ["| " + " | ".join(TABLE_HEADER) + " |", "|" + "---|" * len(TABLE_HEADER)]
+    lines += ["| " + " | ".join(table_cells(r)) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def write(root: str | Path, rows: list[dict[str, Any]]) -> tuple[Path, Path]:
+    root = Path(root)
+    csv_path, md_path = root / "leaderboard.csv", root / "leaderboard.md"
+    write_text(csv_path, to_csv(rows))
+    write_text(md_path, to_markdown(rows))
+    return csv_path, md_path
+
+
+def rich_table(rows: list[dict[str, Any]]):
+    from rich.table import Table
+
+    table = Table(title="prvr-bench leaderboard (test split)")
+    for h in TABLE_HEADER:
+        table.add_column(h, justify="left" if h in ("dataset", "run", "backbone", "relations") else "right")
+    for r in rows:
+        table.add_row(*table_cells(r))
+    return table
+
+
+def rebuild(root: str | Path, skip_bad: bool = False, show: bool = True) -> list[dict[str, Any]]:
+    rows = build_rows(collect(root, skip_bad))
+    csv_path, md_path = write(root, rows)
+    if show:
+        from rich.console import Console
+
+        Console().print(rich_table(rows))
+        progress.log(f"wrote {csv_path} and {md_path} ({len(rows)} rows)")
+    return rows

@@ -1,0 +1,108 @@
+"""One registry pattern for every pluggable part of the benchmark.
+
+Methods, backbones, relation detectors, objectives, datasets and metrics register
+themselves with a decorator. A duplicate name is an error; an unknown name is answered
+with the closest known names.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, Iterator, TypeVar
+
+T = TypeVar("T")
+
+
+class RegistryError(KeyError):
+    """Unknown or duplicate name in a registry; the message is the whole story."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+@dataclass(frozen=True)
+class Entry(Generic[T]):
+    name: str
+    obj: T
+    summary: str
+
+
+class Registry(Generic[T]):
+    """A named collection of registered objects of one kind."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._entries: dict[str, Entry[T]] = {}
+
+    def register(self, name: str, summary: str = "") -> Callable[[T], T]:
+        """Decorator: register `obj` under `name`; the summary is shown by `prvr-bench list`."""
+
+        def deco(obj: T) -> T:
+            self.add(name, obj, summary)
+            return obj
+
+        return deco
+
+    def add(self, name: str, obj: T, summary: str = "") -> None:
+        if name in self._entries:
+            raise RegistryError(
+                f"duplicate {self.kind} '{name}': already registered by "
+                f"{_where(self._entries[name].obj)}; pick another name"
+            )
+        if not summary:
+            doc = getattr(obj, "__doc__", None) or ""
+            summary = doc.strip().splitlines()[0] if doc.strip() else ""
+        self._entries[name] = Entry(name, obj, summary)
+
+    def get(self, name: str) -> T:
+        return self.entry(name).obj
+
+    def entry(self, name: str) -> Entry[T]:
+        load_all()
+        if name not in self._entries:
+            raise RegistryError(unknown_message(self.kind, name, self.names()))
+        return self._entries[name]
+
+    def names(self) -> list[str]:
+        load_all()
+        return sorted(self._entries)
+
+    def entries(self) -> Iterator[Entry[T]]:
+        return (self._entries[n] for n in self.names())
+
+    def __contains__(self, name: str) -> bool:
+        load_all()
+        return name in self._entries
+
+
+def unknown_message(kind: str, name: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=3, cutoff=0.4)
+    hint = f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""
+    return f"unknown {kind} '{name}': {hint}known: {', '.join(known) or '(none)'}"
+
+
+def _where(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
+
+
+METHODS: Registry[Any] = Registry("method")
+BACKBONES: Registry[Any] = Registry("backbone")
+DETECTORS: Registry[Any] = Registry("relation detector")
+OBJECTIVES: Registry[Any] = Registry("objective")
+DATASETS: Registry[Any] = Registry("dataset")
+METRICS: Registry[Any] = Registry("metric")
+
+_PLUGIN_MODULES = ("prvr.methods", "prvr.datasets", "prvr.harness.evaluate")
+_loaded = False
+
+
+def load_all() -> None:
+    """Import the packages whose modules register themselves (idempotent)."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for mod in _PLUGIN_MODULES:
+        importlib.import_module(mod)

@@ -1,0 +1,68 @@
+"""One training run, from a resolved config to a stored run record."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prvr.harness import progress
+from prvr.harness.records import provenance, record_path, run_tag, write_record
+from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS
+from prvr.harness.timing import Timings
+from prvr.harness.trainer import Trainer, device_name, seed_everything
+
+SPLIT_METRIC_KEYS = ("R@1", "R@5", "R@10", "R@100", "SumR", "median_rank", "mean_rank", "n", "buckets", "oracle")
+
+
+def run_name(cfg, tag: str = "") -> str:
+    spec = METHODS.get(cfg.method)
+    return run_tag(cfg.method, cfg.relations.name, spec.relations, cfg.backbone, spec.backbone, tag)
+
+
+def run_one(cfg, out: str | Path, resume: bool = False, tag: str = "", hooks: list | None = None,
+            command: str = "") -> dict[str, Any]:
+    """Train, early-stop on val SumR, test the best checkpoint, write the record; return it."""
+    timings = Timings()
+    name = run_name(cfg, tag)
+    path = record_path(out, cfg.dataset, name, cfg.seed)
+    ckpt_dir = Path(out) / "checkpoints" / cfg.dataset / name / f"seed{cfg.seed}"
+    with timings("data"):
+        data = DATASETS.get(cfg.dataset).load(cfg)
+    spec = METHODS.get(cfg.method)
+    seed_everything(cfg.seed)
+    model = BACKBONES.get(cfg.backbone)(cfg.model, data.video_dim, data.query_dim)
+    detector = DETECTORS.get(cfg.relations.name)(cfg)
+    detector.setup(data)
+    trainer = Trainer(cfg, data, model, spec, detector, ckpt_dir, hooks, timings)
+    progress.log(f"[bold]{name}[/] on {cfg.dataset}, seed {cfg.seed}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M "
+                 f"parameters, {trainer.device}")
+    trainer.fit(resume=resume)
+    trainer.load_model(ckpt_dir / "best.pt")
+    with timings("eval_test"):
+        test = trainer.evaluate("test", show=True)
+    val = trainer.best["metrics"]
+    record = {
+        "method": cfg.method, "dataset": cfg.dataset, "seed": cfg.seed, "backbone": cfg.backbone,
+        "relations": cfg.relations.name, "run_name": name, "tag": tag, "command": command,
+        "config": cfg.to_dict(),
+        "provenance": {**provenance(device_name(trainer.device)), "data": _data_facts(data)},
+        "timings": timings.as_dict(),
+        "best_epoch": trainer.best["epoch"], "epochs_run": trainer.epoch,
+        "metrics": {"val": _keep(val), "test": _keep(test)},
+        "history": trainer.history,
+    }
+    write_record(path, record)
+    progress.log(f"wrote {path}: test SumR {test['SumR']:.1f} (val {val['SumR']:.1f}, best epoch {trainer.best['epoch']})")
+    return record
+
+
+def _keep(metrics: dict) -> dict:
+    return {k: metrics[k] for k in SPLIT_METRIC_KEYS if k in metrics}
+
+
+def _data_facts(data) -> dict:
+    facts = {"name": data.name}
+    for key in ("generator_version", "test", "train"):
+        if key in data.meta:
+            facts[key] = data.meta[key]
+    return facts

@@ -1,0 +1,4 @@
+"""Methods (prvr.methods): backbones, relation detectors, objectives and named recipes."""
+
+from prvr.methods import baseline, objectives, relations  # noqa: F401
+from prvr.methods.backbones import baseline as _dual_branch  # noqa: F401

@@ -1,0 +1,71 @@
+"""The standard PRVR objectives as pure functions of scores, relations and masks.
+
+Each loss is split into building targets (which pairs are anchors, which negatives) and
+reducing. Weights are arguments, never constants inside a model.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from prvr.harness.registry import OBJECTIVES
+
+
+def _masked_logsumexp(logits: torch.Tensor, mask: torch.Tensor, dim: int) -> torch.Tensor:
+    return torch.logsumexp(logits.masked_fill(~mask, float("-inf")), dim=dim)
+
+
+@OBJECTIVES.register("infonce", "InfoNCE in both directions over cosine / temperature; multi-positive aware")
+def info_nce(scores: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor,
+             temperature: float) -> torch.Tensor:
+    """Symmetric InfoNCE: -log(sum_pos e^{s/t} / sum_{pos+neg} e^{s/t}), averaged over the
+    queries (rows) and the videos (columns) that have at least one positive.
+
+    scores [Q, B] similarities; positive, negative [Q, B] disjoint bool masks (pairs that
+    are neither take no part). A video with several queries has several positives.
+    """
+    logits = scores / temperature
+    terms = []
+    for dim in (1, 0):  # text-to-video over rows, video-to-text over columns
+        has_pos = positive.any(dim)
+        num = _masked_logsumexp(logits, positive, dim)
+        den = _masked_logsumexp(logits, positive | negative, dim)
+        terms.append((den - num)[has_pos].mean() if has_pos.any() else scores.sum() * 0)
+    return terms[0] + terms[1]
+
+
+def sample_negatives(scores: torch.Tensor, negative: torch.Tensor, hard_pool: int | None,
+                     generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One negative per row: uniform among the row's negatives, or, with `hard_pool` = k,
+    uniform among its k highest-scoring negatives (k = 1 is the hardest negative).
+
+    Returns (column index [R], valid [R]); rows without any negative are not valid.
+    """
+    valid = negative.any(1)
+    if hard_pool is None:
+        weights = negative.float()
+    else:
+        k = min(hard_pool, scores.shape[1])
+        masked = scores.detach().masked_fill(~negative, float("-inf"))
+        top = masked.topk(k, dim=1).indices
+        weights = torch.zeros_like(scores, dtype=torch.float).scatter_(1, top, 1.0) * negative.float()
+    weights = weights + (~valid).float()[:, None]  # keep multinomial defined on empty rows
+    idx = torch.multinomial(weights, 1, generator=generator).squeeze(1)
+    return idx, valid
+
+
+@OBJECTIVES.register("triplet", "bidirectional triplet ranking with random or hard negatives (MS-SL style)")
+def triplet(scores: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor, margin: float,
+            hard_pool: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Mean over anchor pairs (q, v) in `positive` of
+        [margin + s(q, v') - s(q, v)]_+ + [margin + s(q', v) - s(q, v)]_+
+    with v' a negative video of q and q' a negative query of v (sample_negatives)."""
+    q_idx, v_idx = positive.nonzero(as_tuple=True)
+    if len(q_idx) == 0:
+        return scores.sum() * 0
+    pos = scores[q_idx, v_idx]
+    neg_v, ok_v = sample_negatives(scores[q_idx], negative[q_idx], hard_pool, generator)
+    neg_q, ok_q = sample_negatives(scores.t()[v_idx], negative.t()[v_idx], hard_pool, generator)
+    t2v = (margin + scores[q_idx, neg_v] - pos).clamp(min=0) * ok_v
+    v2t = (margin + scores[neg_q, v_idx] - pos).clamp(min=0) * ok_q
+    return (t2v + v2t).mean()

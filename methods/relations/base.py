@@ -1,0 +1,102 @@
+"""Relation detectors: for a batch, which query-video pairs are positive, which negative,
+and which are neither (ambiguous). See DESIGN: the one idea that makes methods
+interchangeable."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from prvr.harness.io import UserError
+from prvr.harness.registry import DETECTORS
+
+
+@dataclass
+class Relations:
+    """Relations of a batch's queries (rows) to its videos (columns).
+
+    positive: treated as matching; ambiguous: neither positive nor negative (how an
+    objective treats them is its business); every other pair is negative. confidence
+    in [0, 1] says how sure the detector is about each positive / ambiguous pair.
+    """
+
+    positive: torch.Tensor  # [Q, B] bool
+    ambiguous: torch.Tensor  # [Q, B] bool, disjoint from positive
+    confidence: torch.Tensor  # [Q, B] float
+
+    @property
+    def negative(self) -> torch.Tensor:
+        return ~(self.positive | self.ambiguous)
+
+    @staticmethod
+    def one_to_one(query_item: torch.Tensor, num_videos: int) -> "Relations":
+        positive = torch.zeros(len(query_item), num_videos, dtype=torch.bool, device=query_item.device)
+        positive[torch.arange(len(query_item), device=query_item.device), query_item] = True
+        return Relations(positive, torch.zeros_like(positive), positive.float())
+
+
+class Detector:
+    """Base detector: the one-to-one labels. Subclasses refine `detect`."""
+
+    def __init__(self, cfg) -> None:
+        self.cfg = cfg
+
+    def setup(self, data) -> None:
+        """Check that the dataset provides what the detector needs (called once)."""
+
+    def on_epoch_start(self, trainer, epoch: int) -> None:
+        """Refresh per-epoch state (e.g. dataset-wide statistics)."""
+
+    def on_step(self, trainer, step: int, out: dict) -> None:
+        """Called after each optimisation step."""
+
+    def on_epoch_end(self, trainer, epoch: int, summary: dict) -> None:
+        """Called after each epoch (after validation)."""
+
+    def detect(self, batch, outputs: dict) -> Relations:
+        return Relations.one_to_one(batch.query_item, batch.videos.frames.shape[0])
+
+    def epoch_report(self) -> dict:
+        """Per-epoch facts about the detection, stored in the run record's history."""
+        return {}
+
+
+@DETECTORS.register("none", "one-to-one labels: the labelled video is positive, every other video negative")
+class NoDetector(Detector):
+    pass
+
+
+@DETECTORS.register("oracle", "simulated ground truth: truly relevant unlabelled pairs are not negatives (upper bound)")
+class OracleDetector(Detector):
+    """Uses the simulated world's full relevance. `relations.oracle_mode`: 'ignore' removes
+    truly relevant unlabelled videos from the negatives; 'positive' counts them as positives."""
+
+    MODES = ("ignore", "positive")
+
+    def setup(self, data) -> None:
+        if not data.has_ground_truth:
+            raise UserError(
+                f"the oracle detector needs ground-truth relevance, which dataset '{data.name}' does not have; "
+                "use a simulated dataset (sim-*) or --set relations.name=none"
+            )
+        if self.cfg.relations.oracle_mode not in self.MODES:
+            raise UserError(f"relations.oracle_mode must be one of {', '.join(self.MODES)}, "
+                            f"got '{self.cfg.relations.oracle_mode}'")
+        self._stats = {"pairs": 0, "unlabelled_relevant": 0}
+
+    def detect(self, batch, outputs: dict) -> Relations:
+        rel = super().detect(batch, outputs)
+        extra = batch.relevant & ~rel.positive
+        self._stats["pairs"] += rel.positive.numel()
+        self._stats["unlabelled_relevant"] += int(extra.sum())
+        if self.cfg.relations.oracle_mode == "positive":
+            positive = rel.positive | extra
+            return Relations(positive, torch.zeros_like(positive), positive.float())
+        return Relations(rel.positive, extra, rel.positive.float() + extra.float())
+
+    def on_epoch_start(self, trainer, epoch: int) -> None:
+        self._stats = {"pairs": 0, "unlabelled_relevant": 0}
+
+    def epoch_report(self) -> dict:
+        return {"unlabelled_relevant_pairs": self._stats["unlabelled_relevant"]}

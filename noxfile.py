@@ -1,0 +1,33 @@
+"""Sessions: tests, bench, leaderboard. Virtualenvs are reused between runs."""
+
+import nox
+
+nox.options.reuse_existing_virtualenvs = True
+nox.options.sessions = ["tests"]
+PYTHON = "3.11"
+
+
+def _install(session: nox.Session) -> None:
+    # Editable install: dependencies (and their pins) come from pyproject.toml only.
+    session.install("-e", ".")
+
+
+@nox.session(python=PYTHON)
+def tests(session: nox.Session) -> None:
+    """The test suite (CI runs exactly this)."""
+    _install(session)
+    session.run("pytest", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """Train and evaluate methods; arguments go to `prvr-bench bench`."""
+    _install(session)
+    session.run("prvr-bench", "bench", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def leaderboard(session: nox.Session) -> None:
+    """Rebuild results/leaderboard.{csv,md} from the stored run records."""
+    _install(session)
+    session.run("prvr-bench", "leaderboard", *session.posargs)
