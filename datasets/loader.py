@@ -25,14 +25,20 @@ def segment_bounds(length: int, segments: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def segment_mean(x: np.ndarray, segments: int) -> np.ndarray:
-    """Mean of each segment of rows: [T, D] -> [segments, D]."""
-    start, end = segment_bounds(len(x), segments)
-    cs = np.concatenate([np.zeros((1, x.shape[1]), dtype=np.float64), np.cumsum(x, axis=0, dtype=np.float64)])
-    return ((cs[end] - cs[start]) / (end - start)[:, None]).astype(np.float32)
+    """Mean of each segment of rows: [T, D] -> [segments, D] (one BLAS product)."""
+    return pooling_matrix(len(x), segments) @ x
+
+
+def pooling_matrix(length: int, segments: int) -> np.ndarray:
+    """[segments, length] matrix whose product with rows gives segment_mean."""
+    start, end = segment_bounds(length, segments)
+    cols = np.arange(length)[None, :]
+    inside = (cols >= start[:, None]) & (cols < end[:, None])
+    return (inside / (end - start)[:, None]).astype(np.float32)
 
 
 def l2_normalize(x: np.ndarray) -> np.ndarray:
-    norm = np.linalg.norm(x, axis=-1, keepdims=True)
+    norm = np.sqrt(np.einsum("...d,...d->...", x, x))[..., None]
     return x / np.maximum(norm, 1e-12)
 
 
@@ -40,7 +46,8 @@ def l2_normalize(x: np.ndarray) -> np.ndarray:
 class VideoBatch:
     frames: torch.Tensor  # [B, T, Dv]
     frame_mask: torch.Tensor  # [B, T] bool
-    clips: torch.Tensor  # [B, C, Dv]
+    clips: torch.Tensor  # [B, C, Dv] mean-pooled raw frames (MS-SL clip branch input)
+    clip_pool: torch.Tensor  # [B, C, T] the same pooling as a matrix over the (padded) frames
     video_index: torch.Tensor  # [B] index into the split's videos
 
 
@@ -101,7 +108,10 @@ class Batcher:
         feats = [self.video_features(int(v)) for v in index]
         frames, mask = _pad([f for f, _ in feats])
         clips = torch.from_numpy(np.stack([c for _, c in feats]))
-        return VideoBatch(frames, mask, clips, torch.as_tensor(np.asarray(index, dtype=np.int64)))
+        pool = np.zeros((len(feats), self.cfg.num_clips, frames.shape[1]), dtype=np.float32)
+        for i, (f, _) in enumerate(feats):
+            pool[i, :, : len(f)] = pooling_matrix(len(f), self.cfg.num_clips)
+        return VideoBatch(frames, mask, clips, torch.from_numpy(pool), torch.as_tensor(np.asarray(index, dtype=np.int64)))
 
     def queries(self, index: np.ndarray) -> QueryBatch:
         rows = []

@@ -66,14 +66,14 @@ class SimConfig:
 
 @dataclass
 class TrainConfig:
-    epochs: int = 40
+    epochs: int = 12
     batch_size: int = 64  # videos per batch (each with all its queries)
     lr: float = 3e-4
     weight_decay: float = 0.01
     warmup_frac: float = 0.05  # share of all steps with linear warm-up
     decay: str = "cosine"  # "cosine" | "linear" | "constant" after warm-up
     grad_clip: float = 5.0
-    patience: int = 10  # early stop after this many epochs without val SumR gain
+    patience: int = 5  # early stop after this many epochs without val SumR gain (MS-SL: 10 of 100 epochs)
     eval_every: int = 1
     num_workers: int = 0
     device: str = "auto"  # "auto" (CUDA when present) | "cpu" | "cuda" | "cuda:1" ...

@@ -18,11 +18,15 @@ def set_enabled(flag: bool) -> None:
     _enabled = flag
 
 
+def bars_visible() -> bool:
+    return _enabled and (console.is_terminal or console.is_jupyter)
+
+
 @contextmanager
 def task(description: str | None, total: int | None) -> Iterator[Callable[..., None]]:
     """A progress bar for one phase; yields `advance(n=1, **fields)`. No bar when the
     description is None, when bars are disabled, or when stderr is not a terminal."""
-    if description is None or not _enabled or not (console.is_terminal or console.is_jupyter):
+    if description is None or not bars_visible():
         yield lambda n=1, **kw: None
         return
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),

@@ -113,7 +113,10 @@ class Trainer:
                 summary = self.train_epoch(self.epoch)
                 self.epoch += 1
                 self.after_epoch(summary)
-                advance(1, loss=summary["loss"], val_SumR=summary.get("val", {}).get("SumR", float("nan")))
+                val_sumr = summary.get("val", {}).get("SumR", float("nan"))
+                advance(1, loss=summary["loss"], val_SumR=val_sumr)
+                if not progress.bars_visible():
+                    progress.log(f"epoch {self.epoch - 1}: loss {summary['loss']:.3f}, val SumR {val_sumr:.1f}")
                 for h in self.hooks:
                     h.on_epoch_end(self, self.epoch - 1, summary)
         self.finished = True

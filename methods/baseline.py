@@ -20,7 +20,7 @@ from prvr.methods.recipes import PRESETS, MethodSpec
 @dataclass
 class StandardLossConfig:
     margin: float = 0.1  # triplet margin (MS-SL TVR: 0.1; 0.2 elsewhere)
-    hard_negative_epoch: int = 8  # hard negatives from this epoch on (MS-SL: 20 of 100 epochs)
+    hard_negative_epoch: int = 6  # hard negatives from this epoch on (MS-SL: 20 of 100 epochs)
     hard_pool: int = 20  # hard negatives sampled from the top-k (MS-SL: 20)
     nce_weight: float = 0.05  # weight of InfoNCE against the triplet
     temperature: float = 0.05  # InfoNCE temperature on cosine similarities

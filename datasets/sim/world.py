@@ -191,7 +191,7 @@ def query_specs(cfg, events: np.ndarray, plan: VideoPlan, rng: np.random.Generat
             if rng.random() < 0.5:
                 o = -1  # "Sheldon sits down."
             else:
-                c, named_scene = -1, True  # "Someone sits down on the couch in the kitchen."
+                c = -1  # "Someone sits down on the couch."
         specs[i] = (e, c, o, scene if named_scene else -1, rng.integers(lang.num_paraphrases(int(a))))
     return specs
 

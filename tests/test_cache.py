@@ -1,0 +1,68 @@
+"""The dataset cache: corrupt or partial entries are regenerated, never trusted."""
+
+import json
+
+import numpy as np
+import pytest
+
+from prvr.datasets.sim import cache
+from prvr.harness.config import resolve
+from prvr.harness.registry import DATASETS
+
+
+def entry(tmp_path):
+    cfg = resolve("baseline", "sim-tiny", 0, [f"data.cache_dir={tmp_path}"])
+    data = DATASETS.get("sim-tiny").load(cfg)
+    (folder,) = (tmp_path / "sim").iterdir()
+    return cfg, data, folder
+
+
+def corrupt_truncate(folder):
+    f = folder / "train.frames.npy"
+    f.write_bytes(f.read_bytes()[:-100])
+
+
+def corrupt_flip(folder):
+    f = folder / "test.tokens.npy"
+    b = bytearray(f.read_bytes())
+    b[-5] ^= 0xFF
+    f.write_bytes(bytes(b))
+
+
+def corrupt_manifest(folder):
+    (folder / cache.MANIFEST).write_text("{half")
+
+
+def corrupt_missing(folder):
+    (folder / "val.text.json").unlink()
+
+
+@pytest.mark.parametrize("damage", [corrupt_truncate, corrupt_flip, corrupt_manifest, corrupt_missing])
+def test_corrupt_entry_is_regenerated(tmp_path, damage, monkeypatch):
+    cfg, data, folder = entry(tmp_path)
+    damage(folder)
+    warnings = []
+    monkeypatch.setattr("prvr.harness.progress.log", warnings.append)
+    again = DATASETS.get("sim-tiny").load(cfg)
+    assert any("corrupt" in w and "regenerating" in w for w in warnings)
+    np.testing.assert_array_equal(again["test"].tokens.data, data["test"].tokens.data)
+    np.testing.assert_array_equal(again["train"].frames.data, data["train"].frames.data)
+    cache.load(folder)  # the rewritten entry is valid
+
+
+def test_half_written_entry_is_never_visible(tmp_path, monkeypatch):
+    def boom(*a, **k):
+        raise OSError("disk full")
+
+    cfg = resolve("baseline", "sim-tiny", 0, [f"data.cache_dir={tmp_path}"])
+    monkeypatch.setattr(cache, "write_json", boom)  # the manifest is written last
+    with pytest.raises(OSError):
+        DATASETS.get("sim-tiny").load(cfg)
+    assert not any(p.name.startswith("sim-tiny") for p in (tmp_path / "sim").iterdir())
+
+
+def test_key_changes_with_any_knob():
+    a = cache.cache_key({"sim": {"repeat_prob": 0.4}})
+    b = cache.cache_key({"sim": {"repeat_prob": 0.41}})
+    assert a != b and len(a) == 16
+    assert json.dumps(sorted([a, b]))

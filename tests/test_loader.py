@@ -1,0 +1,43 @@
+import numpy as np
+import pytest
+import torch
+
+from prvr.datasets.loader import Batcher, l2_normalize, pooling_matrix, segment_bounds, segment_mean
+from prvr.harness.config import resolve
+from prvr.harness.registry import DATASETS
+
+
+@pytest.mark.parametrize("length, segments", [(7, 3), (3, 8), (32, 32), (100, 32), (1, 4)])
+def test_segment_mean_matches_naive_loop(length, segments):
+    x = np.random.default_rng(0).standard_normal((length, 5)).astype(np.float32)
+    start, end = segment_bounds(length, segments)
+    assert np.all(end > start)  # short videos repeat frames, never empty segments
+    naive = np.stack([x[s:e].mean(0) for s, e in zip(start, end)])
+    np.testing.assert_allclose(segment_mean(x, segments), naive, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(pooling_matrix(length, segments).sum(1), 1.0, rtol=1e-6)
+
+
+def test_train_batch_shapes_masks_and_relevance():
+    cfg = resolve("baseline", "sim-tiny", 0)
+    data = DATASETS.get("sim-tiny").load(cfg)
+    split = data["train"]
+    b = Batcher(split, cfg.data)
+    videos = np.array([3, 0, 5])
+    batch = b.train_batch(videos)
+    lengths = [min(len(split.frames[v]), cfg.data.max_frames) for v in videos]
+    assert batch.videos.frame_mask.sum(1).tolist() == lengths
+    assert batch.videos.clips.shape == (3, cfg.data.num_clips, split.frames.dim)
+    n_q = sum(len(b.video_queries[v]) for v in videos)
+    assert batch.queries.tokens.shape[0] == n_q == len(batch.query_item)
+    assert torch.all(batch.queries.token_mask.sum(1) <= cfg.data.max_query_len)
+    norms = batch.videos.frames[batch.videos.frame_mask].norm(dim=-1)
+    torch.testing.assert_close(norms, torch.ones_like(norms))
+    # clip_pool over the padded frames reproduces pooling the normalised frames
+    pooled = torch.bmm(batch.videos.clip_pool, batch.videos.frames)
+    i = 1
+    raw = l2_normalize(np.asarray(split.frames[videos[i]], dtype=np.float32))
+    np.testing.assert_allclose(pooled[i].numpy(), segment_mean(raw[: lengths[i]], cfg.data.num_clips), atol=1e-5)
+    # relevance of the batch = the split's ground truth restricted to its queries and videos
+    q = batch.queries.query_index.numpy()
+    np.testing.assert_array_equal(batch.relevant.numpy(), split.relevance[q][:, videos].toarray())
+    assert batch.relevant[torch.arange(n_q), batch.query_item].all()

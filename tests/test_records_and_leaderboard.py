@@ -1,0 +1,98 @@
+"""Run records (atomic, versioned) and the leaderboard derived from them."""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from prvr.harness import leaderboard
+from prvr.harness.io import UserError, atomic_path, write_json
+from prvr.harness.records import load_record, record_path, write_record
+
+DATA = Path(__file__).parent / "data"
+
+
+def fake_record(seed, sumr, method="baseline", run_name=None, relations="none", oracle=None, buckets=True):
+    r1 = sumr / 10
+    test = {"R@1": r1, "R@5": 2 * r1, "R@10": 3 * r1, "R@100": 4 * r1, "SumR": sumr,
+            "buckets": {"short": {"SumR": sumr - 1}, "medium": {"SumR": sumr}, "long": {"SumR": sumr + 1}}
+            if buckets else {},
+            "oracle": {"SumR": oracle} if oracle is not None else {}}
+    return {"method": method, "dataset": "sim-x", "seed": seed, "backbone": "dual-branch", "relations": relations,
+            "run_name": run_name or method, "tag": "", "command": "prvr-bench bench --seeds 0 1 2",
+            "config": {}, "provenance": {}, "metrics": {"val": test, "test": test}}
+
+
+def store(root, rec):
+    write_record(record_path(root, rec["dataset"], rec["run_name"], rec["seed"]), rec)
+
+
+def test_records_from_older_versions_keep_loading():
+    rec = load_record(DATA / "record_v1.json")
+    assert rec["schema_version"] == 2
+    assert rec["metrics"]["test"]["SumR"] == 161.0 and rec["metrics"]["val"]["R@1"] == 10.0
+    assert rec["metrics"]["test"]["buckets"] == {} and rec["run_name"] == "baseline"
+    assert leaderboard.build_rows([rec])[0]["SumR"] == [161.0]
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{not json", "does not parse \\(line 1"),
+    ("[1, 2]", "holds list, expected an object"),
+    ('{"method": "x"}', "lacks key\\(s\\) dataset, seed"),
+])
+def test_bad_records_get_one_line_errors(tmp_path, content, message):
+    path = tmp_path / "runs" / "d" / "m" / "seed0.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(content)
+    with pytest.raises(UserError, match=message) as e:
+        leaderboard.collect(tmp_path)
+    assert str(path) in str(e.value) and "\n" not in str(e.value)
+    assert leaderboard.collect(tmp_path, skip_bad=True) == []
+
+
+def test_atomic_write_leaves_old_file_on_failure(tmp_path):
+    path = tmp_path / "r.json"
+    write_json(path, {"a": 1})
+    with pytest.raises(RuntimeError):
+        with atomic_path(path) as tmp:
+            tmp.write_text("half")
+            raise RuntimeError("crash mid-write")
+    assert json.loads(path.read_text()) == {"a": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]  # no temp file left behind
+
+
+def test_leaderboard_means_spreads_and_significance(tmp_path):
+    for seed, (b, o) in enumerate([(150.0, 160.0), (154.0, 161.0), (146.0, 158.0)]):
+        store(tmp_path, fake_record(seed, b, oracle=b + 20))
+        store(tmp_path, fake_record(seed, o, run_name="baseline+oracle", relations="oracle"))
+    rows = leaderboard.rebuild(tmp_path, show=False)
+    base, orc = rows
+    assert base["run"] == "baseline" and base["n"] == 3
+    assert np.mean(base["SumR"]) == pytest.approx(150.0)
+    assert leaderboard.fmt(base["SumR"]) == "150.0 ± 4.0"
+    assert leaderboard.fmt(base["oracle SumR"]) == "170.0 ± 4.0"
+    assert orc["delta"] == pytest.approx(9.6667, abs=1e-3)
+    assert orc["p"] is not None and orc["p"] < 0.05
+    assert orc["oracle SumR"] == []  # missing metric: empty cell, not a mean over what exists
+    md = (tmp_path / "leaderboard.md").read_text()
+    assert "prvr-bench bench --seeds 0 1 2" in md and "| sim-x | baseline+oracle |" in md
+    csv = (tmp_path / "leaderboard.csv").read_text().splitlines()
+    assert csv[0].startswith("dataset,run,method") and len(csv) == 3
+
+
+def test_partial_metric_gives_empty_cell(tmp_path):
+    store(tmp_path, fake_record(0, 150.0))
+    store(tmp_path, fake_record(1, 152.0, buckets=False))
+    (row,) = leaderboard.rebuild(tmp_path, show=False)
+    assert row["short SumR"] == [] and row["SumR"] == [150.0, 152.0]
+
+
+def test_leaderboard_of_real_committed_results_rebuilds(tmp_path):
+    results = Path(__file__).parent.parent / "results"
+    if not list(results.glob("runs/**/*.json")):
+        pytest.skip("no committed run records")
+    shutil.copytree(results / "runs", tmp_path / "runs")
+    leaderboard.rebuild(tmp_path, show=False)
+    assert (tmp_path / "leaderboard.md").read_text() == (results / "leaderboard.md").read_text()

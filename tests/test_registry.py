@@ -1,0 +1,42 @@
+import pytest
+
+from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS, OBJECTIVES, Registry, RegistryError
+
+
+def test_duplicate_name_is_an_error():
+    reg = Registry("widget")
+    reg.add("a", object())
+    with pytest.raises(RegistryError, match="duplicate widget 'a'"):
+        reg.add("a", object())
+
+
+def test_unknown_name_suggests_closest():
+    with pytest.raises(RegistryError) as e:
+        METHODS.get("basline")
+    assert "did you mean 'baseline'" in str(e.value)
+    assert "known:" in str(e.value)
+
+
+def test_decorator_registers_with_summary():
+    reg = Registry("widget")
+
+    @reg.register("thing", "does a thing")
+    class Thing:
+        pass
+
+    assert reg.get("thing") is Thing
+    assert next(reg.entries()).summary == "does a thing"
+
+
+@pytest.mark.parametrize("registry", [METHODS, BACKBONES, DETECTORS, OBJECTIVES, DATASETS])
+def test_every_entry_has_a_summary(registry):
+    assert registry.names()
+    for entry in registry.entries():
+        assert entry.summary, f"{registry.kind} {entry.name} has no summary for `prvr-bench list`"
+
+
+@pytest.mark.parametrize("name", METHODS.names())
+def test_every_method_names_registered_parts(name):
+    spec = METHODS.get(name)
+    assert spec.backbone in BACKBONES
+    assert spec.relations in DETECTORS

@@ -1,0 +1,132 @@
+import dataclasses
+
+import numpy as np
+import pytest
+
+from prvr.datasets.sim import generate, world
+from prvr.datasets.sim import language as lang
+from prvr.harness.config import resolve
+from prvr.harness.registry import DATASETS
+
+
+def tiny_sim(**knobs):
+    cfg = resolve("baseline", "sim-tiny", 0).sim
+    return dataclasses.replace(cfg, **knobs)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return generate("sim-tiny", tiny_sim())
+
+
+def test_generation_is_deterministic(tiny):
+    again = generate("sim-tiny", tiny_sim())
+    for name in ("train", "val", "test"):
+        a, b = tiny[name], again[name]
+        np.testing.assert_array_equal(a.frames.data, b.frames.data)
+        np.testing.assert_array_equal(a.tokens.data, b.tokens.data)
+        assert a.query_text == b.query_text
+        assert (a.relevance != b.relevance).nnz == 0
+
+
+def test_another_world_seed_gives_another_world(tiny):
+    other = generate("sim-tiny", tiny_sim(seed=1))
+    assert not np.array_equal(other["test"].frames.data[:10], tiny["test"].frames.data[:10])
+
+
+def test_shapes_dims_and_frame_rate(tiny):
+    s = tiny["train"]
+    assert s.frames.dim == 48 and s.tokens.dim == 32
+    np.testing.assert_allclose(s.durations, s.frames.lengths * 1.5)  # one row per 1.5 s
+    assert np.all(s.moments[:, 0] >= 0) and np.all(s.moments[:, 1] <= s.durations[s.query_video] + 1e-9)
+    assert np.all(s.moments[:, 1] > s.moments[:, 0])
+
+
+def test_ground_truth_is_consistent_with_the_events(tiny):
+    for s in tiny.splits.values():
+        rel = s.relevance.tocsr()
+        events, specs, scene = s.extra["events"], s.extra["query_spec"], s.extra["video_scene"]
+        assert all(rel[q, s.query_video[q]] for q in range(s.num_queries))  # labelled video is relevant
+        for q in range(s.num_queries):
+            e, c, o, sc, _ = specs[q]
+            a = events[e, world.EV_ACTION]
+            for v in range(s.num_videos):
+                ev = events[events[:, world.EV_VIDEO] == v]
+                match = ((ev[:, world.EV_ACTION] == a) & ((c < 0) | (ev[:, world.EV_CHAR] == c))
+                         & ((o < 0) | (ev[:, world.EV_OBJ] == o))).any() and (sc < 0 or scene[v] == sc)
+                assert bool(rel[q, v]) == bool(match)
+
+
+def test_queries_name_what_their_spec_says(tiny):
+    s = tiny["test"]
+    names = lang.concept_vocab()
+    for q in range(s.num_queries):
+        e, c, o, sc, _ = s.extra["query_spec"][q]
+        text = s.query_text[q].lower()
+        if c >= 0:
+            assert names["character"][c].lower() in text
+        if sc >= 0:
+            assert names["scene"][sc].lower().split()[-1] in text
+        leaves = [t.rstrip(")") for t in s.parses[q].split() if not t.startswith("(")]
+        assert " ".join(leaves).lower().replace(" .", ".").replace(" ,", ",") == text
+
+
+def test_repeat_knob_controls_label_ambiguity():
+    def share(p):
+        d = generate("sim-tiny", tiny_sim(repeat_prob=p, vague_prob=0.0, train_videos=200, extra_events=1.0))
+        return np.mean(np.diff(d["train"].relevance.indptr) > 1)
+
+    low, high = share(0.0), share(0.6)
+    assert low < 0.05 < 0.25 < high
+
+
+def test_vague_queries_match_more_videos():
+    d = generate("sim-tiny", tiny_sim(vague_prob=0.5, train_videos=200))
+    s = d["train"]
+    counts = np.diff(s.relevance.indptr)
+    vague = (s.extra["query_spec"][:, 1] < 0) | (s.extra["query_spec"][:, 2] < 0)
+    assert vague.any() and (~vague).any()
+    assert counts[vague].mean() > counts[~vague].mean()
+
+
+def test_mislabel_knob_moves_training_queries_only():
+    d = generate("sim-tiny", tiny_sim(mislabel_rate=0.3, train_videos=100))
+    tr = d["train"]
+    wrong = ~tr.relevance[np.arange(tr.num_queries), tr.query_video].A1.astype(bool)
+    assert 0.15 < wrong.mean() < 0.45
+    te = d["test"]
+    assert te.relevance[np.arange(te.num_queries), te.query_video].A1.all()
+
+
+def test_function_words_carry_no_visual_signal():
+    """Token latents of function words are word identity only, identical in every context."""
+    cfg = tiny_sim()
+    concepts = world.make_concepts(cfg, np.random.default_rng(0))
+    the_a = world._token_latent(concepts, "the", None)
+    the_b = world._token_latent(concepts, "the", None)
+    np.testing.assert_array_equal(the_a, the_b)
+    couch = world._token_latent(concepts, "couch", ("object", 0))
+    assert np.dot(couch, concepts.obj[0]) > 0.5  # content words carry their concept
+
+
+@pytest.mark.parametrize("name, fractions", [("sim-tvr", [0.853, 0.092, 0.055]),
+                                             ("sim-activitynet", [0.461, 0.249, 0.290]),
+                                             ("sim-charades", [0.299, 0.568, 0.133])])
+def test_presets_follow_real_mv_fractions(name, fractions):
+    cfg = resolve("baseline", name, 0).sim
+    assert cfg.mv_fractions == fractions
+    rng = np.random.default_rng(0)
+    frames = rng.integers(15, 90, 3000)
+    spans = [world.sample_moment(cfg, int(t), rng) for t in frames]
+    frac = np.array([(e - s) / t for (s, e), t in zip(spans, frames)])
+    got = [np.mean((frac > lo) & (frac <= hi)) for lo, hi in ((0, .2), (.2, .4), (.4, 1))]
+    np.testing.assert_allclose(got, fractions, atol=0.03)
+
+
+def test_registered_sim_datasets_load_through_the_cache(tmp_path):
+    cfg = resolve("baseline", "sim-tiny", 0, [f"data.cache_dir={tmp_path}"])
+    first = DATASETS.get("sim-tiny").load(cfg)
+    second = DATASETS.get("sim-tiny").load(cfg)
+    assert isinstance(second["train"].frames.data, np.memmap)
+    np.testing.assert_array_equal(first["test"].tokens.data, second["test"].tokens.data)
+    assert first.meta["test"]["queries"] == first["test"].num_queries
