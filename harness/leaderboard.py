@@ -171,14 +171,18 @@ def write(root: str | Path, rows: list[dict[str, Any]]) -> tuple[Path, Path]:
     return csv_path, md_path
 
 
+TERMINAL_COLUMNS = ("R@1", "R@5", "R@10", "R@100", "SumR", "oracle SumR")
+
+
 def rich_table(rows: list[dict[str, Any]]):
+    """The terminal view: the headline columns (buckets are in the markdown and CSV)."""
     from rich.table import Table
 
-    table = Table(title="prvr-bench leaderboard (test split)")
-    for h in TABLE_HEADER:
-        table.add_column(h, justify="left" if h in ("dataset", "run", "backbone", "relations") else "right")
+    table = Table(title="prvr-bench leaderboard (test split, mean ± std over seeds)")
+    for h in ("dataset", "run", "seeds", *TERMINAL_COLUMNS, "Δ SumR"):
+        table.add_column(h, justify="left" if h in ("dataset", "run") else "right", no_wrap=h == "run")
     for r in rows:
-        table.add_row(*table_cells(r))
+        table.add_row(r["dataset"], r["run"], str(r["n"]), *[fmt(r[c]) for c in TERMINAL_COLUMNS], fmt_delta(r))
     return table
 
 

@@ -32,11 +32,15 @@ def test_train_batch_shapes_masks_and_relevance():
     assert torch.all(batch.queries.token_mask.sum(1) <= cfg.data.max_query_len)
     norms = batch.videos.frames[batch.videos.frame_mask].norm(dim=-1)
     torch.testing.assert_close(norms, torch.ones_like(norms))
-    # clip_pool over the padded frames reproduces pooling the normalised frames
+    # clip_pool over the padded frames equals segment means of each video's own frame rows
     pooled = torch.bmm(batch.videos.clip_pool, batch.videos.frames)
-    i = 1
-    raw = l2_normalize(np.asarray(split.frames[videos[i]], dtype=np.float32))
-    np.testing.assert_allclose(pooled[i].numpy(), segment_mean(raw[: lengths[i]], cfg.data.num_clips), atol=1e-5)
+    for i, n in enumerate(lengths):
+        expected = segment_mean(batch.videos.frames[i, :n].numpy(), cfg.data.num_clips)
+        np.testing.assert_allclose(pooled[i].numpy(), expected, atol=1e-5)
+    # raw clips: segment means of the raw rows, L2-normalised (MS-SL clip branch)
+    raw = np.asarray(split.frames[videos[0]], dtype=np.float32)
+    np.testing.assert_allclose(batch.videos.clips[0].numpy(), l2_normalize(segment_mean(raw, cfg.data.num_clips)),
+                               atol=1e-5)
     # relevance of the batch = the split's ground truth restricted to its queries and videos
     q = batch.queries.query_index.numpy()
     np.testing.assert_array_equal(batch.relevant.numpy(), split.relevance[q][:, videos].toarray())
