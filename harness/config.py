@@ -49,8 +49,8 @@ class SimConfig:
     seconds_per_frame: float = 1.5  # one feature row per 1.5 s, like the public features
     mv_fractions: list[float] = field(default_factory=lambda: [0.853, 0.092, 0.055])  # short/medium/long
     extra_events: float = 2.0  # mean unannotated events per video (they can still be relevant)
-    repeat_prob: float = 0.35  # label ambiguity: chance an event re-occurs from the recurring pool
-    repeat_copies: float = 3.0  # mean videos a recurring event appears in, per split
+    repeat_prob: float = 0.45  # label ambiguity: chance an event re-occurs from the recurring pool
+    repeat_copies: float = 4.0  # mean videos a recurring event appears in, per split
     vague_prob: float = 0.1  # queries that omit the object or the character
     scene_prob: float = 0.3  # queries that name the scene
     filler_rate: float = 0.3  # chance of each filler slot (uninformative words)
@@ -67,7 +67,7 @@ class SimConfig:
 @dataclass
 class TrainConfig:
     epochs: int = 12
-    batch_size: int = 64  # videos per batch (each with all its queries)
+    batch_size: int = 128  # videos per batch, each with all its queries (MS-SL family: 128)
     lr: float = 3e-4
     weight_decay: float = 0.01
     warmup_frac: float = 0.05  # share of all steps with linear warm-up
@@ -82,7 +82,7 @@ class TrainConfig:
 @dataclass
 class RelationsConfig:
     name: str = "none"  # relation detector: none | oracle | ... (see `prvr-bench list`)
-    oracle_mode: str = "ignore"  # oracle: "ignore" (drop from negatives) | "positive"
+    oracle_mode: str = "positive"  # oracle: "positive" (count as positives) | "ignore" (drop from negatives)
 
 
 @dataclass

@@ -130,3 +130,12 @@ def test_registered_sim_datasets_load_through_the_cache(tmp_path):
     assert isinstance(second["train"].frames.data, np.memmap)
     np.testing.assert_array_equal(first["test"].tokens.data, second["test"].tokens.data)
     assert first.meta["test"]["queries"] == first["test"].num_queries
+
+
+def test_long_videos_keep_at_most_128_rows_and_true_durations():
+    d = generate("sim-tiny", tiny_sim(duration_mean=300.0, duration_std=10.0, train_videos=4, val_videos=2,
+                                      test_videos=2))
+    s = d["train"]
+    assert s.frames.lengths.max() == 128
+    assert s.durations.min() > 128 * 1.5  # durations stay in seconds
+    assert np.all(s.moments[:, 1] <= s.durations[s.query_video] + 1e-6)

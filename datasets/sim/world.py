@@ -30,7 +30,8 @@ import scipy.sparse as sp
 from prvr.datasets.sim import language as lang
 from prvr.datasets.types import Ragged, Split
 
-GENERATOR_VERSION = 1  # bump when the generated data changes; it is part of the cache key
+GENERATOR_VERSION = 2  # bump when the generated data changes; it is part of the cache key
+MAX_FRAMES = 128
 SPLIT_CODES = {"train": 1, "val": 2, "test": 3}
 
 
@@ -99,8 +100,10 @@ def plan_videos(cfg, n: int, rng: np.random.Generator) -> VideoPlan:
         cast.append(np.sort(rng.choice(chars, size=k, replace=False)))
     dur = rng.normal(cfg.duration_mean, cfg.duration_std, n)
     dur = np.clip(dur, 0.4 * cfg.duration_mean, 2.5 * cfg.duration_mean)
-    frames = np.maximum(4, np.round(dur / cfg.seconds_per_frame)).astype(np.int64)
-    dur = frames * cfg.seconds_per_frame
+    steps = np.maximum(4, np.round(dur / cfg.seconds_per_frame)).astype(np.int64)
+    dur = steps * cfg.seconds_per_frame
+    # one row per 1.5 s, at most 128 rows like the public features (longer videos: coarser rows)
+    frames = np.minimum(steps, MAX_FRAMES)
     return VideoPlan(show, scene, cast, dur, frames)
 
 
@@ -243,8 +246,9 @@ def generate_split(cfg, concepts: Concepts, split: str, n_videos: int, prefix: s
     query_video = events[specs[:, 0], EV_VIDEO].copy()
     if split == "train" and cfg.mislabel_rate > 0:
         query_video = _mislabel(query_video, cfg.mislabel_rate, n_videos, rng)
-    spf = cfg.seconds_per_frame
-    moments = events[specs[:, 0]][:, [EV_START, EV_END]].astype(np.float64) * spf
+    row_seconds = plan.duration / plan.num_frames  # 1.5 s, more for videos past 128 rows
+    ev = events[specs[:, 0]]
+    moments = ev[:, [EV_START, EV_END]].astype(np.float64) * row_seconds[ev[:, EV_VIDEO], None]
     video_ids = [f"{prefix}_{split}_{v:05d}" for v in range(n_videos)]
     k_of = np.zeros(len(specs), dtype=np.int64)
     counts: dict[int, int] = {}
