@@ -157,7 +157,7 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
              "of the same dataset (p: paired t-test over shared seeds; * p < 0.05). oracle SumR counts a hit when "
              "any truly relevant video is in the top K (simulated data only).", ""]
     if commands:
-        lines += ["Produced by:", "", "```", *commands, "```", ""]
+        lines += ["Produced by (`nox -s bench -- ARGS` runs `prvr-bench bench ARGS`):", "", "```", *commands, "```", ""]
     lines += ["| " + " | ".join(TABLE_HEADER) + " |", "|" + "---|" * len(TABLE_HEADER)]
     lines += ["| " + " | ".join(table_cells(r)) + " |" for r in rows]
     return "\n".join(lines) + "\n"
