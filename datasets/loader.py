@@ -42,8 +42,18 @@ def l2_normalize(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(norm, 1e-12)
 
 
+class _Tensors:
+    """Device moves and pinning for the batch dataclasses (nested ones included)."""
+
+    def to(self, device: torch.device):
+        return _map_tensors(self, lambda t: t.to(device, non_blocking=True))
+
+    def pin_memory(self):
+        return _map_tensors(self, lambda t: t.pin_memory())
+
+
 @dataclass
-class VideoBatch:
+class VideoBatch(_Tensors):
     frames: torch.Tensor  # [B, T, Dv]
     frame_mask: torch.Tensor  # [B, T] bool
     clips: torch.Tensor  # [B, C, Dv] mean-pooled raw frames (MS-SL clip branch input)
@@ -52,24 +62,18 @@ class VideoBatch:
 
 
 @dataclass
-class QueryBatch:
+class QueryBatch(_Tensors):
     tokens: torch.Tensor  # [Q, L, Dq]
     token_mask: torch.Tensor  # [Q, L] bool
     query_index: torch.Tensor  # [Q]
 
 
 @dataclass
-class TrainBatch:
+class TrainBatch(_Tensors):
     videos: VideoBatch
     queries: QueryBatch
     query_item: torch.Tensor  # [Q] which batch video each query is labelled with
     relevant: torch.Tensor | None  # [Q, B] bool ground truth (simulated data), else None
-
-    def to(self, device: torch.device) -> "TrainBatch":
-        return _to(self, device)
-
-    def pin_memory(self) -> "TrainBatch":
-        return _map_tensors(self, lambda t: t.pin_memory())
 
 
 def _map_tensors(obj, fn):
@@ -79,13 +83,6 @@ def _map_tensors(obj, fn):
         return obj
     return type(obj)(**{f.name: _map_tensors(getattr(obj, f.name), fn) for f in fields(obj)})
 
-
-def _to(obj, device):
-    return _map_tensors(obj, lambda t: t.to(device, non_blocking=True))
-
-
-VideoBatch.to = _to  # type: ignore[attr-defined]
-QueryBatch.to = _to  # type: ignore[attr-defined]
 
 
 class Batcher:

@@ -276,18 +276,18 @@ def _mislabel(query_video: np.ndarray, rate: float, n_videos: int, rng: np.rando
 def _frame_features(cfg, concepts, plan, events, by_video, rng, progress) -> Ragged:
     offsets = np.concatenate([[0], np.cumsum(plan.num_frames)])
     data = np.empty((int(offsets[-1]), cfg.video_dim), dtype=np.float16)
-    latents = []
-    start = 0
+    latents, pending, start = [], 0, 0
     for v in range(len(plan.show)):
         latents.append(frame_latents(cfg, concepts, plan, events, v, by_video[v], rng))
-        if sum(len(x) for x in latents) >= 8192 or v == len(plan.show) - 1:
+        pending += len(latents[-1])
+        if pending >= 8192 or v == len(plan.show) - 1:
             z = np.concatenate(latents).astype(np.float32)
             feats = z @ concepts.video_map
             feats += rng.standard_normal(feats.shape, dtype=np.float32)
             data[start : start + len(z)] = feats
             start += len(z)
             progress(len(latents))
-            latents = []
+            latents, pending = [], 0
     return Ragged(data, offsets)
 
 
