@@ -31,3 +31,10 @@ def leaderboard(session: nox.Session) -> None:
     """Rebuild results/leaderboard.{csv,md} from the stored run records."""
     _install(session)
     session.run("prvr-bench", "leaderboard", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def profile(session: nox.Session) -> None:
+    """Params, FLOPs, runtime per query, throughput: results/profile.{md,csv}; arguments go to `prvr-bench profile`."""
+    _install(session)
+    session.run("prvr-bench", "profile", *session.posargs)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import importlib
+import os
 import sys
 import time
 from pathlib import Path
@@ -12,6 +14,14 @@ from prvr.harness.io import UserError, ensure_dir
 from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS, OBJECTIVES, RegistryError
 
 DEFAULT_DATASET = "sim-tvr"
+# Modules that add subcommands: each has add_commands(subparsers) and sets `func` on its parsers.
+PLUGIN_COMMANDS: list[str] = []
+
+
+def data_root_overrides(args: argparse.Namespace) -> list[str]:
+    """--data-root DIR (or $PRVR_DATA) as a data.data_root override, before the user's --set."""
+    root = getattr(args, "data_root", None) or os.environ.get("PRVR_DATA")
+    return [f"data.data_root={root}"] if root else []
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -21,6 +31,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tag", default="", help="suffix for the run name, to keep variants apart")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint when there is one")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--data-root", default=None, metavar="DIR",
+                   help="root folder of real datasets in their public layouts (default: $PRVR_DATA)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--seed", type=int, default=0)
     show.add_argument("--set", dest="overrides", action="append", default=[])
     show.add_argument("--config")
+    for module in PLUGIN_COMMANDS:
+        importlib.import_module(module).add_commands(sub)
     return parser
 
 
@@ -64,7 +78,7 @@ def cmd_run(args: argparse.Namespace) -> None:
     from prvr.harness.runner import run_one
 
     ensure_dir(args.out)
-    cfg = resolve(args.method, args.dataset, args.seed, args.overrides, args.config)
+    cfg = resolve(args.method, args.dataset, args.seed, [*data_root_overrides(args), *args.overrides], args.config)
     run_one(cfg, args.out, resume=args.resume, tag=args.tag, command=_command_line())
 
 
@@ -84,7 +98,8 @@ def cmd_bench(args: argparse.Namespace) -> None:
                 variants.append(["relations.name=oracle"])
             for extra in variants:
                 for seed in args.seeds:
-                    plan.append(resolve(method, dataset, seed, [*args.overrides, *extra], args.config))
+                    plan.append(resolve(method, dataset, seed, [*data_root_overrides(args), *args.overrides, *extra],
+                                       args.config))
     start = time.perf_counter()
     for i, cfg in enumerate(plan):
         path = record_path(args.out, cfg.dataset, run_name(cfg, args.tag), cfg.seed)
@@ -134,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "quiet", False):
         progress.set_enabled(False)
     try:
-        COMMANDS[args.command](args)
+        handler = getattr(args, "func", None) or COMMANDS[args.command]
+        handler(args)
     except (UserError, RegistryError) as e:
         print(f"prvr-bench: error: {e}", file=sys.stderr)
         return 2

@@ -133,6 +133,9 @@ def resolve(method: str, dataset: str, seed: int = 0, overrides: list[str] | Non
     per_dataset = method_preset.pop("per_dataset", {}) or {}
     dataset_preset = load_yaml(DATASETS.get(dataset).preset)
     scales = dataset_preset.pop("scales", {}) or {}
+    # A dataset's family (sim-tvr imitates tvr) selects the method's per-dataset defaults
+    # keyed by the family; a section keyed by the exact dataset name applies after it.
+    family = dataset_preset.pop("family", None)
     scale = dict(sets).get("data.scale") or user.get("data", {}).get("scale") or "default"
     if scale != "default" and scale not in scales:
         raise UserError(f"dataset {dataset} has no scale '{scale}' (has: default, {', '.join(scales)}); "
@@ -140,6 +143,7 @@ def resolve(method: str, dataset: str, seed: int = 0, overrides: list[str] | Non
     layers = [
         (dataset_preset, f"dataset preset {dataset}"),
         (method_preset, f"method preset {method}"),
+        (per_dataset.get(family, {}) if family and family != dataset else {}, f"method preset {method} [{family}]"),
         (per_dataset.get(dataset, {}), f"method preset {method} [{dataset}]"),
         (scales.get(scale, {}), f"dataset preset {dataset} [scale {scale}]"),
         (user, str(user_yaml)),

@@ -51,6 +51,9 @@ def run_one(cfg, out: str | Path, resume: bool = False, tag: str = "", hooks: li
         "metrics": {"val": _keep(val), "test": _keep(test)},
         "history": trainer.history,
     }
+    # Detector figures and tables (e.g. ARL's similarity / uncertainty distributions) go
+    # next to the record, named after it: seed<S>.<what>.png
+    record["artifacts"] = detector.write_artifacts(path.parent, path.stem) or []
     write_record(path, record)
     progress.log(f"wrote {path}: test SumR {test['SumR']:.1f} (val {val['SumR']:.1f}, best epoch {trainer.best['epoch']})")
     return record

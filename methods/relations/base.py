@@ -61,6 +61,10 @@ class Detector:
         """Per-epoch facts about the detection, stored in the run record's history."""
         return {}
 
+    def write_artifacts(self, folder, stem: str) -> list[str]:
+        """Write figures or tables next to the run record (folder/stem.*); return the file names."""
+        return []
+
 
 @DETECTORS.register("none", "one-to-one labels: the labelled video is positive, every other video negative")
 class NoDetector(Detector):

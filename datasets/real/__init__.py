@@ -1,0 +1,1 @@
+"""Real datasets in their public layouts (MS-SL feature release, TVRetrieval / XML)."""
