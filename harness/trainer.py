@@ -41,6 +41,7 @@ class StepContext:
     step: int
     generator: torch.Generator
     batch: Any
+    outputs: dict | None = None  # {"queries": ..., "videos": ..., "scores": ...} of the step's forward pass
 
 
 def seed_everything(seed: int) -> None:
@@ -151,7 +152,7 @@ class Trainer:
         outputs = {"queries": q, "videos": v, "scores": scores}
         relations = self.detector.detect(batch, outputs)
         gen = torch.Generator(device=self.device).manual_seed(_mix(self.cfg.seed, step))
-        ctx = StepContext(epoch, step, gen, batch)
+        ctx = StepContext(epoch, step, gen, batch, outputs)
         out = self.spec.objective(self.cfg.loss, scores, relations, ctx)
         self.optimizer.zero_grad(set_to_none=True)
         out["loss"].backward()
