@@ -1,3 +1,3 @@
-"""Dataset adapters (prvr.datasets): the simulated PRVR world and, later, real layouts."""
+"""Dataset adapters (prvr.datasets): the simulated PRVR world and the real public layouts."""
 
-from prvr.datasets import sim  # noqa: F401  (registers sim-tvr, sim-activitynet, ...)
+from prvr.datasets import real, sim  # noqa: F401  (register tvr, activitynet, charades, sim-tvr, ...)

@@ -18,17 +18,31 @@ SPLITS = ("train", "val", "test")
 
 @dataclass
 class Ragged:
-    """Rows of variable-length items: item i is data[offsets[i]:offsets[i+1]]."""
+    """Rows of variable-length items: item i is data[offsets[i]:offsets[i+1]].
 
-    data: np.ndarray  # [N, D]
+    With `rows` given, item i is data[rows[offsets[i]:offsets[i+1]]] instead: the items
+    select rows of a larger table, in any order (a split's videos inside one feature.bin
+    that holds every split). Items whose rows are one ascending run are read as a slice,
+    so a memory-mapped table is read lazily, one item at a time.
+    """
+
+    data: Any  # [N, D] ndarray, np.memmap or any array-like with len, shape, dtype and slicing
     offsets: np.ndarray  # [n + 1] int64
+    rows: np.ndarray | None = None  # [offsets[-1]] int64 row of `data` per item row; None = identity
 
     def __post_init__(self) -> None:
         self.offsets = np.asarray(self.offsets, dtype=np.int64)
-        if self.offsets.ndim != 1 or self.offsets[0] != 0 or self.offsets[-1] != len(self.data):
-            raise ValueError("Ragged offsets must start at 0 and end at len(data)")
+        total = len(self.data) if self.rows is None else len(self.rows)
+        if self.offsets.ndim != 1 or self.offsets[0] != 0 or self.offsets[-1] != total:
+            raise ValueError("Ragged offsets must start at 0 and end at len(data) (len(rows) when rows are given)")
         if np.any(np.diff(self.offsets) < 0):
             raise ValueError("Ragged offsets must be non-decreasing")
+        self._runs: np.ndarray | None = None
+        if self.rows is not None:
+            self.rows = np.asarray(self.rows, dtype=np.int64)
+            if len(self.rows) and (self.rows.min() < 0 or self.rows.max() >= len(self.data)):
+                raise ValueError("Ragged rows must index rows of data")
+            self._runs = _ascending_runs(self.rows, self.offsets)
 
     @classmethod
     def from_list(cls, items: list[np.ndarray], dim: int | None = None, dtype: Any = np.float32) -> "Ragged":
@@ -44,7 +58,13 @@ class Ragged:
         return len(self.offsets) - 1
 
     def __getitem__(self, i: int) -> np.ndarray:
-        return self.data[self.offsets[i] : self.offsets[i + 1]]
+        start, end = self.offsets[i], self.offsets[i + 1]
+        if self.rows is None:
+            return self.data[start:end]
+        if self._runs[i]:
+            first = self.rows[start] if end > start else 0
+            return self.data[first : first + (end - start)]
+        return np.asarray(self.data[self.rows[start:end]])
 
     @property
     def lengths(self) -> np.ndarray:
@@ -53,6 +73,23 @@ class Ragged:
     @property
     def dim(self) -> int:
         return int(self.data.shape[1])
+
+    def in_memory(self, dtype: Any = None) -> "Ragged":
+        """A compact copy held in RAM (items in order, rows = identity)."""
+        dtype = dtype or self.data.dtype
+        out = np.empty((int(self.offsets[-1]), self.dim), dtype=dtype)
+        for i in range(len(self)):
+            out[self.offsets[i] : self.offsets[i + 1]] = self[i]
+        return Ragged(out, self.offsets.copy())
+
+
+def _ascending_runs(rows: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Per item: are its rows one run r, r+1, r+2, ... (so a slice reads them)?"""
+    breaks = np.cumsum(np.diff(rows) != 1)
+    bad = np.concatenate([[0], breaks, breaks[-1:] if len(breaks) else [0]])  # bad[j]: breaks before row j
+    start, end = offsets[:-1], offsets[1:]
+    last = np.maximum(end - 1, start)
+    return bad[last] - bad[start] == 0
 
 
 @dataclass

@@ -33,6 +33,10 @@ class DataConfig:
     cache_dir: str = ""  # "" -> $PRVR_CACHE or ~/.cache/prvr-bench
     data_root: str = ""  # real datasets: "" -> $PRVR_DATA
     on_bad_rows: str = "error"  # "error" | "skip"
+    layout: str = "msl"  # real datasets: "msl" (MS-SL family release) | "xml" (TVRetrieval release, tvr only)
+    feature: str = ""  # real datasets: video features; "" -> MS-SL FeatureData/<the dataset's folder>, XML resnet_i3d
+    annotations: str = ""  # real datasets: folder of the original annotation files; "" -> <collection>/annotations
+    preload: bool = False  # real datasets: copy video and query features into RAM instead of memory-mapping them
 
 
 @dataclass
