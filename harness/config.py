@@ -79,7 +79,7 @@ class TrainConfig:
     grad_clip: float = 5.0
     patience: int = 5  # early stop after this many epochs without val SumR gain (MS-SL: 10 of 100 epochs)
     eval_every: int = 1
-    num_workers: int = 0
+    num_workers: int = -1  # batch-building worker processes; -1: 4 with CUDA (keeps a GPU fed), 0 on CPU
     device: str = "auto"  # "auto" (CUDA when present) | "cpu" | "cuda" | "cuda:1" ...
 
 

@@ -9,6 +9,7 @@ otherwise). A missing metric is an empty cell, never a mean over what happens to
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ COLUMNS = (
 )
 KEY_COLUMNS = ("dataset", "method", "backbone", "relations", "tag")
 BASELINE = "baseline"
+RECORD_NAME = re.compile(r"seed-?\d+\.json")
 REPORTED_KEYS = ("method", "dataset", "features", "source", "R@1", "R@5", "R@10", "R@100", "SumR")
 
 
@@ -65,7 +67,9 @@ def reported_rows(path: str | Path | None = None) -> list[dict[str, Any]]:
 
 def collect(root: str | Path, skip_bad: bool = False) -> list[dict[str, Any]]:
     """All run records under root/runs (sorted); a bad record is an error unless skipped."""
-    files = sorted(Path(root).glob("runs/**/*.json"))
+    # Records are runs/<dataset>/<run>/seed<S>.json; other files there (figures, tables
+    # written next to a record, e.g. seed0.fig4.json) are not records.
+    files = sorted(f for f in Path(root).glob("runs/*/*/seed*.json") if RECORD_NAME.fullmatch(f.name))
     records = []
     for f in files:
         try:
@@ -85,10 +89,19 @@ def _get(block: dict, path: tuple[str, ...]) -> float | None:
     return float(block) if isinstance(block, (int, float)) and not isinstance(block, bool) else None
 
 
+def dataset_label(record: dict[str, Any]) -> str:
+    """The dataset column: a real-layout dataset loaded from an export of a simulated one is
+    marked as such, so it never sits unmarked beside the papers' figures for the real data."""
+    data = record.get("provenance", {}).get("data", {})
+    source = data.get("exported_from") or (data.get("test") or {}).get("exported_from") \
+        if isinstance(data.get("test"), dict) or "exported_from" in data else None
+    return f"{record['dataset']} (export of {source})" if source else record["dataset"]
+
+
 def build_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in records:
-        groups.setdefault((r["dataset"], r.get("run_name", r["method"])), []).append(r)
+        groups.setdefault((dataset_label(r), r.get("run_name", r["method"])), []).append(r)
     rows = []
     for (dataset, name), recs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] != BASELINE, kv[0][1])):
         recs = sorted(recs, key=lambda r: r["seed"])

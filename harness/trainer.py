@@ -12,6 +12,7 @@ that drives dropout is checkpointed).
 from __future__ import annotations
 
 import math
+import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,7 +129,7 @@ class Trainer:
         for h in self.hooks:
             h.on_epoch_start(self, epoch)
         batches = epoch_batches(len(self.has_queries), self.cfg.train.batch_size, self.cfg.seed, epoch, self.has_queries)
-        loader = make_loader(batches, self.batchers["train"].train_batch, self.cfg.train.num_workers,
+        loader = make_loader(batches, self.batchers["train"].train_batch, self.num_workers(),
                              pin=self.device.type == "cuda")
         sums: dict[str, float] = {}
         with self.timings("train"):
@@ -144,6 +145,15 @@ class Trainer:
         if report:
             summary["relations"] = report
         return summary
+
+    def num_workers(self) -> int:
+        """Worker processes for batch building: as configured, or (-1) 4 when a GPU trains
+        (pinned batches then overlap with the GPU's work) and 0 on CPU, where workers would
+        compete with the model for the same cores."""
+        n = self.cfg.train.num_workers
+        if n >= 0:
+            return n
+        return min(4, os.cpu_count() or 1) if self.device.type == "cuda" else 0
 
     def train_step(self, batch, epoch: int, step: int) -> dict[str, torch.Tensor]:
         q = self.model.encode_queries(batch.queries)

@@ -122,3 +122,14 @@ def test_reported_file_with_missing_key_is_a_clear_error(tmp_path):
     bad.write_text("- {method: msl, dataset: tvr, SumR: 1.0}\n")
     with pytest.raises(UserError, match=r"entry 1 lacks features, source"):
         leaderboard.reported_rows(bad)
+
+
+def test_files_beside_records_are_not_records_and_exports_are_marked(tmp_path):
+    rec = fake_record(0, 150.0)
+    rec["dataset"] = "tvr"
+    rec["provenance"] = {"data": {"name": "tvr", "test": {"videos": 3, "exported_from": "sim-tvr", "simulated": True}}}
+    write_record(record_path(tmp_path, "tvr", "baseline", 0), rec)
+    # e.g. a detector's figure data written next to the record
+    write_json(tmp_path / "runs" / "tvr" / "baseline" / "seed0.fig4.json", {"bins": [1, 2]})
+    (row,) = leaderboard.rebuild(tmp_path, show=False)
+    assert row["dataset"] == "tvr (export of sim-tvr)" and row["n"] == 1
