@@ -16,22 +16,37 @@ import torch
 from prvr.datasets.types import Split
 
 
-def segment_bounds(length: int, segments: int) -> tuple[np.ndarray, np.ndarray]:
-    """[start, end) rows of `segments` near-equal segments of `length` rows (never empty)."""
+POOLING_RULES = ("even", "reference")
+
+
+def segment_bounds(length: int, segments: int, rule: str = "even") -> tuple[np.ndarray, np.ndarray]:
+    """[start, end) rows of `segments` segments of `length` rows (never empty).
+
+    "even": boundaries floor(i * length / segments), every row in some segment.
+    "reference": the MS-SL family's rule: boundaries rounded half to even and clamped to
+    length - 1 (so the last row takes part only when the clamp leaves it alone), and an
+    empty segment is its start row.
+    """
+    if rule not in POOLING_RULES:
+        raise ValueError(f"unknown pooling rule '{rule}' (data.pooling: {' | '.join(POOLING_RULES)})")
     idx = np.arange(segments + 1) * length / segments
+    if rule == "reference":
+        bounds = np.minimum(np.round(idx).astype(np.int64), length - 1)
+        start, end = bounds[:-1], bounds[1:]
+        return start, np.where(start < end, end, start + 1)
     start = np.floor(idx[:-1]).astype(np.int64)
     end = np.maximum(np.floor(idx[1:]).astype(np.int64), start + 1)
     return np.minimum(start, length - 1), np.minimum(end, length)
 
 
-def segment_mean(x: np.ndarray, segments: int) -> np.ndarray:
+def segment_mean(x: np.ndarray, segments: int, rule: str = "even") -> np.ndarray:
     """Mean of each segment of rows: [T, D] -> [segments, D] (one BLAS product)."""
-    return pooling_matrix(len(x), segments) @ x
+    return pooling_matrix(len(x), segments, rule) @ x
 
 
-def pooling_matrix(length: int, segments: int) -> np.ndarray:
+def pooling_matrix(length: int, segments: int, rule: str = "even") -> np.ndarray:
     """[segments, length] matrix whose product with rows gives segment_mean."""
-    start, end = segment_bounds(length, segments)
+    start, end = segment_bounds(length, segments, rule)
     cols = np.arange(length)[None, :]
     inside = (cols >= start[:, None]) & (cols < end[:, None])
     return (inside / (end - start)[:, None]).astype(np.float32)
@@ -95,8 +110,9 @@ class Batcher:
 
     def video_features(self, v: int) -> tuple[np.ndarray, np.ndarray]:
         raw = np.asarray(self.split.frames[v], dtype=np.float32)
-        clips = segment_mean(raw, self.cfg.num_clips)
-        frames = segment_mean(raw, self.cfg.max_frames) if len(raw) > self.cfg.max_frames else raw
+        rule = getattr(self.cfg, "pooling", "even")
+        clips = segment_mean(raw, self.cfg.num_clips, rule)
+        frames = segment_mean(raw, self.cfg.max_frames, rule) if len(raw) > self.cfg.max_frames else raw
         if self.cfg.normalize_frames:
             clips, frames = l2_normalize(clips), l2_normalize(frames)
         return frames, clips
@@ -107,7 +123,7 @@ class Batcher:
         clips = torch.from_numpy(np.stack([c for _, c in feats]))
         pool = np.zeros((len(feats), self.cfg.num_clips, frames.shape[1]), dtype=np.float32)
         for i, (f, _) in enumerate(feats):
-            pool[i, :, : len(f)] = pooling_matrix(len(f), self.cfg.num_clips)
+            pool[i, :, : len(f)] = pooling_matrix(len(f), self.cfg.num_clips, getattr(self.cfg, "pooling", "even"))
         return VideoBatch(frames, mask, clips, torch.from_numpy(pool), torch.as_tensor(np.asarray(index, dtype=np.int64)))
 
     def queries(self, index: np.ndarray) -> QueryBatch:

@@ -36,6 +36,10 @@ class DataConfig:
     layout: str = "msl"  # real datasets: "msl" (MS-SL family release) | "xml" (TVRetrieval release, tvr only)
     feature: str = ""  # real datasets: video features; "" -> MS-SL FeatureData/<the dataset's folder>, XML resnet_i3d
     annotations: str = ""  # real datasets: folder of the original annotation files; "" -> <collection>/annotations
+    # Segment rule of the clip / frame mean-pooling: "reference" is the MS-SL family's (rounded,
+    # clamped boundaries; the real-layout presets use it), "even" splits rows evenly (the
+    # simulated presets, whose committed runs were made with it). See datasets/loader.py.
+    pooling: str = "even"
     preload: bool = False  # real datasets: copy video and query features into RAM instead of memory-mapping them
 
 

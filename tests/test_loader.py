@@ -45,3 +45,34 @@ def test_train_batch_shapes_masks_and_relevance():
     q = batch.queries.query_index.numpy()
     np.testing.assert_array_equal(batch.relevant.numpy(), split.relevance[q][:, videos].toarray())
     assert batch.relevant[torch.arange(n_q), batch.query_item].all()
+
+
+def _reference_average_to_fixed_length(x: np.ndarray, segments: int) -> np.ndarray:
+    """The MS-SL family's rule as its public code describes it, written out as a plain loop:
+    boundaries round(i * n / S) (numpy rounding), clamped to n - 1; an empty segment is its
+    start row."""
+    n = len(x)
+    idx = np.round(np.arange(0, segments + 1, 1.0) / segments * n).astype(np.int32)
+    idx[idx > n - 1] = n - 1
+    out = []
+    for i in range(segments):
+        s, e = idx[i], idx[i + 1]
+        out.append(x[s:e].mean(0) if s < e else x[s])
+    return np.stack(out)
+
+
+@pytest.mark.parametrize("length", [1, 5, 31, 32, 33, 47, 100, 128, 129, 300])
+@pytest.mark.parametrize("segments", [32, 128])
+def test_reference_pooling_rule_matches_the_reference_loop(length, segments):
+    x = np.random.default_rng(length * 7 + segments).normal(size=(length, 6)).astype(np.float32)
+    np.testing.assert_allclose(segment_mean(x, segments, "reference"),
+                               _reference_average_to_fixed_length(x, segments), rtol=1e-5, atol=1e-6)
+
+
+def test_real_layout_presets_use_the_reference_rule():
+    from prvr.harness.config import resolve
+
+    assert resolve("baseline", "tvr").data.pooling == "reference"
+    assert resolve("baseline", "sim-tvr").data.pooling == "even"
+    with pytest.raises(ValueError, match="data.pooling"):
+        segment_bounds(10, 4, "nearest")
