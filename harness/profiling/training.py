@@ -1,0 +1,219 @@
+"""Training throughput and peak memory of one epoch.
+
+Protocol: the method's config for the dataset, the model, detector and trainer built as
+`prvr-bench run` builds them (seed 0), then one call of Trainer.train_epoch(0): data
+batching, forward, detector, objective, backward, optimizer step and the detector's
+per-epoch work. Throughput = training queries in the epoch / wall seconds of the call.
+With a batch cap (`--train-batches N`) the epoch ends after its first N batches and the
+figures are those of the batches run.
+Peak memory, on a GPU: torch.cuda.max_memory_allocated during the epoch (peak reset just
+before; it includes the parameters and batches already on the GPU). On a CPU: growth of the
+process's peak resident set size during the epoch over its resident size just before
+(Linux: VmHWM after resetting it through /proc/self/clear_refs; elsewhere sampled every
+10 ms), i.e. activations, gradients, optimizer state and batches, not the dataset or model
+already in memory. Each epoch runs in a fresh Python process, so that memory freed by an
+earlier model is not reused unseen and no method's run warms up the next.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from prvr.datasets.loader import epoch_batches
+from prvr.harness import progress
+from prvr.harness.profiling.subjects import Subject, subjects
+from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS
+from prvr.harness.trainer import Trainer, device_name, seed_everything
+
+
+@dataclass
+class EpochProfile:
+    dataset: str
+    queries: int  # training queries in the batches run
+    batches: int  # batches run
+    epoch_batches: int  # batches in the whole epoch
+    seconds: float
+    peak_mb: float
+    memory_measure: str
+    device: str
+
+    @property
+    def queries_per_s(self) -> float:
+        return self.queries / self.seconds if self.seconds > 0 else float("nan")
+
+
+def profile_epoch_isolated(method: str, dataset: str, overrides: list[str] | None = None,
+                           threads: int | None = None, max_batches: int | None = None,
+                           timeout_s: float = 3600) -> EpochProfile:
+    """`profile_epoch` of one method in a fresh Python process (see the module docstring)."""
+    job = {"method": method, "dataset": dataset, "overrides": list(overrides or []), "threads": threads,
+           "max_batches": max_batches}
+    cmd = [sys.executable, "-m", "prvr.harness.profiling.training", json.dumps(job)]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=os.environ.copy())
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"the training epoch of {method} took longer than {timeout_s:.0f} s") from None
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise RuntimeError(f"the training epoch of {method} failed: {last}")
+    return EpochProfile(**json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def _child(job: dict) -> None:
+    """Entry point of the fresh process: one epoch, its EpochProfile as JSON on stdout."""
+    progress.set_enabled(False)
+    if job.get("threads"):
+        torch.set_num_threads(job["threads"])
+    subject = subjects([job["method"]], job["dataset"], job["overrides"])[0]
+    print(json.dumps(asdict(profile_epoch(subject, job.get("max_batches")))))
+
+
+class _Enough(Exception):
+    """Raised by _StopAfter to end an epoch early."""
+
+
+class _StopAfter:
+    """Trainer hook that ends the epoch after `n` optimisation steps."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def on_epoch_start(self, trainer, epoch: int) -> None:
+        pass
+
+    def on_step(self, trainer, step: int, out: dict) -> None:
+        if step + 1 >= self.n:
+            raise _Enough
+
+    def on_epoch_end(self, trainer, epoch: int, summary: dict) -> None:
+        pass
+
+
+def profile_epoch(subject: Subject, max_batches: int | None = None) -> EpochProfile:
+    """Train one epoch of `subject` (or its first `max_batches` batches) on its config's dataset."""
+    cfg = subject.cfg
+    data = DATASETS.get(cfg.dataset).load(cfg)
+    seed_everything(cfg.seed)
+    model = BACKBONES.get(cfg.backbone)(cfg.model, data.video_dim, data.query_dim)
+    detector = DETECTORS.get(cfg.relations.name)(cfg)
+    detector.setup(data)
+    hooks = [_StopAfter(max_batches)] if max_batches else []
+    with tempfile.TemporaryDirectory(prefix="prvr-profile-") as ckpt:
+        trainer = Trainer(cfg, data, model, METHODS.get(cfg.method), detector, Path(ckpt), hooks)
+        every = epoch_batches(len(trainer.has_queries), cfg.train.batch_size, cfg.seed, 0, trainer.has_queries)
+        batches = every[:max_batches] if max_batches else every
+        queries = sum(len(trainer.batchers["train"].video_queries[v]) for b in batches for v in b)
+        with peak_memory(trainer.device) as peak:
+            start = time.perf_counter()
+            try:
+                trainer.train_epoch(0)
+            except _Enough:
+                pass
+            _sync(trainer.device)
+            seconds = time.perf_counter() - start
+    return EpochProfile(cfg.dataset, queries, len(batches), len(every), seconds, peak["mb"], peak["measure"],
+                        device_name(trainer.device))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@contextmanager
+def peak_memory(device: torch.device) -> Iterator[dict]:
+    """Yields a dict that holds {'mb', 'measure'} once the block has run (see the module docstring)."""
+    out: dict = {"mb": float("nan"), "measure": ""}
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        yield out
+        torch.cuda.synchronize(device)
+        out.update(mb=torch.cuda.max_memory_allocated(device) / 2**20, measure="torch.cuda.max_memory_allocated")
+        return
+    with _rss_peak_growth() as growth:
+        yield out
+    out.update(growth)
+
+
+@contextmanager
+def _rss_peak_growth() -> Iterator[dict]:
+    out: dict = {}
+    before = _status_kb("VmRSS")
+    if before is not None and _reset_hwm():
+        yield out
+        out.update(mb=max(0, _status_kb("VmHWM") - before) / 1024, measure="peak RSS growth (VmHWM)")
+        return
+    sampler = _RssSampler()
+    sampler.start()
+    try:
+        yield out
+    finally:
+        sampler.stop()
+    out.update(mb=sampler.growth_mb(), measure="peak RSS growth (sampled every 10 ms)")
+
+
+def _status_kb(key: str) -> int | None:
+    try:
+        text = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    m = re.search(rf"^{key}:\s+(\d+) kB", text, re.M)
+    return int(m.group(1)) if m else None
+
+
+def _reset_hwm() -> bool:
+    """Reset the kernel's peak-RSS mark of this process (Linux >= 4.0)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return _status_kb("VmHWM") is not None
+
+
+class _RssSampler(threading.Thread):
+    """Fallback where VmHWM cannot be reset: polls the resident size."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.before = _rss_bytes()
+        self.peak = self.before
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(0.01):
+            self.peak = max(self.peak, _rss_bytes())
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join()
+        self.peak = max(self.peak, _rss_bytes())
+
+    def growth_mb(self) -> float:
+        return max(0, self.peak - self.before) / 2**20
+
+
+def _rss_bytes() -> int:
+    kb = _status_kb("VmRSS")
+    if kb is not None:
+        return kb * 1024
+    import resource  # no /proc: the lifetime peak is the best available
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+if __name__ == "__main__":
+    _child(json.loads(sys.argv[1]))
