@@ -32,7 +32,8 @@ def test_run_writes_a_record_under_out(capsys, tmp_path):
 
 
 def test_bench_then_leaderboard(capsys, tmp_path):
-    code, _, err = run_cli(capsys, "bench", "--dataset", "sim-tiny", "--seeds", "0", "1", "--out", str(tmp_path),
+    code, _, err = run_cli(capsys, "bench", "--method", "baseline", "--dataset", "sim-tiny", "--seeds", "0", "1",
+                           "--out", str(tmp_path),
                            "--set", "train.epochs=1", "--quiet")
     assert code == 0, err
     assert len(list(tmp_path.glob("runs/sim-tiny/*/seed*.json"))) == 4  # baseline and baseline+oracle

@@ -1,1 +1,3 @@
 """methods/backbones"""
+
+from prvr.methods.backbones import gmmformer, gmmformer2, msl  # noqa: F401  (importing registers them)

@@ -1,0 +1,325 @@
+"""Building blocks of the MS-SL family (MS-SL, GMMFormer, GMMFormer v2).
+
+Every block takes a padded sequence [B, L, D] and a boolean mask [B, L] (True = real).
+Per-token maps run on the real rows only (padding rows come back as zeros) and attention
+never gives weight to a padded key, so a sequence encodes the same whatever padding its
+batch adds. The reference code ties GMMFormer's Gaussian windows to the padded length and
+lets zeroed padding frames take part in max-pooling; these blocks do neither.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+PLAIN = 0.0  # a branch width of 0 means plain attention (the reference's `wid=None`)
+
+
+# ----------------------------------------------------------------------------- padding
+def pack(x: torch.Tensor, mask: torch.Tensor, dim: int = 0) -> torch.Tensor:
+    """The real rows of a padded tensor whose dims (dim, dim + 1) are [B, L], as one dim N."""
+    if bool(mask.all()):
+        return x.flatten(dim, dim + 1)
+    return x[(slice(None),) * dim + (mask,)]
+
+
+def unpack(rows: torch.Tensor, mask: torch.Tensor, dim: int = 0) -> torch.Tensor:
+    """Inverse of `pack`: real rows (N at `dim`) back into a zero-padded [B, L] layout."""
+    if rows.shape[dim] == mask.numel():
+        return rows.unflatten(dim, mask.shape)
+    out = rows.new_zeros((*rows.shape[:dim], *mask.shape, *rows.shape[dim + 1 :]))
+    out[(slice(None),) * dim + (mask,)] = rows
+    return out
+
+
+def rowwise(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Apply a per-token map to the real rows only; padding rows of the result are zeros."""
+    if mask is None:
+        return fn(x)
+    return unpack(fn(pack(x, mask)), mask)
+
+
+def full_mask(x: torch.Tensor) -> torch.Tensor:
+    return torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
+
+
+# ----------------------------------------------------------------------------- per-branch layers
+class BranchLinear(nn.Module):
+    """One linear map per branch on branch-major rows: [branches, N, in] -> [branches, N, out].
+    The bias is stored flat (1-D) so that the trainer exempts it from weight decay."""
+
+    def __init__(self, branches: int, in_dim: int, out_dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(branches, in_dim, out_dim))
+        self.bias = nn.Parameter(torch.zeros(branches * out_dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.baddbmm(self.bias.view(self.weight.shape[0], 1, -1), x, self.weight)
+
+
+class BranchLayerNorm(nn.Module):
+    """One LayerNorm per branch over branch-major rows [branches, N, dim] (affine parameters stored flat)."""
+
+    def __init__(self, branches: int, dim: int) -> None:
+        super().__init__()
+        self.branches, self.dim = branches, dim
+        self.weight = nn.Parameter(torch.ones(branches * dim))
+        self.bias = nn.Parameter(torch.zeros(branches * dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = (self.branches, 1, self.dim)
+        return torch.addcmul(self.bias.view(shape), F.layer_norm(x, (self.dim,)), self.weight.view(shape))
+
+
+# ----------------------------------------------------------------------------- inputs
+class InputEmbedding(nn.Module):
+    """The MS-SL family's input layer and learned positions:
+    LayerNorm(in) -> dropout -> Linear -> ReLU, then LayerNorm(x + position) -> dropout.
+    The costly input map runs on real rows only."""
+
+    def __init__(self, in_dim: int, hidden: int, max_len: int, dropout: float) -> None:
+        super().__init__()
+        self.in_norm = nn.LayerNorm(in_dim)
+        self.in_drop = nn.Dropout(dropout)
+        self.linear = nn.Linear(in_dim, hidden)
+        self.positions = nn.Embedding(max_len, hidden)
+        self.norm = nn.LayerNorm(hidden)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        length = x.shape[1]
+        if length > self.positions.num_embeddings:
+            raise ValueError(f"sequence of {length} rows but only {self.positions.num_embeddings} learned positions; "
+                             "raise the backbone's max_frames / max_query_len or lower data.max_frames / data.num_clips")
+        h = rowwise(lambda r: F.relu(self.linear(self.in_drop(self.in_norm(r)))), x, mask)
+        return self.drop(self.norm(h + self.positions.weight[:length]))
+
+
+class AttentionPool(nn.Module):
+    """Masked attention pooling of a sequence into one vector (MS-SL's `modular_vector_mapping`)."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.score = nn.Linear(hidden, 1, bias=False)
+
+    def forward(self, h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        logits = self.score(h).squeeze(-1).masked_fill(~mask, float("-inf"))
+        return torch.einsum("bl,bld->bd", logits.softmax(-1), h)
+
+
+# ----------------------------------------------------------------------------- Gaussian attention
+def gaussian_weights(length: int, width: float, total: int | None = None) -> torch.Tensor:
+    """GMMFormer's Gaussian window [length, length].
+
+    Row i is a Gaussian over the positions linspace(0, 1, total), centred at i / total with
+    sigma = max(width, 0.01) / 9, scaled to a row maximum of 1; `total` (default `length`)
+    fixes the scale, so a sequence's window does not depend on its padding. Width 0: all ones.
+    """
+    total = total or length
+    if length > total:
+        raise ValueError(f"Gaussian window over {total} positions cannot cover {length} rows")
+    if width <= PLAIN:
+        return torch.ones(length, length)
+    centre = torch.arange(total, dtype=torch.float64)[:, None] / total
+    position = torch.linspace(0, 1, total, dtype=torch.float64)[None, :]
+    sigma = max(width, 1e-2) / 9
+    w = torch.exp(-((position - centre) ** 2) / (2 * sigma**2))
+    return (w / w.max(-1, keepdim=True).values)[:length, :length].float()
+
+
+@lru_cache(maxsize=64)
+def _windows(widths: tuple[float, ...], length: int, total: int | None) -> torch.Tensor:
+    return torch.stack([gaussian_weights(length, w, total) for w in widths])
+
+
+def gaussian_attention(logits: torch.Tensor, window: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+    """Attention weights of GMMFormer: the window multiplies the scaled logits (it does not add
+    to them), then padded keys are removed and the rows softmax-normalised.
+    logits [..., Lq, Lk]; window and key_mask broadcast against it."""
+    return (logits * window).masked_fill(~key_mask, float("-inf")).softmax(-1)
+
+
+class GaussianBranches(nn.Module):
+    """len(widths) parallel self-attention layers over one sequence, each with its own window.
+
+    ffn_mult = 0: BERT attention layer of the MS-SL code (attention, dense, dropout, residual,
+    LayerNorm); GMMFormer's GMM block averages four of them.
+    ffn_mult > 0: post-LN transformer layer of GMMFormer v2 (attention, dropout, residual,
+    LayerNorm, feed-forward of ffn_mult x hidden, dropout, residual, LayerNorm).
+    Returns the real rows of every branch, branch-major: [branches, N, hidden].
+    """
+
+    def __init__(self, hidden: int, heads: int, widths: list[float], dropout: float, ffn_mult: int = 0,
+                 window_len: int | None = None) -> None:
+        super().__init__()
+        if hidden % heads:
+            raise ValueError(f"hidden size {hidden} is not a multiple of {heads} heads")
+        n = len(widths)
+        self.widths, self.heads, self.window_len = tuple(float(w) for w in widths), heads, window_len
+        self.qkv = nn.Linear(hidden, n * 3 * hidden)  # q, k, v of every branch in one product
+        self.attn_drop = nn.Dropout(dropout)
+        self.drop = nn.Dropout(dropout)
+        self.ffn_mult = ffn_mult
+        if ffn_mult == 0:
+            self.dense = BranchLinear(n, hidden, hidden)
+            self.norm = BranchLayerNorm(n, hidden)
+        else:
+            self.norm1 = BranchLayerNorm(n, hidden)
+            self.ffn_in = BranchLinear(n, hidden, ffn_mult * hidden)
+            self.ffn_out = BranchLinear(n, ffn_mult * hidden, hidden)
+            self.norm2 = BranchLayerNorm(n, hidden)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.post(pack(self.attend(x, mask), mask, dim=1), pack(x, mask)[None])
+
+    def attend(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Multi-head attention of every branch: [B, L, D] -> context [branches, B, L, D]."""
+        b, length, d = x.shape
+        n, h = len(self.widths), self.heads
+        qkv = rowwise(self.qkv, x, mask).view(b, length, n, 3, h, d // h)
+        q, k, v = qkv.permute(3, 2, 0, 4, 1, 5)  # each [branches, B, heads, L, d/h]
+        logits = q @ k.transpose(-1, -2) / math.sqrt(d // h)
+        window = _windows(self.widths, length, self.window_len).to(x.device, x.dtype)[:, None, None]
+        probs = gaussian_attention(logits, window, mask[None, :, None, None, :])
+        return (self.attn_drop(probs) @ v).permute(0, 1, 3, 2, 4).reshape(n, b, length, d)
+
+    def post(self, ctx: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Per-token output sub-layers: ctx [branches, N, D], x [1, N, D]."""
+        if self.ffn_mult == 0:
+            return self.norm(self.drop(self.dense(ctx)) + x)
+        h = self.norm1(x + self.drop(ctx))
+        return self.norm2(h + self.drop(self.ffn_out(self.drop(F.relu(self.ffn_in(h))))))
+
+
+class GMMBlock(nn.Module):
+    """GMMFormer's GMM block: the mean of the Gaussian branches. With widths [0] it is the
+    single attention layer of MS-SL's encoders."""
+
+    def __init__(self, hidden: int, heads: int, widths: list[float], dropout: float, ffn_mult: int = 0,
+                 window_len: int | None = None) -> None:
+        super().__init__()
+        self.branches = GaussianBranches(hidden, heads, widths, dropout, ffn_mult, window_len)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        mask = full_mask(x) if mask is None else mask
+        return unpack(self.branches(x, mask).mean(0), mask)
+
+
+class CrossAttentionLayer(nn.Module):
+    """A learned token attends over each of several sequences (GMMFormer v2's cross-attention
+    for branch weights): attention, dropout, residual, LayerNorm, feed-forward (hidden ->
+    hidden), dropout, residual, LayerNorm."""
+
+    def __init__(self, hidden: int, heads: int, dropout: float) -> None:
+        super().__init__()
+        self.heads = heads
+        self.q = nn.Linear(hidden, hidden)
+        self.kv = nn.Linear(hidden, 2 * hidden)
+        self.attn_drop = nn.Dropout(dropout)
+        self.drop = nn.Dropout(dropout)
+        self.norm1 = nn.LayerNorm(hidden)
+        self.ffn_in = nn.Linear(hidden, hidden)
+        self.ffn_out = nn.Linear(hidden, hidden)
+        self.norm2 = nn.LayerNorm(hidden)
+
+    def forward(self, token: torch.Tensor, rows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """token [D]; rows [S, N, D]: the real rows of S sequence sets that share the padding
+        mask [B, L] -> [S, B, D]."""
+        s, d, h = rows.shape[0], rows.shape[-1], self.heads
+        k, v = unpack(self.kv(rows), mask, dim=1).unflatten(-1, (2, h, d // h)).permute(3, 0, 1, 4, 2, 5)
+        q = self.q(token).view(h, 1, d // h)
+        logits = (q @ k.transpose(-1, -2) / math.sqrt(d // h)).masked_fill(~mask[None, :, None, None, :],
+                                                                          float("-inf"))
+        ctx = (self.attn_drop(logits.softmax(-1)) @ v).reshape(s, -1, d)  # [S, B, D]
+        x = self.norm1(token + self.drop(ctx))
+        return self.norm2(x + self.drop(self.ffn_out(self.drop(F.relu(self.ffn_in(x))))))
+
+
+class DynamicGMMBlock(nn.Module):
+    """GMMFormer v2's dynamic GMM block: Gaussian branches fused with per-position weights.
+
+    A learned token attends over each branch's output (one shared cross-attention layer);
+    Linear -> ReLU -> dropout -> Linear maps each branch's token to one logit per position
+    (`positions` = 32 clips or 128 frames); softmax over branches with a temperature.
+    """
+
+    def __init__(self, hidden: int, heads: int, widths: list[float], dropout: float, ffn_mult: int,
+                 positions: int, temperature: float, window_len: int | None = None) -> None:
+        super().__init__()
+        self.branches = GaussianBranches(hidden, heads, widths, dropout, ffn_mult, window_len)
+        self.cross = CrossAttentionLayer(hidden, heads, dropout)
+        self.layer1 = nn.Linear(hidden, hidden)
+        self.drop = nn.Dropout(dropout)
+        self.layer2 = nn.Linear(hidden, positions)
+        self.temperature = temperature
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, token: torch.Tensor) -> torch.Tensor:
+        mask = full_mask(x) if mask is None else mask
+        out = self.branches(x, mask)  # [branches, N, D]
+        weights = self.branch_weights(out, mask, token.reshape(-1))  # [branches, N]
+        return unpack((out * weights[..., None]).sum(0), mask)
+
+    def branch_weights(self, out: torch.Tensor, mask: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+        length = mask.shape[1]
+        if length > self.layer2.out_features:
+            raise ValueError(f"sequence of {length} rows but the fusion head has {self.layer2.out_features} positions")
+        t = self.cross(token, out, mask)  # [branches, B, D]
+        logits = self.layer2(self.drop(F.relu(self.layer1(t))))[..., :length]  # [branches, B, L]
+        return pack((logits / self.temperature).softmax(0), mask, dim=1)
+
+
+class QueryEncoder(nn.Module):
+    """The MS-SL family's query encoder: input layer, positions, one attention layer,
+    attention pooling -> one vector per query."""
+
+    def __init__(self, query_dim: int, hidden: int, heads: int, max_len: int, input_dropout: float,
+                 dropout: float, ffn_mult: int = 0) -> None:
+        super().__init__()
+        self.embed = InputEmbedding(query_dim, hidden, max_len, input_dropout)
+        self.layer = GMMBlock(hidden, heads, [PLAIN], dropout, ffn_mult)
+        self.pool = AttentionPool(hidden)
+
+    def forward(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.pool(self.layer(self.embed(tokens, mask), mask), mask)
+
+
+# ----------------------------------------------------------------------------- init and scoring helpers
+def init_weights(model: nn.Module, std: float) -> None:
+    """The MS-SL family's initialisation: linear and embedding weights ~ N(0, std), biases 0,
+    LayerNorm 1 / 0 (parameters created outside these module types keep their own init)."""
+    for m in model.modules():
+        if isinstance(m, (nn.Linear, nn.Embedding, BranchLinear)):
+            nn.init.normal_(m.weight, 0.0, std)
+            if getattr(m, "bias", None) is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, (nn.LayerNorm, BranchLayerNorm)):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+
+
+def max_similarity(query: torch.Tensor, items: torch.Tensor, mask: torch.Tensor | None = None,
+                   cosine: bool = True) -> torch.Tensor:
+    """[Q, D] x [V, N, D] -> [Q, V]: max over each video's real items of the cosine (or of
+    the raw dot product when cosine=False)."""
+    if cosine:
+        query, items = F.normalize(query, dim=-1), F.normalize(items, dim=-1)
+    sims = torch.einsum("qd,vnd->qvn", query, items)
+    if mask is not None:
+        sims = sims.masked_fill(~mask[None], float("-inf"))
+    return sims.max(-1).values
+
+
+def score_in_chunks(fn: Callable[[dict], dict], q: dict, per_query: int, budget: int) -> dict:
+    """Without gradients, call fn on slices of the queries so that no [queries, videos, items]
+    intermediate exceeds `budget` elements; with gradients, call it once on all queries."""
+    n = next(iter(q.values())).shape[0]
+    step = max(1, budget // max(1, per_query))
+    if torch.is_grad_enabled() or n <= step:
+        return fn(q)
+    parts = [fn({k: t[s : s + step] for k, t in q.items()}) for s in range(0, n, step)]
+    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}

@@ -1,0 +1,155 @@
+"""MS-SL (Dong et al., ACM MM 2022): multi-scale similarity learning.
+
+Clip scale: the 32 clips (mean-pooled frames) are encoded by one attention layer; every
+contiguous run of clips (average pools of width 1..32: 528 proposals) is a candidate moment,
+and the clip score is the best cosine over the proposals. Frame scale: the best proposal
+(the key clip) attends over the encoded frames (key-clip guided attention); the frame score
+is the cosine of the query with the attended frame feature. Test score 0.7 clip + 0.3 frame.
+
+Computation. A proposal is a fixed average of clips (P = A @ C, A the [528, 32] pooling
+matrix), so q . P = A @ (C q) and |P|^2 = diag(A C C^T A^T): scores come from [Q, V, 32]
+products instead of materialising [V, 528, D] proposals; the best proposal is found without
+gradients and the gradient flows through the selected one, as through a max. The key-clip
+attention and the norm of its output use the same trick with the frame values' Gram matrix.
+Same numbers as the reference's materialised tensors (tests check it), far less memory.
+
+Training. The reference trains the frame branch on a [queries x queries] matrix (each query
+against the frames of its own video attended by another query's key clip) and evaluates on
+[queries x videos]; here both use the [queries x videos] evaluation definition, so relation
+detectors and the ranking losses see one matrix per branch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+from torch import nn
+
+from prvr.harness.registry import BACKBONES
+from prvr.methods.backbones.blocks import PLAIN, GMMBlock, InputEmbedding, QueryEncoder, init_weights, score_in_chunks
+
+
+@dataclass
+class MSLConfig:
+    hidden: int = 384  # ms-sl method/config.py --hidden_size
+    heads: int = 4  # --n_heads
+    input_dropout: float = 0.1  # --input_drop: input layers and positional encodings
+    dropout: float = 0.1  # --drop: attention weights and layer outputs
+    max_query_len: int = 30  # --max_desc_l: learned positions of the query encoder
+    max_frames: int = 128  # --max_ctx_l: learned positions of the clip and frame encoders
+    clip_weight: float = 0.7  # --clip_scale_w; the frame weight is 1 - clip_weight (--frame_scale_w 0.3)
+    init_std: float = 0.02  # --initializer_range
+    eval_budget: int = 1 << 24  # ours: max elements of a [queries, videos, items] tensor when scoring without gradients
+
+
+@lru_cache(maxsize=8)
+def proposal_matrix(num_clips: int) -> torch.Tensor:
+    """[P, C] averaging matrix of every contiguous run of clips, widths 1..C
+    (MS-SL's AvgPool1d(k, stride 1) for k = 1..32: 528 proposals for C = 32)."""
+    width = torch.cat([torch.full((num_clips - k + 1,), k) for k in range(1, num_clips + 1)])
+    start = torch.cat([torch.arange(num_clips - k + 1) for k in range(1, num_clips + 1)])
+    cols = torch.arange(num_clips)[None]
+    inside = (cols >= start[:, None]) & (cols < (start + width)[:, None])
+    return inside.float() / width[:, None]
+
+
+def proposal_norms(clips: torch.Tensor, pool: torch.Tensor) -> torch.Tensor:
+    """|A C_v| for every proposal of every video: [V, P] from the clips' Gram matrices."""
+    gram = clips @ clips.transpose(1, 2)  # [V, C, C]
+    return ((pool @ gram) * pool).sum(-1).clamp_min(1e-24).sqrt()
+
+
+@dataclass
+class VideoSide:
+    """What scoring needs from the videos, computed once per call of `score`."""
+
+    clips: torch.Tensor  # [V, C, D] encoded clips
+    pool: torch.Tensor  # [P, C] proposal averaging matrix
+    norms: torch.Tensor  # [V, P] proposal norms
+    clip_keys: torch.Tensor  # [V, C, T] clip . frame key
+    values: torch.Tensor  # [V, T, D] frame values
+    gram: torch.Tensor  # [V, T, T] Gram matrix of the frame values
+    mask: torch.Tensor  # [V, T] real frames
+
+    @staticmethod
+    def of(v: dict[str, torch.Tensor]) -> "VideoSide":
+        clips, values = v["clips"], v["frame_values"]
+        pool = proposal_matrix(clips.shape[1]).to(clips)
+        return VideoSide(clips, pool, proposal_norms(clips, pool), torch.einsum("vcd,vtd->vct", clips, v["frame_keys"]),
+                         values, values @ values.transpose(1, 2), v["frame_mask"])
+
+
+@torch.no_grad()
+def best_proposals(clip_dots: torch.Tensor, pool: torch.Tensor, norms: torch.Tensor,
+                   budget: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Index of the best proposal of each (query, video) by cosine and by raw dot product.
+    clip_dots [Q, V, C] = q . clip; norms [V, P]. Runs in query slices of `budget` elements."""
+    q, v, _ = clip_dots.shape
+    step = max(1, budget // max(1, v * pool.shape[0]))
+    by_cos, by_dot = [], []
+    for s in range(0, q, step):
+        dots = clip_dots[s : s + step] @ pool.t()  # [q, V, P]
+        by_dot.append(dots.argmax(-1))
+        by_cos.append((dots / norms).argmax(-1))  # |q| is constant along the proposals
+    return torch.cat(by_cos), torch.cat(by_dot)
+
+
+def key_clip_guided(query: torch.Tensor, key_clip: torch.Tensor, side: VideoSide) -> tuple[torch.Tensor, torch.Tensor]:
+    """MS-SL's key-clip guided attention for every (query, video): the key proposal
+    (key_clip [Q, V, C], its pooling weights over the clips) attends over the frame keys
+    (no scaling, padded frames excluded); returns (cosine, raw dot) of the query with the
+    attended frame values, each [Q, V]."""
+    logits = torch.einsum("qvc,vct->qvt", key_clip, side.clip_keys).masked_fill(~side.mask[None], float("-inf"))
+    att = logits.softmax(-1)  # [Q, V, T]
+    dots = (att * torch.einsum("qd,vtd->qvt", query, side.values)).sum(-1)
+    sq_norm = (torch.einsum("qvt,vts->qvs", att, side.gram) * att).sum(-1)
+    cosine = dots / (query.norm(dim=-1).clamp_min(1e-12)[:, None] * sq_norm.clamp_min(1e-24).sqrt())
+    return cosine, dots
+
+
+def msl_scores(query: torch.Tensor, side: VideoSide, budget: int) -> dict[str, torch.Tensor]:
+    """Clip-scale (best proposal) and frame-scale (key-clip guided) scores, cosine and raw, [Q, V]."""
+    clip_dots = torch.einsum("qd,vcd->qvc", query, side.clips)
+    by_cos, by_dot = best_proposals(clip_dots, side.pool, side.norms, budget)
+    video = torch.arange(side.clips.shape[0], device=query.device)[None]
+    q_norm = query.norm(dim=-1).clamp_min(1e-12)[:, None]
+    clip = (clip_dots * side.pool[by_cos]).sum(-1) / (q_norm * side.norms[video, by_cos])
+    frame, frame_raw = key_clip_guided(query, side.pool[by_cos], side)
+    return {"clip": clip, "frame": frame, "clip_raw": (clip_dots * side.pool[by_dot]).sum(-1), "frame_raw": frame_raw}
+
+
+@BACKBONES.register("msl", "MS-SL: 528 multi-scale clip proposals + key-clip guided frame attention, fused 0.7/0.3")
+class MSSL(nn.Module):
+    config_cls = MSLConfig
+
+    def __init__(self, cfg: MSLConfig, video_dim: int, query_dim: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        h = cfg.hidden
+        self.query_encoder = QueryEncoder(query_dim, h, cfg.heads, cfg.max_query_len, cfg.input_dropout, cfg.dropout)
+        self.clip_embed = InputEmbedding(video_dim, h, cfg.max_frames, cfg.input_dropout)
+        self.clip_encoder = GMMBlock(h, cfg.heads, [PLAIN], cfg.dropout)
+        self.frame_embed = InputEmbedding(video_dim, h, cfg.max_frames, cfg.input_dropout)
+        self.frame_encoder = GMMBlock(h, cfg.heads, [PLAIN], cfg.dropout)
+        self.key_map = nn.Linear(h, h, bias=False)  # mapping_linear[0]
+        self.value_map = nn.Linear(h, h, bias=False)  # mapping_linear[1]
+        init_weights(self, cfg.init_std)
+
+    def encode_queries(self, qb) -> dict[str, torch.Tensor]:
+        return {"query": self.query_encoder(qb.tokens, qb.token_mask)}
+
+    def encode_videos(self, vb) -> dict[str, torch.Tensor]:
+        clips = self.clip_encoder(self.clip_embed(vb.clips))
+        frames = self.frame_encoder(self.frame_embed(vb.frames, vb.frame_mask), vb.frame_mask)
+        return {"clips": clips, "frame_keys": self.key_map(frames), "frame_values": self.value_map(frames),
+                "frame_mask": vb.frame_mask}
+
+    def score(self, q: dict[str, torch.Tensor], v: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        side = VideoSide.of(v)
+        per_query = side.clips.shape[0] * max(side.pool.shape[0], side.mask.shape[1])
+        out = score_in_chunks(lambda chunk: msl_scores(chunk["query"], side, self.cfg.eval_budget), q, per_query,
+                              self.cfg.eval_budget)
+        w = self.cfg.clip_weight
+        return {**out, "fused": w * out["clip"] + (1 - w) * out["frame"]}

@@ -1,0 +1,174 @@
+"""The MS-SL family's objectives against hand-computed values and brute-force references,
+and a one-epoch smoke run of each MS-SL family method."""
+
+import itertools
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from prvr.harness.config import resolve
+from prvr.harness.runner import run_one
+from prvr.methods.msl import hard_pool_at
+from prvr.methods.objectives.prvr import (focal_query_diversity, hungarian_matching, msl_triplet,
+                                          query_diversity, same_video_pairs, two_branch_ranking)
+from prvr.methods.relations.base import Relations
+
+LABELS = torch.tensor([0, 0, 1])  # queries 0 and 1 describe video 0, query 2 video 1
+
+
+def one_to_one(labels=LABELS, videos=2):
+    return Relations.one_to_one(labels, videos)
+
+
+def test_msl_triplet_with_hard_negatives_hand_computed():
+    s = torch.tensor([[0.9, 0.5],
+                      [0.4, 0.6],
+                      [0.3, 0.8]])
+    rel = one_to_one()
+    loss = msl_triplet(s, rel.positive, rel.negative, margin=0.1, hard_pool=1)
+    t2v = [max(0, 0.1 + 0.5 - 0.9), max(0, 0.1 + 0.6 - 0.4), max(0, 0.1 + 0.3 - 0.8)]
+    # v2t: video 0 against the mean of its queries (0.9 + 0.4) / 2 and its only negative query q2;
+    # video 1 against q2 and the hardest of q0 (0.5), q1 (0.6)
+    v2t = [max(0, 0.1 + 0.3 - 0.65), max(0, 0.1 + 0.6 - 0.8)]
+    assert loss.item() == pytest.approx(sum(t2v) / 3 + sum(v2t) / 2)
+
+
+def test_msl_triplet_random_negatives_hand_computed():
+    s = torch.tensor([[0.2, 0.5],
+                      [0.7, 0.1]])
+    pos = torch.eye(2, dtype=torch.bool)  # one negative per row and per column: no choice to make
+    loss = msl_triplet(s, pos, ~pos, margin=0.2, hard_pool=None, generator=torch.Generator().manual_seed(0))
+    t2v = [0.2 + 0.5 - 0.2, 0.2 + 0.7 - 0.1]
+    v2t = [0.2 + 0.7 - 0.2, 0.2 + 0.5 - 0.1]
+    assert loss.item() == pytest.approx(sum(t2v) / 2 + sum(v2t) / 2)
+
+
+def test_msl_triplet_never_uses_ambiguous_pairs_as_negatives():
+    s = torch.tensor([[0.5, 0.99, 0.0],
+                      [0.0, 0.5, 0.0]])
+    pos = torch.tensor([[True, False, False], [False, True, False]])
+    amb = torch.tensor([[False, True, False], [False, False, False]])
+    loss = msl_triplet(s, pos, ~(pos | amb), margin=0.1, hard_pool=1)
+    t2v = [max(0, 0.1 + 0.0 - 0.5), max(0, 0.1 + 0.0 - 0.5)]  # q0's only negative is v2
+    v2t = [max(0, 0.1 + 0.0 - 0.5), 0.0]  # v1's only other query q0 is ambiguous: no negative
+    assert loss.item() == pytest.approx(sum(t2v) / 2 + sum(v2t) / 2)
+
+
+def test_nce_is_the_references_clip_nce_on_raw_dot_products():
+    raw = torch.tensor([[2.0, 0.0],
+                        [1.0, 0.5],
+                        [0.0, 3.0]])
+    scores = {"clip": raw.tanh(), "frame": raw.tanh(), "clip_raw": raw, "frame_raw": raw}
+    rel = one_to_one()
+    parts = two_branch_ranking(scores, rel.positive, rel.negative, 0.1, None, torch.Generator().manual_seed(0))
+    lse = torch.logsumexp
+    t2v = [lse(raw[0], 0) - 2.0, lse(raw[1], 0) - 1.0, lse(raw[2], 0) - 3.0]
+    v2t = [lse(raw[:, 0], 0) - lse(torch.tensor([2.0, 1.0]), 0), lse(raw[:, 1], 0) - 3.0]
+    expected = sum(t2v) / 3 + sum(v2t) / 2
+    assert parts["clip_nce"].item() == pytest.approx(float(expected))
+    assert parts["frame_nce"].item() == pytest.approx(float(expected))
+
+
+def test_ranking_parts_name_the_missing_raw_scores():
+    rel = one_to_one()
+    with pytest.raises(KeyError, match="clip_raw"):
+        two_branch_ranking({"clip": torch.zeros(3, 2), "frame": torch.zeros(3, 2)}, rel.positive, rel.negative,
+                           0.1, None, None)
+
+
+def test_hard_negatives_start_at_the_configured_epoch():
+    assert hard_pool_at(1, 2, 20) is None and hard_pool_at(2, 2, 20) == 20
+    assert hard_pool_at(50, -1, 20) is None
+
+
+# --------------------------------------------------------------------------- query diversity
+QUERIES = torch.tensor([[1.0, 0.0], [0.6, 0.8], [0.0, 2.0], [3.0, 4.0]])  # cos(q0, q1) = 0.6, q1 == q3 in direction
+
+
+def test_same_video_pairs_come_from_the_positive_relations():
+    pairs = same_video_pairs(one_to_one().positive)
+    assert pairs.tolist() == [[False, True, False], [True, False, False], [False, False, False]]
+
+
+def test_query_diversity_hand_computed():
+    labels = torch.tensor([0, 0, 1, 0])  # q0, q1, q3 share video 0
+    pairs = same_video_pairs(Relations.one_to_one(labels, 2).positive)
+    loss = query_diversity(QUERIES, pairs, margin=0.1, alpha=2.0)
+    e = math.exp
+    cos01, cos03, cos13 = 0.6, 0.6, 1.0
+    col0 = math.log(1 + e(2 * (cos01 + 0.1)) + e(2 * (cos03 + 0.1)))
+    col1 = math.log(1 + e(2 * (cos01 + 0.1)) + e(2 * (cos13 + 0.1)))
+    col3 = math.log(1 + e(2 * (cos03 + 0.1)) + e(2 * (cos13 + 0.1)))
+    assert loss.item() == pytest.approx((col0 + col1 + 0.0 + col3) / 4, rel=1e-6)
+
+
+def test_focal_query_diversity_hand_computed():
+    labels = torch.tensor([0, 0, 1, 0])
+    pairs = same_video_pairs(Relations.one_to_one(labels, 2).positive)
+    loss = focal_query_diversity(QUERIES, pairs, margin=0.1, alpha=2.0, gamma=2.0)
+
+    def term(c):
+        return (1 + c) ** 2 * math.log(1 + math.exp(2 * (c + 0.1)))
+
+    expected = 2 * (term(0.6) + term(0.6) + term(1.0)) / 4  # each pair counted in both directions
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+
+
+# --------------------------------------------------------------------------- Hungarian matching
+def brute_force_matching(queries, clips, positive, min_queries=2):
+    cos = torch.einsum("qd,vcd->qvc", F.normalize(queries, dim=-1), F.normalize(clips, dim=-1))
+    total, pairs = 0.0, 0
+    for v in range(clips.shape[0]):
+        qs = positive[:, v].nonzero().flatten().tolist()
+        if len(qs) < min_queries:
+            continue
+        n = min(len(qs), clips.shape[1])
+        best = -math.inf
+        for chosen in itertools.combinations(qs, n):  # more queries than clips: the best subset is matched
+            for perm in itertools.permutations(range(clips.shape[1]), n):
+                best = max(best, sum(cos[q, v, c].item() for q, c in zip(chosen, perm)))
+        total, pairs = total + best, pairs + n
+    return 1 - total / pairs
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_hungarian_matching_matches_brute_force(seed):
+    g = torch.Generator().manual_seed(seed)
+    videos, clips_per_video, d = 3, 4, 5
+    labels = torch.randint(0, videos, (9,), generator=g)
+    labels[:2] = 0  # at least one video with two queries
+    queries, clips = torch.randn(9, d, generator=g), torch.randn(videos, clips_per_video, d, generator=g)
+    positive = Relations.one_to_one(labels, videos).positive
+    if seed % 2:  # relations with extra positives (e.g. the oracle detector)
+        positive = positive | (torch.rand(9, videos, generator=g) < 0.2)
+    loss = hungarian_matching(queries, clips, positive)
+    assert loss.item() == pytest.approx(brute_force_matching(queries, clips, positive), abs=1e-5)
+
+
+def test_hungarian_matching_hand_computed_and_differentiable():
+    queries = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], requires_grad=True)
+    clips = torch.tensor([[[0.0, 1.0], [1.0, 0.0], [1.0, 1.0]]], requires_grad=True)
+    positive = torch.tensor([[True], [True], [False]])  # q2 is not positive for the video
+    loss = hungarian_matching(queries, clips, positive)
+    assert loss.item() == pytest.approx(0.0)  # q0 -> clip 1, q1 -> clip 0, both cos 1
+    loss.backward()
+    assert queries.grad is not None and clips.grad is not None
+
+
+def test_hungarian_matching_skips_videos_with_a_single_query():
+    queries, clips = torch.randn(2, 3, requires_grad=True), torch.randn(2, 4, 3)
+    loss = hungarian_matching(queries, clips, Relations.one_to_one(torch.tensor([0, 1]), 2).positive)
+    assert loss.item() == 0.0
+    loss.backward()  # still part of the graph
+
+
+# --------------------------------------------------------------------------- methods train
+@pytest.mark.parametrize("method", ["msl", "gmmformer", "gmmformer2"])
+def test_method_trains_one_epoch_on_sim_tiny(method, tmp_path):
+    record = run_one(resolve(method, "sim-tiny", 0, ["train.epochs=1"]), tmp_path)
+    assert record["backbone"] == method
+    history = record["history"][0]
+    assert math.isfinite(history["loss"]) and history["clip_triplet"] >= 0
+    assert record["metrics"]["test"]["SumR"] > 0
