@@ -32,7 +32,7 @@ def test_run_writes_a_record_under_out(capsys, tmp_path):
 
 
 def test_bench_then_leaderboard(capsys, tmp_path):
-    code, _, err = run_cli(capsys, "bench", "--method", "baseline", "--dataset", "sim-tiny", "--seeds", "0", "1",
+    code, _, err = run_cli(capsys, "bench", "--method", "baseline", "--dataset", "sim-tiny", "--seeds", "0", "1", "--oracle",
                            "--out", str(tmp_path),
                            "--set", "train.epochs=1", "--quiet")
     assert code == 0, err
@@ -76,3 +76,11 @@ def test_results_folder_that_is_a_file(capsys, tmp_path):
 def test_config_prints_resolved_yaml(capsys):
     code, out, _ = run_cli(capsys, "config", "--method", "baseline", "--dataset", "sim-tiny", "--set", "train.lr=0.01")
     assert code == 0 and "lr: 0.01" in out and "hidden: 64" in out
+
+
+def test_bench_defaults_every_method_one_seed_no_oracle():
+    from prvr.harness.cli import build_parser
+
+    args = build_parser().parse_args(["bench"])
+    assert args.method is None and args.seeds == [0] and args.oracle is False and args.dataset == ["sim-tvr"]
+    assert build_parser().parse_args(["bench", "--oracle"]).oracle is True
