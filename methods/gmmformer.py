@@ -12,8 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from prvr.harness.registry import METHODS
-from prvr.methods.msl import hard_pool_at
-from prvr.methods.objectives.prvr import query_diversity, same_video_pairs, two_branch_ranking
+from prvr.methods.objectives.prvr import hard_pool_at, query_diversity, same_video_pairs, two_branch_ranking
 from prvr.methods.recipes import PRESETS, MethodSpec
 
 

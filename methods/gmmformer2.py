@@ -13,9 +13,8 @@ from dataclasses import dataclass
 import torch
 
 from prvr.harness.registry import METHODS
-from prvr.methods.msl import hard_pool_at
-from prvr.methods.objectives.prvr import (focal_query_diversity, hungarian_matching, same_video_pairs,
-                                          two_branch_ranking)
+from prvr.methods.objectives.prvr import (focal_query_diversity, hard_pool_at, hungarian_matching,
+                                          same_video_pairs, two_branch_ranking)
 from prvr.methods.recipes import PRESETS, MethodSpec
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from prvr.harness.registry import METHODS
-from prvr.methods.objectives.prvr import two_branch_ranking
+from prvr.methods.objectives.prvr import hard_pool_at, two_branch_ranking
 from prvr.methods.recipes import PRESETS, MethodSpec
 
 
@@ -23,11 +23,6 @@ class MSLLossConfig:
     frame_nce_weight: float = 0.04  # ms-sl model.py forward: 0.04 * frame_nce
     hard_negative_epoch: int = 20  # --hard_negative_start_epoch (of 100 epochs); -1 = never
     hard_pool: int = 20  # --hard_pool_size
-
-
-def hard_pool_at(epoch: int, start: int, pool: int) -> int | None:
-    """The hard-negative pool size from epoch `start` on (None before it, or always if start < 0)."""
-    return pool if 0 <= start <= epoch else None
 
 
 def msl_objective(cfg: MSLLossConfig, scores: dict[str, torch.Tensor], relations, context) -> dict:

@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from prvr.harness.config import resolve
+from prvr.harness.io import UserError
 from prvr.harness.runner import run_one
-from prvr.methods.msl import hard_pool_at
-from prvr.methods.objectives.prvr import (focal_query_diversity, hungarian_matching, msl_triplet,
+from prvr.methods.objectives.prvr import (focal_query_diversity, hard_pool_at, hungarian_matching, msl_triplet,
                                           query_diversity, same_video_pairs, two_branch_ranking)
 from prvr.methods.relations.base import Relations
 
@@ -73,7 +73,7 @@ def test_nce_is_the_references_clip_nce_on_raw_dot_products():
 
 def test_ranking_parts_name_the_missing_raw_scores():
     rel = one_to_one()
-    with pytest.raises(KeyError, match="clip_raw"):
+    with pytest.raises(UserError, match="clip_raw"):
         two_branch_ranking({"clip": torch.zeros(3, 2), "frame": torch.zeros(3, 2)}, rel.positive, rel.negative,
                            0.1, None, None)
 

@@ -95,7 +95,8 @@ class InputEmbedding(nn.Module):
         length = x.shape[1]
         if length > self.positions.num_embeddings:
             raise ValueError(f"sequence of {length} rows but only {self.positions.num_embeddings} learned positions; "
-                             "raise the backbone's max_frames / max_query_len or lower data.max_frames / data.num_clips")
+                             "raise the backbone's max_frames / max_query_len or lower data.max_frames / "
+                             "data.num_clips")
         h = rowwise(lambda r: F.relu(self.linear(self.in_drop(self.in_norm(r)))), x, mask)
         return self.drop(self.norm(h + self.positions.weight[:length]))
 

@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from prvr.harness.registry import BACKBONES
-from prvr.methods.backbones.blocks import AttentionPool, GMMBlock, InputEmbedding, QueryEncoder, init_weights, max_similarity
+from prvr.methods.backbones.blocks import (AttentionPool, GMMBlock, InputEmbedding, QueryEncoder, init_weights,
+                                           max_similarity)
 
 
 @dataclass
@@ -30,7 +31,8 @@ class GMMFormerConfig:
     heads: int = 4  # n_heads
     input_dropout: float = 0.2  # input_drop (TVR, ActivityNet; Charades 0.15 in the preset)
     dropout: float = 0.2  # drop (TVR, ActivityNet; Charades 0.15 in the preset)
-    widths: list[float] = field(default_factory=lambda: [0.0, 0.5, 1.0, 5.0])  # GMMBlock attn0..attn3; 0 = plain (wid=None)
+    # GMMBlock attn0..attn3 widths; 0 = plain attention (wid=None)
+    widths: list[float] = field(default_factory=lambda: [0.0, 0.5, 1.0, 5.0])
     blocks: int = 2  # GMM blocks per video encoder (clip_encoder, clip_encoder_2; frame_encoder_1, _2)
     max_query_len: int = 30  # max_desc_l: learned positions of the query encoder
     max_frames: int = 128  # max_ctx_l: learned positions of the video encoders; span of the frame windows
@@ -38,7 +40,7 @@ class GMMFormerConfig:
     init_std: float = 0.02  # initializer_range
 
 
-@BACKBONES.register("gmmformer", "GMMFormer: 2 GMM blocks (Gaussian widths plain/0.5/1/5) per video branch, fused 0.7/0.3")
+@BACKBONES.register("gmmformer", "GMMFormer: 2 GMM blocks (Gaussian widths plain/0.5/1/5) per video encoder")
 class GMMFormer(nn.Module):
     config_cls = GMMFormerConfig
 

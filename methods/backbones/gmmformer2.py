@@ -28,7 +28,8 @@ class GMMFormer2Config:
     heads: int = 4  # n_heads
     input_dropout: float = 0.2  # input_drop (TVR; ActivityNet 0.31, Charades 0.25 in the preset)
     dropout: float = 0.2  # drop (TVR; ActivityNet 0.31, Charades 0.25 in the preset)
-    widths: list[float] = field(default_factory=lambda: [0.0, 0.5, 1.0, 5.0, 10.0, 3.0, 0.1, 8.0])  # DyGMMBlock attn0..attn7
+    # DyGMMBlock attn0..attn7 widths; 0 = plain attention (wid=None)
+    widths: list[float] = field(default_factory=lambda: [0.0, 0.5, 1.0, 5.0, 10.0, 3.0, 0.1, 8.0])
     ffn_mult: int = 4  # BertAttention FeedForward(hidden, 4 * hidden)
     temperature: float = 0.09  # sft_factor: softmax temperature of the branch weights (TVR; 0.6 elsewhere)
     num_clips: int = 32  # frame_len of the clip encoder's fusion head (map_size 32)
@@ -36,10 +37,10 @@ class GMMFormer2Config:
     max_query_len: int = 30  # max_desc_l: learned positions of the query encoder
     clip_weight: float = 0.7  # clip_scale_w; the frame weight is 1 - clip_weight (frame_scale_w 0.3)
     init_std: float = 0.02  # initializer_range (the weight token keeps its N(0, 1) init, as in the reference)
-    eval_budget: int = 1 << 24  # ours: max elements of a [queries, videos, frames] tensor when scoring without gradients
+    eval_budget: int = 1 << 24  # ours: max elements of a [queries, videos, frames] tensor when scoring, no gradients
 
 
-@BACKBONES.register("gmmformer2", "GMMFormer v2: dynamic GMM block (8 Gaussian widths, learned fusion), max-over-frames")
+@BACKBONES.register("gmmformer2", "GMMFormer v2: dynamic GMM block, 8 Gaussian widths fused by learned weights")
 class GMMFormer2(nn.Module):
     config_cls = GMMFormer2Config
 

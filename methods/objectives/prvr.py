@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from scipy.optimize import linear_sum_assignment
 
+from prvr.harness.io import UserError
 from prvr.harness.registry import OBJECTIVES
 from prvr.methods.objectives.ranking import info_nce, sample_negatives
 
@@ -26,7 +27,7 @@ def _zero(t: torch.Tensor) -> torch.Tensor:
     return t.sum() * 0
 
 
-@OBJECTIVES.register("msl-triplet", "MS-SL family triplet: t2v per positive pair, v2t per video vs its mean positive score")
+@OBJECTIVES.register("msl-triplet", "MS-SL family triplet: t2v per positive pair, v2t per video vs its mean positive")
 def msl_triplet(scores: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor, margin: float,
                 hard_pool: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
     """The references' `get_clip_triplet_loss`, over relations:
@@ -51,15 +52,22 @@ def msl_triplet(scores: torch.Tensor, positive: torch.Tensor, negative: torch.Te
     return t2v.mean() + v2t[has_pos].mean()
 
 
+def hard_pool_at(epoch: int, start: int, pool: int) -> int | None:
+    """The hard-negative pool size from epoch `start` on; None (random negatives) before it,
+    and always when start < 0."""
+    return pool if 0 <= start <= epoch else None
+
+
 def two_branch_ranking(scores: dict[str, torch.Tensor], positive: torch.Tensor, negative: torch.Tensor,
-                       margin: float, hard_pool: int | None, generator: torch.Generator | None) -> dict[str, torch.Tensor]:
+                       margin: float, hard_pool: int | None,
+                       generator: torch.Generator | None) -> dict[str, torch.Tensor]:
     """The ranking parts shared by MS-SL, GMMFormer and v2, unweighted: for b in (clip, frame),
     b_nce = InfoNCE(T = 1) on the raw dot products `b_raw`, b_triplet = msl_triplet on the cosines `b`."""
     out = {}
     for b in ("clip", "frame"):
         if f"{b}_raw" not in scores:
-            raise KeyError(f"the MS-SL family losses need the backbone score '{b}_raw' (raw dot products); "
-                           "use the msl, gmmformer or gmmformer2 backbone")
+            raise UserError(f"the MS-SL family losses need the backbone score '{b}_raw' (raw dot products); "
+                            "use the msl, gmmformer or gmmformer2 backbone")
         out[f"{b}_nce"] = info_nce(scores[f"{b}_raw"], positive, negative, 1.0)
         out[f"{b}_triplet"] = msl_triplet(scores[b], positive, negative, margin, hard_pool, generator)
     return out
@@ -83,7 +91,7 @@ def query_diversity(queries: torch.Tensor, pairs: torch.Tensor, margin: float, a
     return torch.logsumexp(with_one, dim=0).sum() / len(queries)
 
 
-@OBJECTIVES.register("focal-query-diversity", "GMMFormer v2: sum over pairs (1 + cos)^gamma log(1 + exp(alpha (cos + m)))")
+@OBJECTIVES.register("focal-query-diversity", "GMMFormer v2: focal query diversity, (1 + cos)^gamma weighted")
 def focal_query_diversity(queries: torch.Tensor, pairs: torch.Tensor, margin: float, alpha: float,
                           gamma: float) -> torch.Tensor:
     """GMMFormer v2's focal query diversity: (1/Q) sum over pairs (i, j) of
@@ -110,7 +118,7 @@ def hungarian_pairs(cos: torch.Tensor, positive: torch.Tensor, min_queries: int 
     return tuple(np.concatenate(f) if f else np.zeros(0, dtype=np.int64) for f in found)
 
 
-@OBJECTIVES.register("hungarian-matching", "GMMFormer v2: 1 + mean(-cos) over a Hungarian matching of each video's queries to its clips")
+@OBJECTIVES.register("hungarian-matching", "GMMFormer v2: 1 - mean cos of a Hungarian query-to-clip matching per video")
 def hungarian_matching(queries: torch.Tensor, clips: torch.Tensor, positive: torch.Tensor,
                        min_queries: int = 2) -> torch.Tensor:
     """GMMFormer v2's matching loss: 1 - mean cos(q, c) over the pairs of an optimal assignment
