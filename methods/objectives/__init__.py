@@ -2,3 +2,4 @@
 
 from prvr.methods.objectives import ranking  # noqa: F401
 from prvr.methods.objectives import prvr  # noqa: F401
+from prvr.methods.objectives import arl  # noqa: F401

@@ -1,0 +1,143 @@
+"""`prvr-bench ablate`: a method's ablation table (e.g. ARL Tables 5 and 6) as one command.
+
+A method declares its tables (`register_table`): each row is a tag and config overrides.
+The command trains every row x seed on a dataset (each row is an ordinary run with its
+own record, `<method>~<tag>`; a row without tag is the method's plain run), then writes
+the table from the records: results/ablations/<dataset>/<method>_table<name>.{md,csv}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from prvr.harness import progress
+from prvr.harness.io import UserError, ensure_dir, write_text
+
+METRICS = ("R@1", "R@5", "R@10", "R@100", "SumR")
+
+
+@dataclass(frozen=True)
+class AblationRow:
+    label: str  # as in the paper, e.g. "(b)"
+    tag: str  # run-name suffix; "" = the method's plain run
+    overrides: tuple[str, ...]  # --set items
+    marks: tuple[str, ...] = ()  # the table's descriptive columns (e.g. check marks)
+
+
+@dataclass(frozen=True)
+class AblationTable:
+    method: str
+    name: str  # e.g. "5"
+    title: str
+    columns: tuple[str, ...]  # headers of `marks`
+    rows: tuple[AblationRow, ...]
+
+
+TABLES: dict[tuple[str, str], AblationTable] = {}
+
+
+def register_table(table: AblationTable) -> None:
+    key = (table.method, table.name)
+    if key in TABLES:
+        raise ValueError(f"duplicate ablation table {table.method} {table.name}")
+    TABLES[key] = table
+
+
+def get_table(method: str, name: str) -> AblationTable:
+    from prvr.harness.registry import load_all
+
+    load_all()
+    if (method, name) not in TABLES:
+        known = ", ".join(f"--method {m} --table {n}" for m, n in sorted(TABLES)) or "(none)"
+        raise UserError(f"no ablation table {name} for method '{method}'; known: {known}")
+    return TABLES[(method, name)]
+
+
+def add_commands(sub) -> None:
+    from prvr.harness.cli import _common
+
+    p = sub.add_parser("ablate", help="train and tabulate a method's ablation table (e.g. --method arl --table 5)")
+    p.add_argument("--method", required=True)
+    p.add_argument("--table", required=True, help="table name, e.g. 5 or 6 for ARL")
+    p.add_argument("--dataset", default="sim-tvr")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--out", default="results")
+    p.add_argument("--skip-existing", action="store_true", help="keep runs whose record already exists")
+    p.add_argument("--report-only", action="store_true", help="train nothing; tabulate the existing records")
+    _common(p)
+    p.set_defaults(func=cmd_ablate)
+
+
+def cmd_ablate(args: argparse.Namespace) -> None:
+    from prvr.harness.cli import _command_line, data_root_overrides
+    from prvr.harness.config import resolve
+    from prvr.harness.records import record_path
+    from prvr.harness.runner import run_name, run_one
+
+    table = get_table(args.method, args.table)
+    ensure_dir(args.out)
+    plan = [(row, resolve(args.method, args.dataset, seed,
+                          [*data_root_overrides(args), *args.overrides, *row.overrides], args.config))
+            for row in table.rows for seed in args.seeds]
+    start = time.perf_counter()
+    for i, (row, cfg) in enumerate(plan):
+        tag = _tag(row, args.tag)
+        path = record_path(args.out, cfg.dataset, run_name(cfg, tag), cfg.seed)
+        if args.report_only or (args.skip_existing and path.exists()):
+            continue
+        progress.log(f"[{i + 1}/{len(plan)}] {table.title} {row.label}: {run_name(cfg, tag)}, seed {cfg.seed}")
+        run_one(cfg, args.out, resume=args.resume, tag=tag, command=_command_line())
+    if not args.report_only:
+        progress.log(f"ablate: {len(plan)} runs in {time.perf_counter() - start:.0f} s")
+    report(table, args.out, args.dataset, args.seeds, plan, args.tag)
+
+
+def _tag(row: AblationRow, extra: str) -> str:
+    return "-".join(t for t in (row.tag, extra) if t)
+
+
+def report(table: AblationTable, out: str, dataset: str, seeds: list[int], plan, extra_tag: str = "") -> Path:
+    """Write and print the table from the stored records (missing runs are empty cells)."""
+    from prvr.harness.records import load_record, record_path
+    from prvr.harness.runner import run_name
+
+    rows = []
+    for row in table.rows:
+        cfg = next(c for r, c in plan if r is row)
+        name = run_name(cfg, _tag(row, extra_tag))
+        recs = [load_record(p) for s in seeds if (p := record_path(out, dataset, name, s)).exists()]
+        cells = {m: [r["metrics"]["test"][m] for r in recs] for m in METRICS}
+        rows.append((row, name, len(recs), cells))
+    header = ["", *table.columns, *METRICS, "seeds", "run"]
+    md = [f"# {table.title} on {dataset}", "",
+          f"Test split, mean ± std over seeds; from the run records under {out}/runs/{dataset}/ "
+          f"(`prvr-bench ablate --method {table.method} --table {table.name} --dataset {dataset}`).", "",
+          "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    csv = [",".join(["row", *table.columns, *(f"{m} mean,{m} std" for m in METRICS), "seeds", "run"])]
+    for row, name, n, cells in rows:
+        md.append("| " + " | ".join([row.label, *row.marks, *(_fmt(cells[m]) for m in METRICS), str(n), name]) + " |")
+        csv.append(",".join([row.label, *row.marks, *(_csv(cells[m]) for m in METRICS), str(n), name]))
+    folder = Path(out) / "ablations" / dataset
+    path = folder / f"{table.method}_table{table.name}.md"
+    write_text(path, "\n".join(md) + "\n")
+    write_text(path.with_suffix(".csv"), "\n".join(csv) + "\n")
+    print("\n".join(md))
+    progress.log(f"wrote {path} and {path.with_suffix('.csv')}")
+    return path
+
+
+def _fmt(v: list[float]) -> str:
+    if not v:
+        return ""
+    return f"{v[0]:.1f}" if len(v) == 1 else f"{np.mean(v):.1f} ± {np.std(v, ddof=1):.1f}"
+
+
+def _csv(v: list[float]) -> str:
+    if not v:
+        return ","
+    return f"{np.mean(v):.3f}," + (f"{np.std(v, ddof=1):.3f}" if len(v) > 1 else "")

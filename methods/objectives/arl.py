@@ -1,0 +1,208 @@
+"""ARL's ambiguity-aware objectives (ARL paper Eq. 8-12 and the text-frame extension) as pure
+functions of score matrices, relation masks and weights, so that any detector can feed them.
+
+Every loss is built per anchor pair (q_i, V_j) in `positive` and per direction, as "rows": a
+row holds the scores of one anchor against its candidates (t2v: the batch videos; v2t: the
+batch queries; t2f: the frames of V_j; f2t: the batch queries at one frame). Each row has an
+anchor column, an ambiguous set A and a negative set N; every other column takes no part.
+
+How a row treats A (paper Table 6):
+- restrain (ARL, Eq. 8-9): numerator e^{s_anchor} + sum_A e^s, denominator adds N; triplets
+  keep A below the anchor by the small margin m_a (Eq. 11) and N by m (Eq. 12).
+- positive: A joins the positives (supervised contrastive, Khosla et al.: each positive
+  its own term, averaged), and ambiguous pairs become triplet anchors with margin m.
+- ignore: A is masked out of every loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from prvr.harness.registry import OBJECTIVES
+from prvr.methods.objectives.ranking import sample_negatives
+
+TREATMENTS = ("restrain", "positive", "ignore")
+
+
+@dataclass
+class Rows:
+    """Anchor rows of one direction: scores [P, C], anchor column [P], ambiguous / negative
+    [P, C] bool (the anchor is in neither)."""
+
+    scores: torch.Tensor
+    anchor: torch.Tensor
+    ambiguous: torch.Tensor
+    negative: torch.Tensor
+
+    @staticmethod
+    def build(scores: torch.Tensor, anchor: torch.Tensor, ambiguous: torch.Tensor, negative: torch.Tensor) -> "Rows":
+        not_anchor = torch.ones_like(ambiguous)
+        not_anchor[torch.arange(len(anchor), device=anchor.device), anchor] = False
+        ambiguous = ambiguous & not_anchor
+        return Rows(scores, anchor, ambiguous, negative & not_anchor & ~ambiguous)
+
+    def anchor_scores(self) -> torch.Tensor:
+        return self.scores.gather(1, self.anchor[:, None]).squeeze(1)
+
+    def anchor_mask(self) -> torch.Tensor:
+        return torch.zeros_like(self.ambiguous).scatter_(1, self.anchor[:, None], True)
+
+
+def _lse(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return torch.logsumexp(x.masked_fill(~mask, float("-inf")), dim=1)
+
+
+def nce_rows(rows: Rows, temperature: float, treatment: str = "restrain") -> torch.Tensor:
+    """Per-row contrastive loss [P] (ARL Eq. 8 / 9 for one anchor pair), logits = s / temperature.
+
+    restrain: -log((e^a + sum_A e^s) / (e^a + sum_{A u N} e^s))
+    ignore:   -log(e^a / (e^a + sum_N e^s))
+    positive: mean over p in {a} u A of -log(e^p / (e^a + sum_{A u N} e^s))
+    """
+    logits = rows.scores / temperature
+    anchor = rows.anchor_mask()
+    amb = rows.ambiguous if treatment != "ignore" else torch.zeros_like(rows.ambiguous)
+    den = _lse(logits, anchor | amb | rows.negative)
+    if treatment == "positive":
+        pos = anchor | amb
+        return ((den[:, None] - logits) * pos).sum(1) / pos.sum(1)
+    return den - _lse(logits, anchor | amb)
+
+
+def triplet_rows(rows: Rows, pool: torch.Tensor, margin: float, hard_pool: int | None = None,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+    """Per-row hinge [P]: max(0, margin + s(sample) - s(anchor)), one sample drawn from `pool`
+    (uniformly, or among its `hard_pool` highest scores); 0 where the pool is empty."""
+    idx, valid = sample_negatives(rows.scores, pool, hard_pool, generator)
+    other = rows.scores.gather(1, idx[:, None]).squeeze(1)
+    return (margin + other - rows.anchor_scores()).clamp(min=0) * valid
+
+
+def video_rows(scores: torch.Tensor, positive: torch.Tensor, ambiguous: torch.Tensor,
+               negative: torch.Tensor) -> tuple[Rows, Rows]:
+    """The t2v and v2t rows of every positive pair (q_i, V_j) of a [Q, B] score matrix: the
+    row of q_i over the videos (A_i^q, N_i^q) and the column of V_j over the queries (A_j^v, N_j^v)."""
+    qi, vj = positive.nonzero(as_tuple=True)
+    t2v = Rows.build(scores[qi], vj, ambiguous[qi], negative[qi])
+    v2t = Rows.build(scores.t()[vj], qi, ambiguous.t()[vj], negative.t()[vj])
+    return t2v, v2t
+
+
+def frame_rows(frame_scores: torch.Tensor, frame_mask: torch.Tensor, positive: torch.Tensor,
+               frame_ambiguous: torch.Tensor) -> tuple[Rows, Rows]:
+    """Text-frame rows of every positive pair (q_i, V_j) (ARL "Text-Frame Label Ambiguity
+    Detection"): the anchor frame is v_jk^ (the best frame, Eq. 3).
+
+    t2f: q_i against the real frames of V_j; A = ambiguous frames, N = the other frames.
+    f2t: the frame v_jk^ against the batch queries; A = queries ambiguous at that frame,
+    N = the others, except the other queries labelled with V_j, which describe other moments
+    of the same video and so are neither (unknown at frame level).
+    frame_scores [Q, B, T], frame_mask [B, T], positive [Q, B], frame_ambiguous [Q, B, T].
+    """
+    qi, vj = positive.nonzero(as_tuple=True)
+    sims = frame_scores[qi, vj]  # [P, T]
+    valid = frame_mask[vj]
+    best = sims.detach().masked_fill(~valid, float("-inf")).argmax(1)
+    t2f = Rows.build(sims, best, frame_ambiguous[qi, vj] & valid, valid)
+    column = frame_scores[:, vj, best].t()  # [P, Q]: every query at the anchor frame
+    amb = frame_ambiguous[:, vj, best].t()
+    f2t = Rows.build(column, qi, amb, ~positive[:, vj].t())
+    return t2f, f2t
+
+
+@dataclass
+class LossWeights:
+    """Weights of L = lambda_nce * L_nce + L_a^trip + L_n^trip (ARL, text-video and text-frame)."""
+
+    lambda_nce: float
+    temperature: float
+    margin: float  # m (Eq. 12)
+    margin_a: float  # m_a < m (Eq. 11)
+    hard_pool: int | None = None  # triplet samples among the top-k of their pool; None = uniform
+
+    def __post_init__(self) -> None:
+        if not self.margin_a < self.margin:
+            raise ValueError(f"ARL needs m_a < m (Eq. 11-12), got m_a={self.margin_a}, m={self.margin}")
+
+
+def ambiguity_restrained_loss(t2x: Rows, x2t: Rows, w: LossWeights, treatment: str = "restrain",
+                              generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+    """L^video (or L^frame) over the anchor rows of both directions: `nce` (Eq. 10), `trip_a`
+    (Eq. 11), `trip_n` (Eq. 12) and `loss` = lambda_nce * nce + trip_a + trip_n. Means over the
+    n positive pairs (the rows)."""
+    if treatment not in TREATMENTS:
+        raise ValueError(f"treatment must be one of {', '.join(TREATMENTS)}, got '{treatment}'")
+    if len(t2x.anchor) == 0:
+        zero = t2x.scores.sum() * 0
+        return {"nce": zero, "trip_a": zero, "trip_n": zero, "loss": zero}
+    nce = (nce_rows(t2x, w.temperature, treatment) + nce_rows(x2t, w.temperature, treatment)).mean()
+    trip_a = torch.zeros_like(nce)
+    trip_n = torch.zeros_like(nce)
+    for rows in (t2x, x2t):
+        trip_n = trip_n + triplet_rows(rows, rows.negative, w.margin, w.hard_pool, generator).mean()
+        if treatment == "restrain":
+            trip_a = trip_a + triplet_rows(rows, rows.ambiguous, w.margin_a, w.hard_pool, generator).mean()
+        elif treatment == "positive":  # ambiguous pairs as extra anchors against the negatives
+            trip_n = trip_n + _ambiguous_as_anchors(rows, w.margin, w.hard_pool, generator)
+    return {"nce": nce, "trip_a": trip_a, "trip_n": trip_n, "loss": w.lambda_nce * nce + trip_a + trip_n}
+
+
+def _ambiguous_as_anchors(rows: Rows, margin: float, hard_pool: int | None, generator) -> torch.Tensor:
+    """Triplet terms with every ambiguous pair as an extra positive, averaged per anchor row so
+    that the weight of a row does not grow with its ambiguous set."""
+    r, c = rows.ambiguous.nonzero(as_tuple=True)
+    if len(r) == 0:
+        return rows.scores.sum() * 0
+    extra = Rows(rows.scores[r], c, torch.zeros_like(rows.ambiguous[r]), rows.negative[r])
+    terms = triplet_rows(extra, extra.negative, margin, hard_pool, generator)
+    per_row = torch.zeros(len(rows.anchor), device=terms.device, dtype=terms.dtype).index_add(0, r, terms)
+    return (per_row / rows.ambiguous.sum(1).clamp(min=1)).mean()
+
+
+@OBJECTIVES.register("multi-positive-nce", "ARL Eq. 8-10: contrastive loss with the ambiguous sets in numerator and denominator")
+def multi_positive_nce(scores: torch.Tensor, positive: torch.Tensor, ambiguous: torch.Tensor,
+                       negative: torch.Tensor, temperature: float, treatment: str = "restrain") -> torch.Tensor:
+    """ARL Eq. 10: (1/n) sum over positive pairs (q_i, V_j) of L^t2v_ij (Eq. 8) + L^v2t_ij (Eq. 9).
+    With empty ambiguous sets it is InfoNCE per positive pair (other positives take no part)."""
+    t2v, v2t = video_rows(scores, positive, ambiguous, negative)
+    if len(t2v.anchor) == 0:
+        return scores.sum() * 0
+    return (nce_rows(t2v, temperature, treatment) + nce_rows(v2t, temperature, treatment)).mean()
+
+
+@OBJECTIVES.register("dual-triplet", "ARL Eq. 11-12: triplets against the ambiguous sets (margin m_a) and the negatives (m)")
+def dual_triplet(scores: torch.Tensor, positive: torch.Tensor, ambiguous: torch.Tensor, negative: torch.Tensor,
+                 margin_a: float, margin: float, hard_pool: int | None = None,
+                 generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(L_a^trip, L_n^trip): for each positive pair, one ambiguous query and video held below it by
+    m_a (Eq. 11) and one negative query and video by m (Eq. 12); means over the n positive pairs."""
+    if not margin_a < margin:
+        raise ValueError(f"ARL needs m_a < m (Eq. 11-12), got m_a={margin_a}, m={margin}")
+    t2v, v2t = video_rows(scores, positive, ambiguous, negative)
+    if len(t2v.anchor) == 0:
+        zero = scores.sum() * 0
+        return zero, zero
+    trip_a = sum(triplet_rows(r, r.ambiguous, margin_a, hard_pool, generator).mean() for r in (t2v, v2t))
+    trip_n = sum(triplet_rows(r, r.negative, margin, hard_pool, generator).mean() for r in (t2v, v2t))
+    return trip_a, trip_n
+
+
+@OBJECTIVES.register("arl-video", "ARL L^video = lambda_nce L_nce + L_a^trip + L_n^trip over the text-video pairs")
+def video_loss(scores: torch.Tensor, positive: torch.Tensor, ambiguous: torch.Tensor, negative: torch.Tensor,
+               weights: LossWeights, treatment: str = "restrain",
+               generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+    """ARL L^video on a [Q, B] score matrix (Eq. 8-12)."""
+    t2v, v2t = video_rows(scores, positive, ambiguous, negative)
+    return ambiguity_restrained_loss(t2v, v2t, weights, treatment, generator)
+
+
+@OBJECTIVES.register("arl-frame", "ARL L^frame: the same losses over text-frame pairs, anchored at each positive pair's best frame")
+def frame_loss(frame_scores: torch.Tensor, frame_mask: torch.Tensor, positive: torch.Tensor,
+               frame_ambiguous: torch.Tensor, weights: LossWeights, treatment: str = "restrain",
+               generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+    """ARL L^frame (the paper applies Eq. 8-12 to s^f and the text-frame ambiguous sets;
+    lambda_nce shared): see `frame_rows` for the rows."""
+    t2f, f2t = frame_rows(frame_scores, frame_mask, positive, frame_ambiguous)
+    return ambiguity_restrained_loss(t2f, f2t, weights, treatment, generator)
