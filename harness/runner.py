@@ -26,12 +26,13 @@ def run_one(cfg, out: str | Path, resume: bool = False, tag: str = "", hooks: li
     name = run_name(cfg, tag)
     path = record_path(out, cfg.dataset, name, cfg.seed)
     ckpt_dir = Path(out) / "checkpoints" / cfg.dataset / name / f"seed{cfg.seed}"
+    detector_cls = DETECTORS.get(cfg.relations.name)  # an unknown name fails before any data is made
     with timings("data"):
         data = DATASETS.get(cfg.dataset).load(cfg)
     spec = METHODS.get(cfg.method)
     seed_everything(cfg.seed)
     model = BACKBONES.get(cfg.backbone)(cfg.model, data.video_dim, data.query_dim)
-    detector = DETECTORS.get(cfg.relations.name)(cfg)
+    detector = detector_cls(cfg)
     detector.setup(data)
     trainer = Trainer(cfg, data, model, spec, detector, ckpt_dir, hooks, timings)
     progress.log(f"[bold]{name}[/] on {cfg.dataset}, seed {cfg.seed}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M "
