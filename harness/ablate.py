@@ -17,6 +17,7 @@ import numpy as np
 
 from prvr.harness import progress
 from prvr.harness.io import UserError, ensure_dir, write_text
+from prvr.harness.leaderboard import fmt
 
 METRICS = ("R@1", "R@5", "R@10", "R@100", "SumR")
 
@@ -120,7 +121,7 @@ def report(table: AblationTable, out: str, dataset: str, seeds: list[int], plan,
           "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     csv = [",".join(["row", *table.columns, *(f"{m} mean,{m} std" for m in METRICS), "seeds", "run"])]
     for row, name, n, cells in rows:
-        md.append("| " + " | ".join([row.label, *row.marks, *(_fmt(cells[m]) for m in METRICS), str(n), name]) + " |")
+        md.append("| " + " | ".join([row.label, *row.marks, *(fmt(cells[m]) for m in METRICS), str(n), name]) + " |")
         csv.append(",".join([row.label, *row.marks, *(_csv(cells[m]) for m in METRICS), str(n), name]))
     folder = Path(out) / "ablations" / dataset
     path = folder / f"{table.method}_table{table.name}.md"
@@ -129,12 +130,6 @@ def report(table: AblationTable, out: str, dataset: str, seeds: list[int], plan,
     print("\n".join(md))
     progress.log(f"wrote {path} and {path.with_suffix('.csv')}")
     return path
-
-
-def _fmt(v: list[float]) -> str:
-    if not v:
-        return ""
-    return f"{v[0]:.1f}" if len(v) == 1 else f"{np.mean(v):.1f} ± {np.std(v, ddof=1):.1f}"
 
 
 def _csv(v: list[float]) -> str:
