@@ -93,8 +93,8 @@ def dataset_label(record: dict[str, Any]) -> str:
     """The dataset column: a real-layout dataset loaded from an export of a simulated one is
     marked as such, so it never sits unmarked beside the papers' figures for the real data."""
     data = record.get("provenance", {}).get("data", {})
-    source = data.get("exported_from") or (data.get("test") or {}).get("exported_from") \
-        if isinstance(data.get("test"), dict) or "exported_from" in data else None
+    test = data.get("test")
+    source = data.get("exported_from") or (test.get("exported_from") if isinstance(test, dict) else None)
     return f"{record['dataset']} (export of {source})" if source else record["dataset"]
 
 

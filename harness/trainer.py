@@ -246,10 +246,10 @@ class Trainer:
 def encode_all(encode, make_batch, n: int, batch_size: int, device: torch.device) -> dict[str, torch.Tensor]:
     """Encode items in batches and concatenate, padding sequence dims (dim 1) to the longest."""
     parts = [encode(make_batch(np.arange(s, min(s + batch_size, n))).to(device)) for s in range(0, n, batch_size)]
-    return {k: _cat_padded([p[k] for p in parts]) for k in parts[0]}
+    return {k: cat_padded([p[k] for p in parts]) for k in parts[0]}
 
 
-def _cat_padded(tensors: list[torch.Tensor]) -> torch.Tensor:
+def cat_padded(tensors: list[torch.Tensor]) -> torch.Tensor:
     if tensors[0].dim() < 2:
         return torch.cat(tensors)
     longest = max(t.shape[1] for t in tensors)

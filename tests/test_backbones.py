@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from prvr.datasets.loader import QueryBatch, VideoBatch, pooling_matrix
 from prvr.harness.registry import BACKBONES
-from prvr.harness.trainer import _cat_padded
+from prvr.harness.trainer import cat_padded
 from prvr.methods.backbones.blocks import GaussianBranches, gaussian_attention, gaussian_weights
 from prvr.methods.backbones.msl import VideoSide, msl_scores, proposal_matrix
 
@@ -114,7 +114,7 @@ def test_a_video_encodes_the_same_alone_or_in_a_batch(name):
         q = model.encode_queries(query_batch(tokens))
         together = model.score(q, model.encode_videos(video_batch(frames)))
         parts = [model.encode_videos(video_batch([f])) for f in frames]
-        alone = model.score(q, {k: _cat_padded([p[k] for p in parts]) for k in parts[0]})
+        alone = model.score(q, {k: cat_padded([p[k] for p in parts]) for k in parts[0]})
     for key in together:
         torch.testing.assert_close(alone[key], together[key], atol=1e-5, rtol=1e-4, msg=key)
 

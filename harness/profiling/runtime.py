@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 
 from prvr.harness.profiling.subjects import Subject, fused_scores, random_queries, random_videos
-from prvr.harness.trainer import _cat_padded  # the evaluator's own concatenation of encoded batches
+from prvr.harness.trainer import cat_padded  # the evaluator's own concatenation of encoded batches
 
 
 @dataclass
@@ -54,7 +54,7 @@ def encode_collection(model: torch.nn.Module, subject: Subject, size: int, uniqu
     unique = max(1, min(unique, size))
     part = model.encode_videos(random_videos(unique, subject.frames, subject.clips, video_dim, device))
     copies = -(-size // unique)
-    whole = {k: _cat_padded([t] * copies) for k, t in part.items()}
+    whole = {k: cat_padded([t] * copies) for k, t in part.items()}
     return {k: t[:size] for k, t in whole.items()}
 
 
