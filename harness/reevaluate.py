@@ -1,0 +1,184 @@
+"""`prvr-bench evaluate`: re-evaluate stored runs from their best checkpoints.
+
+Given run records (`<out>/runs/<dataset>/<run>/seed<S>.json`), rebuild each model from the
+record's resolved config, load `<out>/checkpoints/<dataset>/<run>/seed<S>/best.pt`
+(weights only) and rank a split again with the suite's evaluator:
+- the record's own score (`fused`): reproduces the record's metrics on the same machine;
+- `--parts`: every [queries, videos] score the backbone returns, one by one (e.g. the clip
+  and frame branches of the MS-SL family, ARL's two models theta and Phi);
+- `--ensemble`: the mean of the fused scores of all given runs (e.g. two seeds of the
+  baseline, to compare with ARL, whose prediction averages two models).
+Nothing is trained and no record is changed; `--json FILE` writes the figures atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from prvr.harness import progress
+from prvr.harness.io import UserError, write_json
+
+SUMMARY = ("R@1", "R@5", "R@10", "R@100", "SumR")
+
+
+class StoredRun:
+    """A run record with its model, restored from the best checkpoint."""
+
+    def __init__(self, record_file: str | Path, device: str = "auto") -> None:
+        from prvr.harness.config import from_dict
+        from prvr.harness.records import load_record
+        from prvr.harness.registry import load_all
+        from prvr.harness.trainer import pick_device
+
+        load_all()
+        self.path = Path(record_file)
+        self.record = load_record(self.path)
+        self.cfg = from_dict(self.record["config"])
+        self.device = pick_device(device)
+        out = self.path.parents[3]  # <out>/runs/<dataset>/<run>/seed<S>.json
+        self.checkpoint = (out / "checkpoints" / self.record["dataset"] / self.record["run_name"]
+                           / f"seed{self.record['seed']}" / "best.pt")
+        if not self.checkpoint.exists():
+            raise UserError(f"{self.path}: its best checkpoint {self.checkpoint} does not exist; checkpoints are "
+                            "not committed, so re-run the run (`prvr-bench run` with the record's command) first")
+        self.name = f"{self.record['run_name']} seed {self.record['seed']}"
+
+    def model(self, data) -> torch.nn.Module:
+        from prvr.harness.registry import BACKBONES
+
+        model = BACKBONES.get(self.cfg.backbone)(self.cfg.model, data.video_dim, data.query_dim)
+        state = torch.load(self.checkpoint, map_location=self.device, weights_only=True)
+        try:
+            model.load_state_dict(state["model"])
+        except (KeyError, RuntimeError) as err:
+            raise UserError(f"{self.checkpoint} does not fit the model of {self.path} ({err}); "
+                            "it belongs to another configuration: re-run the run") from None
+        return model.to(self.device).eval()
+
+
+class Encoded:
+    """One model's encoded split: score any slice of the queries against every video."""
+
+    def __init__(self, model: torch.nn.Module, split, data_cfg, device: torch.device) -> None:
+        from prvr.datasets.loader import Batcher
+        from prvr.harness.trainer import encode_all
+
+        batcher = Batcher(split, data_cfg)
+        self.model = model
+        with torch.no_grad():
+            self.videos = encode_all(model.encode_videos, batcher.videos, split.num_videos, 128, device)
+            self.queries = encode_all(model.encode_queries, batcher.queries, split.num_queries, 512, device)
+
+    def scores(self, start: int, end: int) -> dict[str, torch.Tensor]:
+        with torch.no_grad():
+            return self.model.score({k: t[start:end] for k, t in self.queries.items()}, self.videos)
+
+    def score_keys(self) -> list[str]:
+        """The outputs of `score` that are one score per (query, video)."""
+        out = self.scores(0, 2)
+        n = next(iter(self.videos.values())).shape[0]
+        return [k for k, t in out.items() if t.dim() == 2 and t.shape[1] == n]
+
+
+def rank_metrics(score: Callable[[int, int], torch.Tensor], split, chunk: int) -> dict[str, Any]:
+    from prvr.harness.evaluate import compute_ranks, metrics_from_ranks
+
+    ranks = compute_ranks(score, split.num_queries, split.labels(), split.relevance, chunk=chunk)
+    return metrics_from_ranks(ranks, split.moment_fraction(), split.relevance)
+
+
+def evaluate_runs(record_files: list[str | Path], split_name: str = "test", parts: bool = False,
+                  ensemble: bool = False, device: str = "auto") -> list[dict[str, Any]]:
+    """Rows {run, score, metrics} for each run's fused score (and parts), plus the ensemble."""
+    from prvr.harness.registry import DATASETS
+
+    runs = [StoredRun(f, device) for f in record_files]
+    if ensemble and len(runs) < 2:
+        raise UserError("--ensemble needs at least two run records")
+    worlds = {_world(r) for r in runs}
+    if ensemble and len(worlds) > 1:
+        raise UserError("--ensemble needs runs on the same data (dataset, `data.*` and `sim.*` settings); "
+                        f"these runs differ: {', '.join(r.name for r in runs)}")
+    rows: list[dict[str, Any]] = []
+    encoded: list[Encoded] = []
+    cache: dict[str, Any] = {}
+    for run in runs:
+        key = _world(run)
+        if key not in cache:
+            cache[key] = DATASETS.get(run.cfg.dataset).load(run.cfg)
+        data = cache[key]
+        if split_name not in data.splits:
+            raise UserError(f"dataset '{key}' has no split '{split_name}' (it has {', '.join(data.splits)})")
+        split = data[split_name]
+        enc = Encoded(run.model(data), split, run.cfg.data, run.device)
+        keys = enc.score_keys() if parts else ["fused"]
+        for k in keys:
+            progress.log(f"evaluate {run.name}: score '{k}' on {split_name}")
+            metrics = rank_metrics(lambda s, e, k=k: enc.scores(s, e)[k], split, run.cfg.eval.chunk)
+            rows.append({"run": run.name, "record": str(run.path), "score": k, "metrics": metrics})
+        if ensemble:
+            encoded.append(enc)
+        else:
+            del enc
+    if ensemble:
+        first = runs[0]
+        split = cache[_world(first)][split_name]
+
+        def mean_score(s: int, e: int) -> torch.Tensor:
+            return sum(enc.scores(s, e)["fused"].float() for enc in encoded) / len(encoded)
+
+        progress.log(f"evaluate the mean of {len(runs)} runs' fused scores on {split_name}")
+        rows.append({"run": " + ".join(r.name for r in runs), "record": None, "score": "fused (mean)",
+                     "metrics": rank_metrics(mean_score, split, first.cfg.eval.chunk)})
+    return rows
+
+
+def _world(run: StoredRun) -> str:
+    """What decides a run's data: the dataset and its `data` / `sim` settings."""
+    d = run.cfg.to_dict()
+    return repr((run.record["dataset"], d.get("data"), d.get("sim")))
+
+
+def format_rows(rows: list[dict[str, Any]]) -> str:
+    header = ["run", "score", *SUMMARY, "oracle SumR"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in rows:
+        m = r["metrics"]
+        oracle = m.get("oracle", {}).get("SumR")
+        cells = [r["run"], r["score"], *(f"{m[k]:.1f}" for k in SUMMARY), "" if oracle is None else f"{oracle:.1f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def add_commands(sub) -> None:
+    p = sub.add_parser("evaluate", help="re-evaluate stored runs from their best checkpoints (score parts, ensembles)")
+    p.add_argument("records", nargs="+", help="run records, e.g. results/runs/sim-tvr/arl/seed0.json")
+    p.add_argument("--split", default="test", help="split to rank (default test)")
+    p.add_argument("--parts", action="store_true", help="also rank every score the backbone returns on its own")
+    p.add_argument("--ensemble", action="store_true", help="also rank the mean of the runs' fused scores")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--json", default=None, help="write the rows (with full metrics) to this JSON file")
+    p.set_defaults(func=cmd_evaluate)
+
+
+def cmd_evaluate(args: argparse.Namespace) -> None:
+    rows = evaluate_runs(args.records, args.split, args.parts, args.ensemble, args.device)
+    print(format_rows(rows))
+    if args.json:
+        write_json(args.json, {"split": args.split, "rows": _plain(rows)})
+        progress.log(f"wrote {args.json}")
+
+
+def _plain(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, (np.floating, np.integer)):
+        return obj.item()
+    return obj
