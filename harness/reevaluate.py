@@ -14,6 +14,7 @@ Nothing is trained and no record is changed; `--json FILE` writes the figures at
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -29,8 +30,8 @@ SUMMARY = ("R@1", "R@5", "R@10", "R@100", "SumR")
 class StoredRun:
     """A run record with its model, restored from the best checkpoint."""
 
-    def __init__(self, record_file: str | Path, device: str = "auto") -> None:
-        from prvr.harness.config import from_dict
+    def __init__(self, record_file: str | Path, device: str = "auto", data_root: str | None = None) -> None:
+        from prvr.harness.config import apply_value, from_dict
         from prvr.harness.records import load_record
         from prvr.harness.registry import load_all
         from prvr.harness.trainer import pick_device
@@ -39,6 +40,8 @@ class StoredRun:
         self.path = Path(record_file)
         self.record = load_record(self.path)
         self.cfg = from_dict(self.record["config"])
+        if data_root:  # real data moved or on another machine than the one that trained
+            apply_value(self.cfg, "data.data_root", data_root, "--data-root")
         self.device = pick_device(device)
         out = self.path.parents[3]  # <out>/runs/<dataset>/<run>/seed<S>.json
         self.checkpoint = (out / "checkpoints" / self.record["dataset"] / self.record["run_name"]
@@ -93,11 +96,11 @@ def rank_metrics(score: Callable[[int, int], torch.Tensor], split, chunk: int) -
 
 
 def evaluate_runs(record_files: list[str | Path], split_name: str = "test", parts: bool = False,
-                  ensemble: bool = False, device: str = "auto") -> list[dict[str, Any]]:
+                  ensemble: bool = False, device: str = "auto", data_root: str | None = None) -> list[dict[str, Any]]:
     """Rows {run, score, metrics} for each run's fused score (and parts), plus the ensemble."""
     from prvr.harness.registry import DATASETS
 
-    runs = [StoredRun(f, device) for f in record_files]
+    runs = [StoredRun(f, device, data_root) for f in record_files]
     if ensemble and len(runs) < 2:
         raise UserError("--ensemble needs at least two run records")
     worlds = {_world(r) for r in runs}
@@ -162,12 +165,16 @@ def add_commands(sub) -> None:
     p.add_argument("--parts", action="store_true", help="also rank every score the backbone returns on its own")
     p.add_argument("--ensemble", action="store_true", help="also rank the mean of the runs' fused scores")
     p.add_argument("--device", default="auto")
+    p.add_argument("--data-root", default=None, metavar="DIR",
+                   help="root of real datasets when it differs from the one stored in the records (default: $PRVR_DATA)")
+    p.add_argument("--quiet", action="store_true", help="no progress messages")
     p.add_argument("--json", default=None, help="write the rows (with full metrics) to this JSON file")
     p.set_defaults(func=cmd_evaluate)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
-    rows = evaluate_runs(args.records, args.split, args.parts, args.ensemble, args.device)
+    root = args.data_root or os.environ.get("PRVR_DATA")
+    rows = evaluate_runs(args.records, args.split, args.parts, args.ensemble, args.device, root)
     print(format_rows(rows))
     if args.json:
         write_json(args.json, {"split": args.split, "rows": _plain(rows)})
