@@ -69,12 +69,13 @@ class Encoded:
 
     def __init__(self, model: torch.nn.Module, split, data_cfg, device: torch.device) -> None:
         from prvr.datasets.loader import Batcher
-        from prvr.harness.trainer import encode_all
+        from prvr.harness.trainer import encode_all, index_videos
 
         batcher = Batcher(split, data_cfg)
         self.model = model
         with torch.no_grad():
-            self.videos = encode_all(model.encode_videos, batcher.videos, split.num_videos, 128, device)
+            self.videos = index_videos(model, encode_all(model.encode_videos, batcher.videos, split.num_videos, 128,
+                                                         device))
             self.queries = encode_all(model.encode_queries, batcher.queries, split.num_queries, 512, device)
 
     def scores(self, start: int, end: int) -> dict[str, torch.Tensor]:

@@ -196,7 +196,8 @@ class Trainer:
         """Encode every video once, score all queries in chunks, rank by counting."""
         self.model.eval()
         split, batcher = self.data[split_name], self.batchers[split_name]
-        videos = encode_all(self.model.encode_videos, batcher.videos, split.num_videos, 128, self.device)
+        videos = index_videos(self.model, encode_all(self.model.encode_videos, batcher.videos, split.num_videos, 128,
+                                                     self.device))
         queries = encode_all(self.model.encode_queries, batcher.queries, split.num_queries, 512, self.device)
 
         def score(start: int, end: int) -> torch.Tensor:
@@ -247,6 +248,15 @@ def encode_all(encode, make_batch, n: int, batch_size: int, device: torch.device
     """Encode items in batches and concatenate, padding sequence dims (dim 1) to the longest."""
     parts = [encode(make_batch(np.arange(s, min(s + batch_size, n))).to(device)) for s in range(0, n, batch_size)]
     return {k: cat_padded([p[k] for p in parts]) for k in parts[0]}
+
+
+def index_videos(model: torch.nn.Module, videos: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The backbone's query-independent work on a collection of encoded videos, done once
+    before its queries are scored (e.g. unit vectors of the items); identity for a backbone
+    without `index_videos`."""
+    fn = getattr(model, "index_videos", None)
+    with torch.no_grad():
+        return fn(videos) if fn is not None else videos
 
 
 def cat_padded(tensors: list[torch.Tensor]) -> torch.Tensor:

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from prvr.datasets.loader import QueryBatch, VideoBatch, pooling_matrix
 from prvr.harness.registry import BACKBONES
-from prvr.harness.trainer import cat_padded
+from prvr.harness.trainer import cat_padded, index_videos
 from prvr.methods.backbones.blocks import GaussianBranches, gaussian_attention, gaussian_weights
 from prvr.methods.backbones.msl import VideoSide, msl_scores, proposal_matrix
 
@@ -63,6 +63,21 @@ def forward(model, vb: VideoBatch, qb: QueryBatch) -> dict[str, torch.Tensor]:
 
 
 BACKBONE_NAMES = BACKBONES.names()
+
+
+@pytest.mark.parametrize("name", BACKBONE_NAMES)
+def test_indexed_collection_scores_like_the_plain_one(name):
+    """`index_videos` (done once per collection by the evaluator and the runtime profile)
+    changes no score: every output of `score` matches the unindexed path."""
+    model = build(name).eval()
+    frames, tokens = content()
+    with torch.no_grad():
+        q, v = model.encode_queries(query_batch(tokens)), model.encode_videos(video_batch(frames))
+        plain = model.score(q, v)
+        indexed = model.score(q, index_videos(model, v))
+    assert plain.keys() == indexed.keys()
+    for key in plain:
+        torch.testing.assert_close(indexed[key], plain[key], rtol=1e-6, atol=1e-6, msg=key)
 
 
 @pytest.mark.parametrize("name", BACKBONE_NAMES)

@@ -250,7 +250,8 @@ def _runtime_section(p: Profile) -> str:
                   *(_ms(r.runtime_ms.get(n)) for n in sizes)] for r in reps]
     return (f"## Inference runtime per text query (ms)\n\nProtocol: the collection's video embeddings are "
             f"precomputed ({s.unique} encoded random full-length videos tiled to the collection size: scoring "
-            f"cost depends on shapes, not values); one run = encode one query ({tokens} tokens) + score it "
+            f"cost depends on shapes, not values) and indexed once (the backbone's query-independent "
+            f"`index_videos` work, e.g. the unit vectors of the items, as a deployed index stores them); one run = encode one query ({tokens} tokens) + score it "
             f"against every video + sort the collection by score; no gradients. Median of "
             f"{_runs(s.repeats, 'run')} after {_runs(s.warmup, 'warm-up run')} (25th and 75th percentiles in "
             f"profile.csv); CUDA events on a GPU, wall clock on a CPU{_threads(s)}. The papers time \"the "

@@ -1,9 +1,10 @@
 """Inference runtime per text query against video collections (ARL Table 4, RAL Table 7).
 
 Protocol: the collection's video embeddings are precomputed (the encoder output the
-evaluator keeps); one timed run = encode one query from its token features, score it
-against every video of the collection, and sort the collection by score (the ranked list
-a user gets). Median over repeated runs after warm-up runs; CUDA events on a GPU,
+evaluator keeps, after the backbone's query-independent `index_videos` work, e.g. unit
+vectors of the items, as a deployed index stores them); one timed run = encode one query
+from its token features, score it against every video of the collection, and sort the
+collection by score (the ranked list a user gets). Median over repeated runs after warm-up runs; CUDA events on a GPU,
 time.perf_counter on a CPU.
 
 The collection holds `unique` encoded random videos tiled to the collection size: scoring
@@ -21,7 +22,7 @@ from typing import Callable
 import torch
 
 from prvr.harness.profiling.subjects import Subject, fused_scores, random_queries, random_videos
-from prvr.harness.trainer import cat_padded  # the evaluator's own concatenation of encoded batches
+from prvr.harness.trainer import cat_padded, index_videos  # the evaluator's own concatenation and indexing
 
 
 @dataclass
@@ -55,7 +56,7 @@ def encode_collection(model: torch.nn.Module, subject: Subject, size: int, uniqu
     part = model.encode_videos(random_videos(unique, subject.frames, subject.clips, video_dim, device))
     copies = -(-size // unique)
     whole = {k: cat_padded([t] * copies) for k, t in part.items()}
-    return {k: t[:size] for k, t in whole.items()}
+    return index_videos(model, {k: t[:size] for k, t in whole.items()})
 
 
 @torch.no_grad()

@@ -22,6 +22,7 @@ from torch import nn
 
 from prvr.harness.registry import BACKBONES
 from prvr.methods.backbones.baseline import AttentionPool
+from prvr.methods.backbones.blocks import unit, with_units
 
 BRANCHES = ("theta", "phi")  # the paper's two models theta and Phi
 
@@ -99,9 +100,10 @@ class ArlModel(nn.Module):
         return self.video_encoder(frames, mask)  # V_j [B, T, d]
 
 
-def frame_similarity(query: torch.Tensor, frames: torch.Tensor) -> torch.Tensor:
-    """ARL Eq. 2: s^f(q_i, v_jk) = cos(q_i, v_jk); [Q, d] x [B, T, d] -> [Q, B, T]."""
-    return torch.einsum("qd,btd->qbt", F.normalize(query, dim=-1), F.normalize(frames, dim=-1))
+def frame_similarity(query: torch.Tensor, frames: torch.Tensor, frames_unit: bool = False) -> torch.Tensor:
+    """ARL Eq. 2: s^f(q_i, v_jk) = cos(q_i, v_jk); [Q, d] x [B, T, d] -> [Q, B, T]
+    (frames_unit: the frames are already L2-normalised)."""
+    return torch.einsum("qd,btd->qbt", F.normalize(query, dim=-1), frames if frames_unit else F.normalize(frames, dim=-1))
 
 
 def retrieval_score(frame_sims: torch.Tensor, frame_mask: torch.Tensor) -> torch.Tensor:
@@ -133,10 +135,14 @@ class ArlBackbone(nn.Module):
         out["frame_mask"] = vb.frame_mask
         return out
 
+    def index_videos(self, v: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Query-independent work before scoring many queries: each branch's unit frame vectors."""
+        return with_units(v, *(f"frames.{b}" for b in self.names))
+
     def score(self, q: dict[str, torch.Tensor], v: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
         for b in self.names:
-            sims = frame_similarity(q[f"query.{b}"], v[f"frames.{b}"])
+            sims = frame_similarity(q[f"query.{b}"], unit(v, f"frames.{b}"), frames_unit=True)
             out[b] = retrieval_score(sims, v["frame_mask"])
             if self.training:
                 out[f"{b}.frames"] = sims

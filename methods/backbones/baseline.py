@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from prvr.harness.registry import BACKBONES
+from prvr.methods.backbones.blocks import unit, with_units
 
 
 @dataclass
@@ -63,10 +64,12 @@ class AttentionPool(nn.Module):
         return (logits.softmax(-1).unsqueeze(-1) * h).sum(1)
 
 
-def max_cosine(query: torch.Tensor, items: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """[Q, d] x [V, N, d] -> [Q, V]: max over the N items of each video of the cosine."""
+def max_cosine(query: torch.Tensor, items: torch.Tensor, mask: torch.Tensor | None = None,
+               items_unit: bool = False) -> torch.Tensor:
+    """[Q, d] x [V, N, d] -> [Q, V]: max over the N items of each video of the cosine
+    (items_unit: the items are already L2-normalised)."""
     q = F.normalize(query, dim=-1)
-    v = F.normalize(items, dim=-1)
+    v = items if items_unit else F.normalize(items, dim=-1)
     sims = torch.einsum("qd,vnd->qvn", q, v)
     if mask is not None:
         sims = sims.masked_fill(~mask[None], float("-inf"))
@@ -102,8 +105,12 @@ class DualBranch(nn.Module):
             "frame_mask": vb.frame_mask,
         }
 
+    def index_videos(self, v: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Query-independent work before scoring many queries: the items' unit vectors."""
+        return with_units(v, "clip", "frame")
+
     def score(self, q: dict[str, torch.Tensor], v: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        clip = max_cosine(q["query"], v["clip"])
-        frame = max_cosine(q["query"], v["frame"], v["frame_mask"])
+        clip = max_cosine(q["query"], unit(v, "clip"), items_unit=True)
+        frame = max_cosine(q["query"], unit(v, "frame"), v["frame_mask"], items_unit=True)
         w = self.cfg.clip_weight
         return {"clip": clip, "frame": frame, "fused": w * clip + (1 - w) * frame}

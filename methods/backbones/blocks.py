@@ -303,12 +303,28 @@ def init_weights(model: nn.Module, std: float) -> None:
             nn.init.zeros_(m.bias)
 
 
+UNIT = ".unit"  # suffix of the L2-normalised copies that a backbone's `index_videos` stores
+
+
+def unit(v: dict[str, torch.Tensor], key: str) -> torch.Tensor:
+    """v[key] L2-normalised along its last dim: the copy `index_videos` stored, else computed now."""
+    stored = v.get(key + UNIT)
+    return stored if stored is not None else F.normalize(v[key], dim=-1)
+
+
+def with_units(v: dict[str, torch.Tensor], *keys: str) -> dict[str, torch.Tensor]:
+    """`index_videos` of max-cosine backbones: the encoded videos plus normalised copies of
+    their item embeddings, so that scoring many queries normalises the collection once."""
+    return {**v, **{k + UNIT: F.normalize(v[k], dim=-1) for k in keys}}
+
+
 def max_similarity(query: torch.Tensor, items: torch.Tensor, mask: torch.Tensor | None = None,
-                   cosine: bool = True) -> torch.Tensor:
+                   cosine: bool = True, items_unit: bool = False) -> torch.Tensor:
     """[Q, D] x [V, N, D] -> [Q, V]: max over each video's real items of the cosine (or of
-    the raw dot product when cosine=False)."""
+    the raw dot product when cosine=False). items_unit: the items are already L2-normalised."""
     if cosine:
-        query, items = F.normalize(query, dim=-1), F.normalize(items, dim=-1)
+        query = F.normalize(query, dim=-1)
+        items = items if items_unit else F.normalize(items, dim=-1)
     sims = torch.einsum("qd,vnd->qvn", query, items)
     if mask is not None:
         sims = sims.masked_fill(~mask[None], float("-inf"))

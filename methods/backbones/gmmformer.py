@@ -22,7 +22,7 @@ from torch import nn
 
 from prvr.harness.registry import BACKBONES
 from prvr.methods.backbones.blocks import (AttentionPool, GMMBlock, InputEmbedding, QueryEncoder, init_weights,
-                                           max_similarity)
+                                           max_similarity, unit, with_units)
 
 
 @dataclass
@@ -69,10 +69,16 @@ class GMMFormer(nn.Module):
             frames = block(frames, vb.frame_mask)
         return {"clips": clips, "frame": self.frame_pool(frames, vb.frame_mask)}
 
+    def index_videos(self, v: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Query-independent work before scoring many queries: the unit clip and frame vectors."""
+        return with_units(v, "clips", "frame")
+
     def score(self, q: dict[str, torch.Tensor], v: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         query = q["query"]
-        clip = max_similarity(query, v["clips"])
-        frame = F.normalize(query, dim=-1) @ F.normalize(v["frame"], dim=-1).t()
+        clip = max_similarity(query, unit(v, "clips"), items_unit=True)
+        frame = F.normalize(query, dim=-1) @ unit(v, "frame").t()
         w = self.cfg.clip_weight
-        return {"clip": clip, "frame": frame, "clip_raw": max_similarity(query, v["clips"], cosine=False),
-                "frame_raw": query @ v["frame"].t(), "fused": w * clip + (1 - w) * frame}
+        out = {"clip": clip, "frame": frame, "fused": w * clip + (1 - w) * frame}
+        if self.training:  # the raw dot products feed the losses only
+            out.update(clip_raw=max_similarity(query, v["clips"], cosine=False), frame_raw=query @ v["frame"].t())
+        return out

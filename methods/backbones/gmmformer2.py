@@ -19,7 +19,7 @@ from torch import nn
 
 from prvr.harness.registry import BACKBONES
 from prvr.methods.backbones.blocks import (DynamicGMMBlock, InputEmbedding, QueryEncoder, init_weights,
-                                           max_similarity, score_in_chunks)
+                                           max_similarity, score_in_chunks, unit, with_units)
 
 
 @dataclass
@@ -65,14 +65,21 @@ class GMMFormer2(nn.Module):
         frames = self.frame_block(self.frame_embed(vb.frames, vb.frame_mask), vb.frame_mask, self.weight_token)
         return {"clips": clips, "frames": frames, "frame_mask": vb.frame_mask}
 
+    def index_videos(self, v: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Query-independent work before scoring many queries: the unit clip and frame vectors."""
+        return with_units(v, "clips", "frames")
+
     def score(self, q: dict[str, torch.Tensor], v: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         per_query = v["frames"].shape[0] * v["frames"].shape[1]
         return score_in_chunks(lambda chunk: self._score(chunk, v), q, per_query, self.cfg.eval_budget)
 
     def _score(self, q: dict[str, torch.Tensor], v: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         query, clips, frames, mask = q["query"], v["clips"], v["frames"], v["frame_mask"]
-        clip = max_similarity(query, clips)
-        frame = max_similarity(query, frames, mask)
+        clip = max_similarity(query, unit(v, "clips"), items_unit=True)
+        frame = max_similarity(query, unit(v, "frames"), mask, items_unit=True)
         w = self.cfg.clip_weight
-        return {"clip": clip, "frame": frame, "clip_raw": max_similarity(query, clips, cosine=False),
-                "frame_raw": max_similarity(query, frames, mask, cosine=False), "fused": w * clip + (1 - w) * frame}
+        out = {"clip": clip, "frame": frame, "fused": w * clip + (1 - w) * frame}
+        if self.training:  # the raw dot products feed the losses only
+            out.update(clip_raw=max_similarity(query, clips, cosine=False),
+                       frame_raw=max_similarity(query, frames, mask, cosine=False))
+        return out

@@ -75,10 +75,21 @@ class VideoSide:
 
     @staticmethod
     def of(v: dict[str, torch.Tensor]) -> "VideoSide":
+        """From encoded videos; the query-independent parts come from `MSSL.index_videos`
+        when it stored them (keys `side.*`), else they are computed now."""
         clips, values = v["clips"], v["frame_values"]
         pool = proposal_matrix(clips.shape[1]).to(clips)
-        return VideoSide(clips, pool, proposal_norms(clips, pool), torch.einsum("vcd,vtd->vct", clips, v["frame_keys"]),
-                         values, values @ values.transpose(1, 2), v["frame_mask"])
+        norms, clip_keys, gram = v.get("side.norms"), v.get("side.clip_keys"), v.get("side.gram")
+        if norms is None:
+            norms, clip_keys, gram = VideoSide.parts(v, pool)
+        return VideoSide(clips, pool, norms, clip_keys, values, gram, v["frame_mask"])
+
+    @staticmethod
+    def parts(v: dict[str, torch.Tensor], pool: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Proposal norms, clip . frame keys and the frame values' Gram matrices."""
+        clips, values = v["clips"], v["frame_values"]
+        return (proposal_norms(clips, pool), torch.einsum("vcd,vtd->vct", clips, v["frame_keys"]),
+                values @ values.transpose(1, 2))
 
 
 @torch.no_grad()
@@ -145,6 +156,12 @@ class MSSL(nn.Module):
         frames = self.frame_encoder(self.frame_embed(vb.frames, vb.frame_mask), vb.frame_mask)
         return {"clips": clips, "frame_keys": self.key_map(frames), "frame_values": self.value_map(frames),
                 "frame_mask": vb.frame_mask}
+
+    def index_videos(self, v: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Query-independent work before scoring many queries: proposal norms, clip . frame
+        keys and Gram matrices, computed once for the collection."""
+        norms, clip_keys, gram = VideoSide.parts(v, proposal_matrix(v["clips"].shape[1]).to(v["clips"]))
+        return {**v, "side.norms": norms, "side.clip_keys": clip_keys, "side.gram": gram}
 
     def score(self, q: dict[str, torch.Tensor], v: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         side = VideoSide.of(v)
