@@ -54,6 +54,19 @@ def test_one_branch_model_trains_alone(tiny):
     assert "theta_frame_nce" in out and not any(k.startswith("phi") for k in out)
 
 
+def test_input_norm_switch_standardises_the_inputs_or_leaves_them():
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 48) * 3 + 1
+    mask = torch.ones(2, 5, dtype=torch.bool)
+    on = ArlBackbone(ArlEncoderConfig(hidden=16, heads=2), 48, 24).models["theta"].video_encoder
+    off = ArlBackbone(ArlEncoderConfig(hidden=16, heads=2, input_norm=False), 48, 24).models["theta"].video_encoder
+    standardised = on.in_norm(x)
+    assert torch.allclose(standardised.mean(-1), torch.zeros(2, 5), atol=1e-5)
+    assert torch.allclose(standardised.std(-1, unbiased=False), torch.ones(2, 5), atol=1e-3)
+    assert torch.equal(off.in_norm(x), x)
+    assert sum(p.numel() for p in on.parameters()) == sum(p.numel() for p in off.parameters())  # no affine
+
+
 def test_parameter_count_at_tvr_dimensions_is_near_the_paper():
     n = sum(p.numel() for p in ArlBackbone(ArlEncoderConfig(), 3072, 768).parameters())
     assert 5.0e6 < n < 5.8e6  # paper Table 3: 5.34 M

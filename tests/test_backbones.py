@@ -273,3 +273,19 @@ def test_scoring_in_query_chunks_matches_one_pass(name):
         sliced = model.score(q, v)
     for key in whole:
         torch.testing.assert_close(sliced[key], whole[key], msg=key)
+
+
+def test_baseline_input_norm_standardises_inputs_without_new_parameters():
+    from prvr.methods.backbones.baseline import DualBranch, DualBranchConfig
+
+    torch.manual_seed(0)
+    plain = DualBranch(DualBranchConfig(hidden=32, heads=2), VIDEO_DIM, QUERY_DIM)
+    torch.manual_seed(0)
+    normed = DualBranch(DualBranchConfig(hidden=32, heads=2, input_norm=True), VIDEO_DIM, QUERY_DIM)
+    assert sum(p.numel() for p in plain.parameters()) == sum(p.numel() for p in normed.parameters())
+    assert list(plain.state_dict()) == [k.replace("proj.1.", "proj.0.").replace("proj.2.", "proj.1.")
+                                        for k in normed.state_dict()]  # the same parameters, behind a parameter-free norm
+    x = torch.randn(3, VIDEO_DIM) * 5 + 2
+    first = normed.video_proj[0](x)
+    assert torch.allclose(first.mean(-1), torch.zeros(3), atol=1e-4)
+    assert torch.allclose(first.std(-1, unbiased=False), torch.ones(3), atol=1e-3)

@@ -35,6 +35,7 @@ class ArlEncoderConfig:
     layer_dropout: float = 0.0  # inside the attention layer; 0 because masks cost more than the layer on CPUs
     ffn: int = 0  # feed-forward width of the transformer layer; 0 = none (MS-SL's attention block; see docstring)
     branches: int = 2  # theta and Phi (paper); 1 = a single model (no cross-model hand-off possible)
+    input_norm: bool = True  # ours, as the MS-SL code family: LayerNorm (no affine) on the inputs before the FC; false = FC on the raw features
     max_positions: int = 128  # learned positions: 128 frames (MS-SL family), 30 query tokens
 
 
@@ -69,7 +70,7 @@ class SequenceEncoder(nn.Module):
         # The MS-SL code family standardises the inputs before the FC (LayerNorm); without it the
         # FC outputs of L2-normalised features are ~0.01 per component and the model barely learns.
         # No affine parameters, so no gradient flows back into the 3072-d input.
-        self.in_norm = nn.LayerNorm(in_dim, elementwise_affine=False)
+        self.in_norm = nn.LayerNorm(in_dim, elementwise_affine=False) if cfg.input_norm else nn.Identity()
         self.fc = nn.Linear(in_dim, cfg.hidden)
         self.pos = nn.Embedding(cfg.max_positions, cfg.hidden)
         nn.init.normal_(self.pos.weight, std=0.02)  # BERT / MS-SL init; N(0, 1) would drown the content

@@ -29,12 +29,15 @@ class DualBranchConfig:
     layer_dropout: float = 0.0  # inside transformer layers; 0 because sampling masks costs more than the layer on CPUs
     clip_weight: float = 0.7  # score fusion: clip_weight * clip + (1 - clip_weight) * frame (MS-SL TVR)
     max_positions: int = 128  # learned positional embeddings (covers 128 frames, 32 clips, 30 tokens)
+    input_norm: bool = False  # LayerNorm (no affine) on the inputs before the input maps, as ARL and the MS-SL code family; off in the committed runs
 
 
 def projection(in_dim: int, cfg: DualBranchConfig) -> nn.Module:
     """Input map to the hidden size. Dropout acts after the map: on 3072-d inputs it would
     cost more than the matrix product on a CPU."""
-    return nn.Sequential(nn.Linear(in_dim, cfg.hidden), nn.LayerNorm(cfg.hidden), nn.ReLU(), nn.Dropout(cfg.dropout))
+    layers = [nn.LayerNorm(in_dim, elementwise_affine=False)] if cfg.input_norm else []
+    return nn.Sequential(*layers, nn.Linear(in_dim, cfg.hidden), nn.LayerNorm(cfg.hidden), nn.ReLU(),
+                         nn.Dropout(cfg.dropout))
 
 
 class Encoder(nn.Module):
