@@ -13,11 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from prvr.harness.registry import BACKBONES
-from prvr.methods.backbones.blocks import unit, with_units
+from prvr.methods.backbones.blocks import max_similarity, unit, with_units
 
 
 @dataclass
@@ -71,12 +70,7 @@ def max_cosine(query: torch.Tensor, items: torch.Tensor, mask: torch.Tensor | No
                items_unit: bool = False) -> torch.Tensor:
     """[Q, d] x [V, N, d] -> [Q, V]: max over the N items of each video of the cosine
     (items_unit: the items are already L2-normalised)."""
-    q = F.normalize(query, dim=-1)
-    v = items if items_unit else F.normalize(items, dim=-1)
-    sims = torch.einsum("qd,vnd->qvn", q, v)
-    if mask is not None:
-        sims = sims.masked_fill(~mask[None], float("-inf"))
-    return sims.max(-1).values
+    return max_similarity(query, items, mask, cosine=True, items_unit=items_unit)
 
 
 @BACKBONES.register("dual-branch", "small MS-SL-like backbone: clip + frame branches, max-cosine scores, fused 0.7/0.3")
