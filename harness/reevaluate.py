@@ -16,12 +16,12 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-import numpy as np
 import torch
 
 from prvr.harness import progress
+from prvr.harness.evaluate import evaluate_scores
 from prvr.harness.io import UserError, write_json
 
 SUMMARY = ("R@1", "R@5", "R@10", "R@100", "SumR")
@@ -64,36 +64,29 @@ class StoredRun:
         return model.to(self.device).eval()
 
 
-class Encoded:
-    """One model's encoded split: score any slice of the queries against every video."""
+def score_matrices(model: torch.nn.Module, split, data_cfg, device: torch.device, chunk: int,
+                   keys: list[str] | None = None) -> dict[str, torch.Tensor]:
+    """Encode a split once and score it in query chunks, each chunk once for every wanted
+    output: {key: [queries, videos]} for `keys` (None: every output of `score` that has one
+    score per query and video, e.g. clip, frame, fused)."""
+    from prvr.datasets.loader import Batcher
+    from prvr.harness.trainer import encode_all, index_videos
 
-    def __init__(self, model: torch.nn.Module, split, data_cfg, device: torch.device) -> None:
-        from prvr.datasets.loader import Batcher
-        from prvr.harness.trainer import encode_all, index_videos
-
-        batcher = Batcher(split, data_cfg)
-        self.model = model
-        with torch.no_grad():
-            self.videos = index_videos(model, encode_all(model.encode_videos, batcher.videos, split.num_videos, 128,
-                                                         device))
-            self.queries = encode_all(model.encode_queries, batcher.queries, split.num_queries, 512, device)
-
-    def scores(self, start: int, end: int) -> dict[str, torch.Tensor]:
-        with torch.no_grad():
-            return self.model.score({k: t[start:end] for k, t in self.queries.items()}, self.videos)
-
-    def score_keys(self) -> list[str]:
-        """The outputs of `score` that are one score per (query, video)."""
-        out = self.scores(0, 2)
-        n = next(iter(self.videos.values())).shape[0]
-        return [k for k, t in out.items() if t.dim() == 2 and t.shape[1] == n]
+    batcher = Batcher(split, data_cfg)
+    with torch.no_grad():
+        videos = index_videos(model, encode_all(model.encode_videos, batcher.videos, split.num_videos, 128, device))
+        queries = encode_all(model.encode_queries, batcher.queries, split.num_queries, 512, device)
+        parts: dict[str, list[torch.Tensor]] = {}
+        for start in range(0, split.num_queries, chunk):
+            out = model.score({k: t[start : start + chunk] for k, t in queries.items()}, videos)
+            wanted = keys or [k for k, t in out.items() if t.dim() == 2 and t.shape[1] == split.num_videos]
+            for k in wanted:
+                parts.setdefault(k, []).append(out[k].float().cpu())
+    return {k: torch.cat(v) for k, v in parts.items()}
 
 
-def rank_metrics(score: Callable[[int, int], torch.Tensor], split, chunk: int) -> dict[str, Any]:
-    from prvr.harness.evaluate import compute_ranks, metrics_from_ranks
-
-    ranks = compute_ranks(score, split.num_queries, split.labels(), split.relevance, chunk=chunk)
-    return metrics_from_ranks(ranks, split.moment_fraction(), split.relevance)
+def split_metrics(scores: torch.Tensor, split, chunk: int) -> dict[str, Any]:
+    return evaluate_scores(scores, split.labels(), split.relevance, split.moment_fraction(), chunk)
 
 
 def evaluate_runs(record_files: list[str | Path], split_name: str = "test", parts: bool = False,
@@ -104,41 +97,34 @@ def evaluate_runs(record_files: list[str | Path], split_name: str = "test", part
     runs = [StoredRun(f, device, data_root) for f in record_files]
     if ensemble and len(runs) < 2:
         raise UserError("--ensemble needs at least two run records")
-    worlds = {_world(r) for r in runs}
-    if ensemble and len(worlds) > 1:
+    if ensemble and len({_world(r) for r in runs}) > 1:
         raise UserError("--ensemble needs runs on the same data (dataset, `data.*` and `sim.*` settings); "
                         f"these runs differ: {', '.join(r.name for r in runs)}")
     rows: list[dict[str, Any]] = []
-    encoded: list[Encoded] = []
-    cache: dict[str, Any] = {}
+    fused: list[torch.Tensor] = []
+    datasets: dict[str, Any] = {}
     for run in runs:
         key = _world(run)
-        if key not in cache:
-            cache[key] = DATASETS.get(run.cfg.dataset).load(run.cfg)
-        data = cache[key]
+        if key not in datasets:
+            datasets[key] = DATASETS.get(run.cfg.dataset).load(run.cfg)
+        data = datasets[key]
         if split_name not in data.splits:
-            raise UserError(f"dataset '{key}' has no split '{split_name}' (it has {', '.join(data.splits)})")
-        split = data[split_name]
-        enc = Encoded(run.model(data), split, run.cfg.data, run.device)
-        keys = enc.score_keys() if parts else ["fused"]
-        for k in keys:
+            raise UserError(f"dataset '{run.record['dataset']}' has no split '{split_name}' "
+                            f"(it has {', '.join(data.splits)})")
+        split, chunk = data[split_name], run.cfg.eval.chunk
+        scores = score_matrices(run.model(data), split, run.cfg.data, run.device, chunk, None if parts else ["fused"])
+        for k, matrix in scores.items():
             progress.log(f"evaluate {run.name}: score '{k}' on {split_name}")
-            metrics = rank_metrics(lambda s, e, k=k: enc.scores(s, e)[k], split, run.cfg.eval.chunk)
-            rows.append({"run": run.name, "record": str(run.path), "score": k, "metrics": metrics})
+            rows.append({"run": run.name, "record": str(run.path), "score": k,
+                         "metrics": split_metrics(matrix, split, chunk)})
         if ensemble:
-            encoded.append(enc)
-        else:
-            del enc
+            fused.append(scores["fused"])
     if ensemble:
         first = runs[0]
-        split = cache[_world(first)][split_name]
-
-        def mean_score(s: int, e: int) -> torch.Tensor:
-            return sum(enc.scores(s, e)["fused"].float() for enc in encoded) / len(encoded)
-
         progress.log(f"evaluate the mean of {len(runs)} runs' fused scores on {split_name}")
         rows.append({"run": " + ".join(r.name for r in runs), "record": None, "score": "fused (mean)",
-                     "metrics": rank_metrics(mean_score, split, first.cfg.eval.chunk)})
+                     "metrics": split_metrics(torch.stack(fused).mean(0), datasets[_world(first)][split_name],
+                                              first.cfg.eval.chunk)})
     return rows
 
 
@@ -178,15 +164,6 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     rows = evaluate_runs(args.records, args.split, args.parts, args.ensemble, args.device, root)
     print(format_rows(rows))
     if args.json:
-        write_json(args.json, {"split": args.split, "rows": _plain(rows)})
+        write_json(args.json, {"split": args.split, "rows": rows})
         progress.log(f"wrote {args.json}")
 
-
-def _plain(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {k: _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
-    if isinstance(obj, (np.floating, np.integer)):
-        return obj.item()
-    return obj

@@ -255,8 +255,7 @@ def index_videos(model: torch.nn.Module, videos: dict[str, torch.Tensor]) -> dic
     before its queries are scored (e.g. unit vectors of the items); identity for a backbone
     without `index_videos`."""
     fn = getattr(model, "index_videos", None)
-    with torch.no_grad():
-        return fn(videos) if fn is not None else videos
+    return fn(videos) if fn is not None else videos
 
 
 def cat_padded(tensors: list[torch.Tensor]) -> torch.Tensor:

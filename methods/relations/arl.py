@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 
 from prvr.harness.registry import DETECTORS
+from prvr.methods.backbones.arl import frame_similarity
+from prvr.methods.backbones.blocks import max_similarity
 from prvr.methods.relations.base import Detector, Relations
 
 EPS = 1e-12
@@ -280,8 +282,7 @@ def _probe_chunk(out: torch.Tensor, probe: tuple[np.ndarray, np.ndarray], idx: n
         return
     local = torch.as_tensor(probe[1][cols] - idx[0], device=frames.device)
     q = queries[torch.as_tensor(probe[0], device=queries.device)]
-    sims = torch.einsum("qd,vtd->qvt", F.normalize(q, dim=-1), F.normalize(frames[local], dim=-1))
-    out[:, torch.as_tensor(cols, device=out.device)] = sims.masked_fill(~mask[local][None], float("-inf")).amax(-1)
+    out[:, torch.as_tensor(cols, device=out.device)] = max_similarity(q, frames[local], mask[local])
 
 
 # ----------------------------------------------------------------------------- the detector
@@ -355,8 +356,7 @@ class ArlDetector(Detector):
         given = outputs["scores"].get(f"{branch}.frames")
         if given is not None:
             return given.detach()
-        q, v = outputs["queries"][keys[0]].detach(), outputs["videos"][keys[1]].detach()
-        return torch.einsum("qd,btd->qbt", F.normalize(q, dim=-1), F.normalize(v, dim=-1))
+        return frame_similarity(outputs["queries"][keys[0]].detach(), outputs["videos"][keys[1]].detach())
 
     def _detect_branch(self, st: BranchStats, sims: torch.Tensor, mask: torch.Tensor, batch,
                        pos: torch.Tensor) -> ArlRelations:
