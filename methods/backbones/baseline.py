@@ -28,7 +28,7 @@ class DualBranchConfig:
     layer_dropout: float = 0.0  # inside transformer layers; 0 because sampling masks costs more than the layer on CPUs
     clip_weight: float = 0.7  # score fusion: clip_weight * clip + (1 - clip_weight) * frame (MS-SL TVR)
     max_positions: int = 128  # learned positional embeddings (covers 128 frames, 32 clips, 30 tokens)
-    input_norm: bool = False  # LayerNorm (no affine) on the inputs before the input maps, as ARL and the MS-SL code family; off in the committed runs
+    input_norm: bool = False  # LayerNorm (no affine) on the inputs before the input maps, as ARL and the MS-SL code family; the baseline preset turns it on (False here so that records made before the knob rebuild as trained)
 
 
 def projection(in_dim: int, cfg: DualBranchConfig) -> nn.Module:
