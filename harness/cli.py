@@ -33,6 +33,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--data-root", default=None, metavar="DIR",
                    help="root folder of real datasets in their public layouts (default: $PRVR_DATA)")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="torch CPU threads per run (default: torch's choice; with bench --jobs: the cores shared out)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--oracle", action=argparse.BooleanOptionalAction, default=False,
                        help="also run each method with the oracle detector on simulated data (default: off)")
     bench.add_argument("--skip-existing", action="store_true", help="keep runs whose record already exists")
+    bench.add_argument("--jobs", default="1", metavar="N",
+                       help="runs at a time, each in its own process with its output in OUT/logs/ (default 1: "
+                            "one after another in this process; auto: one per CPU core, 1 when CUDA trains)")
     _common(bench)
 
     board = sub.add_parser("leaderboard", help="rebuild results/leaderboard.{csv,md} from the run records")
@@ -80,21 +85,53 @@ def cmd_run(args: argparse.Namespace) -> None:
     from prvr.harness.runner import run_one
 
     ensure_dir(args.out)
+    _set_threads(args.threads)
     cfg = resolve(args.method, args.dataset, args.seed, [*data_root_overrides(args), *args.overrides], args.config)
     run_one(cfg, args.out, resume=args.resume, tag=args.tag, command=_command_line())
 
 
+def _set_threads(threads: int | None) -> None:
+    if threads is None:
+        return
+    if threads < 1:
+        raise UserError(f"--threads must be at least 1, got {threads}")
+    import torch
+
+    torch.set_num_threads(threads)
+
+
 def cmd_bench(args: argparse.Namespace) -> None:
     from prvr.harness import leaderboard
-    from prvr.harness.config import resolve
-    from prvr.harness.records import record_path
-    from prvr.harness.runner import run_name, run_one
+    from prvr.harness.jobs import parse_jobs
 
     ensure_dir(args.out)
-    methods = args.method or METHODS.names()
+    workers = parse_jobs(args.jobs)
+    plan = _bench_plan(args)
+    start = time.perf_counter()
+    todo = []
+    for i, (cfg, path, run_args) in enumerate(plan):
+        if args.skip_existing and path.exists():
+            progress.log(f"[{i + 1}/{len(plan)}] keeping {path}")
+            continue
+        todo.append((cfg, path, run_args))
+    if workers > 1:
+        _bench_in_processes(args, todo, workers)
+    else:
+        _bench_here(args, todo, len(plan))
+    progress.log(f"bench: {len(plan)} runs planned, {len(todo)} made, in {time.perf_counter() - start:.0f} s")
+    leaderboard.rebuild(args.out)
+
+
+def _bench_plan(args: argparse.Namespace) -> list[tuple]:
+    """Every (method, dataset, variant, seed) of the bench, resolved up front so that a bad
+    name or key fails before any training: (config, record path, `prvr-bench run` arguments)."""
+    from prvr.harness.config import resolve
+    from prvr.harness.records import record_path
+    from prvr.harness.runner import run_name
+
     plan = []
     for dataset in args.dataset:
-        for method in methods:
+        for method in args.method or METHODS.names():
             variants = [[]]
             # On simulated data each method also runs with the oracle detector: its objectives fed
             # the ground truth, the upper bound of what its detection could give.
@@ -102,18 +139,47 @@ def cmd_bench(args: argparse.Namespace) -> None:
                 variants.append(["relations.name=oracle"])
             for extra in variants:
                 for seed in args.seeds:
-                    plan.append(resolve(method, dataset, seed, [*data_root_overrides(args), *args.overrides, *extra],
-                                       args.config))
-    start = time.perf_counter()
-    for i, cfg in enumerate(plan):
-        path = record_path(args.out, cfg.dataset, run_name(cfg, args.tag), cfg.seed)
-        if args.skip_existing and path.exists():
-            progress.log(f"[{i + 1}/{len(plan)}] keeping {path}")
-            continue
-        progress.log(f"[{i + 1}/{len(plan)}] {run_name(cfg, args.tag)} on {cfg.dataset}, seed {cfg.seed}")
+                    overrides = [*args.overrides, *extra]
+                    cfg = resolve(method, dataset, seed, [*data_root_overrides(args), *overrides], args.config)
+                    path = record_path(args.out, cfg.dataset, run_name(cfg, args.tag), cfg.seed)
+                    plan.append((cfg, path, _run_args(args, method, dataset, seed, overrides)))
+    return plan
+
+
+def _run_args(args: argparse.Namespace, method: str, dataset: str, seed: int, overrides: list[str]) -> list[str]:
+    """The `prvr-bench run` arguments of one planned run (threads are added per job)."""
+    out = ["--method", method, "--dataset", dataset, "--seed", str(seed), "--out", str(args.out)]
+    for o in overrides:
+        out += ["--set", o]
+    for flag, value in (("--config", args.config), ("--tag", args.tag), ("--data-root", args.data_root)):
+        if value:
+            out += [flag, str(value)]
+    return out + (["--resume"] if args.resume else [])
+
+
+def _bench_here(args: argparse.Namespace, todo: list[tuple], planned: int) -> None:
+    from prvr.harness.runner import run_name, run_one
+
+    _set_threads(args.threads)
+    for i, (cfg, _, _) in enumerate(todo):
+        progress.log(f"[{i + 1}/{len(todo)}] {run_name(cfg, args.tag)} on {cfg.dataset}, seed {cfg.seed}")
         run_one(cfg, args.out, resume=args.resume, tag=args.tag, command=_command_line())
-    progress.log(f"bench: {len(plan)} runs in {time.perf_counter() - start:.0f} s")
-    leaderboard.rebuild(args.out)
+
+
+def _bench_in_processes(args: argparse.Namespace, todo: list[tuple], workers: int) -> None:
+    from prvr.harness.jobs import Job, expected_seconds, run_jobs, threads_per_job
+    from prvr.harness.runner import run_name
+
+    threads = threads_per_job(workers, args.threads)
+    jobs = []
+    for cfg, path, run_args in todo:
+        name = run_name(cfg, args.tag)
+        log = Path(args.out) / "logs" / cfg.dataset / name / f"seed{cfg.seed}.log"
+        jobs.append(Job([*run_args, "--threads", str(threads)], f"{name} on {cfg.dataset}, seed {cfg.seed}", path,
+                        log, expected_seconds(path)))
+    progress.log(f"bench: {len(jobs)} runs, {min(workers, len(jobs))} at a time, {threads} torch thread"
+                 f"{'s' if threads > 1 else ''} each")
+    run_jobs(jobs, workers)
 
 
 def cmd_leaderboard(args: argparse.Namespace) -> None:

@@ -1,0 +1,75 @@
+"""`bench --jobs N`: runs side by side in their own processes, the same records as one by one."""
+
+import json
+
+import pytest
+
+from prvr.harness.cli import main
+from prvr.harness.jobs import Job, expected_seconds, schedule
+
+
+def _bench(capsys, out, *extra):
+    code = main(["bench", "--method", "baseline", "--dataset", "sim-tiny", "--seeds", "0", "1", "--out", str(out),
+                 "--set", "train.epochs=2", "--threads", "1", "--quiet", *extra])
+    return code, capsys.readouterr().err
+
+
+def _records(out):
+    return {p.name: json.loads(p.read_text()) for p in sorted((out / "runs" / "sim-tiny" / "baseline").glob("seed*.json"))}
+
+
+@pytest.mark.slow
+def test_jobs_give_the_records_of_one_by_one(capsys, tmp_path):
+    code, err = _bench(capsys, tmp_path / "seq")
+    assert code == 0, err
+    code, err = _bench(capsys, tmp_path / "par", "--jobs", "2")
+    assert code == 0, err
+    seq, par = _records(tmp_path / "seq"), _records(tmp_path / "par")
+    assert sorted(par) == ["seed0.json", "seed1.json"]
+    for name in seq:
+        assert par[name]["metrics"] == seq[name]["metrics"]
+        assert [h["loss"] for h in par[name]["history"]] == [h["loss"] for h in seq[name]["history"]]
+        assert par[name]["provenance"]["device"] == "cpu (1 threads)"
+        # the record names the command that made it: the run the bench started
+        assert par[name]["command"].startswith("prvr-bench run --method baseline --dataset sim-tiny --seed")
+    assert (tmp_path / "par" / "logs" / "sim-tiny" / "baseline" / "seed0.log").stat().st_size > 0
+    assert (tmp_path / "par" / "leaderboard.md").exists()
+
+
+def test_a_failed_run_is_named_with_its_log(capsys, tmp_path):
+    code = main(["bench", "--method", "baseline", "--dataset", "tvr", "--data-root", str(tmp_path / "nowhere"),
+                 "--out", str(tmp_path / "out"), "--jobs", "2", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "1 of 1 runs failed: baseline on tvr, seed 0:" in err and "does not exist" in err
+    assert str(tmp_path / "out" / "logs" / "tvr" / "baseline" / "seed0.log") in err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--jobs", "0"], "--jobs must be at least 1, got 0"),
+    (["--jobs", "many"], "--jobs expects a number of concurrent runs or 'auto', got 'many'"),
+    (["--threads", "0"], "--threads must be at least 1, got 0"),
+])
+def test_bad_jobs_or_threads(capsys, tmp_path, args, message):
+    code = main(["bench", "--method", "baseline", "--dataset", "sim-tiny", "--out", str(tmp_path), "--quiet", *args])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and err.count("\n") == 1
+
+
+def test_longest_expected_run_first(tmp_path):
+    def job(name, seconds):
+        folder = tmp_path / name
+        folder.mkdir()
+        for seed, s in enumerate(seconds):
+            (folder / f"seed{seed}.json").write_text(json.dumps({"timings": {"train": s, "eval_test": 1.0}}))
+        record = folder / "seed9.json"
+        return Job([], name, record, tmp_path / f"{name}.log", expected_seconds(record))
+
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "seed0.json").write_text("{not json")
+    jobs = [job("short", [9.0, 19.0]), job("new", []), job("long", [99.0]), job("tie", [14.0])]
+    jobs.append(Job([], "broken", tmp_path / "broken" / "seed1.json", tmp_path / "b.log",
+                    expected_seconds(tmp_path / "broken" / "seed1.json")))
+    assert jobs[0].expected_s == 15.0 and jobs[2].expected_s == 100.0
+    # runs never made (or whose records cannot be read) go first, in plan order; then by time
+    assert [j.label for j in schedule(jobs)] == ["new", "broken", "long", "short", "tie"]
