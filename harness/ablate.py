@@ -75,13 +75,14 @@ def add_commands(sub) -> None:
 
 
 def cmd_ablate(args: argparse.Namespace) -> None:
-    from prvr.harness.cli import _command_line, data_root_overrides
+    from prvr.harness.cli import _command_line, data_root_overrides, set_threads
     from prvr.harness.config import resolve
     from prvr.harness.records import record_path
     from prvr.harness.runner import run_name, run_one
 
     table = get_table(args.method, args.table)
     ensure_dir(args.out)
+    set_threads(args.threads)
     plan = [(row, resolve(args.method, args.dataset, seed,
                           [*data_root_overrides(args), *args.overrides, *row.overrides], args.config))
             for row in table.rows for seed in args.seeds]

@@ -85,12 +85,13 @@ def cmd_run(args: argparse.Namespace) -> None:
     from prvr.harness.runner import run_one
 
     ensure_dir(args.out)
-    _set_threads(args.threads)
+    set_threads(args.threads)
     cfg = resolve(args.method, args.dataset, args.seed, [*data_root_overrides(args), *args.overrides], args.config)
     run_one(cfg, args.out, resume=args.resume, tag=args.tag, command=_command_line())
 
 
-def _set_threads(threads: int | None) -> None:
+def set_threads(threads: int | None) -> None:
+    """--threads: torch CPU threads of this process (None: torch's choice)."""
     if threads is None:
         return
     if threads < 1:
@@ -160,7 +161,7 @@ def _run_args(args: argparse.Namespace, method: str, dataset: str, seed: int, ov
 def _bench_here(args: argparse.Namespace, todo: list[tuple], planned: int) -> None:
     from prvr.harness.runner import run_name, run_one
 
-    _set_threads(args.threads)
+    set_threads(args.threads)
     for i, (cfg, _, _) in enumerate(todo):
         progress.log(f"[{i + 1}/{len(todo)}] {run_name(cfg, args.tag)} on {cfg.dataset}, seed {cfg.seed}")
         run_one(cfg, args.out, resume=args.resume, tag=args.tag, command=_command_line())

@@ -73,3 +73,9 @@ def test_longest_expected_run_first(tmp_path):
     assert jobs[0].expected_s == 15.0 and jobs[2].expected_s == 100.0
     # runs never made (or whose records cannot be read) go first, in plan order; then by time
     assert [j.label for j in schedule(jobs)] == ["new", "broken", "long", "short", "tie"]
+
+
+@pytest.mark.parametrize("command", [["run", "--method", "baseline"], ["ablate", "--method", "arl", "--table", "5"]])
+def test_threads_is_checked_by_every_training_command(capsys, tmp_path, command):
+    code = main([*command, "--dataset", "sim-tiny", "--out", str(tmp_path), "--threads", "0", "--quiet"])
+    assert code == 2 and "--threads must be at least 1, got 0" in capsys.readouterr().err
