@@ -4,6 +4,9 @@ A method declares its tables (`register_table`): each row is a tag and config ov
 The command trains every row x seed on a dataset (each row is an ordinary run with its
 own record, `<method>~<tag>`; a row without tag is the method's plain run), then writes
 the table from the records: results/ablations/<dataset>/<method>_table<name>.{md,csv}.
+`--tag X` adds `_X` to every row's run name and to the table's file name (the same names as
+`prvr-bench run --tag <row>_X`), so a variant of a whole table, e.g. `--tag e30 --set
+train.epochs=30`, keeps its own records and its own table.
 """
 
 from __future__ import annotations
@@ -96,41 +99,75 @@ def cmd_ablate(args: argparse.Namespace) -> None:
         run_one(cfg, args.out, resume=args.resume, tag=tag, command=_command_line())
     if not args.report_only:
         progress.log(f"ablate: {len(plan)} runs in {time.perf_counter() - start:.0f} s")
-    report(table, args.out, args.dataset, args.seeds, plan, args.tag)
+    report(table, args.out, args.dataset, args.seeds, plan, args.tag, args.overrides)
 
 
 def _tag(row: AblationRow, extra: str) -> str:
-    return "-".join(t for t in (row.tag, extra) if t)
+    return "_".join(t for t in (row.tag, extra) if t)
 
 
-def report(table: AblationTable, out: str, dataset: str, seeds: list[int], plan, extra_tag: str = "") -> Path:
+def report(table: AblationTable, out: str, dataset: str, seeds: list[int], plan, extra_tag: str = "",
+           overrides: list[str] = ()) -> Path:
     """Write and print the table from the stored records (missing runs are empty cells)."""
     from prvr.harness.records import load_record, record_path
     from prvr.harness.runner import run_name
 
-    rows = []
+    rows, mismatched = [], []
     for row in table.rows:
         cfg = next(c for r, c in plan if r is row)
         name = run_name(cfg, _tag(row, extra_tag))
-        recs = [load_record(p) for s in seeds if (p := record_path(out, dataset, name, s)).exists()]
+        recs = []
+        for seed_cfg in (c for r, c in plan if r is row):
+            path = record_path(out, dataset, name, seed_cfg.seed)
+            if path.exists():
+                recs.append(load_record(path))
+                if diff := settings_diff(seed_cfg, recs[-1]):
+                    mismatched.append(f"{path}: {diff}")
         cells = {m: [r["metrics"]["test"][m] for r in recs] for m in METRICS}
         rows.append((row, name, len(recs), cells))
     header = ["", *table.columns, *METRICS, "seeds", "run"]
-    md = [f"# {table.title} on {dataset}", "",
+    command = " ".join([f"prvr-bench ablate --method {table.method} --table {table.name} --dataset {dataset}",
+                        *([f"--tag {extra_tag}"] if extra_tag else []), *(f"--set {o}" for o in overrides)])
+    md = [f"# {table.title} on {dataset}" + (f" ({extra_tag})" if extra_tag else ""), "",
           f"Test split, mean ± std over seeds; from the run records under {out}/runs/{dataset}/ "
-          f"(`prvr-bench ablate --method {table.method} --table {table.name} --dataset {dataset}`).", "",
+          f"(`{command}`).", "",
           "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     csv = [",".join(["row", *table.columns, *(f"{m} mean,{m} std" for m in METRICS), "seeds", "run"])]
     for row, name, n, cells in rows:
         md.append("| " + " | ".join([row.label, *row.marks, *(fmt(cells[m]) for m in METRICS), str(n), name]) + " |")
         csv.append(",".join([row.label, *row.marks, *(_csv(cells[m]) for m in METRICS), str(n), name]))
+    if mismatched:
+        md += ["", "Records trained with other settings than this command asks (record: key stored / asked):", "",
+               *(f"- {m}" for m in mismatched)]
+        for m in mismatched:
+            progress.log(f"warning: {m}")
     folder = Path(out) / "ablations" / dataset
-    path = folder / f"{table.method}_table{table.name}.md"
+    path = folder / f"{table.method}_table{table.name}{'_' + extra_tag if extra_tag else ''}.md"
     write_text(path, "\n".join(md) + "\n")
     write_text(path.with_suffix(".csv"), "\n".join(csv) + "\n")
     print("\n".join(md))
     progress.log(f"wrote {path} and {path.with_suffix('.csv')}")
     return path
+
+
+def settings_diff(cfg, record: dict, shown: int = 3) -> str:
+    """The config keys on which a stored record differs from the planned `cfg`, as
+    "key stored / asked" items ("" when they agree). The record's config is rebuilt the way
+    resume does (keys added since it was made take their defaults); the data root is a
+    location, not a setting, and is left out."""
+    from prvr.harness.config import from_dict
+
+    def flat(d: dict, prefix: str = "") -> dict:
+        out = {}
+        for k, v in d.items():
+            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+        return out
+
+    asked, stored = flat(cfg.to_dict()), flat(from_dict(record["config"]).to_dict())
+    keys = sorted(k for k in asked.keys() | stored.keys()
+                  if asked.get(k) != stored.get(k) and k != "data.data_root")
+    items = [f"{k} {stored.get(k)!r} / {asked.get(k)!r}" for k in keys[:shown]]
+    return ", ".join(items) + (f" and {len(keys) - shown} more" if len(keys) > shown else "")
 
 
 def _csv(v: list[float]) -> str:

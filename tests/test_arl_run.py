@@ -193,3 +193,18 @@ def test_ablate_command_runs_every_row_and_tabulates(tmp_path, monkeypatch):
     assert cli.main([*args[:4], "6", *args[5:], "--skip-existing"]) == 0
     assert [c[0] for c in calls] == ["positive", "positive", "ignore", "ignore"]  # restrain = the plain arl run
     assert cli.main(["ablate", "--method", "arl", "--table", "7", "--quiet"]) == 2
+    # --tag X: every row's run is <row tag>_X (as `run --tag <row>_X` names it), in a table of its own
+    calls.clear()
+    assert cli.main([*args, "--tag", "e30", "--set", "train.epochs=3"]) == 0
+    assert [c[0] for c in calls[::2]] == ["base_e30", "tv_only_e30", "tv_tf_e30", "tv_cross_e30", "e30"]
+    tagged = (tmp_path / "ablations" / "sim-tiny" / "arl_table5_e30.md").read_text()
+    assert "| 2 | arl~base_e30 |" in tagged and "| 2 | arl~e30 |" in tagged
+    assert "--tag e30 --set train.epochs=3`" in tagged
+    assert "arl~base |" in (tmp_path / "ablations" / "sim-tiny" / "arl_table5.md").read_text()  # untouched
+    assert "other settings" not in tagged
+    # records kept under the asked names but trained otherwise are named in the table and warned about
+    calls.clear()
+    assert cli.main([*args, "--tag", "e30", "--set", "train.epochs=4", "--report-only"]) == 0 and not calls
+    tagged = (tmp_path / "ablations" / "sim-tiny" / "arl_table5_e30.md").read_text()
+    assert "Records trained with other settings" in tagged
+    assert "arl~base_e30/seed1.json: train.epochs 3 / 4" in tagged
