@@ -99,29 +99,28 @@ def cmd_ablate(args: argparse.Namespace) -> None:
         run_one(cfg, args.out, resume=args.resume, tag=tag, command=_command_line())
     if not args.report_only:
         progress.log(f"ablate: {len(plan)} runs in {time.perf_counter() - start:.0f} s")
-    report(table, args.out, args.dataset, args.seeds, plan, args.tag, args.overrides)
+    report(table, args.out, args.dataset, plan, args.tag, args.overrides)
 
 
 def _tag(row: AblationRow, extra: str) -> str:
     return "_".join(t for t in (row.tag, extra) if t)
 
 
-def report(table: AblationTable, out: str, dataset: str, seeds: list[int], plan, extra_tag: str = "",
-           overrides: list[str] = ()) -> Path:
+def report(table: AblationTable, out: str, dataset: str, plan, extra_tag: str = "", overrides: list[str] = ()) -> Path:
     """Write and print the table from the stored records (missing runs are empty cells)."""
     from prvr.harness.records import load_record, record_path
     from prvr.harness.runner import run_name
 
     rows, mismatched = [], []
     for row in table.rows:
-        cfg = next(c for r, c in plan if r is row)
-        name = run_name(cfg, _tag(row, extra_tag))
+        cfgs = [c for r, c in plan if r is row]  # one per seed
+        name = run_name(cfgs[0], _tag(row, extra_tag))
         recs = []
-        for seed_cfg in (c for r, c in plan if r is row):
-            path = record_path(out, dataset, name, seed_cfg.seed)
+        for cfg in cfgs:
+            path = record_path(out, dataset, name, cfg.seed)
             if path.exists():
                 recs.append(load_record(path))
-                if diff := settings_diff(seed_cfg, recs[-1]):
+                if diff := settings_diff(cfg, recs[-1]):
                     mismatched.append(f"{path}: {diff}")
         cells = {m: [r["metrics"]["test"][m] for r in recs] for m in METRICS}
         rows.append((row, name, len(recs), cells))

@@ -107,6 +107,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
     ensure_dir(args.out)
     workers = parse_jobs(args.jobs)
+    set_threads(args.threads)  # checks --threads for both ways of running; the runs started in processes get their own
     plan = _bench_plan(args)
     start = time.perf_counter()
     todo = []
@@ -118,7 +119,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
     if workers > 1:
         _bench_in_processes(args, todo, workers)
     else:
-        _bench_here(args, todo, len(plan))
+        _bench_here(args, todo)
     progress.log(f"bench: {len(plan)} runs planned, {len(todo)} made, in {time.perf_counter() - start:.0f} s")
     leaderboard.rebuild(args.out)
 
@@ -158,10 +159,9 @@ def _run_args(args: argparse.Namespace, method: str, dataset: str, seed: int, ov
     return out + (["--resume"] if args.resume else [])
 
 
-def _bench_here(args: argparse.Namespace, todo: list[tuple], planned: int) -> None:
+def _bench_here(args: argparse.Namespace, todo: list[tuple]) -> None:
     from prvr.harness.runner import run_name, run_one
 
-    set_threads(args.threads)
     for i, (cfg, _, _) in enumerate(todo):
         progress.log(f"[{i + 1}/{len(todo)}] {run_name(cfg, args.tag)} on {cfg.dataset}, seed {cfg.seed}")
         run_one(cfg, args.out, resume=args.resume, tag=args.tag, command=_command_line())

@@ -64,7 +64,7 @@ def parse_jobs(value: str) -> int:
 
 def threads_per_job(jobs: int, threads: int | None) -> int:
     """torch threads of each run: as given, else the usable cores shared out (at least 1)."""
-    return threads if threads else max(1, usable_cores() // jobs)
+    return threads if threads is not None else max(1, usable_cores() // jobs)
 
 
 def expected_seconds(record: Path) -> float:
@@ -120,7 +120,7 @@ def _start(job: Job) -> tuple[subprocess.Popen, Job]:
     job.started = time.perf_counter()
     with open(job.log, "w", encoding="utf-8") as log:
         proc = subprocess.Popen([sys.executable, "-m", "prvr.harness.cli", "run", *job.args],
-                                stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
+                                stdout=log, stderr=subprocess.STDOUT)
     return proc, job
 
 

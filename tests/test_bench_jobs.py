@@ -49,6 +49,7 @@ def test_a_failed_run_is_named_with_its_log(capsys, tmp_path):
     (["--jobs", "0"], "--jobs must be at least 1, got 0"),
     (["--jobs", "many"], "--jobs expects a number of concurrent runs or 'auto', got 'many'"),
     (["--threads", "0"], "--threads must be at least 1, got 0"),
+    (["--threads", "0", "--jobs", "2"], "--threads must be at least 1, got 0"),
 ])
 def test_bad_jobs_or_threads(capsys, tmp_path, args, message):
     code = main(["bench", "--method", "baseline", "--dataset", "sim-tiny", "--out", str(tmp_path), "--quiet", *args])
