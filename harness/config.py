@@ -76,11 +76,12 @@ class SimConfig:
 class TrainConfig:
     epochs: int = 12
     batch_size: int = 128  # videos per batch, each with all its queries (MS-SL family: 128)
+    optimizer: str = "adamw"  # "adamw" | "bertadam" (harness/optim.py; the MS-SL family presets use bertadam)
     lr: float = 3e-4
-    weight_decay: float = 0.01
+    weight_decay: float = 0.01  # not on biases / norms (each optimizer's groups: harness/optim.py)
     warmup_frac: float = 0.05  # share of all steps with linear warm-up
-    decay: str = "cosine"  # "cosine" | "linear" | "constant" after warm-up
-    grad_clip: float = 5.0
+    decay: str = "cosine"  # "cosine" | "linear" | "constant" after warm-up, or "warmup_linear" (BertAdam's schedule)
+    grad_clip: float = 5.0  # gradient-norm bound, 0 = none: adamw clips the global norm, bertadam each parameter's
     patience: int = 5  # early stop after this many epochs without val SumR gain (MS-SL: 10 of 100 epochs)
     eval_every: int = 1
     num_workers: int = -1  # batch-building worker processes; -1: 4 with CUDA (keeps a GPU fed), 0 on CPU

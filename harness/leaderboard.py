@@ -19,7 +19,7 @@ from scipy import stats
 
 from prvr.harness import progress
 from prvr.harness.io import UserError, write_text
-from prvr.harness.records import load_record
+from prvr.harness.records import budget_label, load_record, run_protocol
 
 
 @dataclass(frozen=True)
@@ -98,14 +98,26 @@ def dataset_label(record: dict[str, Any]) -> str:
     return f"{record['dataset']} (export of {source})" if source else record["dataset"]
 
 
+def record_protocol(record: dict[str, Any]) -> dict[str, Any]:
+    """The run's budget, judged against its dataset's protocol as the presets state it now."""
+    return run_protocol(record.get("config", {}), record["dataset"])
+
+
 def build_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    groups: dict[tuple[str, str], list[dict]] = {}
+    """One row per (dataset, run name, budget): seeds trained under different budgets never
+    average together, and a row off its dataset's protocol is marked and gets no Δ."""
+    groups: dict[tuple[str, str, str], list[dict]] = {}
     for r in records:
-        groups.setdefault((dataset_label(r), r.get("run_name", r["method"])), []).append(r)
+        groups.setdefault((dataset_label(r), r.get("run_name", r["method"]), budget_label(record_protocol(r))),
+                          []).append(r)
     rows = []
-    for (dataset, name), recs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] != BASELINE, kv[0][1])):
+    for (dataset, name, budget), recs in sorted(groups.items(),
+                                                key=lambda kv: (kv[0][0], kv[0][1] != BASELINE, kv[0][1], kv[0][2])):
         recs = sorted(recs, key=lambda r: r["seed"])
-        row = {"dataset": dataset, "run": name, "method": recs[0]["method"], "backbone": recs[0].get("backbone", ""),
+        protocol = record_protocol(recs[0])
+        row = {"dataset": dataset, "run": name, "budget": budget, "on_protocol": protocol["follows_protocol"],
+               "protocol": budget_label(protocol["dataset_protocol"]),
+               "method": recs[0]["method"], "backbone": recs[0].get("backbone", ""),
                "relations": recs[0].get("relations", ""), "tag": recs[0].get("tag", ""),
                "seeds": [r["seed"] for r in recs], "n": len(recs),
                "commands": sorted({r.get("command", "") for r in recs} - {""})}
@@ -118,11 +130,11 @@ def build_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _add_significance(rows: list[dict[str, Any]]) -> None:
-    base = {r["dataset"]: r for r in rows if r["run"] == BASELINE}
+    base = {r["dataset"]: r for r in rows if r["run"] == BASELINE and r["on_protocol"]}
     for r in rows:
         b = base.get(r["dataset"])
         r["delta"], r["p"] = None, None
-        if b is None or r is b or not r["SumR"] or not b["SumR"]:
+        if b is None or r is b or not r["on_protocol"] or not r["SumR"] or not b["SumR"]:
             continue
         r["delta"] = float(np.mean(r["SumR"]) - np.mean(b["SumR"]))
         r["p"] = _p_value(dict(zip(r["seeds"], r["SumR"])), dict(zip(b["seeds"], b["SumR"])))
@@ -158,21 +170,21 @@ def fmt_delta(row: dict[str, Any]) -> str:
 
 
 def to_csv(rows: list[dict[str, Any]], reported: list[dict[str, Any]] | None = None) -> str:
-    header = ["dataset", "run", "method", "backbone", "relations", "tag", "n_seeds", "seeds"]
+    header = ["dataset", "run", "budget", "on_protocol", "method", "backbone", "relations", "tag", "n_seeds", "seeds"]
     for col in COLUMNS:
         header += [f"{col.name} mean", f"{col.name} std"]
     header += ["delta SumR vs baseline", "p", "source"]
     lines = [",".join(header)]
     for r in rows:
-        cells = [r["dataset"], r["run"], r["method"], r["backbone"], r["relations"], r["tag"], str(r["n"]),
-                 " ".join(map(str, r["seeds"]))]
+        cells = [r["dataset"], r["run"], r["budget"], str(r["on_protocol"]).lower(), r["method"], r["backbone"],
+                 r["relations"], r["tag"], str(r["n"]), " ".join(map(str, r["seeds"]))]
         for col in COLUMNS:
             v = r[col.name]
             cells += [f"{np.mean(v):.3f}" if v else "", f"{np.std(v, ddof=1):.3f}" if len(v) > 1 else ""]
         cells += ["" if r["delta"] is None else f"{r['delta']:.3f}", "" if r["p"] is None else f"{r['p']:.4f}", ""]
         lines.append(",".join(_csv_cell(c) for c in cells))
     for r in reported or []:
-        cells = [r["dataset"], f"{r['method']} (reported)", r["method"], "", "reported", r["features"], "0", ""]
+        cells = [r["dataset"], f"{r['method']} (reported)", "", "", r["method"], "", "reported", r["features"], "0", ""]
         for col in COLUMNS:
             cells += [f"{float(r[col.name]):.3f}" if col.name in r else "", ""]
         cells += ["", "", r["source"]]
@@ -184,12 +196,16 @@ def _csv_cell(text: str) -> str:
     return f'"{text}"' if "," in text or '"' in text else text
 
 
+def budget_cell(r: dict[str, Any]) -> str:
+    return r["budget"] if r["on_protocol"] else f"{r['budget']} (off protocol)"
+
+
 def table_cells(r: dict[str, Any]) -> list[str]:
-    return [r["dataset"], r["run"], r["backbone"], r["relations"], str(r["n"])] + [fmt(r[c.name]) for c in COLUMNS] \
-        + [fmt_delta(r)]
+    return [r["dataset"], r["run"], budget_cell(r), r["backbone"], r["relations"], str(r["n"])] \
+        + [fmt(r[c.name]) for c in COLUMNS] + [fmt_delta(r)]
 
 
-TABLE_HEADER = ["dataset", "run", "backbone", "relations", "seeds"] + [c.name for c in COLUMNS] + ["Δ SumR vs baseline"]
+TABLE_HEADER = ["dataset", "run", "budget", "backbone", "relations", "seeds"] + [c.name for c in COLUMNS] + ["Δ SumR vs baseline"]
 
 
 def to_markdown(rows: list[dict[str, Any]], reported: list[dict[str, Any]] | None = None) -> str:
@@ -199,6 +215,13 @@ def to_markdown(rows: list[dict[str, Any]], reported: list[dict[str, Any]] | Non
              "Test split, percent; mean ± sample std over seeds. Δ: difference of mean SumR to the `baseline` row "
              "of the same dataset (p: paired t-test over shared seeds; * p < 0.05). oracle SumR counts a hit when "
              "any truly relevant video is in the top K (simulated data only).", ""]
+    protocols = sorted({(r["dataset"], r["protocol"]) for r in rows})
+    if protocols:
+        lines += ["Protocol (every row of a dataset; the `budget` column shows each row's own, and a row "
+                  "off its dataset's protocol is marked and gets no Δ): "
+                  + "; ".join(f"{d}: at most {p.replace(' ep / stop ', ' epochs, early stop after ')} epochs "
+                              "without a val SumR gain, the best val SumR epoch tested" for d, p in protocols)
+                  + ".", ""]
     if commands:
         lines += ["Produced by (`nox -s bench -- ARGS` runs `prvr-bench bench ARGS`):", "", "```", *commands, "```", ""]
     lines += ["| " + " | ".join(TABLE_HEADER) + " |", "|" + "---|" * len(TABLE_HEADER)]
@@ -230,14 +253,15 @@ def rich_table(rows: list[dict[str, Any]], reported: list[dict[str, Any]] | None
     from rich.table import Table
 
     table = Table(title="prvr-bench leaderboard (test split, mean ± std over seeds)")
-    for h in ("dataset", "run", "seeds", *TERMINAL_COLUMNS, "Δ SumR"):
+    for h in ("dataset", "run", "budget", "seeds", *TERMINAL_COLUMNS, "Δ SumR"):
         table.add_column(h, justify="left" if h in ("dataset", "run") else "right", no_wrap=h == "run")
     for r in rows:
-        table.add_row(r["dataset"], r["run"], str(r["n"]), *[fmt(r[c]) for c in TERMINAL_COLUMNS], fmt_delta(r))
+        table.add_row(r["dataset"], r["run"], budget_cell(r), str(r["n"]), *[fmt(r[c]) for c in TERMINAL_COLUMNS],
+                      fmt_delta(r))
     datasets = {r["dataset"] for r in rows}
     for r in reported or []:
         if r["dataset"] in datasets:
-            table.add_row(r["dataset"], f"{r['method']} (reported, {r['features']})", "",
+            table.add_row(r["dataset"], f"{r['method']} (reported, {r['features']})", "", "",
                           *[f"{float(r[c]):.1f}" if c in r else "" for c in TERMINAL_COLUMNS], "", style="dim")
     return table
 

@@ -35,6 +35,33 @@ def run_tag(method: str, relations: str, default_relations: str, backbone: str, 
     return name
 
 
+SELECTION = "val SumR"  # the model-selection rule of every run: the epoch with the best validation SumR
+
+
+def dataset_protocol(dataset: str) -> dict[str, Any]:
+    """The training budget every row of `dataset` follows: its preset's `train.epochs` and
+    `train.patience` (dataclass defaults where the preset is silent) and the selection rule."""
+    from prvr.harness.config import TrainConfig, load_yaml
+    from prvr.harness.registry import DATASETS
+
+    train = (load_yaml(DATASETS.get(dataset).preset).get("train") or {}) if dataset in DATASETS else {}
+    return {"epochs": int(train.get("epochs", TrainConfig.epochs)),
+            "patience": int(train.get("patience", TrainConfig.patience)), "selection": SELECTION}
+
+
+def run_protocol(config: dict[str, Any], dataset: str) -> dict[str, Any]:
+    """The budget a run was trained under (from its resolved config) and whether it is the
+    dataset's protocol."""
+    train = config.get("train", {}) if isinstance(config, dict) else {}
+    own = {"epochs": train.get("epochs"), "patience": train.get("patience"), "selection": SELECTION}
+    expected = dataset_protocol(dataset)
+    return {**own, "dataset_protocol": expected, "follows_protocol": own == expected}
+
+
+def budget_label(protocol: dict[str, Any]) -> str:
+    return f"{protocol['epochs']} ep / stop {protocol['patience']}"
+
+
 def record_path(out: str | Path, dataset: str, run_name: str, seed: int) -> Path:
     return Path(out) / "runs" / dataset / run_name / f"seed{seed}.json"
 

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from prvr.harness import progress
-from prvr.harness.records import provenance, record_path, run_tag, write_record
+from prvr.harness.records import provenance, record_path, run_protocol, run_tag, write_record
 from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS
 from prvr.harness.timing import Timings
 from prvr.harness.trainer import Trainer, device_name, seed_everything
@@ -47,6 +47,7 @@ def run_one(cfg, out: str | Path, resume: bool = False, tag: str = "", hooks: li
         "relations": cfg.relations.name, "run_name": name, "tag": tag, "command": command,
         "config": cfg.to_dict(),
         "provenance": {**provenance(device_name(trainer.device)), "data": _data_facts(data)},
+        "protocol": run_protocol(cfg.to_dict(), cfg.dataset),
         "timings": timings.as_dict(),
         "best_epoch": trainer.best["epoch"], "epochs_run": trainer.epoch,
         "metrics": {"val": _keep(val), "test": _keep(test)},

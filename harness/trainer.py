@@ -1,6 +1,7 @@
 """Training loop shared by every method.
 
-AdamW with linear warm-up then cosine / linear decay; early stopping on validation SumR
+The optimizer and schedule are registered parts (harness/optim.py: `train.optimizer`
+adamw | bertadam, `train.decay`); early stopping on validation SumR
 with patience; the best checkpoint is kept and the test split is evaluated with it.
 Hooks run at epoch start / end and after each step, so detectors can refresh per-epoch
 state. Checkpoints are written atomically every epoch and loaded with weights_only=True;
@@ -25,6 +26,7 @@ from prvr.datasets.loader import Batcher, epoch_batches, make_loader
 from prvr.harness import progress
 from prvr.harness.evaluate import compute_ranks, metrics_from_ranks
 from prvr.harness.io import atomic_path
+from prvr.harness.optim import build_optimizer, lr_lambda
 from prvr.harness.timing import Timings
 
 
@@ -63,22 +65,6 @@ def device_name(device: torch.device) -> str:
     return f"cpu ({torch.get_num_threads()} threads)"
 
 
-def lr_lambda(total_steps: int, warmup_frac: float, decay: str) -> Callable[[int], float]:
-    warm = max(1, int(round(warmup_frac * total_steps)))
-
-    def f(step: int) -> float:
-        if step < warm:
-            return (step + 1) / warm
-        t = min(1.0, (step - warm) / max(1, total_steps - warm))
-        if decay == "cosine":
-            return 0.5 * (1 + math.cos(math.pi * t))
-        if decay == "linear":
-            return 1.0 - t
-        return 1.0
-
-    return f
-
-
 class Trainer:
     def __init__(self, cfg, data, model: torch.nn.Module, spec, detector, ckpt_dir: Path,
                  hooks: list | None = None, timings: Timings | None = None) -> None:
@@ -91,10 +77,7 @@ class Trainer:
         self.batchers = {name: Batcher(split, cfg.data) for name, split in data.splits.items()}
         self.has_queries = np.array([len(q) > 0 for q in self.batchers["train"].video_queries])
         self.steps_per_epoch = math.ceil(self.has_queries.sum() / cfg.train.batch_size)
-        decay, no_decay = _param_groups(model)
-        self.optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": cfg.train.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=cfg.train.lr)
+        self.optimizer, self.optimizer_spec = build_optimizer(model, cfg.train)
         total = self.steps_per_epoch * cfg.train.epochs
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(total, cfg.train.warmup_frac, cfg.train.decay))
@@ -166,7 +149,7 @@ class Trainer:
         out = self.spec.objective(self.cfg.loss, scores, relations, ctx)
         self.optimizer.zero_grad(set_to_none=True)
         out["loss"].backward()
-        if self.cfg.train.grad_clip > 0:
+        if self.cfg.train.grad_clip > 0 and not self.optimizer_spec.clips_inside:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip)
         self.optimizer.step()
         self.scheduler.step()
@@ -268,15 +251,6 @@ def cat_padded(tensors: list[torch.Tensor]) -> torch.Tensor:
         out[start : start + len(t), : t.shape[1]] = t
         start += len(t)
     return out
-
-
-def _param_groups(model: torch.nn.Module) -> tuple[list, list]:
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        (no_decay if p.dim() < 2 or "pos" in name else decay).append(p)
-    return decay, no_decay
 
 
 def _mix(seed: int, step: int) -> int:

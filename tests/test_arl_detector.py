@@ -34,13 +34,16 @@ def _batch(relevant):
                            query_item=torch.tensor([0, 1]), relevant=relevant)
 
 
-def _detector(variant="full"):
-    det = ArlDetector(resolve("arl", "sim-tiny", 0, [f"loss.variant={variant}"]))
+def _detector(variant="full", frame_thresholds="video", tau_frame=(0.5, 0.3)):
+    """A detector on the hand-made batch, comparing the given (training) similarities."""
+    det = ArlDetector(resolve("arl", "sim-tiny", 0, [f"loss.variant={variant}", "arl.similarity=train",
+                                                     f"arl.frame_thresholds={frame_thresholds}"]))
     det.setup(None)
     det.active = True
     det.views = [(b, f"query.{b}", f"frames.{b}") for b in ("theta", "phi")]
     det.stats = {b: BranchStats(QUERY_U, FRAME_U[b], torch.ones(2, 2, dtype=torch.bool), torch.zeros(2),
-                                tau_s=0.5, tau_u=0.3) for b in ("theta", "phi")}
+                                tau_s=0.5, tau_u=0.3, tau_s_frame=tau_frame[0], tau_u_frame=tau_frame[1])
+                 for b in ("theta", "phi")}
     return det
 
 
@@ -62,6 +65,49 @@ def test_eq6_7_text_video_and_text_frame_detection_hand_computed():
     # the top level is the union, with confidence = share of the branches that detected a pair
     assert rel.ambiguous.tolist() == [[False, True], [True, False]]
     assert rel.confidence.tolist() == [[1.0, 0.5], [0.5, 1.0]]
+
+
+def test_frame_level_thresholds_come_from_the_frame_distributions():
+    """Default reading: text-frame pairs compare with tau_s^f / tau_u^f, text-video pairs keep tau_s / tau_u."""
+    rel = _detector(frame_thresholds="frame", tau_frame=(0.35, 0.3)).detect(_batch(None), _outputs())
+    assert rel.detected["theta"].ambiguous.tolist() == [[False, True], [False, False]]  # unchanged
+    # theta frames with s^f > 0.35 and u^f > 0.3: q0 x (v0 f1: 0.55, u 0.45), (v1 f0: 0.6, u 0.45);
+    # q1 x v0 f1 (0.7, u (0.1 + 0.4) / 2 = 0.25) fails on u; q0's best frame (v0 f0) is its positive.
+    assert rel.detected["theta"].frame_ambiguous.nonzero().tolist() == [[0, 0, 1], [0, 1, 0]]
+    low = _detector(frame_thresholds="frame", tau_frame=(0.15, 0.15)).detect(_batch(None), _outputs())
+    # u^f > 0.15 now admits (q1, v0 f1) (u 0.25); s^f > 0.15 admits q0's v1 f1 (0.2, u (0.5 + 0) / 2 = 0.25)
+    assert low.detected["theta"].frame_ambiguous.nonzero().tolist() == [[0, 0, 1], [0, 1, 0], [0, 1, 1],
+                                                                        [1, 0, 1]]
+    video = _detector(frame_thresholds="video", tau_frame=(0.15, 0.15)).detect(_batch(None), _outputs())
+    assert video.detected["theta"].frame_ambiguous.nonzero().tolist() == [[0, 0, 1], [0, 1, 0]]
+
+
+def test_eval_similarity_reading_detects_on_an_eval_mode_pass(tiny):
+    """arl.similarity=eval compares tau_s with the batch scored with dropout off (the kind of
+    the per-epoch pass); the model's training mode is restored."""
+    cfg, data, batcher = tiny
+    torch.manual_seed(0)
+    model = BACKBONES.get("arl")(cfg.model, data.video_dim, data.query_dim).train()
+    trainer = SimpleNamespace(model=model, batchers={"train": batcher}, device=torch.device("cpu"))
+    batch = batcher.train_batch(np.arange(8))
+    found = {}
+    for reading in ("eval", "train"):
+        det = ArlDetector(resolve("arl", "sim-tiny", 0, [f"arl.similarity={reading}"]))
+        det.setup(data)
+        det.on_epoch_start(trainer, epoch=5)
+        for st in det.stats.values():  # thresholds low enough that every pair passes on similarity
+            st.tau_s, st.tau_u = -1.0, -1.0
+        if reading == "train":  # feed it eval-mode outputs: it must then agree with the eval reading
+            model.eval()
+        with torch.no_grad():
+            q, v = model.encode_queries(batch.queries), model.encode_videos(batch.videos)
+            out = {"queries": q, "videos": v, "scores": model.score(q, v)}
+        model.train()
+        torch.manual_seed(1)
+        found[reading] = det.detect(batch, out)
+        assert model.training
+    assert torch.equal(found["eval"].ambiguous, found["train"].ambiguous)
+    assert torch.equal(found["eval"].detected["theta"].frame_ambiguous, found["train"].detected["theta"].frame_ambiguous)
 
 
 def test_cross_model_hand_off():
@@ -127,6 +173,12 @@ def test_epoch_statistics_match_a_naive_computation(tiny):
         labelled = s[torch.arange(split.num_queries), torch.as_tensor(split.query_video)]
         assert torch.allclose(st.positive_similarity, labelled, atol=1e-5)
         assert st.tau_s == pytest.approx(float(labelled.mean()), abs=1e-5)
+        own = sims[torch.arange(split.num_queries), torch.as_tensor(split.query_video)]  # [Nq, T]
+        own_mask = mask[torch.as_tensor(split.query_video)]
+        frame_mean = (own * own_mask).sum(1) / own_mask.sum(1)
+        assert st.tau_s_frame == pytest.approx(float(frame_mean.mean()), abs=1e-5)
+        uf = 0.5 * (uq[:, None, None] + uv[None])  # u^f over every (query, frame) pair
+        assert st.tau_u_frame == pytest.approx(float(uf[:, mask].mean()), abs=1e-5)
         assert torch.allclose(st.probe_similarity, s[pq][:, pv], atol=1e-5)
 
 

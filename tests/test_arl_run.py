@@ -135,7 +135,7 @@ def test_preset_takes_gmmformer_settings_and_the_oracle_feeds_ambiguous_sets():
     anet = resolve("arl", "activitynet", 0)
     assert (anet.train.lr, anet.loss.margin, anet.loss.margin_a, anet.loss.lambda_nce) == (2.5e-4, 0.2, 0.1, 0.02)
     sim = resolve("arl", "sim-tvr", 0)
-    assert sim.train.epochs == 12 and sim.loss.margin == 0.1 and sim.relations.oracle_mode == "ignore"
+    assert sim.train.epochs == 30 and sim.loss.margin == 0.1 and sim.relations.oracle_mode == "ignore"
 
 
 def test_smoke_run_writes_detection_stats_and_fig4(tmp_path):

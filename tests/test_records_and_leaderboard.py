@@ -16,7 +16,8 @@ from prvr.harness.records import load_record, record_path, write_record
 DATA = Path(__file__).parent / "data"
 
 
-def fake_record(seed, sumr, method="baseline", run_name=None, relations="none", oracle=None, buckets=True):
+def fake_record(seed, sumr, method="baseline", run_name=None, relations="none", oracle=None, buckets=True,
+                epochs=12):
     r1 = sumr / 10
     test = {"R@1": r1, "R@5": 2 * r1, "R@10": 3 * r1, "R@100": 4 * r1, "SumR": sumr,
             "buckets": {"short": {"SumR": sumr - 1}, "medium": {"SumR": sumr}, "long": {"SumR": sumr + 1}}
@@ -24,11 +25,28 @@ def fake_record(seed, sumr, method="baseline", run_name=None, relations="none", 
             "oracle": {"SumR": oracle} if oracle is not None else {}}
     return {"method": method, "dataset": "sim-x", "seed": seed, "backbone": "dual-branch", "relations": relations,
             "run_name": run_name or method, "tag": "", "command": "prvr-bench bench --seeds 0 1 2",
-            "config": {}, "provenance": {}, "metrics": {"val": test, "test": test}}
+            "config": {"train": {"epochs": epochs, "patience": 5}}, "provenance": {},
+            "metrics": {"val": test, "test": test}}
 
 
 def store(root, rec):
     write_record(record_path(root, rec["dataset"], rec["run_name"], rec["seed"]), rec)
+
+
+def test_rows_off_the_protocol_are_their_own_marked_rows_without_delta(tmp_path):
+    """sim-x is unregistered, so its protocol is the dataclass budget (12 epochs, early stop 5)."""
+    for seed in (0, 1):
+        store(tmp_path, fake_record(seed, 150.0 + seed))
+        store(tmp_path, fake_record(seed, 170.0, run_name="arl", method="arl"))
+    store(tmp_path, fake_record(2, 190.0, run_name="arl", method="arl", epochs=30))  # another budget
+    rows = {(r["run"], r["budget"]): r for r in leaderboard.rebuild(tmp_path, show=False)}
+    on, off = rows[("arl", "12 ep / stop 5")], rows[("arl", "30 ep / stop 5")]
+    assert on["SumR"] == [170.0, 170.0] and off["SumR"] == [190.0]  # never averaged together
+    assert on["on_protocol"] and not off["on_protocol"]
+    assert on["delta"] == pytest.approx(19.5) and off["delta"] is None
+    md = (tmp_path / "leaderboard.md").read_text()
+    assert "30 ep / stop 5 (off protocol)" in md
+    assert "sim-x: at most 12 epochs, early stop after 5 epochs without a val SumR gain" in md
 
 
 def test_records_from_older_versions_keep_loading():
@@ -82,7 +100,7 @@ def test_leaderboard_means_spreads_and_significance(tmp_path):
     assert "prvr-bench bench --seeds 0 1 2" in md and "| sim-x | baseline+oracle |" in md
     csv = (tmp_path / "leaderboard.csv").read_text().splitlines()
     measured = [line for line in csv[1:] if ",reported," not in line]
-    assert csv[0].startswith("dataset,run,method") and len(measured) == 2
+    assert csv[0].startswith("dataset,run,budget,on_protocol,method") and len(measured) == 2
 
 
 def test_partial_metric_gives_empty_cell(tmp_path):
@@ -114,7 +132,7 @@ def test_reported_rows_are_separate_and_name_their_source(tmp_path):
     md = leaderboard.to_markdown([], reported)
     assert "## Reported in the papers" in md and "ARL Table 1" in md
     csv_rows = list(csv.reader(io.StringIO(leaderboard.to_csv([], reported))))
-    assert csv_rows[0][-1] == "source" and all(row[4] == "reported" for row in csv_rows[1:])
+    assert csv_rows[0][-1] == "source" and all(row[6] == "reported" for row in csv_rows[1:])
 
 
 def test_reported_file_with_missing_key_is_a_clear_error(tmp_path):

@@ -7,7 +7,7 @@ from prvr.harness.config import resolve
 from prvr.harness.io import UserError
 from prvr.harness.records import load_record
 from prvr.harness.runner import run_one
-from prvr.harness.trainer import lr_lambda
+from prvr.harness.optim import lr_lambda
 
 TINY = ["train.epochs=4", "train.patience=10"]
 

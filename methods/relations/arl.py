@@ -56,6 +56,16 @@ class ArlDetectorConfig:
     """Section `arl`: knobs of the detector's per-epoch pass (not of the method)."""
 
     video_chunk: int = 64  # videos encoded at once in the per-epoch uncertainty pass
+    # Which batch similarities are compared with tau_s. "eval": a no-grad eval-mode pass of the
+    # batch, the same kind as the per-epoch pass that sets tau_s (dropout off); "train": the
+    # training forward's (dropout on), the earlier reading, which scores positives lower
+    # (0.34 vs 0.40 at one checkpoint) and so finds about a fifth of the pairs.
+    similarity: str = "eval"
+    # Text-frame thresholds (Eq. 6-7 "with s and u substituted with s^f and u^f"). "frame":
+    # tau_s^f = mean cosine of a query with the frames of its labelled video, tau_u^f = mean
+    # text-frame uncertainty over all (query, frame) pairs; "video": reuse the text-video tau_s
+    # and tau_u (the earlier reading: under 1e-4 of frames pass from epoch 10 on).
+    frame_thresholds: str = "frame"
     probe_queries: int = 2048  # Fig. 4: queries sampled for the unpaired-pair distributions
     probe_videos: int = 64  # Fig. 4: videos sampled (every sampled query against every sampled video)
 
@@ -215,6 +225,8 @@ class BranchStats:
     positive_similarity: torch.Tensor  # s(q_i, V_labelled(i)) [Nq]
     tau_s: float
     tau_u: float
+    tau_s_frame: float  # tau_s^f: mean cosine of a query with its labelled video's real frames
+    tau_u_frame: float  # tau_u^f: mean of u^f over all (query, real frame) pairs
     probe_similarity: torch.Tensor | None = None  # [n_probe_queries, n_probe_videos] (Fig. 4)
 
 
@@ -225,10 +237,23 @@ def branch_views(model) -> list[tuple[str, str, str]]:
     return views() if views else [("frame", "query", "frame")]
 
 
-def positive_similarity(queries: torch.Tensor, frames: torch.Tensor, frame_mask: torch.Tensor) -> torch.Tensor:
-    """s(q_i, V_i) (Eq. 3) of aligned rows: queries [n, d], their videos' frames [n, T, d]."""
+def positive_similarity(queries: torch.Tensor, frames: torch.Tensor,
+                        frame_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Of aligned rows (queries [n, d], their videos' frames [n, T, d]): s(q_i, V_i) (Eq. 3,
+    the best frame) and the mean s^f(q_i, v_ik) over the real frames."""
     sims = torch.einsum("nd,ntd->nt", F.normalize(queries, dim=-1), F.normalize(frames, dim=-1))
-    return sims.masked_fill(~frame_mask, float("-inf")).amax(1)
+    best = sims.masked_fill(~frame_mask, float("-inf")).amax(1)
+    mean = (sims * frame_mask).sum(1) / frame_mask.sum(1).clamp(min=1)
+    return best, mean
+
+
+def frame_thresholds(positive_frame_mean: torch.Tensor, query_u: torch.Tensor, frame_u: torch.Tensor,
+                     frame_mask: torch.Tensor) -> tuple[float, float]:
+    """Text-frame thresholds (Eq. 6-7 with s^f, u^f): tau_s^f = mean over labelled pairs of the
+    mean text-frame similarity of the labelled video; tau_u^f = mean over all (query, real
+    frame) pairs of u^f = (U^q + U^v_jk) / 2 = (mean U^q + mean over real frames of U^v) / 2."""
+    frame_mean = (frame_u * frame_mask).sum() / frame_mask.sum().clamp(min=1)
+    return float(positive_frame_mean.mean()), float(0.5 * (query_u.mean() + frame_mean))
 
 
 @torch.no_grad()
@@ -247,6 +272,7 @@ def epoch_statistics(model, batcher, device: torch.device, video_chunk: int = 64
     passes = {b: UncertaintyPass(queries[qk]) for b, qk, _ in views}
     frame_u = {b: torch.zeros(split.num_videos, longest, device=device) for b, _, _ in views}
     pos_sim = {b: torch.zeros(split.num_queries, device=device) for b, _, _ in views}
+    pos_frame = {b: torch.zeros(split.num_queries, device=device) for b, _, _ in views}
     probe_sim = {b: torch.zeros(len(probe[0]), len(probe[1]), device=device) for b, _, _ in views} if probe else {}
     mask_all = torch.zeros(split.num_videos, longest, dtype=torch.bool, device=device)
     for start in range(0, split.num_videos, video_chunk):
@@ -262,14 +288,16 @@ def epoch_statistics(model, batcher, device: torch.device, video_chunk: int = 64
             frames = out[fk]
             frame_u[b][idx[0] : idx[-1] + 1, : mask.shape[1]] = passes[b].add_videos(frames, mask)
             if len(qs):
-                pos_sim[b][qs] = positive_similarity(queries[qk][qs], frames[item], mask[item])
+                pos_sim[b][qs], pos_frame[b][qs] = positive_similarity(queries[qk][qs], frames[item], mask[item])
             if probe:
                 _probe_chunk(probe_sim[b], probe, idx, queries[qk], frames, mask)
     stats = {}
     for b, _, _ in views:
         query_u = passes[b].query_uncertainty()
         tau_s, tau_u = thresholds(pos_sim[b], query_u, frame_u[b], mask_all)
-        stats[b] = BranchStats(query_u, frame_u[b], mask_all, pos_sim[b], tau_s, tau_u, probe_sim.get(b))
+        tau_sf, tau_uf = frame_thresholds(pos_frame[b], query_u, frame_u[b], mask_all)
+        stats[b] = BranchStats(query_u, frame_u[b], mask_all, pos_sim[b], tau_s, tau_u, tau_sf, tau_uf,
+                               probe_sim.get(b))
     model.train(was_training)
     return stats
 
@@ -324,6 +352,7 @@ class ArlDetector(Detector):
         self.active = self.variant.text_video and epoch >= self.warmup
         self.stats = {}
         self.views = branch_views(trainer.model)
+        self.model = trainer.model
         if self.active:
             start = time.perf_counter()
             self.stats = epoch_statistics(trainer.model, trainer.batchers["train"], trainer.device,
@@ -341,6 +370,8 @@ class ArlDetector(Detector):
             return base
         pos = base.positive
         mask = batch.videos.frame_mask
+        if self.settings.similarity == "eval":
+            outputs = self._eval_outputs(batch)
         detected = {}
         for b, qk, fk in self.views:
             sims = self._frame_sims(outputs, b, (qk, fk))
@@ -350,6 +381,18 @@ class ArlDetector(Detector):
         union.branches, union.detected = trained, detected
         self._count(batch, pos, mask, detected, trained, union)
         return union
+
+    @torch.no_grad()
+    def _eval_outputs(self, batch) -> dict:
+        """The batch's encodings and scores with the model in eval mode (dropout off), the kind
+        of similarity the per-epoch pass that sets tau_s computes."""
+        model, was_training = self.model, self.model.training
+        model.eval()
+        try:
+            q, v = model.encode_queries(batch.queries), model.encode_videos(batch.videos)
+            return {"queries": q, "videos": v, "scores": model.score(q, v)}
+        finally:
+            model.train(was_training)
 
     @staticmethod
     def _frame_sims(outputs: dict, branch: str, keys: tuple[str, str]) -> torch.Tensor:
@@ -369,7 +412,9 @@ class ArlDetector(Detector):
         amb = ambiguous_pairs(similarity, pair_uncertainty(query_u, frame_u, best), st.tau_s, st.tau_u) & ~pos
         frame_amb = None
         if self.variant.text_frame:
-            frame_amb = ambiguous_pairs(sims, frame_pair_uncertainty(query_u, frame_u), st.tau_s, st.tau_u) & mask[None]
+            tau_s, tau_u = ((st.tau_s_frame, st.tau_u_frame) if self.settings.frame_thresholds == "frame"
+                            else (st.tau_s, st.tau_u))
+            frame_amb = ambiguous_pairs(sims, frame_pair_uncertainty(query_u, frame_u), tau_s, tau_u) & mask[None]
             qi, vj = pos.nonzero(as_tuple=True)
             frame_amb[qi, vj, best[qi, vj]] = False  # a labelled pair's best frame is its positive
         return ArlRelations(pos, amb, pos.float() + amb.float(), frame_amb)
@@ -399,7 +444,8 @@ class ArlDetector(Detector):
         report: dict = {"active": True, "uncertainty_pass_s": round(self.pass_seconds, 3),
                         "cross_model": self.variant.cross_model}
         for b, st in self.stats.items():
-            report[b] = {"tau_s": round(st.tau_s, 5), "tau_u": round(st.tau_u, 5)}
+            report[b] = {"tau_s": round(st.tau_s, 5), "tau_u": round(st.tau_u, 5),
+                         "tau_s_frame": round(st.tau_s_frame, 5), "tau_u_frame": round(st.tau_u_frame, 5)}
         for name, c in self.counts.items():
             r = report.setdefault(name, {})
             r["ambiguous_pairs"] = int(c["pairs"])
