@@ -13,9 +13,16 @@ PRESETS = Path(__file__).parent / "presets"
 
 @dataclass(frozen=True)
 class DatasetSpec:
-    """A registered dataset: `load(config)` returns its PRVRData; `preset` holds its defaults."""
+    """A registered dataset: `load(config)` returns its PRVRData (the `loader`'s, with the
+    selection split checked and, with data.val_from_train, re-made: datasets/selection.py);
+    `preset` holds its defaults."""
 
     name: str
-    load: Callable[..., PRVRData]
+    loader: Callable[..., PRVRData]
     preset: Path
     simulated: bool = False
+
+    def load(self, cfg) -> PRVRData:
+        from prvr.datasets import selection
+
+        return selection.apply(self.loader(cfg), cfg)

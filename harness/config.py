@@ -40,6 +40,7 @@ class DataConfig:
     # clamped boundaries; the real-layout presets use it), "even" splits rows evenly (the
     # simulated presets, whose committed runs were made with it). See datasets/loader.py.
     pooling: str = "even"
+    val_from_train: int = 0  # N > 0: N training videos (with all their queries) become the selection split (datasets/selection.py)
     preload: bool = False  # real datasets: copy video and query features into RAM instead of memory-mapping them
 
 

@@ -100,7 +100,8 @@ def dataset_label(record: dict[str, Any]) -> str:
 
 def record_protocol(record: dict[str, Any]) -> dict[str, Any]:
     """The run's budget, judged against its dataset's protocol as the presets state it now."""
-    return run_protocol(record.get("config", {}), record["dataset"])
+    data = record.get("provenance", {}).get("data", {}) if isinstance(record.get("provenance"), dict) else {}
+    return run_protocol(record.get("config", {}), record["dataset"], data.get("selection"))
 
 
 def build_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -226,6 +227,11 @@ def to_markdown(rows: list[dict[str, Any]], reported: list[dict[str, Any]] | Non
         lines += ["Produced by (`nox -s bench -- ARGS` runs `prvr-bench bench ARGS`):", "", "```", *commands, "```", ""]
     lines += ["| " + " | ".join(TABLE_HEADER) + " |", "|" + "---|" * len(TABLE_HEADER)]
     lines += ["| " + " | ".join(table_cells(r)) + " |" for r in rows]
+    if any("val = test" in r["budget"] for r in rows):
+        lines += ["", "Rows whose budget says *on val = test queries* selected their epoch on a val split that holds "
+                  "the test queries (compared by content: datasets/selection.py), as the published MS-SL family "
+                  "figures appear to; `--set data.val_from_train=N` selects on N held-out training videos instead, "
+                  "and such rows never average with these."]
     if reported:
         head = ["dataset", "method", "features", "R@1", "R@5", "R@10", "R@100", "SumR", "source"]
         lines += ["", "## Reported in the papers", "",

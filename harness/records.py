@@ -49,17 +49,33 @@ def dataset_protocol(dataset: str) -> dict[str, Any]:
             "patience": int(train.get("patience", TrainConfig.patience)), "selection": SELECTION}
 
 
-def run_protocol(config: dict[str, Any], dataset: str) -> dict[str, Any]:
-    """The budget a run was trained under (from its resolved config) and whether it is the
-    dataset's protocol."""
+def selection_rule(config: dict[str, Any], selection: dict[str, Any] | None) -> str:
+    """The selection rule with the split it used: the dataset's val, N held-out training videos
+    (data.val_from_train), or a val split that holds the test queries (datasets/selection.py)."""
+    n = (config.get("data") or {}).get("val_from_train", 0) if isinstance(config, dict) else 0
+    if n:
+        return f"{SELECTION} on {n} held-out train videos"
+    if selection and selection.get("val_is_test"):
+        return f"{SELECTION} on val = test queries"
+    return SELECTION
+
+
+def run_protocol(config: dict[str, Any], dataset: str, selection: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The budget a run was trained under (from its resolved config and, for the selection
+    split, its data facts) and whether it is the dataset's protocol."""
     train = config.get("train", {}) if isinstance(config, dict) else {}
-    own = {"epochs": train.get("epochs"), "patience": train.get("patience"), "selection": SELECTION}
+    own = {"epochs": train.get("epochs"), "patience": train.get("patience"), "selection": selection_rule(config, selection)}
     expected = dataset_protocol(dataset)
-    return {**own, "dataset_protocol": expected, "follows_protocol": own == expected}
+    # A val split that holds the test queries still follows the budget; the rule says so, and
+    # the label keeps such rows apart from rows selected on held-out data.
+    follows = own["epochs"] == expected["epochs"] and own["patience"] == expected["patience"]
+    return {**own, "dataset_protocol": expected, "follows_protocol": follows}
 
 
 def budget_label(protocol: dict[str, Any]) -> str:
-    return f"{protocol['epochs']} ep / stop {protocol['patience']}"
+    label = f"{protocol['epochs']} ep / stop {protocol['patience']}"
+    rule = protocol.get("selection", SELECTION)
+    return label if rule == SELECTION else f"{label}, {rule.removeprefix(SELECTION + ' ')}"
 
 
 def record_path(out: str | Path, dataset: str, run_name: str, seed: int) -> Path:

@@ -47,7 +47,7 @@ def run_one(cfg, out: str | Path, resume: bool = False, tag: str = "", hooks: li
         "relations": cfg.relations.name, "run_name": name, "tag": tag, "command": command,
         "config": cfg.to_dict(),
         "provenance": {**provenance(device_name(trainer.device)), "data": _data_facts(data)},
-        "protocol": run_protocol(cfg.to_dict(), cfg.dataset),
+        "protocol": run_protocol(cfg.to_dict(), cfg.dataset, data.meta.get("selection")),
         "timings": timings.as_dict(),
         "best_epoch": trainer.best["epoch"], "epochs_run": trainer.epoch,
         "metrics": {"val": _keep(val), "test": _keep(test)},
@@ -67,7 +67,7 @@ def _keep(metrics: dict) -> dict:
 
 def _data_facts(data) -> dict:
     facts = {"name": data.name}
-    for key in ("generator_version", "test", "train"):
+    for key in ("generator_version", "test", "train", "selection"):
         if key in data.meta:
             facts[key] = data.meta[key]
     return facts
