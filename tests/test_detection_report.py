@@ -1,0 +1,37 @@
+"""`prvr-bench detection`: per-epoch detection figures averaged over a run's seeds."""
+
+import pytest
+
+from prvr.harness.cli import main
+from prvr.harness.detection import epoch_rows
+from prvr.harness.records import record_path, write_record
+
+
+def _record(seed, precision):
+    history = [{"epoch": 0, "relations": {"active": False}}]
+    for epoch, p in enumerate(precision, start=1):
+        history.append({"epoch": epoch, "relations": {
+            "active": True,
+            "theta": {"tau_s": 0.4, "tau_u": 0.1, "tau_s_frame": 0.2, "tau_u_frame": 0.1, "frame_share": 0.25},
+            "union": {"per_query": 1.0 + seed, "precision": p, "recall": 0.5}}})
+    return {"method": "arl", "dataset": "sim-x", "seed": seed, "run_name": "arl", "config": {}, "provenance": {},
+            "metrics": {"val": {}, "test": {}}, "history": history}
+
+
+def test_epochs_average_over_seeds_and_skip_inactive_epochs():
+    rows = epoch_rows([_record(0, [0.1, None]), _record(1, [0.3, 0.2])], "union")
+    assert [r["epoch"] for r in rows] == [2, 3]  # 1-based; the warm-up epoch has no report
+    assert rows[0]["precision"] == pytest.approx(0.2) and rows[0]["seeds"] == 2
+    assert rows[1]["precision"] == pytest.approx(0.2)  # None (no pair detected) is left out
+    assert rows[0]["per_query"] == pytest.approx(1.5) and rows[0]["frame_share"] == 0.25
+
+
+def test_command_writes_the_table(tmp_path, capsys):
+    for seed in (0, 1):
+        write_record(record_path(tmp_path, "sim-x", "arl", seed), _record(seed, [0.1, 0.2]))
+    main(["detection", "--run", "arl", "--dataset", "sim-x", "--out", str(tmp_path)])
+    md = (tmp_path / "ablations" / "sim-x" / "arl_detection.md").read_text()
+    assert "| 2 | 2 | 1.5000 | 0.1000 | 0.5000 | 0.2500 |" in md
+    assert f"prvr-bench detection --run arl --dataset sim-x --part union --out {tmp_path}" in md
+    assert main(["detection", "--run", "nosuch", "--dataset", "sim-x", "--out", str(tmp_path)]) == 2
+    assert "no run records under" in capsys.readouterr().err
