@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -207,8 +208,9 @@ def cmd_config(args: argparse.Namespace) -> None:
 
 
 def _command_line() -> str:
-    """The command as a user would type it (no paths of this machine)."""
-    return " ".join(["prvr-bench", *sys.argv[1:]])
+    """The command as a user would type it (no paths of this machine), quoted for the shell so
+    that it runs again as stored."""
+    return shlex.join(["prvr-bench", *sys.argv[1:]])
 
 
 COMMANDS = {"run": cmd_run, "bench": cmd_bench, "leaderboard": cmd_leaderboard, "list": cmd_list,

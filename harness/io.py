@@ -1,13 +1,30 @@
-"""Atomic file writes and friendly errors for the files the harness owns."""
+"""Atomic file writes and friendly errors for the files the harness owns.
+
+A write goes to a hidden temporary beside its target, `.NAME.HOST-PID.RANDOM.tmp`, renamed
+over the target once complete, so a reader never sees half a file. A writer killed
+mid-write (kill -9, power loss) leaves its temporary behind; the next write into the same
+folder removes it once its writer is known to be gone: written on this host, by a process
+that no longer exists, and untouched for a minute. Temporaries from other hosts (a shared
+folder) are left alone: their pids mean nothing here. Files get the mode the umask allows
+(0o666 & ~umask), like any file the user creates.
+"""
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
+import re
+import secrets
+import shutil
+import socket
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
+
+HOST = re.sub(r"[^A-Za-z0-9_]", "_", socket.gethostname())[:40] or "host"
+TEMPORARY = re.compile(r"\.(?P<name>.+)\.(?P<host>\w+)-(?P<pid>\d+)\.[0-9a-f]{8}\.tmp")
+STALE_AFTER_S = 60.0  # a dead writer's temporary is removed only once untouched this long
 
 
 class UserError(Exception):
@@ -22,15 +39,68 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     """
     path = Path(path)
     ensure_dir(path.parent)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp_path = Path(tmp)
+    tmp_path = temporary_beside(path)
     try:
         yield tmp_path
         os.replace(tmp_path, path)
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+
+
+def temporary_beside(path: Path, folder: bool = False) -> Path:
+    """Create a hidden temporary file (or folder) in `path`'s folder, named after `path` and
+    this writer, with the umask's mode; stale temporaries there are removed first."""
+    remove_stale_temporaries(path.parent)
+    while True:
+        tmp = path.parent / f".{path.name}.{HOST}-{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        try:
+            if folder:
+                os.mkdir(tmp, 0o777)  # the kernel applies the umask
+            else:
+                os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+            return tmp
+        except FileExistsError:
+            continue
+
+
+def remove_stale_temporaries(folder: Path) -> list[Path]:
+    """Remove the temporaries in `folder` whose writer is gone (see the module docstring)."""
+    removed = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    now = time.time()
+    for entry in entries:
+        m = TEMPORARY.fullmatch(entry.name)
+        if m is None or m["host"] != HOST or _alive(int(m["pid"])):
+            continue
+        try:
+            if now - entry.stat(follow_symlinks=False).st_mtime < STALE_AFTER_S:
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                os.unlink(entry.path)
+        except OSError:  # another writer cleaned it first, or it is not ours to remove
+            continue
+        removed.append(Path(entry.path))
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    if os.name == "nt":  # os.kill would terminate it; never clean there
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # exists (another user's), or not a pid this system can have
+    return True
 
 
 def write_text(path: str | Path, text: str) -> None:

@@ -74,10 +74,10 @@ def expected_seconds(record: Path) -> float:
     for path in sorted(record.parent.glob("seed*.json")):
         try:
             timings = read_json(path).get("timings", {})
-        except (UserError, AttributeError):
+            if timings:
+                times.append(sum(float(t) for t in timings.values()))
+        except (UserError, AttributeError, TypeError, ValueError):  # a bad record only loses its estimate
             continue
-        if timings:
-            times.append(sum(float(t) for t in timings.values()))
     return sum(times) / len(times) if times else float("inf")
 
 

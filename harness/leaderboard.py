@@ -264,32 +264,79 @@ def write(root: str | Path, rows: list[dict[str, Any]], reported: list[dict[str,
 TERMINAL_COLUMNS = ("R@1", "R@5", "R@10", "R@100", "SumR", "oracle SumR")
 
 
-def rich_table(rows: list[dict[str, Any]], reported: list[dict[str, Any]] | None = None):
-    """The terminal view: the headline columns (buckets are in the markdown and CSV); reported
-    rows only for datasets that have runs."""
-    from rich.table import Table
+TERMINAL_TITLE = "prvr-bench leaderboard (test split, mean ± std over seeds)"
+TERMINAL_HEADER = ("dataset", "run", "budget", "seeds", *TERMINAL_COLUMNS, "Δ SumR")
 
-    table = Table(title="prvr-bench leaderboard (test split, mean ± std over seeds)")
-    for h in ("dataset", "run", "budget", "seeds", *TERMINAL_COLUMNS, "Δ SumR"):
-        table.add_column(h, justify="left" if h in ("dataset", "run") else "right", no_wrap=h == "run")
-    for r in rows:
-        table.add_row(r["dataset"], r["run"], budget_cell(r), str(r["n"]), *[fmt(r[c]) for c in TERMINAL_COLUMNS],
-                      fmt_delta(r))
+
+def terminal_rows(rows: list[dict[str, Any]],
+                  reported: list[dict[str, Any]] | None = None) -> list[tuple[list[str], bool]]:
+    """The cells of the short view: the headline columns (buckets are in the markdown and CSV),
+    then reported rows (flagged True) only for datasets that have runs."""
+    out = [([r["dataset"], r["run"], budget_cell(r), str(r["n"]), *[fmt(r[c]) for c in TERMINAL_COLUMNS],
+             fmt_delta(r)], False) for r in rows]
     datasets = {r["dataset"] for r in rows}
     for r in reported or []:
         if r["dataset"] in datasets:
-            table.add_row(r["dataset"], f"{r['method']} (reported, {r['features']})", "", "",
-                          *[f"{float(r[c]):.1f}" if c in r else "" for c in TERMINAL_COLUMNS], "", style="dim")
+            out.append(([r["dataset"], f"{r['method']} (reported, {r['features']})", "", "",
+                         *[f"{float(r[c]):.1f}" if c in r else "" for c in TERMINAL_COLUMNS], ""], True))
+    return out
+
+
+def rich_table(rows: list[dict[str, Any]], reported: list[dict[str, Any]] | None = None):
+    """The terminal view (`terminal_rows`), fitted to the terminal's width."""
+    from rich.table import Table
+
+    table = Table(title=TERMINAL_TITLE)
+    for h in TERMINAL_HEADER:
+        table.add_column(h, justify="left" if h in ("dataset", "run") else "right", no_wrap=h == "run")
+    for cells, is_reported in terminal_rows(rows, reported):
+        table.add_row(*cells, style="dim" if is_reported else None)
     return table
 
 
+def plain_table(rows: list[dict[str, Any]], reported: list[dict[str, Any]] | None = None) -> str:
+    """The same view as plain text for pipes and log files: every cell whole, columns aligned
+    with spaces, however wide the lines get."""
+    body = [cells for cells, _ in terminal_rows(rows, reported)]
+    widths = [max(len(str(c)) for c in column) for column in zip(TERMINAL_HEADER, *body)]
+    left = {"dataset", "run"}
+
+    def line(cells) -> str:
+        return "  ".join(c.ljust(w) if h in left else c.rjust(w)
+                         for h, c, w in zip(TERMINAL_HEADER, cells, widths)).rstrip()
+
+    return "\n".join([TERMINAL_TITLE, line(TERMINAL_HEADER), *map(line, body)]) + "\n"
+
+
+def show_table(rows: list[dict[str, Any]], reported: list[dict[str, Any]] | None = None) -> None:
+    """The short view on stdout: a rich table on a terminal, plain text elsewhere (a rich table
+    would be cut to 80 columns and its cells truncated)."""
+    from rich.console import Console
+
+    console = Console()
+    if console.is_terminal:
+        console.print(rich_table(rows, reported))
+    else:
+        print(plain_table(rows, reported), end="")
+
+
+def check_results_folder(root: Path) -> None:
+    """A results folder to tabulate: it exists and has runs/ (else a table of nothing would be
+    written and shown without a word)."""
+    if not root.is_dir():
+        raise UserError(f"results folder {root} does not exist; pass as --out the folder the runs were written to "
+                        "(it holds runs/<dataset>/<run>/seed<S>.json)")
+    if not (root / "runs").is_dir():
+        raise UserError(f"results folder {root} has no runs/ folder, so no run records; pass as --out the folder "
+                        "the runs were written to (it holds runs/<dataset>/<run>/seed<S>.json)")
+
+
 def rebuild(root: str | Path, skip_bad: bool = False, show: bool = True) -> list[dict[str, Any]]:
+    check_results_folder(Path(root))
     rows = build_rows(collect(root, skip_bad))
     reported = reported_rows()
     csv_path, md_path = write(root, rows, reported)
     if show:
-        from rich.console import Console
-
-        Console().print(rich_table(rows, reported))
+        show_table(rows, reported)
         progress.log(f"wrote {csv_path} and {md_path} ({len(rows)} rows)")
     return rows

@@ -42,5 +42,7 @@ def task(description: str | None, total: int | None) -> Iterator[Callable[..., N
 
 
 def log(message: str) -> None:
+    """One message on stderr: wrapped to a terminal's width, one unbroken line in a pipe or a log
+    file (where a wrap would split numbers and paths)."""
     if _enabled:
-        console.print(message)
+        console.print(message, soft_wrap=not console.is_terminal)

@@ -120,11 +120,82 @@ def load_record(path: str | Path) -> dict[str, Any]:
     data = read_json(path, what="run record")
     if not isinstance(data, dict):
         raise UserError(f"run record {path} holds {type(data).__name__}, expected an object; delete or fix it")
+    version = data.get("schema_version", 1)
+    if not _is(version, int) or version > SCHEMA_VERSION:
+        raise UserError(f"run record {path} key 'schema_version': {version!r} is not a schema this prvr-bench reads "
+                        f"(1 to {SCHEMA_VERSION}); update prvr-bench, or delete the record")
     data = upgrade(data)
     missing = [k for k in REQUIRED if k not in data]
     if missing:
         raise UserError(f"run record {path} lacks key(s) {', '.join(missing)}; delete it or re-run that run")
+    problem = shape_problem(data)
+    if problem:
+        key, what = problem
+        raise UserError(f"run record {path} key {key!r}: {what}; delete it or re-run that run")
     return data
+
+
+# What tools read from a record, and its type: (key, types). Optional keys are checked when present.
+SHAPE = (("method", str), ("dataset", str), ("seed", int), ("config", dict), ("provenance", dict),
+         ("metrics", dict), ("metrics.val", dict), ("metrics.test", dict))
+OPTIONAL = (("run_name", str), ("backbone", str), ("relations", str), ("tag", str), ("command", str),
+            ("timings", dict), ("best_epoch", int), ("epochs_run", int), ("history", list), ("protocol", dict),
+            ("provenance.data", dict))
+METRIC_NUMBERS = ("R@1", "R@5", "R@10", "R@100", "SumR", "median_rank", "mean_rank", "n")
+TYPE_NAMES = {str: "a string", int: "an integer", dict: "an object", list: "a list", float: "a number"}
+
+
+def shape_problem(record: dict[str, Any]) -> tuple[str, str] | None:
+    """The first key whose value tools cannot read, with what is wrong: None when the record's
+    shape is sound (values are not judged: a metric may be any number)."""
+    for key, kind in (*SHAPE, *((k, t) for k, t in OPTIONAL if _lookup(record, k) is not _ABSENT)):
+        value = _lookup(record, key)
+        if not _is(value, kind):
+            return key, f"{_describe(value)}, expected {TYPE_NAMES[kind]}"
+    for split in ("val", "test"):
+        block = record["metrics"][split]
+        for name in METRIC_NUMBERS:
+            if name in block and not _is(block[name], float):
+                return f"metrics.{split}.{name}", f"{_describe(block[name])}, expected {TYPE_NAMES[float]}"
+        for name in ("buckets", "oracle"):
+            if name in block and not _is(block[name], dict):
+                return f"metrics.{split}.{name}", f"{_describe(block[name])}, expected {TYPE_NAMES[dict]}"
+        for bucket, inner in (block.get("buckets") or {}).items():
+            if not _is(inner, dict):
+                return f"metrics.{split}.buckets.{bucket}", f"{_describe(inner)}, expected {TYPE_NAMES[dict]}"
+    timings = record.get("timings") or {}
+    for phase, seconds in timings.items():
+        if not _is(seconds, float):
+            return f"timings.{phase}", f"{_describe(seconds)}, expected {TYPE_NAMES[float]}"
+    return None
+
+
+_ABSENT = object()
+
+
+def _lookup(record: dict[str, Any], key: str) -> Any:
+    value: Any = record
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return _ABSENT
+        value = value[part]
+    return value
+
+
+def _is(value: Any, kind: type) -> bool:
+    """JSON types: an integer is a number, a bool is neither."""
+    if isinstance(value, bool):
+        return False
+    if kind is float:
+        return isinstance(value, (int, float))
+    return isinstance(value, kind)
+
+
+def _describe(value: Any) -> str:
+    if value is _ABSENT:
+        return "missing"
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
 
 
 def upgrade(data: dict[str, Any]) -> dict[str, Any]:
@@ -133,15 +204,20 @@ def upgrade(data: dict[str, Any]) -> dict[str, Any]:
     if version == 1:
         # v1 stored metrics as `val_metrics` / `test_metrics` and had no run name or timings.
         metrics = data.pop("metrics", None) or {}
+        if not isinstance(metrics, dict):
+            data["metrics"] = metrics
+            return data
         metrics.setdefault("val", data.pop("val_metrics", {}))
         metrics.setdefault("test", data.pop("test_metrics", {}))
         for block in metrics.values():
-            block.setdefault("buckets", {})
-            block.setdefault("oracle", {})
+            if isinstance(block, dict):  # anything else is reported by load_record's shape check
+                block.setdefault("buckets", {})
+                block.setdefault("oracle", {})
         data["metrics"] = metrics
-        cfg = data.get("config", {})
+        cfg = data.get("config") if isinstance(data.get("config"), dict) else {}
+        relations = cfg.get("relations") if isinstance(cfg.get("relations"), dict) else {}
         data.setdefault("backbone", cfg.get("backbone", ""))
-        data.setdefault("relations", cfg.get("relations", {}).get("name", "none"))
+        data.setdefault("relations", relations.get("name", "none"))
         data.setdefault("run_name", data.get("method", "?"))
         data.setdefault("timings", {})
         version = 2

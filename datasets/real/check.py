@@ -2,6 +2,8 @@
 
 It runs the loader's own validation with a collecting report (an item with a problem is
 dropped, counted and listed, and the check goes on) and writes nothing, not even the cache.
+Warnings are facts a user should judge but that valid data can have (captions shared between
+splits: datasets/overlap.py); they are listed and do not fail the check.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from prvr.datasets.overlap import shared_captions
 from prvr.datasets.real.annotations import mv_fractions
 from prvr.datasets.real.assemble import Built, BuiltSplit
 from prvr.datasets.real.problems import LayoutError, Report
@@ -22,6 +25,7 @@ MAX_LISTED = 20
 class CheckResult:
     lines: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
     built: Built | None = None
 
     @property
@@ -42,9 +46,10 @@ def run_check(name: str, cfg) -> CheckResult:
         report.errors.append(str(e))
     if result.built is not None:
         result.lines += summary_lines(result.built, report)
+        result.warnings = [f"captions shared between splits: {s.line()}" for s in shared_captions(result.built.splits)]
     result.errors = report.errors
     result.lines += [f"notes: {n}" for n in report.notes]
-    result.lines += error_lines(report.errors)
+    result.lines += listed("warnings", result.warnings) + error_lines(report.errors)
     return result
 
 
@@ -84,9 +89,14 @@ def split_line(name: str, s: BuiltSplit) -> str:
 
 
 def error_lines(errors: list[str]) -> list[str]:
-    if not errors:
-        return ["errors: none"]
-    out = [f"errors: {len(errors)}"] + [f"  {e}" for e in errors[:MAX_LISTED]]
-    if len(errors) > MAX_LISTED:
-        out.append(f"  ... and {len(errors) - MAX_LISTED} more")
+    return listed("errors", errors) or ["errors: none"]
+
+
+def listed(title: str, items: list[str]) -> list[str]:
+    """'title: N' and the first MAX_LISTED items, indented; nothing when there are none."""
+    if not items:
+        return []
+    out = [f"{title}: {len(items)}"] + [f"  {e}" for e in items[:MAX_LISTED]]
+    if len(items) > MAX_LISTED:
+        out.append(f"  ... and {len(items) - MAX_LISTED} more")
     return out

@@ -8,6 +8,14 @@ into place only when the layout passed validation, so nothing is cached from a l
 that failed. It is keyed by the size and modification time of every input file and by the
 options that change the result; a changed input file gives a new entry.
 
+The manifest lists every file of the entry with its size and SHA-256 digest, and the
+absolute path of feature.bin (MS-SL layout: the rows stay in the user's file, checked by
+size here and by size and mtime through the key). Every load reads the entry's files once
+to check them (the token files dominate: a few GB at TVR size) and refuses an entry that
+differs (a file missing, added or changed) with one line: it was written from a layout that
+passed validation, so a difference means the disk or someone changed it, and the fix
+(delete the folder, which rebuilds it) is the user's call.
+
 Later loads memory-map feature.bin (MS-SL) and the token file: a batch reads only its own
 rows, so RAM stays bounded at TVR size (about 1M frames x 3072 float32 = 12 GB).
 `--set data.preload=true` copies each split's rows into RAM instead.
@@ -18,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -30,12 +37,12 @@ from prvr.datasets.real.msl import MSLLayout
 from prvr.datasets.real.problems import LayoutError, Report
 from prvr.datasets.real.specs import SPECS
 from prvr.datasets.real.xml import XMLLayout
-from prvr.datasets.sim.cache import cache_key, cache_root
+from prvr.datasets.sim.cache import CorruptCache, cache_key, cache_root, describe_files, read_manifest, verify_files
 from prvr.datasets.types import PRVRData, Ragged, Split
 from prvr.harness import progress
-from prvr.harness.io import ensure_dir, write_json
+from prvr.harness.io import ensure_dir, temporary_beside, write_json
 
-FORMAT = 1
+FORMAT = 2  # 2: files listed with their digests, feature.bin by its absolute path
 MANIFEST = "manifest.json"
 ARRAYS = ("frame_rows", "frame_offsets", "durations", "token_offsets", "query_video", "moments")
 LAYOUTS = {"msl": MSLLayout, "xml": XMLLayout}
@@ -68,14 +75,10 @@ def load_real(name: str, cfg) -> PRVRData:
     """The dataset from its layout under data.data_root (validated, cached, memory-mapped)."""
     layout = make_layout(name, cfg)
     folder = entry_folder(name, cfg, layout)
-    data = _read_entry(folder)
-    if data is None:
+    if not folder.exists():
         progress.log(f"{name}: checking the {cfg.data.layout} layout at {layout.collection} (first load only)")
         _build_entry(layout, folder)
-        data = _read_entry(folder)
-        if data is None:
-            raise LayoutError(f"cache entry {folder} unreadable right after it was written; check the disk "
-                              "or --set data.cache_dir")
+    data = read_entry(folder)
     return preload(data) if cfg.data.preload else data
 
 
@@ -94,17 +97,15 @@ def preload(data: PRVRData) -> PRVRData:
 
 def _build_entry(layout, folder: Path) -> None:
     ensure_dir(folder.parent)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    tmp = temporary_beside(folder, folder=True)
     try:
         report = Report(strict=True)
         built = layout.build(report, tmp)
         _write(tmp, layout.spec.name, built, report)
-        if folder.exists():
-            shutil.rmtree(folder, ignore_errors=True)
         try:
             os.replace(tmp, folder)
         except OSError:
-            if _read_entry(folder) is None:  # not another process's complete entry either
+            if not folder.is_dir():  # not another process's entry, renamed into place first
                 raise
     finally:
         if tmp.exists():
@@ -117,8 +118,11 @@ def _write(tmp: Path, name: str, built: Built, report: Report) -> None:
             np.save(tmp / f"{split}.{key}.npy", getattr(s, key), allow_pickle=False)
         text = {"video_ids": s.video_ids, "query_ids": s.query_ids, "query_text": s.query_text}
         (tmp / f"{split}.text.json").write_text(json.dumps(text), encoding="utf-8")
-    frame_file = built.frame_file if built.frame_file.parent != tmp else Path(built.frame_file.name)
-    files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir())}
+    # inside the entry: its name (the entry is renamed); outside (feature.bin): absolute, so a
+    # relative --data-root or PRVR_DATA reads the same file from any working directory
+    inside = built.frame_file.parent.resolve() == tmp.resolve()
+    frame_file = Path(built.frame_file.name) if inside else built.frame_file.resolve()
+    files = describe_files(tmp)
     write_json(tmp / MANIFEST, {
         "format": FORMAT, "dataset": name, "frames": {"file": str(frame_file), "rows": built.frame_rows, "dim": built.frame_dim},
         "tokens": {"rows": built.token_rows, "dim": built.token_dim}, "splits": list(built.splits),
@@ -144,27 +148,38 @@ def _split_facts(s) -> dict:
             "with_timestamps": int(np.isfinite(s.moments[:, 0]).sum())}
 
 
-def _read_entry(folder: Path) -> PRVRData | None:
-    """The cached dataset, or None when the entry is absent or does not match its manifest."""
+def read_entry(folder: Path) -> PRVRData:
+    """The cached dataset; LayoutError (one line) when the entry does not match its manifest."""
     try:
-        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
-    except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
-        return None
-    if manifest.get("format") != FORMAT:
-        return None
-    for name, size in manifest["files"].items():
-        path = folder / name
-        if not path.is_file() or path.stat().st_size != size:
-            return None
-    fr = manifest["frames"]
-    frame_file = folder / fr["file"]  # an absolute feature.bin path stays as it is
-    if not frame_file.is_file() or frame_file.stat().st_size != fr["rows"] * fr["dim"] * ROW_DTYPE.itemsize:
-        return None
-    table = MappedRows(frame_file, (fr["rows"], fr["dim"]))
-    splits = {name: _read_split(folder, name, table, manifest) for name in manifest["splits"]}
-    meta = {"source": folder.name, **manifest["facts"], **manifest["stats"], "counts": manifest["counts"],
-            "notes": manifest["notes"]}
+        manifest = _verified_manifest(folder)
+        fr = manifest["frames"]
+        table = MappedRows(folder / fr["file"], (fr["rows"], fr["dim"]))  # an absolute path stays as it is
+        splits = {name: _read_split(folder, name, table, manifest) for name in manifest["splits"]}
+        meta = {"source": folder.name, **manifest["facts"], **manifest["stats"], "counts": manifest["counts"],
+                "notes": manifest["notes"]}
+    except CorruptCache as e:
+        raise LayoutError(f"cache entry {folder}: {e}; delete that folder to rebuild it from the layout "
+                          "(check the disk if this recurs)") from None
+    except (KeyError, TypeError, ValueError, OSError) as e:
+        raise LayoutError(f"cache entry {folder}: manifest or arrays unreadable ({type(e).__name__}: {e}); "
+                          "delete that folder to rebuild it from the layout") from None
     return PRVRData(manifest["dataset"], splits, meta)
+
+
+def _verified_manifest(folder: Path) -> dict:
+    manifest = read_manifest(folder)
+    if manifest.get("format") != FORMAT:
+        raise CorruptCache(f"cache format {manifest.get('format')} != {FORMAT}")
+    verify_files(folder, manifest.get("files"))
+    fr = manifest.get("frames") or {}
+    frame_file = folder / str(fr.get("file"))
+    need = int(fr.get("rows", 0)) * int(fr.get("dim", 0)) * ROW_DTYPE.itemsize
+    if not frame_file.is_file():
+        raise CorruptCache(f"its video features {frame_file} are missing")
+    if frame_file.stat().st_size != need:
+        raise CorruptCache(f"its video features {frame_file} hold {frame_file.stat().st_size} bytes, "
+                           f"{need} when the entry was written")
+    return manifest
 
 
 def _read_split(folder: Path, name: str, table: MappedRows, manifest: dict) -> Split:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -174,5 +175,5 @@ def _cpu_model() -> str:
 
 def _command_line() -> str:
     if Path(sys.argv[0]).name == "prvr-bench":
-        return " ".join(["prvr-bench", *sys.argv[1:]])
+        return shlex.join(["prvr-bench", *sys.argv[1:]])
     return "prvr-bench profile"
