@@ -96,7 +96,7 @@ def cmd_ablate(args: argparse.Namespace) -> None:
         if args.report_only or (args.skip_existing and path.exists()):
             continue
         progress.log(f"[{i + 1}/{len(plan)}] {table.title} {row.label}: {run_name(cfg, tag)}, seed {cfg.seed}")
-        run_one(cfg, args.out, resume=args.resume, tag=tag, command=_command_line())
+        run_one(cfg, args.out, resume=args.resume, tag=tag, command=_command_line(), force_resume=args.force_resume)
     if not args.report_only:
         progress.log(f"ablate: {len(plan)} runs in {time.perf_counter() - start:.0f} s")
     report(table, args.out, args.dataset, plan, args.tag, args.overrides)

@@ -31,6 +31,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML file of config overrides (sections as keys)")
     p.add_argument("--tag", default="", help="suffix for the run name, to keep variants apart")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint when there is one")
+    p.add_argument("--force-resume", action="store_true",
+                   help="--resume even when the checkpoint was trained with other settings, or stores none "
+                        "(the record lists the changed keys)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--data-root", default=None, metavar="DIR",
                    help="root folder of real datasets in their public layouts (default: $PRVR_DATA)")
@@ -88,7 +91,7 @@ def cmd_run(args: argparse.Namespace) -> None:
     ensure_dir(args.out)
     set_threads(args.threads)
     cfg = resolve(args.method, args.dataset, args.seed, [*data_root_overrides(args), *args.overrides], args.config)
-    run_one(cfg, args.out, resume=args.resume, tag=args.tag, command=_command_line())
+    run_one(cfg, args.out, resume=args.resume, tag=args.tag, command=_command_line(), force_resume=args.force_resume)
 
 
 def set_threads(threads: int | None) -> None:
@@ -157,7 +160,7 @@ def _run_args(args: argparse.Namespace, method: str, dataset: str, seed: int, ov
     for flag, value in (("--config", args.config), ("--tag", args.tag), ("--data-root", args.data_root)):
         if value:
             out += [flag, str(value)]
-    return out + (["--resume"] if args.resume else [])
+    return out + (["--resume"] if args.resume else []) + (["--force-resume"] if args.force_resume else [])
 
 
 def _bench_here(args: argparse.Namespace, todo: list[tuple]) -> None:
@@ -165,7 +168,8 @@ def _bench_here(args: argparse.Namespace, todo: list[tuple]) -> None:
 
     for i, (cfg, _, _) in enumerate(todo):
         progress.log(f"[{i + 1}/{len(todo)}] {run_name(cfg, args.tag)} on {cfg.dataset}, seed {cfg.seed}")
-        run_one(cfg, args.out, resume=args.resume, tag=args.tag, command=_command_line())
+        run_one(cfg, args.out, resume=args.resume, tag=args.tag, command=_command_line(),
+                force_resume=args.force_resume)
 
 
 def _bench_in_processes(args: argparse.Namespace, todo: list[tuple], workers: int) -> None:

@@ -21,6 +21,8 @@ import yaml
 from prvr.harness.io import UserError
 from prvr.harness.registry import BACKBONES, METHODS
 
+ON_NONFINITE = ("stop", "continue")  # train.on_nonfinite, read by harness/trainer.py
+
 
 @dataclass
 class DataConfig:
@@ -87,6 +89,9 @@ class TrainConfig:
     eval_every: int = 1
     num_workers: int = -1  # batch-building worker processes; -1: 4 with CUDA (keeps a GPU fed), 0 on CPU
     device: str = "auto"  # "auto" (CUDA when present) | "cpu" | "cuda" | "cuda:1" ...
+    # a loss that is not finite (a diverged run): "stop" (one line naming the epoch and step, no
+    # record) | "continue" (train on; the record is marked and left out of leaderboard means)
+    on_nonfinite: str = "stop"
 
 
 @dataclass

@@ -5,6 +5,12 @@ Ranks are computed by counting, not sorting: the rank of a labelled video is 1 +
 number of *other* videos scoring at least as high, so ties count against the model (a
 constant model ranks every labelled video last). With several labelled videos the best
 one counts. Scores are consumed in chunks of queries, so memory stays bounded.
+
+A score that is not a finite number (NaN, +inf, -inf: a diverged model) is the worst score
+there is: it is ranked as -inf. Such a video never ranks above a finite one, and a labelled
+video with such a score ties with every other non-finite video and, ties counting against
+the model, ranks below all of them: an all-NaN model ranks every labelled video last
+instead of first (NaN compares false, so counting `>=` alone would put it at rank 1).
 """
 
 from __future__ import annotations
@@ -36,11 +42,18 @@ def padded_targets(rel: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray]:
     return idx, mask
 
 
+def worst_if_nonfinite(scores: torch.Tensor) -> torch.Tensor:
+    """Scores with every NaN and +-inf replaced by -inf, the worst score (see the module note)."""
+    worst = float("-inf")
+    return scores.nan_to_num(nan=worst, posinf=worst, neginf=worst)
+
+
 def count_ranks(scores: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Rank of the best target per query: min over targets t of #{v : s_v >= s_t}.
 
     scores [q, V]; targets, mask [q, M]. Queries without any target get rank V + 1.
     Counting includes the target itself, which equals 1 + #{other videos >= s_t}.
+    Scores must be NaN-free (`worst_if_nonfinite`).
     """
     target_scores = scores.gather(1, targets)  # [q, M]
     ranks = torch.empty_like(targets)
@@ -102,7 +115,7 @@ def compute_ranks(score_fn: ScoreFn, num_queries: int, labels: sp.csr_matrix,
         out.update(oracle=[], above=[])
     for start in range(0, num_queries, chunk):
         end = min(start + chunk, num_queries)
-        scores = score_fn(start, end).float()
+        scores = worst_if_nonfinite(score_fn(start, end).float())
         dev = scores.device
         li = torch.as_tensor(lab_idx[start:end], device=dev)
         lm = torch.as_tensor(lab_mask[start:end], device=dev)

@@ -53,14 +53,12 @@ class StoredRun:
 
     def model(self, data) -> torch.nn.Module:
         from prvr.harness.registry import BACKBONES
+        from prvr.harness.trainer import load_weights, read_checkpoint
 
         model = BACKBONES.get(self.cfg.backbone)(self.cfg.model, data.video_dim, data.query_dim)
-        state = torch.load(self.checkpoint, map_location=self.device, weights_only=True)
-        try:
-            model.load_state_dict(state["model"])
-        except (KeyError, RuntimeError) as err:
-            raise UserError(f"{self.checkpoint} does not fit the model of {self.path} ({err}); "
-                            "it belongs to another configuration: re-run the run") from None
+        fix = f"re-run the run of {self.path} (`prvr-bench run` with the record's command) to write it again"
+        state = read_checkpoint(self.checkpoint, ("model",), fix, self.device)
+        load_weights(model, state["model"], self.checkpoint, fix)
         return model.to(self.device).eval()
 
 

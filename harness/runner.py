@@ -20,8 +20,12 @@ def run_name(cfg, tag: str = "") -> str:
 
 
 def run_one(cfg, out: str | Path, resume: bool = False, tag: str = "", hooks: list | None = None,
-            command: str = "") -> dict[str, Any]:
-    """Train, early-stop on val SumR, test the best checkpoint, write the record; return it."""
+            command: str = "", force_resume: bool = False) -> dict[str, Any]:
+    """Train, early-stop on val SumR, test the best checkpoint, write the record; return it.
+
+    `force_resume` resumes even from a checkpoint trained with other settings (the record's
+    `resumes` lists them). A record whose loss became non-finite (train.on_nonfinite=continue)
+    carries `nonfinite: {epoch, step}`, and the leaderboard leaves it out of its means."""
     timings = Timings()
     name = run_name(cfg, tag)
     path = record_path(out, cfg.dataset, name, cfg.seed)
@@ -37,7 +41,7 @@ def run_one(cfg, out: str | Path, resume: bool = False, tag: str = "", hooks: li
     trainer = Trainer(cfg, data, model, spec, detector, ckpt_dir, hooks, timings)
     progress.log(f"[bold]{name}[/] on {cfg.dataset}, seed {cfg.seed}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M "
                  f"parameters, {trainer.device}")
-    trainer.fit(resume=resume)
+    trainer.fit(resume=resume or force_resume, force_resume=force_resume)
     trainer.load_model(ckpt_dir / "best.pt")
     with timings("eval_test"):
         test = trainer.evaluate("test", show=True)
@@ -53,11 +57,18 @@ def run_one(cfg, out: str | Path, resume: bool = False, tag: str = "", hooks: li
         "metrics": {"val": _keep(val), "test": _keep(test)},
         "history": trainer.history,
     }
+    if trainer.nonfinite is not None:
+        record["nonfinite"] = trainer.nonfinite
+    if trainer.resumes:
+        record["resumes"] = trainer.resumes
     # Detector figures and tables (e.g. ARL's similarity / uncertainty distributions) go
     # next to the record, named after it: seed<S>.<what>.png
     record["artifacts"] = detector.write_artifacts(path.parent, path.stem) or []
     write_record(path, record)
-    progress.log(f"wrote {path}: test SumR {test['SumR']:.1f} (val {val['SumR']:.1f}, best epoch {trainer.best['epoch']})")
+    mark = "" if trainer.nonfinite is None else (f"; marked: loss not finite from epoch {trainer.nonfinite['epoch']}, "
+                                                 f"step {trainer.nonfinite['step']}")
+    progress.log(f"wrote {path}: test SumR {test['SumR']:.1f} (val {val['SumR']:.1f}, best epoch "
+                 f"{trainer.best['epoch']}{mark})")
     return record
 
 

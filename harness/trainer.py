@@ -8,13 +8,24 @@ state. Checkpoints are written atomically every epoch and loaded with weights_on
 `resume` continues a killed run and reaches the same metrics as an uninterrupted one
 (data order and negative sampling depend only on (seed, epoch, step); the torch RNG state
 that drives dropout is checkpointed).
+
+Bad states end in one line (`UserError`) rather than a traceback or a silent number:
+- a loss that is not finite stops the run, naming the epoch and step (`train.on_nonfinite:
+  stop`), or training goes on and the record is marked (`continue`);
+- a checkpoint that is missing, empty, truncated, of another kind or of another model;
+- `--resume` with settings that differ from the checkpoint's in a key that changes the
+  numbers (all but `RESUME_FREE_KEYS`), or from a checkpoint that stores no settings,
+  unless `--force-resume`, and then the record lists the changed keys;
+- a run that fails before completing an epoch removes the checkpoint files it wrote.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import pickle
 import random
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
@@ -24,10 +35,22 @@ import torch
 
 from prvr.datasets.loader import Batcher, epoch_batches, make_loader
 from prvr.harness import progress
+from prvr.harness.config import ON_NONFINITE
 from prvr.harness.evaluate import compute_ranks, metrics_from_ranks
-from prvr.harness.io import atomic_path
+from prvr.harness.io import UserError, atomic_path
 from prvr.harness.optim import build_optimizer, lr_lambda
 from prvr.harness.timing import Timings
+
+
+# Settings a resumed run may change without --force-resume: where data, caches and work go,
+# how queries are chunked in evaluation and what a diverged loss does; none changes the
+# numbers an uninterrupted run reaches. Every other key does (the model, the schedule over
+# train.epochs, early stopping, the data, the objective) and must match the checkpoint's.
+RESUME_FREE_KEYS = frozenset({"eval.chunk", "train.num_workers", "train.device", "train.on_nonfinite",
+                              "data.cache_dir", "data.data_root", "data.preload"})
+STATE_KEYS = ("model", "optimizer", "scheduler", "epoch", "bad_epochs", "finished", "best_sumr", "best_epoch",
+              "best_metrics", "history", "torch_rng")
+RESUME_FIX = "run without --resume to train afresh (that overwrites it)"
 
 
 class Hook(Protocol):
@@ -86,26 +109,58 @@ class Trainer:
         self.bad_epochs = 0
         self.history: list[dict] = []
         self.finished = False
+        if cfg.train.on_nonfinite not in ON_NONFINITE:
+            raise UserError(f"config key 'train.on_nonfinite' must be one of {', '.join(ON_NONFINITE)}, got "
+                            f"{cfg.train.on_nonfinite!r}; fix --set train.on_nonfinite")
+        self.nonfinite: dict | None = None  # first non-finite loss {epoch, step}, with on_nonfinite=continue
+        self.resumes: list[dict] = []  # each resume: {from_epoch, changed settings, forced}
+        self.written: set[Path] = set()  # checkpoint files this process wrote
+        self.epochs_done = 0  # epochs this process completed
+        self.ckpt_dir_existed = self.ckpt_dir.exists()
 
     # ------------------------------------------------------------------ training
-    def fit(self, resume: bool = False) -> None:
+    def fit(self, resume: bool = False, force_resume: bool = False) -> None:
+        """Train to the last epoch or the early stop. A run that fails (or is killed) before
+        completing an epoch removes the checkpoint files it wrote: no untrained model's
+        checkpoint stays behind, while an earlier run's checkpoints, and those of a run
+        stopped after some epochs (which --resume continues), are kept."""
         if resume and (self.ckpt_dir / "last.pt").exists():
-            self.load_state(self.ckpt_dir / "last.pt")
+            self.load_state(self.ckpt_dir / "last.pt", force_resume)
             progress.log(f"resumed from epoch {self.epoch} ({self.ckpt_dir / 'last.pt'})")
+        try:
+            self.train_epochs()
+        except BaseException:
+            if self.epochs_done == 0:
+                self.remove_written()
+            raise
+        self.finished = True
+        self.save_state(self.ckpt_dir / "last.pt")
+
+    def train_epochs(self) -> None:
         with progress.task(f"train {self.cfg.method}", total=self.cfg.train.epochs) as advance:
             advance(self.epoch)
             while not self.finished and self.epoch < self.cfg.train.epochs:
                 summary = self.train_epoch(self.epoch)
                 self.epoch += 1
-                self.after_epoch(summary)
+                stop_note = self.after_epoch(summary)
+                self.epochs_done += 1
                 val_sumr = summary.get("val", {}).get("SumR", float("nan"))
                 advance(1, loss=summary["loss"], val_SumR=val_sumr)
                 if not progress.bars_visible():
                     progress.log(f"epoch {self.epoch - 1}: loss {summary['loss']:.3f}, val SumR {val_sumr:.1f}")
+                if stop_note:
+                    progress.log(stop_note)
                 for h in self.hooks:
                     h.on_epoch_end(self, self.epoch - 1, summary)
-        self.finished = True
-        self.save_state(self.ckpt_dir / "last.pt")
+
+    def remove_written(self) -> None:
+        """Remove the checkpoint files this process wrote, and its checkpoint folder when it
+        made it and it is left empty (the shared folders above it stay)."""
+        for path in self.written:
+            path.unlink(missing_ok=True)
+        self.written.clear()
+        if not self.ckpt_dir_existed and self.ckpt_dir.is_dir() and not any(self.ckpt_dir.iterdir()):
+            self.ckpt_dir.rmdir()
 
     def train_epoch(self, epoch: int) -> dict:
         self.model.train()
@@ -118,8 +173,11 @@ class Trainer:
         with self.timings("train"):
             for i, batch in enumerate(loader):
                 out = self.train_step(batch.to(self.device), epoch, epoch * self.steps_per_epoch + i)
-                for k, v in out.items():
-                    sums[k] = sums.get(k, 0.0) + float(v)
+                values = {k: float(v) for k, v in out.items()}
+                if not math.isfinite(values["loss"]):
+                    self.on_nonfinite(values["loss"], epoch, i)
+                for k, v in values.items():
+                    sums[k] = sums.get(k, 0.0) + v
                 for h in self.hooks:
                     h.on_step(self, i, out)
         summary = {"epoch": epoch, **{k: v / max(1, len(batches)) for k, v in sums.items()},
@@ -128,6 +186,20 @@ class Trainer:
         if report:
             summary["relations"] = report
         return summary
+
+    def on_nonfinite(self, loss: float, epoch: int, step: int) -> None:
+        """A loss that is not a finite number: stop with one line (train.on_nonfinite=stop), or
+        note the first one, which marks the record, and train on (continue)."""
+        if self.cfg.train.on_nonfinite == "stop":
+            raise UserError(f"training diverged: loss is {loss} at epoch {epoch}, step {step} "
+                            f"(train.lr={self.cfg.train.lr:g}, train.grad_clip={self.cfg.train.grad_clip:g}); lower "
+                            "train.lr or check the method's settings, or set train.on_nonfinite=continue to train on "
+                            "with the run's record marked")
+        if self.nonfinite is None:
+            self.nonfinite = {"epoch": epoch, "step": step}
+            progress.log(f"[yellow]warning[/]: loss is {loss} at epoch {epoch}, step {step}; training goes on "
+                         "(train.on_nonfinite=continue) and the record is marked, so the leaderboard leaves it "
+                         "out of its means")
 
     def num_workers(self) -> int:
         """Worker processes for batch building: as configured, or (-1) 4 when a GPU trains
@@ -155,7 +227,10 @@ class Trainer:
         self.scheduler.step()
         return {k: t.detach() for k, t in out.items()}
 
-    def after_epoch(self, summary: dict) -> None:
+    def after_epoch(self, summary: dict) -> str | None:
+        """Evaluate on val when due, keep the best checkpoint, save the state; returns the
+        early-stop notice when training stops after this epoch."""
+        stop_note = None
         if self.epoch % self.cfg.train.eval_every == 0 or self.epoch == self.cfg.train.epochs:
             with self.timings("eval_val"):
                 val = self.evaluate("val")
@@ -168,10 +243,11 @@ class Trainer:
                 self.bad_epochs += 1
                 if self.bad_epochs >= self.cfg.train.patience:
                     self.finished = True
-                    progress.log(f"early stop after epoch {self.epoch - 1}: no val SumR gain in "
+                    stop_note = (f"early stop after epoch {self.epoch - 1}: no val SumR gain in "
                                  f"{self.cfg.train.patience} epochs")
         self.history.append(summary)
         self.save_state(self.ckpt_dir / "last.pt")
+        return stop_note
 
     # ---------------------------------------------------------------- evaluation
     @torch.no_grad()
@@ -196,10 +272,11 @@ class Trainer:
     def save_model(self, path: Path) -> None:
         with atomic_path(path) as tmp:
             torch.save({"model": self.model.state_dict()}, tmp)
+        self.written.add(Path(path))
 
-    def load_model(self, path: Path) -> None:
-        state = torch.load(path, map_location=self.device, weights_only=True)
-        self.model.load_state_dict(state["model"])
+    def load_model(self, path: Path, fix: str = "train the run again without --resume") -> None:
+        state = read_checkpoint(path, ("model",), fix, self.device)
+        load_weights(self.model, state["model"], path, fix)
 
     def save_state(self, path: Path) -> None:
         state = {
@@ -207,24 +284,154 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(), "epoch": self.epoch, "bad_epochs": self.bad_epochs,
             "finished": self.finished, "best_sumr": self.best["SumR"], "best_epoch": self.best["epoch"],
             "best_metrics": _jsonable(self.best["metrics"]), "history": _jsonable(self.history),
-            "torch_rng": torch.get_rng_state(),
+            "torch_rng": torch.get_rng_state(), "config": self.cfg.to_dict(),
+            "nonfinite": self.nonfinite, "resumes": self.resumes,
         }
         if torch.cuda.is_available():
             state["cuda_rng"] = torch.cuda.get_rng_state_all()
         with atomic_path(path) as tmp:
             torch.save(state, tmp)
+        self.written.add(Path(path))
 
-    def load_state(self, path: Path) -> None:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+    def load_state(self, path: Path, force: bool = False) -> None:
+        """Continue from `path` (last.pt) after comparing its stored settings with this run's."""
+        state = read_checkpoint(path, STATE_KEYS, RESUME_FIX)
+        changed = resume_changes(state.get("config"), self.cfg.to_dict(), path, force)
+        load_weights(self.model, state["model"], path, RESUME_FIX)
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+        except (KeyError, ValueError, RuntimeError, TypeError) as err:
+            raise UserError(f"checkpoint {path}: its optimizer state does not fit this run's optimizer "
+                            f"({_first_line(err)}); {RESUME_FIX}") from None
         self.epoch, self.bad_epochs, self.finished = state["epoch"], state["bad_epochs"], state["finished"]
         self.best = {"SumR": state["best_sumr"], "epoch": state["best_epoch"], "metrics": state["best_metrics"]}
         self.history = state["history"]
+        self.nonfinite = state.get("nonfinite")
+        forced = changed is None or any(k not in RESUME_FREE_KEYS for k in changed)
+        self.resumes = [*state.get("resumes", []), {"from_epoch": self.epoch, "changed": changed, "forced": forced}]
         torch.set_rng_state(state["torch_rng"])
         if "cuda_rng" in state and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["cuda_rng"])
+
+
+def read_checkpoint(path: str | Path, keys: tuple[str, ...], fix: str,
+                    map_location: str | torch.device = "cpu") -> dict:
+    """A checkpoint this harness wrote, loaded weights-only; a missing, empty, truncated or
+    foreign file, or one without `keys`, is one line naming the file and `fix`."""
+    path = Path(path)
+    try:
+        with warnings.catch_warnings():  # torch warns about a foreign pickle's protocol before refusing it
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location=map_location, weights_only=True)
+    except FileNotFoundError:
+        raise UserError(f"checkpoint {path} does not exist; {fix}") from None
+    except Exception as err:  # a damaged file fails in torch.load with no common exception type
+        raise UserError(f"checkpoint {path} cannot be read ({_unreadable(path, err)}); {fix}") from None
+    if not isinstance(state, dict):
+        raise UserError(f"checkpoint {path} holds a {type(state).__name__}, not a checkpoint written by prvr-bench; "
+                        f"{fix}")
+    missing = [k for k in keys if k not in state]
+    if missing:
+        raise UserError(f"checkpoint {path} lacks {', '.join(missing)} (it is not a checkpoint written by this "
+                        f"prvr-bench for this purpose); {fix}")
+    return state
+
+
+def _unreadable(path: Path, err: Exception) -> str:
+    """Why torch.load failed, from the file's first bytes: torch writes a zip archive (older
+    versions a pickle), so anything else is another kind of file."""
+    if path.is_dir():
+        return "it is a folder"
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError as e:
+        return e.strerror or type(e).__name__
+    if not head:
+        return "the file is empty"
+    if not (head.startswith(b"PK") or head.startswith(b"\x80")):
+        return "not a torch file"
+    if isinstance(err, pickle.UnpicklingError):
+        return "it holds objects that a weights-only load refuses: a pickle of something else"
+    detail = _first_line(err)
+    return f"truncated or damaged: {type(err).__name__}{': ' + detail if detail else ''}"
+
+
+def _first_line(err: BaseException, width: int = 120) -> str:
+    lines = str(err).strip().splitlines()
+    return lines[0][:width] if lines else ""
+
+
+def load_weights(model: torch.nn.Module, weights: dict, path: Path, fix: str) -> None:
+    """model.load_state_dict, with a checkpoint of another model (another backbone, or a
+    setting such as model.hidden changed) answered by one line naming the first mismatch."""
+    try:
+        model.load_state_dict(weights)
+    except (RuntimeError, TypeError, AttributeError) as err:
+        why = _weights_mismatch(model, weights) or _first_line(err)
+        raise UserError(f"checkpoint {path} holds another model than this run's ({why}); {fix}") from None
+
+
+def _weights_mismatch(model: torch.nn.Module, weights: Any) -> str:
+    if not isinstance(weights, dict):
+        return f"its weights are a {type(weights).__name__}"
+    own = model.state_dict()
+    shapes = [f"{k} is {list(weights[k].shape)} there, {list(t.shape)} here" for k, t in own.items()
+              if k in weights and getattr(weights[k], "shape", t.shape) != t.shape]
+    missing, extra = [k for k in own if k not in weights], [k for k in weights if k not in own]
+    parts = [*shapes[:1], *([f"{len(missing)} weights missing, e.g. {missing[0]}"] if missing else []),
+             *([f"{len(extra)} unknown weights, e.g. {extra[0]}"] if extra else [])]
+    more = f" and {len(shapes) - 1} more of another shape" if len(shapes) > 1 else ""
+    return "; ".join(parts) + more if parts else ""
+
+
+_ABSENT = object()
+
+
+def resume_changes(stored: dict | None, requested: dict, path: Path, force: bool) -> dict | None:
+    """The settings that differ between a checkpoint's run and this one, {key: [old, new]}
+    (None where the checkpoint stores no settings). A difference in a key outside
+    `RESUME_FREE_KEYS`, or a checkpoint without settings, is refused unless `force`."""
+    if not isinstance(stored, dict):
+        if not force:
+            raise UserError(f"--resume: checkpoint {path} stores no settings (written by an older prvr-bench), so "
+                            "they cannot be compared with this run's; pass --force-resume to continue it anyway, "
+                            "or run without --resume to train afresh")
+        progress.log(f"[yellow]warning[/]: {path} stores no settings; continuing it anyway (--force-resume)")
+        return None
+    old, new = _flatten(stored), _flatten(requested)
+    pairs = {k: (old.get(k, _ABSENT), new.get(k, _ABSENT)) for k in sorted(old.keys() | new.keys())}
+    differ = {k: (a, b) for k, (a, b) in pairs.items() if not _same(a, b)}
+    refused = {k: v for k, v in differ.items() if k not in RESUME_FREE_KEYS}
+    if refused:
+        listing = ", ".join(f"{k} {_shown(a)} -> {_shown(b)}" for k, (a, b) in refused.items())
+        if not force:
+            raise UserError(f"--resume: checkpoint {path} was trained with other settings ({listing}); resume with "
+                            "its settings, pass --force-resume to continue with these anyway (the record lists the "
+                            "changes), or run without --resume to train afresh")
+        progress.log(f"[yellow]warning[/]: resuming {path} with other settings ({listing}) (--force-resume)")
+    return {k: [None if a is _ABSENT else a, None if b is _ABSENT else b] for k, (a, b) in differ.items()}
+
+
+def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return a is not _ABSENT and b is not _ABSENT and a == b
+
+
+def _shown(v: Any) -> str:
+    return "(absent)" if v is _ABSENT else repr(v)
 
 
 def encode_all(encode, make_batch, n: int, batch_size: int, device: torch.device) -> dict[str, torch.Tensor]:

@@ -169,7 +169,7 @@ def test_arl_losses_run_on_the_oracle_sets(tmp_path):
 def test_ablate_command_runs_every_row_and_tabulates(tmp_path, monkeypatch):
     calls = []
 
-    def fake_run_one(cfg, out, resume=False, tag="", hooks=None, command=""):
+    def fake_run_one(cfg, out, resume=False, tag="", hooks=None, command="", force_resume=False):
         from prvr.harness.runner import run_name
 
         calls.append((tag, cfg.loss.variant, cfg.loss.treatment, cfg.seed))
