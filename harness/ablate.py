@@ -21,6 +21,7 @@ import numpy as np
 from prvr.harness import progress
 from prvr.harness.io import UserError, ensure_dir, write_text
 from prvr.harness.leaderboard import fmt
+from prvr.harness.names import check_name, check_tag, inside
 
 METRICS = ("R@1", "R@5", "R@10", "R@100", "SumR")
 
@@ -84,6 +85,7 @@ def cmd_ablate(args: argparse.Namespace) -> None:
     from prvr.harness.runner import run_name, run_one
 
     table = get_table(args.method, args.table)
+    check_tag(args.tag)
     ensure_dir(args.out)
     set_threads(args.threads)
     plan = [(row, resolve(args.method, args.dataset, seed,
@@ -120,7 +122,7 @@ def report(table: AblationTable, out: str, dataset: str, plan, extra_tag: str = 
             path = record_path(out, dataset, name, cfg.seed)
             if path.exists():
                 recs.append(load_record(path))
-                if diff := settings_diff(cfg, recs[-1]):
+                if diff := settings_diff(cfg, recs[-1], source=f"run record {path} key 'config'"):
                     mismatched.append(f"{path}: {diff}")
         cells = {m: [r["metrics"]["test"][m] for r in recs] for m in METRICS}
         rows.append((row, name, len(recs), cells))
@@ -140,8 +142,10 @@ def report(table: AblationTable, out: str, dataset: str, plan, extra_tag: str = 
                *(f"- {m}" for m in mismatched)]
         for m in mismatched:
             progress.log(f"warning: {m}")
-    folder = Path(out) / "ablations" / dataset
-    path = folder / f"{table.method}_table{table.name}{'_' + extra_tag if extra_tag else ''}.md"
+    stem = check_name(f"{table.method}_table{table.name}{'_' + extra_tag if extra_tag else ''}", "ablation table name",
+                      "use a shorter --tag")
+    path = inside(Path(out) / "ablations" / check_name(dataset, "dataset name", "pick a registered dataset")
+                  / f"{stem}.md", out, "ablation table")
     write_text(path, "\n".join(md) + "\n")
     write_text(path.with_suffix(".csv"), "\n".join(csv) + "\n")
     print("\n".join(md))
@@ -149,7 +153,7 @@ def report(table: AblationTable, out: str, dataset: str, plan, extra_tag: str = 
     return path
 
 
-def settings_diff(cfg, record: dict, shown: int = 3) -> str:
+def settings_diff(cfg, record: dict, shown: int = 3, source: str = "stored config") -> str:
     """The config keys on which a stored record differs from the planned `cfg`, as
     "key stored / asked" items ("" when they agree). The record's config is rebuilt the way
     resume does (keys added since it was made take their defaults); the data root is a
@@ -162,7 +166,7 @@ def settings_diff(cfg, record: dict, shown: int = 3) -> str:
             out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
         return out
 
-    asked, stored = flat(cfg.to_dict()), flat(from_dict(record["config"]).to_dict())
+    asked, stored = flat(cfg.to_dict()), flat(from_dict(record["config"], source).to_dict())
     keys = sorted(k for k in asked.keys() | stored.keys()
                   if asked.get(k) != stored.get(k) and k != "data.data_root")
     items = [f"{k} {stored.get(k)!r} / {asked.get(k)!r}" for k in keys[:shown]]

@@ -8,15 +8,16 @@ import os
 import shlex
 import sys
 import time
-from pathlib import Path
 
 from prvr.harness import progress
 from prvr.harness.io import UserError, ensure_dir
+from prvr.harness.names import check_tag
 from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS, OBJECTIVES, RegistryError
 
 DEFAULT_DATASET = "sim-tvr"
 # Modules that add subcommands: each has add_commands(subparsers) and sets `func` on its parsers.
-PLUGIN_COMMANDS: list[str] = ["prvr.harness.ablate", "prvr.harness.reevaluate", "prvr.harness.profiling.command", "prvr.harness.data_cli"]
+PLUGIN_COMMANDS: list[str] = ["prvr.harness.ablate", "prvr.harness.reevaluate", "prvr.harness.profiling.command", "prvr.harness.data_cli",
+                              "prvr.harness.detection"]
 
 
 def data_root_overrides(args: argparse.Namespace) -> list[str]:
@@ -86,11 +87,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_run(args: argparse.Namespace) -> None:
     from prvr.harness.config import resolve
-    from prvr.harness.runner import run_one
+    from prvr.harness.runner import run_name, run_one
 
-    ensure_dir(args.out)
+    check_tag(args.tag)
     set_threads(args.threads)
     cfg = resolve(args.method, args.dataset, args.seed, [*data_root_overrides(args), *args.overrides], args.config)
+    run_name(cfg, args.tag)  # a name unfit for a folder fails before the output folder is made
+    ensure_dir(args.out)
     run_one(cfg, args.out, resume=args.resume, tag=args.tag, command=_command_line(), force_resume=args.force_resume)
 
 
@@ -109,6 +112,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
     from prvr.harness import leaderboard
     from prvr.harness.jobs import parse_jobs
 
+    check_tag(args.tag)
     ensure_dir(args.out)
     workers = parse_jobs(args.jobs)
     set_threads(args.threads)  # checks --threads for both ways of running; the runs started in processes get their own
@@ -174,13 +178,14 @@ def _bench_here(args: argparse.Namespace, todo: list[tuple]) -> None:
 
 def _bench_in_processes(args: argparse.Namespace, todo: list[tuple], workers: int) -> None:
     from prvr.harness.jobs import Job, expected_seconds, run_jobs, threads_per_job
+    from prvr.harness.records import log_path
     from prvr.harness.runner import run_name
 
     threads = threads_per_job(workers, args.threads)
     jobs = []
     for cfg, path, run_args in todo:
         name = run_name(cfg, args.tag)
-        log = Path(args.out) / "logs" / cfg.dataset / name / f"seed{cfg.seed}.log"
+        log = log_path(args.out, cfg.dataset, name, cfg.seed)
         jobs.append(Job([*run_args, "--threads", str(threads)], f"{name} on {cfg.dataset}, seed {cfg.seed}", path,
                         log, expected_seconds(path)))
     progress.log(f"bench: {len(jobs)} runs, {min(workers, len(jobs))} at a time, {threads} torch thread"

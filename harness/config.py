@@ -3,8 +3,10 @@
 Resolution order (later wins):
   dataclass defaults < dataset preset < method preset < method preset for this dataset
   < user YAML (--config) < --set overrides.
-Every key is checked against the dataclass that owns it: an unknown key or a value of the
-wrong type is an error naming the key. The resolved config is stored in each run record.
+Every key is checked against the dataclass that owns it: an unknown key, a value of the
+wrong type or a value outside the field's declared check (harness/checks.py, written next to
+each default) is a one-line error naming the key and where the value came from. The
+resolved config is stored in each run record.
 """
 
 from __future__ import annotations
@@ -12,114 +14,163 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import typing
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from prvr.harness.checks import (FLAG, NON_NEGATIVE, POSITIVE, PROBABILITY, SEED, Device, Free, ListOf, OneOf, Range,
+                                 Registered, at_least, check_section, check_value, param, section, show)
 from prvr.harness.io import UserError
-from prvr.harness.registry import BACKBONES, METHODS
+from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS
 
+ON_BAD_ROWS = ("error", "skip")
 ON_NONFINITE = ("stop", "continue")  # train.on_nonfinite, read by harness/trainer.py
+ORACLE_MODES = ("ignore", "positive")  # read by the oracle detector (methods/relations/base.py)
+SPLITS = ("train", "val", "test")
+
+
+def dataset_scales(cfg: Any) -> tuple[str, ...]:
+    """data.scale: "default" and the scales the dataset's preset defines."""
+    if cfg is None or cfg.dataset not in DATASETS:
+        return ("default",)
+    return ("default", *(load_yaml(DATASETS.get(cfg.dataset).preset).get("scales") or {}))
+
+
+def _layouts(cfg: Any) -> tuple[str, ...]:
+    from prvr.datasets.real.store import LAYOUTS
+
+    return tuple(LAYOUTS)
+
+
+def _pooling_rules(cfg: Any) -> tuple[str, ...]:
+    from prvr.datasets.loader import POOLING_RULES
+
+    return POOLING_RULES
+
+
+def _decays(cfg: Any) -> tuple[str, ...]:
+    from prvr.harness.optim import DECAYS
+
+    return DECAYS
+
+
+def _optimizers():
+    from prvr.harness.optim import OPTIMIZERS
+
+    return OPTIMIZERS
 
 
 @dataclass
 class DataConfig:
-    scale: str = "default"  # simulated presets: "default" (CPU-sized), "full" (real split sizes), "tiny"
-    max_frames: int = 128  # frame branch: mean-pooled down to at most this many (MS-SL family)
-    num_clips: int = 32  # clip branch: mean-pooled to exactly this many (MS-SL family)
-    max_query_len: int = 30  # query tokens kept (MS-SL family)
-    normalize_frames: bool = True  # L2-normalise frame rows (MS-SL family)
-    normalize_tokens: bool = True  # L2-normalise token rows (MS-SL family)
-    cache_dir: str = ""  # "" -> $PRVR_CACHE or ~/.cache/prvr-bench
-    data_root: str = ""  # real datasets: "" -> $PRVR_DATA
-    on_bad_rows: str = "error"  # "error" | "skip"
-    layout: str = "msl"  # real datasets: "msl" (MS-SL family release) | "xml" (TVRetrieval release, tvr only)
-    feature: str = ""  # real datasets: video features; "" -> MS-SL FeatureData/<the dataset's folder>, XML resnet_i3d
-    annotations: str = ""  # real datasets: folder of the original annotation files; "" -> <collection>/annotations
+    # simulated presets: "default" (CPU-sized), "full" (real split sizes), "tiny"
+    scale: str = param("default", OneOf(dataset_scales))
+    max_frames: int = param(128, at_least(1))  # frame branch: mean-pooled down to at most this many (MS-SL family)
+    num_clips: int = param(32, at_least(1))  # clip branch: mean-pooled to exactly this many (MS-SL family)
+    max_query_len: int = param(30, at_least(1))  # query tokens kept (MS-SL family)
+    normalize_frames: bool = param(True, FLAG)  # L2-normalise frame rows (MS-SL family)
+    normalize_tokens: bool = param(True, FLAG)  # L2-normalise token rows (MS-SL family)
+    cache_dir: str = param("", Free("a folder"))  # "" -> $PRVR_CACHE or ~/.cache/prvr-bench
+    data_root: str = param("", Free("a folder"))  # real datasets: "" -> $PRVR_DATA
+    on_bad_rows: str = param("error", OneOf(ON_BAD_ROWS))
+    # real datasets: "msl" (MS-SL family release) | "xml" (TVRetrieval release, tvr only)
+    layout: str = param("msl", OneOf(_layouts))
+    # real datasets: video features; "" -> MS-SL FeatureData/<the dataset's folder>, XML resnet_i3d
+    feature: str = param("", Free("a feature folder under the data root, or a path"))
+    # real datasets: folder of the original annotation files; "" -> <collection>/annotations
+    annotations: str = param("", Free("a folder"))
     # Segment rule of the clip / frame mean-pooling: "reference" is the MS-SL family's (rounded,
     # clamped boundaries; the real-layout presets use it), "even" splits rows evenly (the
     # simulated presets, whose committed runs were made with it). See datasets/loader.py.
-    pooling: str = "even"
-    val_from_train: int = 0  # N > 0: N training videos (with all their queries) become the selection split (datasets/selection.py)
-    preload: bool = False  # real datasets: copy video and query features into RAM instead of memory-mapping them
+    pooling: str = param("even", OneOf(_pooling_rules))
+    # N > 0: N training videos (with all their queries) become the selection split (datasets/selection.py)
+    val_from_train: int = param(0, at_least(0, "0 = the dataset's val split"))
+    # real datasets: copy video and query features into RAM instead of memory-mapping them
+    preload: bool = param(False, FLAG)
 
 
 @dataclass
 class SimConfig:
     """Knobs of the simulated PRVR world (datasets/sim). Presets set them per dataset."""
 
-    seed: int = 0  # the world's own seed: the dataset stays fixed across run seeds
-    train_videos: int = 1000
-    val_videos: int = 250
-    test_videos: int = 500
-    queries_per_video: float = 5.0  # mean queries per video
-    duration_mean: float = 75.7  # seconds
-    duration_std: float = 15.0
-    seconds_per_frame: float = 1.5  # one feature row per 1.5 s, like the public features
-    mv_fractions: list[float] = field(default_factory=lambda: [0.853, 0.092, 0.055])  # short/medium/long
-    extra_events: float = 2.0  # mean unannotated events per video (they can still be relevant)
-    repeat_prob: float = 0.45  # label ambiguity: chance an event re-occurs from the recurring pool
-    repeat_copies: float = 4.0  # mean videos a recurring event appears in, per split
-    vague_prob: float = 0.1  # queries that omit the object or the character
-    scene_prob: float = 0.3  # queries that name the scene
-    filler_rate: float = 0.3  # chance of each filler slot (uninformative words)
-    mislabel_rate: float = 0.0  # noisy correspondence: training queries moved to a random video
-    latent_dim: int = 64
-    video_dim: int = 3072
-    query_dim: int = 768
-    context_weight: float = 0.6  # shared context: scene and cast in every frame
-    frame_noise: float = 1.0
-    token_noise: float = 0.5
-    object_weight: float = 0.8  # how visible the object is in an event's frames
+    seed: int = param(0, SEED)  # the world's own seed: the dataset stays fixed across run seeds
+    train_videos: int = param(1000, at_least(1))
+    val_videos: int = param(250, at_least(1))
+    test_videos: int = param(500, at_least(1))
+    queries_per_video: float = param(5.0, POSITIVE)  # mean queries per video
+    duration_mean: float = param(75.7, POSITIVE)  # seconds
+    duration_std: float = param(15.0, NON_NEGATIVE)
+    seconds_per_frame: float = param(1.5, POSITIVE)  # one feature row per 1.5 s, like the public features
+    # moments that are short / medium / long
+    mv_fractions: list[float] = param([0.853, 0.092, 0.055], ListOf(PROBABILITY, length=3, total=1.0))
+    extra_events: float = param(2.0, NON_NEGATIVE)  # mean unannotated events per video (they can still be relevant)
+    repeat_prob: float = param(0.45, PROBABILITY)  # label ambiguity: chance an event re-occurs from the recurring pool
+    repeat_copies: float = param(4.0, POSITIVE)  # mean videos a recurring event appears in, per split
+    vague_prob: float = param(0.1, PROBABILITY)  # queries that omit the object or the character
+    scene_prob: float = param(0.3, PROBABILITY)  # queries that name the scene
+    filler_rate: float = param(0.3, PROBABILITY)  # chance of each filler slot (uninformative words)
+    mislabel_rate: float = param(0.0, PROBABILITY)  # noisy correspondence: training queries moved to a random video
+    latent_dim: int = param(64, at_least(1))
+    video_dim: int = param(3072, at_least(1))
+    query_dim: int = param(768, at_least(1))
+    context_weight: float = param(0.6, NON_NEGATIVE)  # shared context: scene and cast in every frame
+    frame_noise: float = param(1.0, NON_NEGATIVE)
+    token_noise: float = param(0.5, NON_NEGATIVE)
+    object_weight: float = param(0.8, NON_NEGATIVE)  # how visible the object is in an event's frames
 
 
 @dataclass
 class TrainConfig:
-    epochs: int = 12
-    batch_size: int = 128  # videos per batch, each with all its queries (MS-SL family: 128)
-    optimizer: str = "adamw"  # "adamw" | "bertadam" (harness/optim.py; the MS-SL family presets use bertadam)
-    lr: float = 3e-4
-    weight_decay: float = 0.01  # not on biases / norms (each optimizer's groups: harness/optim.py)
-    warmup_frac: float = 0.05  # share of all steps with linear warm-up
-    decay: str = "cosine"  # "cosine" | "linear" | "constant" after warm-up, or "warmup_linear" (BertAdam's schedule)
-    grad_clip: float = 5.0  # gradient-norm bound, 0 = none: adamw clips the global norm, bertadam each parameter's
-    patience: int = 5  # early stop after this many epochs without val SumR gain (MS-SL: 10 of 100 epochs)
-    eval_every: int = 1
-    num_workers: int = -1  # batch-building worker processes; -1: 4 with CUDA (keeps a GPU fed), 0 on CPU
-    device: str = "auto"  # "auto" (CUDA when present) | "cpu" | "cuda" | "cuda:1" ...
+    epochs: int = param(12, at_least(1))
+    batch_size: int = param(128, at_least(1))  # videos per batch, each with all its queries (MS-SL family: 128)
+    # "adamw" | "bertadam" (harness/optim.py; the MS-SL family presets use bertadam)
+    optimizer: str = param("adamw", Registered(_optimizers))
+    lr: float = param(3e-4, POSITIVE)
+    weight_decay: float = param(0.01, NON_NEGATIVE)  # not on biases / norms (each optimizer's groups: harness/optim.py)
+    warmup_frac: float = param(0.05, Range(0, 1, high_open=True))  # share of all steps with linear warm-up
+    # "cosine" | "linear" | "constant" after warm-up, or "warmup_linear" (BertAdam's schedule)
+    decay: str = param("cosine", OneOf(_decays))
+    # gradient-norm bound, 0 = none: adamw clips the global norm, bertadam each parameter's
+    grad_clip: float = param(5.0, Range(0, note="0 = no clipping"))
+    # early stop after this many epochs without val SumR gain (MS-SL: 10 of 100 epochs)
+    patience: int = param(5, at_least(1))
+    eval_every: int = param(1, at_least(1))
+    # batch-building worker processes; -1: 4 with CUDA (keeps a GPU fed), 0 on CPU
+    num_workers: int = param(-1, at_least(-1, "-1 = auto"))
+    device: str = param("auto", Device())  # "auto" (CUDA when present) | "cpu" | "cuda" | "cuda:1" ...
     # a loss that is not finite (a diverged run): "stop" (one line naming the epoch and step, no
     # record) | "continue" (train on; the record is marked and left out of leaderboard means)
-    on_nonfinite: str = "stop"
+    on_nonfinite: str = param("stop", OneOf(ON_NONFINITE))
 
 
 @dataclass
 class RelationsConfig:
-    name: str = "none"  # relation detector: none | oracle | ... (see `prvr-bench list`)
-    oracle_mode: str = "positive"  # oracle: "positive" (count as positives) | "ignore" (drop from negatives)
+    name: str = param("none", Registered(lambda: DETECTORS))  # relation detector: none | oracle | ... (see `prvr-bench list`)
+    # oracle: "positive" (count as positives) | "ignore" (drop from negatives)
+    oracle_mode: str = param("positive", OneOf(ORACLE_MODES))
 
 
 @dataclass
 class EvalConfig:
-    chunk: int = 1024  # queries scored at once
-    splits: list[str] = field(default_factory=lambda: ["val", "test"])
+    chunk: int = param(1024, at_least(1))  # queries scored at once
+    splits: list[str] = param(["val", "test"], ListOf(OneOf(SPLITS), distinct=True))
 
 
 @dataclass
 class Config:
-    method: str = "baseline"
-    dataset: str = "sim-tvr"
-    seed: int = 0
-    backbone: str = ""  # "" -> the method's backbone
-    data: DataConfig = field(default_factory=DataConfig)
-    sim: SimConfig = field(default_factory=SimConfig)
-    model: Any = None  # the backbone's config dataclass
-    loss: Any = None  # the method's objective config dataclass
-    train: TrainConfig = field(default_factory=TrainConfig)
-    relations: RelationsConfig = field(default_factory=RelationsConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    extra: dict[str, Any] = field(default_factory=dict)  # method-specific sections
+    method: str = param("baseline", Registered(lambda: METHODS))
+    dataset: str = param("sim-tvr", Registered(lambda: DATASETS))
+    seed: int = param(0, SEED)
+    backbone: str = param("", Registered(lambda: BACKBONES, empty="the method's backbone"))
+    data: DataConfig = section(DataConfig)
+    sim: SimConfig = section(SimConfig)
+    model: Any = section()  # the backbone's config dataclass
+    loss: Any = section()  # the method's objective config dataclass
+    train: TrainConfig = section(TrainConfig)
+    relations: RelationsConfig = section(RelationsConfig)
+    eval: EvalConfig = section(EvalConfig)
+    extra: dict[str, Any] = section(dict)  # method-specific sections
 
     def section(self, name: str) -> Any:
         if name in self.extra:
@@ -137,11 +188,11 @@ SCALARS = ("method", "dataset", "seed", "backbone")
 
 def resolve(method: str, dataset: str, seed: int = 0, overrides: list[str] | None = None,
             user_yaml: str | Path | None = None) -> Config:
-    """Build the fully resolved config of one run."""
-    from prvr.harness.registry import DATASETS
-
+    """Build the fully resolved config of one run; every value is checked (harness/checks.py)
+    before any data is made."""
     spec = METHODS.get(method)
     DATASETS.get(dataset)  # unknown dataset: error with suggestions
+    check_value(Config, _field(Config, "seed"), "seed", seed, "--seed")
     sets = [parse_set(s) for s in overrides or []]
     user = load_yaml(user_yaml) if user_yaml else {}
     method_preset = load_yaml(spec.preset) if spec.preset else {}
@@ -151,10 +202,14 @@ def resolve(method: str, dataset: str, seed: int = 0, overrides: list[str] | Non
     # A dataset's family (sim-tvr imitates tvr) selects the method's per-dataset defaults
     # keyed by the family; a section keyed by the exact dataset name applies after it.
     family = dataset_preset.pop("family", None)
-    scale = dict(sets).get("data.scale") or user.get("data", {}).get("scale") or "default"
+    user_data = user.get("data") if isinstance(user.get("data"), dict) else {}
+    scale, scale_source = ((dict(sets)["data.scale"], "--set") if "data.scale" in dict(sets)
+                           else (user_data.get("scale") or "default", str(user_yaml)))
+    if not isinstance(scale, str):
+        scale = "default"  # not a name: the type check of data.scale answers it
     if scale != "default" and scale not in scales:
-        raise UserError(f"dataset {dataset} has no scale '{scale}' (has: default, {', '.join(scales)}); "
-                        "fix --set data.scale")
+        raise UserError(f"config key 'data.scale': dataset {dataset} has no scale {show(scale)} "
+                        f"(has: {', '.join(('default', *scales))}) (from {scale_source})")
     layers = [
         (dataset_preset, f"dataset preset {dataset}"),
         (method_preset, f"method preset {method}"),
@@ -174,7 +229,43 @@ def resolve(method: str, dataset: str, seed: int = 0, overrides: list[str] | Non
     for key, raw in sets:
         apply_value(cfg, key, raw, "--set", from_cli=True)
     cfg.seed, cfg.method, cfg.dataset = seed, method, dataset
+    check_config(cfg, "the resolved config")
+    check_device(cfg.train.device, "config key 'train.device'", "--set train.device=cpu (or auto)")
     return cfg
+
+
+def check_config(cfg: Config, source: str) -> None:
+    """Every declared check of every field and each section's own cross-field rules."""
+    for f in fields(cfg):
+        if f.metadata.get("section"):
+            continue
+        check_value(cfg, f, f.name, getattr(cfg, f.name), source, cfg)
+    for name in ("data", "sim", "model", "loss", "train", "relations", "eval", *cfg.extra):
+        sec = cfg.section(name)
+        if is_dataclass(sec):
+            check_section(sec, name, source, cfg)
+
+
+def check_device(device: str, what: str, fix: str) -> None:
+    """A device name torch would not take, or a CUDA device asked for where torch finds none,
+    is a one-line error, not a traceback."""
+    problem = Device().problem(device)
+    if problem:
+        raise UserError(f"{what} {problem}; use {fix}")
+    if not device.startswith("cuda"):
+        return
+    import torch
+
+    index = int(device.split(":")[1]) if ":" in device else 0
+    if not torch.cuda.is_available():
+        raise UserError(f"{what} is '{device}', but torch finds no CUDA device on this machine; use {fix}")
+    if index >= torch.cuda.device_count():
+        raise UserError(f"{what} is '{device}', but this machine has {torch.cuda.device_count()} CUDA device(s) "
+                        f"(cuda:0 to cuda:{torch.cuda.device_count() - 1}); use {fix}")
+
+
+def _field(cls: type, name: str) -> dataclasses.Field:
+    return next(f for f in fields(cls) if f.name == name)
 
 
 def _pick_backbone(default: str, layers: list[tuple[dict, str]], sets: list[tuple[str, str]]) -> str:
@@ -190,7 +281,7 @@ def _pick_backbone(default: str, layers: list[tuple[dict, str]], sets: list[tupl
 
 def parse_set(item: str) -> tuple[str, str]:
     if "=" not in item:
-        raise UserError(f"--set expects key=value, got '{item}' (e.g. --set train.lr=1e-4)")
+        raise UserError(f"--set expects key=value, got {show(item, 60)} (e.g. --set train.lr=1e-4)")
     key, value = item.split("=", 1)
     return key.strip(), value.strip()
 
@@ -220,6 +311,9 @@ def apply_dict(cfg: Config, data: dict[str, Any], source: str, prefix: str = "")
         full = f"{prefix}{key}"
         if isinstance(value, dict) and not prefix and _is_section(cfg, key):
             apply_dict(cfg, value, source, prefix=f"{key}.")
+        elif not prefix and _is_section(cfg, key):
+            raise UserError(f"config key '{key}' is a section: give it a mapping of keys (from {source}), "
+                            f"e.g. {key}: {{{fields(cfg.section(key))[0].name}: ...}}")
         else:
             apply_value(cfg, full, value, source)
 
@@ -229,22 +323,27 @@ def _is_section(cfg: Config, name: str) -> bool:
 
 
 def apply_value(cfg: Config, key: str, value: Any, source: str, from_cli: bool = False) -> None:
-    """Set one dotted key, checking that it exists and that the value has the right type."""
+    """Set one dotted key, checking that it exists, that the value has the right type and that
+    it passes the field's declared check."""
     parts = key.split(".")
     if parts == ["relations"] and not isinstance(value, dict):  # shorthand: --set relations=oracle
         parts = ["relations", "name"]
     if len(parts) == 1:
         if parts[0] not in SCALARS:
             raise UserError(_unknown_key(key, _all_keys(cfg), source))
-        setattr(cfg, parts[0], _coerce(value, str if parts[0] != "seed" else int, key, source, from_cli))
+        value = _coerce(value, str if parts[0] != "seed" else int, key, source, from_cli)
+        check_value(cfg, _field(Config, parts[0]), key, value, source, cfg)
+        setattr(cfg, parts[0], value)
         return
     if len(parts) != 2 or not _is_section(cfg, parts[0]):
         raise UserError(_unknown_key(key, _all_keys(cfg), source))
-    section = cfg.section(parts[0])
-    hints = typing.get_type_hints(type(section))
-    if parts[1] not in {f.name for f in fields(section)}:
+    owner = cfg.section(parts[0])
+    hints = typing.get_type_hints(type(owner))
+    if parts[1] not in {f.name for f in fields(owner)}:
         raise UserError(_unknown_key(key, _all_keys(cfg), source))
-    setattr(section, parts[1], _coerce(value, hints[parts[1]], key, source, from_cli))
+    value = _coerce(value, hints[parts[1]], key, source, from_cli)
+    check_value(owner, _field(type(owner), parts[1]), f"{parts[0]}.{parts[1]}", value, source, cfg)
+    setattr(owner, parts[1], value)
 
 
 def _all_keys(cfg: Config) -> list[str]:
@@ -259,7 +358,7 @@ def _all_keys(cfg: Config) -> list[str]:
 def _unknown_key(key: str, known: list[str], source: str) -> str:
     close = difflib.get_close_matches(key, known, n=3, cutoff=0.5)
     hint = f"did you mean {', '.join(close)}?" if close else "see `prvr-bench config --method M` for all keys"
-    return f"unknown config key '{key}' (from {source}); {hint}"
+    return f"unknown config key {show(key, 60)} (from {source}); {hint}"
 
 
 def _coerce(value: Any, tp: Any, key: str, source: str, from_cli: bool) -> Any:
@@ -297,18 +396,30 @@ def _parse_cli_value(text: str) -> Any:
 def _type_error(key: str, tp: Any, value: Any, source: str) -> UserError:
     name = getattr(tp, "__name__", str(tp))
     return UserError(
-        f"config key '{key}' expects {name}, got {value!r} ({type(value).__name__}) from {source}"
+        f"config key '{key}' expects {name}, got {show(value)} ({type(value).__name__}) from {source}"
     )
 
 
-def from_dict(data: dict[str, Any]) -> Config:
-    """Rebuild a Config from a stored record's `config` block (for resume / re-evaluation)."""
-    spec = METHODS.get(data["method"])
-    cfg = Config(method=data["method"], dataset=data["dataset"], seed=int(data["seed"]),
-                 backbone=data.get("backbone") or spec.backbone)
+def from_dict(data: dict[str, Any], source: str = "stored config") -> Config:
+    """Rebuild a Config from a stored record's `config` block (for resume / re-evaluation),
+    checked as a resolved one is (but not against this machine's devices: a record made on a
+    GPU still loads on a CPU). `source` names the record in errors."""
+    if not isinstance(data, dict):
+        raise UserError(f"{source} is {type(data).__name__}, not a mapping of config keys; re-run that run")
+    missing = [k for k in ("method", "dataset", "seed") if k not in data]
+    if missing:
+        raise UserError(f"{source} lacks config key(s) {', '.join(missing)}; re-run that run")
+    scalars = Config(method=data["method"], dataset=data["dataset"], seed=data["seed"],
+                     backbone=data.get("backbone") or "")
+    for name in SCALARS:
+        check_value(Config, _field(Config, name), name, getattr(scalars, name), source)
+    spec = METHODS.get(scalars.method)
+    cfg = Config(method=scalars.method, dataset=scalars.dataset, seed=scalars.seed,
+                 backbone=scalars.backbone or spec.backbone)
     cfg.model = BACKBONES.get(cfg.backbone).config_cls()
     cfg.loss = spec.loss_cls()
     cfg.extra = {name: cls() for name, cls in spec.sections.items()}
     rest = {k: v for k, v in data.items() if k not in SCALARS}
-    apply_dict(cfg, rest, "stored config")
+    apply_dict(cfg, rest, source)
+    check_config(cfg, source)
     return cfg

@@ -64,9 +64,12 @@ def _first_branch(rel: dict) -> str:
 
 
 def write_table(out: str | Path, dataset: str, run: str, part: str = "union") -> Path:
+    from prvr.harness.names import check_name, inside
     from prvr.harness.records import load_record
 
-    folder = Path(out) / "runs" / dataset / run
+    check_name(run, "--run", "give the run's folder name, e.g. arl or arl~tv_only")
+    check_name(dataset, "--dataset", "give a dataset name, e.g. sim-tvr")
+    folder = inside(Path(out) / "runs" / dataset / run, out, "run folder")
     files = sorted(folder.glob("seed*.json")) if folder.is_dir() else []
     records = [load_record(f) for f in files if not f.name.endswith((".fig4.json",))]
     if not records:
@@ -89,7 +92,7 @@ def write_table(out: str | Path, dataset: str, run: str, part: str = "union") ->
         csv.append(",".join([str(r["epoch"]), str(r["seeds"]), *("" if v is None else f"{v:.6g}" for v in values)]))
     if not rows:
         md.append("\n(no epoch with an active detector in these records)")
-    path = Path(out) / "ablations" / dataset / f"{run}_detection.md"
+    path = inside(Path(out) / "ablations" / dataset / f"{run}_detection.md", out, "detection table")
     write_text(path, "\n".join(md) + "\n")
     write_text(path.with_suffix(".csv"), "\n".join(csv) + "\n")
     return path

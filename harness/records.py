@@ -8,6 +8,7 @@ versions are upgraded on load.
 from __future__ import annotations
 
 import platform
+import re
 import subprocess
 import sys
 from datetime import datetime, timezone
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from prvr.harness.io import UserError, read_json, write_json
+from prvr.harness.names import check_name, inside
 
 SCHEMA_VERSION = 2
 REQUIRED = ("method", "dataset", "seed", "config", "provenance", "metrics")
@@ -79,7 +81,46 @@ def budget_label(protocol: dict[str, Any]) -> str:
 
 
 def record_path(out: str | Path, dataset: str, run_name: str, seed: int) -> Path:
-    return Path(out) / "runs" / dataset / run_name / f"seed{seed}.json"
+    """<out>/runs/<dataset>/<run>/seed<S>.json"""
+    return _run_path(out, "runs", dataset, run_name, seed, ".json")
+
+
+def checkpoint_dir(out: str | Path, dataset: str, run_name: str, seed: int) -> Path:
+    """<out>/checkpoints/<dataset>/<run>/seed<S>/ (last.pt, best.pt)"""
+    return _run_path(out, "checkpoints", dataset, run_name, seed, "")
+
+
+def log_path(out: str | Path, dataset: str, run_name: str, seed: int) -> Path:
+    """<out>/logs/<dataset>/<run>/seed<S>.log (bench --jobs)"""
+    return _run_path(out, "logs", dataset, run_name, seed, ".log")
+
+
+def _run_path(out: str | Path, kind: str, dataset: str, run_name: str, seed: int, suffix: str) -> Path:
+    """The one place a run's files are named: each name checked (harness/names.py), the path
+    checked to lie under `out`."""
+    check_name(dataset, "dataset name", "pick a registered dataset")
+    check_name(run_name, "run name", "use a shorter --tag of letters and digits")
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise UserError(f"seed {seed!r} is not a whole number >= 0; pass --seed N")
+    return inside(Path(out) / kind / dataset / run_name / f"seed{seed}{suffix}", out, f"{kind} path")
+
+
+RECORD_FILE = re.compile(r"seed(\d+)\.json")
+
+
+def record_layout(path: str | Path) -> tuple[Path, str, str, int]:
+    """(out, dataset, run name, seed) of a record at <out>/runs/<dataset>/<run>/seed<S>.json,
+    read from its path, never from its contents; anywhere else is a one-line error."""
+    path = Path(path)
+    match = RECORD_FILE.fullmatch(path.name)
+    parts = path.parts
+    if not match or len(parts) < 4 or parts[-4] != "runs":
+        raise UserError(f"run record {path} is not at <out>/runs/<dataset>/<run>/seed<S>.json, where "
+                        "`prvr-bench run` writes it, so its checkpoint cannot be found; pass the record where it was written")
+    out, dataset, run = path.parents[3], parts[-3], parts[-2]
+    check_name(dataset, f"run record {path}: dataset folder", "move the record back where it was written")
+    check_name(run, f"run record {path}: run folder", "move the record back where it was written")
+    return out, dataset, run, int(match.group(1))
 
 
 def provenance(device: str) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from prvr.harness import progress
+from prvr.harness.checks import show
 from prvr.harness.evaluate import evaluate_scores
 from prvr.harness.io import UserError, write_json
 
@@ -31,25 +32,30 @@ class StoredRun:
     """A run record with its model, restored from the best checkpoint."""
 
     def __init__(self, record_file: str | Path, device: str = "auto", data_root: str | None = None) -> None:
-        from prvr.harness.config import apply_value, from_dict
-        from prvr.harness.records import load_record
+        from prvr.harness.config import apply_value, check_device, from_dict
+        from prvr.harness.records import checkpoint_dir, load_record, record_layout
         from prvr.harness.registry import load_all
         from prvr.harness.trainer import pick_device
 
         load_all()
         self.path = Path(record_file)
+        # The checkpoint is found from where the record lies, never from names inside it.
+        out, dataset, run, seed = record_layout(self.path)
         self.record = load_record(self.path)
-        self.cfg = from_dict(self.record["config"])
+        _check_names_match(self.path, self.record, dataset, run, seed)
+        self.cfg = from_dict(self.record["config"], f"run record {self.path} key 'config'")
+        if (self.cfg.dataset, self.cfg.seed) != (dataset, seed):
+            raise UserError(f"run record {self.path} holds the config of {self.cfg.dataset} seed {self.cfg.seed}, "
+                            f"not of its folder's {dataset} seed {seed}; delete it or re-run that run")
         if data_root:  # real data moved or on another machine than the one that trained
             apply_value(self.cfg, "data.data_root", data_root, "--data-root")
+        check_device(device, "--device", "--device cpu (or auto)")
         self.device = pick_device(device)
-        out = self.path.parents[3]  # <out>/runs/<dataset>/<run>/seed<S>.json
-        self.checkpoint = (out / "checkpoints" / self.record["dataset"] / self.record["run_name"]
-                           / f"seed{self.record['seed']}" / "best.pt")
+        self.checkpoint = checkpoint_dir(out, dataset, run, seed) / "best.pt"
         if not self.checkpoint.exists():
             raise UserError(f"{self.path}: its best checkpoint {self.checkpoint} does not exist; checkpoints are "
                             "not committed, so re-run the run (`prvr-bench run` with the record's command) first")
-        self.name = f"{self.record['run_name']} seed {self.record['seed']}"
+        self.name = f"{run} seed {seed}"
 
     def model(self, data) -> torch.nn.Module:
         from prvr.harness.registry import BACKBONES
@@ -60,6 +66,16 @@ class StoredRun:
         state = read_checkpoint(self.checkpoint, ("model",), fix, self.device)
         load_weights(model, state["model"], self.checkpoint, fix)
         return model.to(self.device).eval()
+
+
+def _check_names_match(path: Path, record: dict[str, Any], dataset: str, run: str, seed: int) -> None:
+    """A record names the run its folder holds: one copied or edited elsewhere is an error, as
+    its checkpoint would be another run's."""
+    stored = (record.get("dataset"), record.get("run_name", run), record.get("seed"))
+    if stored != (dataset, run, seed):
+        shown = ", ".join(show(v) for v in stored)
+        raise UserError(f"run record {path} names dataset, run and seed {shown}, but its folder says "
+                        f"{dataset}, {run}, {seed}; move it back to the folder of its run or re-run that run")
 
 
 def score_matrices(model: torch.nn.Module, split, data_cfg, device: torch.device, chunk: int,

@@ -12,6 +12,8 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Iterator, TypeVar
 
+from prvr.harness.names import RULE, name_problem
+
 T = TypeVar("T")
 
 
@@ -46,6 +48,9 @@ class Registry(Generic[T]):
         return deco
 
     def add(self, name: str, obj: T, summary: str = "") -> None:
+        problem = name_problem(name)
+        if problem:  # registered names become folder and run names
+            raise RegistryError(f"{self.kind} name {name!r} {problem}; use {RULE}")
         if name in self._entries:
             raise RegistryError(
                 f"duplicate {self.kind} '{name}': already registered by "
@@ -61,7 +66,7 @@ class Registry(Generic[T]):
 
     def entry(self, name: str) -> Entry[T]:
         load_all()
-        if name not in self._entries:
+        if not isinstance(name, str) or name not in self._entries:
             raise RegistryError(unknown_message(self.kind, name, self.names()))
         return self._entries[name]
 
@@ -72,15 +77,19 @@ class Registry(Generic[T]):
     def entries(self) -> Iterator[Entry[T]]:
         return (self._entries[n] for n in self.names())
 
-    def __contains__(self, name: str) -> bool:
+    def __contains__(self, name: object) -> bool:
         load_all()
-        return name in self._entries
+        return isinstance(name, str) and name in self._entries
 
 
-def unknown_message(kind: str, name: str, known: list[str]) -> str:
+def unknown_message(kind: str, name: Any, known: list[str]) -> str:
+    if not isinstance(name, str):
+        return f"unknown {kind} {repr(name)[:40]}: known: {', '.join(known) or '(none)'}"
     close = difflib.get_close_matches(name, known, n=3, cutoff=0.4)
     hint = f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""
-    return f"unknown {kind} '{name}': {hint}known: {', '.join(known) or '(none)'}"
+    # a name with newlines or of any length still gives one short line
+    shown = f"'{name}'" if name.isprintable() and len(name) <= 40 else repr(name[:40]) + ("..." if len(name) > 40 else "")
+    return f"unknown {kind} {shown}: {hint}known: {', '.join(known) or '(none)'}"
 
 
 def _where(obj: Any) -> str:

@@ -6,7 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from prvr.harness import progress
-from prvr.harness.records import provenance, record_path, run_protocol, run_tag, write_record
+from prvr.harness.names import check_name, check_tag
+from prvr.harness.records import checkpoint_dir, provenance, record_path, run_protocol, run_tag, write_record
 from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS
 from prvr.harness.timing import Timings
 from prvr.harness.trainer import Trainer, device_name, seed_everything
@@ -15,8 +16,10 @@ SPLIT_METRIC_KEYS = ("R@1", "R@5", "R@10", "R@100", "SumR", "median_rank", "mean
 
 
 def run_name(cfg, tag: str = "") -> str:
+    """The run's folder name (checked: harness/names.py)."""
     spec = METHODS.get(cfg.method)
-    return run_tag(cfg.method, cfg.relations.name, spec.relations, cfg.backbone, spec.backbone, tag)
+    name = run_tag(cfg.method, cfg.relations.name, spec.relations, cfg.backbone, spec.backbone, check_tag(tag))
+    return check_name(name, "run name", "use a shorter --tag")
 
 
 def run_one(cfg, out: str | Path, resume: bool = False, tag: str = "", hooks: list | None = None,
@@ -29,7 +32,7 @@ def run_one(cfg, out: str | Path, resume: bool = False, tag: str = "", hooks: li
     timings = Timings()
     name = run_name(cfg, tag)
     path = record_path(out, cfg.dataset, name, cfg.seed)
-    ckpt_dir = Path(out) / "checkpoints" / cfg.dataset / name / f"seed{cfg.seed}"
+    ckpt_dir = checkpoint_dir(out, cfg.dataset, name, cfg.seed)
     detector_cls = DETECTORS.get(cfg.relations.name)  # an unknown name fails before any data is made
     with timings("data"):
         data = DATASETS.get(cfg.dataset).load(cfg)

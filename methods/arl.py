@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from prvr.harness.ablate import AblationRow, AblationTable, register_table
+from prvr.harness.checks import NON_NEGATIVE, POSITIVE, OneOf, at_least, param, require
 from prvr.harness.io import UserError
 from prvr.harness.registry import METHODS
 from prvr.methods.backbones.arl import BRANCHES
@@ -33,25 +34,34 @@ from prvr.methods.relations.arl import DEFAULT_WARMUP, VARIANTS, ArlDetectorConf
 class ArlConfig:
     """ARL's method knobs (config section `loss`). Per-dataset values: methods/presets/arl.yaml."""
 
-    variant: str = "full"  # Table 5: base | tv_only | tv_tf | tv_cross | full (rows a-e)
-    treatment: str = "restrain"  # Table 6: restrain (ARL) | positive | ignore
-    warmup_epochs: int = DEFAULT_WARMUP  # open ("a few epochs"): 3 of the 12 sim epochs, 5 of 100 on real data (preset)
-    lambda_nce: float = 0.05  # lambda_nce (GMMFormer's TVR NCE factor 0.05; ActivityNet / Charades 0.02)
-    temperature: float = 0.05  # open (Eq. 8 shows none): logits = cosine / 0.05, as the harness baseline
-    margin: float = 0.1  # m (GMMFormer TVR 0.1; ActivityNet / Charades 0.2)
-    margin_a: float = 0.05  # m_a < m, open: m / 2, halfway between "no constraint" and a negative's margin
-    frame_weight: float = 1.0  # open: the paper adds L^frame to L^video without a weight
-    hard_negative_epoch: int = 6  # triplet samples from the top `hard_pool` from this epoch; -1 = never (GMMFormer TVR: 30 of 100)
-    hard_pool: int = 20  # MS-SL / GMMFormer: 20
+    variant: str = param("full", OneOf(tuple(VARIANTS)))  # Table 5: base | tv_only | tv_tf | tv_cross | full (rows a-e)
+    treatment: str = param("restrain", OneOf(TREATMENTS))  # Table 6: restrain (ARL) | positive | ignore
+    # open ("a few epochs"): 3 of the 12 sim epochs, 5 of 100 on real data (preset)
+    warmup_epochs: int = param(DEFAULT_WARMUP, at_least(0))
+    # lambda_nce (GMMFormer's TVR NCE factor 0.05; ActivityNet / Charades 0.02)
+    lambda_nce: float = param(0.05, NON_NEGATIVE)
+    # open (Eq. 8 shows none): logits = cosine / 0.05, as the harness baseline
+    temperature: float = param(0.05, POSITIVE)
+    margin: float = param(0.1, POSITIVE)  # m (GMMFormer TVR 0.1; ActivityNet / Charades 0.2)
+    # m_a < m, open: m / 2, halfway between "no constraint" and a negative's margin
+    margin_a: float = param(0.05, NON_NEGATIVE)
+    frame_weight: float = param(1.0, NON_NEGATIVE)  # open: the paper adds L^frame to L^video without a weight
+    # triplet samples from the top `hard_pool` from this epoch; -1 = never (GMMFormer TVR: 30 of 100)
+    hard_negative_epoch: int = param(6, at_least(-1, "-1 = never"))
+    hard_pool: int = param(20, at_least(1))  # MS-SL / GMMFormer: 20
+
+    def check(self, key: str) -> None:
+        require(self.margin_a < self.margin, f"ARL needs {key}.margin_a < {key}.margin (Eq. 11-12), "
+                                             f"got {self.margin_a} and {self.margin}")
 
 
 def check(cfg: ArlConfig) -> None:
+    """The objective's own guard, for configs built in code (resolve checks the same knobs)."""
     if cfg.variant not in VARIANTS:
         raise UserError(f"loss.variant must be one of {', '.join(VARIANTS)}, got '{cfg.variant}'")
     if cfg.treatment not in TREATMENTS:
         raise UserError(f"loss.treatment must be one of {', '.join(TREATMENTS)}, got '{cfg.treatment}'")
-    if not cfg.margin_a < cfg.margin:
-        raise UserError(f"ARL needs loss.margin_a < loss.margin (Eq. 11-12), got {cfg.margin_a} and {cfg.margin}")
+    cfg.check("loss")
 
 
 def arl_objective(cfg: ArlConfig, scores: dict[str, torch.Tensor], relations, context) -> dict[str, torch.Tensor]:

@@ -8,10 +8,11 @@ Relations come from the configured detector (`none` by default; `oracle` for the
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
+from prvr.harness.checks import NON_NEGATIVE, POSITIVE, ListOf, OneOf, at_least, param
 from prvr.harness.registry import METHODS
 from prvr.methods.objectives.ranking import info_nce, triplet
 from prvr.methods.recipes import PRESETS, MethodSpec
@@ -19,12 +20,13 @@ from prvr.methods.recipes import PRESETS, MethodSpec
 
 @dataclass
 class StandardLossConfig:
-    margin: float = 0.1  # triplet margin (MS-SL TVR: 0.1; 0.2 elsewhere)
-    hard_negative_epoch: int = 6  # hard negatives from this epoch on (MS-SL: 20 of 100 epochs)
-    hard_pool: int = 20  # hard negatives sampled from the top-k (MS-SL: 20)
-    nce_weight: float = 0.05  # weight of InfoNCE against the triplet
-    temperature: float = 0.05  # InfoNCE temperature on cosine similarities
-    branches: list[str] = field(default_factory=lambda: ["clip", "frame"])  # score matrices trained
+    margin: float = param(0.1, NON_NEGATIVE)  # triplet margin (MS-SL TVR: 0.1; 0.2 elsewhere)
+    hard_negative_epoch: int = param(6, at_least(0))  # hard negatives from this epoch on (MS-SL: 20 of 100 epochs)
+    hard_pool: int = param(20, at_least(1))  # hard negatives sampled from the top-k (MS-SL: 20)
+    nce_weight: float = param(0.05, NON_NEGATIVE)  # weight of InfoNCE against the triplet
+    temperature: float = param(0.05, POSITIVE)  # InfoNCE temperature on cosine similarities
+    # score matrices trained
+    branches: list[str] = param(["clip", "frame"], ListOf(OneOf(("clip", "frame")), distinct=True))
 
 
 def standard_objective(cfg: StandardLossConfig, scores: dict[str, torch.Tensor], relations, context) -> dict:

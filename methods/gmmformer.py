@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from prvr.harness.checks import FINITE, NON_NEGATIVE, POSITIVE, at_least, param
 from prvr.harness.registry import METHODS
 from prvr.methods.objectives.prvr import hard_pool_at, query_diversity, same_video_pairs, two_branch_ranking
 from prvr.methods.recipes import PRESETS, MethodSpec
@@ -18,14 +19,15 @@ from prvr.methods.recipes import PRESETS, MethodSpec
 
 @dataclass
 class GMMFormerLossConfig:
-    margin: float = 0.1  # Configs/tvr.py margin (ActivityNet, Charades 0.2 in the preset)
-    clip_nce_weight: float = 0.05  # loss_factor[0] (TVR)
-    frame_nce_weight: float = 0.04  # loss_factor[1] (TVR)
-    diversity_weight: float = 0.001  # loss_factor[2] (TVR)
-    diversity_margin: float = 0.15  # neg_factor[0] (TVR)
-    diversity_alpha: float = 32.0  # neg_factor[1]
-    hard_negative_epoch: int = 30  # hard_negative_start_epoch (TVR, of 100 epochs); -1 = never
-    hard_pool: int = 20  # hard_pool_size
+    margin: float = param(0.1, NON_NEGATIVE)  # Configs/tvr.py margin (ActivityNet, Charades 0.2 in the preset)
+    clip_nce_weight: float = param(0.05, NON_NEGATIVE)  # loss_factor[0] (TVR)
+    frame_nce_weight: float = param(0.04, NON_NEGATIVE)  # loss_factor[1] (TVR)
+    diversity_weight: float = param(0.001, NON_NEGATIVE)  # loss_factor[2] (TVR)
+    diversity_margin: float = param(0.15, FINITE)  # neg_factor[0] (TVR)
+    diversity_alpha: float = param(32.0, POSITIVE)  # neg_factor[1]
+    # hard_negative_start_epoch (TVR, of 100 epochs); -1 = never
+    hard_negative_epoch: int = param(30, at_least(-1, "-1 = never"))
+    hard_pool: int = param(20, at_least(1))  # hard_pool_size
 
 
 def gmmformer_objective(cfg: GMMFormerLossConfig, scores: dict[str, torch.Tensor], relations, context) -> dict:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from prvr.harness.checks import FINITE, NON_NEGATIVE, POSITIVE, at_least, param
 from prvr.harness.registry import METHODS
 from prvr.methods.objectives.prvr import (focal_query_diversity, hard_pool_at, hungarian_matching,
                                           same_video_pairs, two_branch_ranking)
@@ -20,16 +21,17 @@ from prvr.methods.recipes import PRESETS, MethodSpec
 
 @dataclass
 class GMMFormer2LossConfig:
-    margin: float = 0.1  # Configs/tvr.py margin (ActivityNet, Charades 0.2 in the preset)
-    clip_nce_weight: float = 0.05  # loss_factor[0] (TVR)
-    frame_nce_weight: float = 0.04  # loss_factor[1] (TVR)
-    diversity_weight: float = 8e-5  # loss_factor[2] (TVR)
-    matching_weight: float = 0.09  # loss_factor[3] (TVR): Hungarian query-clip matching
-    diversity_margin: float = 0.15  # neg_factor[0] (TVR)
-    diversity_alpha: float = 32.0  # neg_factor[1]
-    diversity_gamma: float = 1.0  # neg_factor[2]: exponent of the focal factor (1 + cos)
-    hard_negative_epoch: int = 20  # hard_negative_start_epoch (of 100 epochs); -1 = never
-    hard_pool: int = 20  # hard_pool_size
+    margin: float = param(0.1, NON_NEGATIVE)  # Configs/tvr.py margin (ActivityNet, Charades 0.2 in the preset)
+    clip_nce_weight: float = param(0.05, NON_NEGATIVE)  # loss_factor[0] (TVR)
+    frame_nce_weight: float = param(0.04, NON_NEGATIVE)  # loss_factor[1] (TVR)
+    diversity_weight: float = param(8e-5, NON_NEGATIVE)  # loss_factor[2] (TVR)
+    matching_weight: float = param(0.09, NON_NEGATIVE)  # loss_factor[3] (TVR): Hungarian query-clip matching
+    diversity_margin: float = param(0.15, FINITE)  # neg_factor[0] (TVR)
+    diversity_alpha: float = param(32.0, POSITIVE)  # neg_factor[1]
+    diversity_gamma: float = param(1.0, NON_NEGATIVE)  # neg_factor[2]: exponent of the focal factor (1 + cos)
+    # hard_negative_start_epoch (of 100 epochs); -1 = never
+    hard_negative_epoch: int = param(20, at_least(-1, "-1 = never"))
+    hard_pool: int = param(20, at_least(1))  # hard_pool_size
 
 
 def gmmformer2_objective(cfg: GMMFormer2LossConfig, scores: dict[str, torch.Tensor], relations, context) -> dict:

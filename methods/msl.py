@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from prvr.harness.checks import NON_NEGATIVE, at_least, param
 from prvr.harness.registry import METHODS
 from prvr.methods.objectives.prvr import hard_pool_at, two_branch_ranking
 from prvr.methods.recipes import PRESETS, MethodSpec
@@ -18,11 +19,12 @@ from prvr.methods.recipes import PRESETS, MethodSpec
 
 @dataclass
 class MSLLossConfig:
-    margin: float = 0.2  # ms-sl config.py --margin (ActivityNet, Charades); do_tvr.sh: 0.1
-    clip_nce_weight: float = 0.02  # ms-sl model.py forward: 0.02 * clip_nce
-    frame_nce_weight: float = 0.04  # ms-sl model.py forward: 0.04 * frame_nce
-    hard_negative_epoch: int = 20  # --hard_negative_start_epoch (of 100 epochs); -1 = never
-    hard_pool: int = 20  # --hard_pool_size
+    margin: float = param(0.2, NON_NEGATIVE)  # ms-sl config.py --margin (ActivityNet, Charades); do_tvr.sh: 0.1
+    clip_nce_weight: float = param(0.02, NON_NEGATIVE)  # ms-sl model.py forward: 0.02 * clip_nce
+    frame_nce_weight: float = param(0.04, NON_NEGATIVE)  # ms-sl model.py forward: 0.04 * frame_nce
+    # --hard_negative_start_epoch (of 100 epochs); -1 = never
+    hard_negative_epoch: int = param(20, at_least(-1, "-1 = never"))
+    hard_pool: int = param(20, at_least(1))  # --hard_pool_size
 
 
 def msl_objective(cfg: MSLLossConfig, scores: dict[str, torch.Tensor], relations, context) -> dict:

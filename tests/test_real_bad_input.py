@@ -11,6 +11,7 @@ from real_layouts import exported, load_tvr, msl_paths
 
 from prvr.datasets.real.problems import LayoutError
 from prvr.harness.cli import main
+from prvr.harness.io import UserError
 
 
 @pytest.fixture(scope="module")
@@ -279,13 +280,14 @@ def test_annotation_rows_past_the_end_or_reversed_are_clipped_and_counted(layout
 
 
 @pytest.mark.parametrize("overrides, expected", [
-    (["data.layout=zip"], "unknown data.layout 'zip'; use one of msl, xml"),
-    (["data.on_bad_rows=ignore"], "data.on_bad_rows must be 'error' or 'skip'"),
+    # refused when the config resolves (their declared checks), before any file is read
+    (["data.layout=zip"], "config key 'data.layout' must be one of msl, xml, got 'zip'"),
+    (["data.on_bad_rows=ignore"], "config key 'data.on_bad_rows' must be one of error, skip, got 'ignore'"),
     (["data.layout=xml", "data.feature=vgg"], "XML video feature 'vgg' is unknown; use one of resnet, i3d, resnet_i3d"),
 ])
 def test_bad_options_name_the_key(layout, overrides, expected):
     root, _, cache = layout
-    with pytest.raises(LayoutError, match=expected.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(UserError, match=expected.replace("(", r"\(").replace(")", r"\)")):
         load_tvr(root, cache, *overrides)
 
 

@@ -20,23 +20,31 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from prvr.harness.checks import DROPOUT, FLAG, Range, at_least, param
 from prvr.harness.registry import BACKBONES
 from prvr.methods.backbones.baseline import AttentionPool
-from prvr.methods.backbones.blocks import unit, with_units
+from prvr.methods.backbones.blocks import check_heads, unit, with_units
 
 BRANCHES = ("theta", "phi")  # the paper's two models theta and Phi
 
 
 @dataclass
 class ArlEncoderConfig:
-    hidden: int = 384  # d (GMMFormer / MS-SL: 384; ARL takes GMMFormer's settings)
-    heads: int = 4  # GMMFormer: 4
-    dropout: float = 0.2  # after the input maps and positions (GMMFormer TVR 0.2, Charades 0.15)
-    layer_dropout: float = 0.0  # inside the attention layer; 0 because masks cost more than the layer on CPUs
-    ffn: int = 0  # feed-forward width of the transformer layer; 0 = none (MS-SL's attention block; see docstring)
-    branches: int = 2  # theta and Phi (paper); 1 = a single model (no cross-model hand-off possible)
-    input_norm: bool = True  # ours, as the MS-SL code family: LayerNorm (no affine) on the inputs before the FC; false = FC on the raw features
-    max_positions: int = 128  # learned positions: 128 frames (MS-SL family), 30 query tokens
+    hidden: int = param(384, at_least(1))  # d (GMMFormer / MS-SL: 384; ARL takes GMMFormer's settings)
+    heads: int = param(4, at_least(1))  # GMMFormer: 4
+    dropout: float = param(0.2, DROPOUT)  # after the input maps and positions (GMMFormer TVR 0.2, Charades 0.15)
+    # inside the attention layer; 0 because masks cost more than the layer on CPUs
+    layer_dropout: float = param(0.0, DROPOUT)
+    # feed-forward width of the transformer layer; 0 = none (MS-SL's attention block; see docstring)
+    ffn: int = param(0, at_least(0, "0 = none"))
+    # theta and Phi (paper); 1 = a single model (no cross-model hand-off possible)
+    branches: int = param(2, Range(1, 2, integer=True))
+    # ours, as the MS-SL code family: LayerNorm (no affine) on the inputs before the FC; false = FC on the raw features
+    input_norm: bool = param(True, FLAG)
+    max_positions: int = param(128, at_least(1))  # learned positions: 128 frames (MS-SL family), 30 query tokens
+
+    def check(self, key: str) -> None:
+        check_heads(self, key)
 
 
 class AttentionLayer(nn.Module):

@@ -15,20 +15,28 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from prvr.harness.checks import DROPOUT, FLAG, PROBABILITY, at_least, param
 from prvr.harness.registry import BACKBONES
-from prvr.methods.backbones.blocks import max_similarity, unit, with_units
+from prvr.methods.backbones.blocks import check_heads, max_similarity, unit, with_units
 
 
 @dataclass
 class DualBranchConfig:
-    hidden: int = 256  # MS-SL uses 384; smaller here so that the reference row trains fast on CPUs
-    heads: int = 4  # MS-SL attention heads
-    layers: int = 1  # MS-SL: one attention layer per encoder
-    dropout: float = 0.1  # after the input maps (MS-SL: 0.1)
-    layer_dropout: float = 0.0  # inside transformer layers; 0 because sampling masks costs more than the layer on CPUs
-    clip_weight: float = 0.7  # score fusion: clip_weight * clip + (1 - clip_weight) * frame (MS-SL TVR)
-    max_positions: int = 128  # learned positional embeddings (covers 128 frames, 32 clips, 30 tokens)
-    input_norm: bool = False  # LayerNorm (no affine) on the inputs before the input maps, as ARL and the MS-SL code family; the baseline preset turns it on (False here so that records made before the knob rebuild as trained)
+    hidden: int = param(256, at_least(1))  # MS-SL uses 384; smaller here so that the reference row trains fast on CPUs
+    heads: int = param(4, at_least(1))  # MS-SL attention heads
+    layers: int = param(1, at_least(1))  # MS-SL: one attention layer per encoder
+    dropout: float = param(0.1, DROPOUT)  # after the input maps (MS-SL: 0.1)
+    # inside transformer layers; 0 because sampling masks costs more than the layer on CPUs
+    layer_dropout: float = param(0.0, DROPOUT)
+    # score fusion: clip_weight * clip + (1 - clip_weight) * frame (MS-SL TVR)
+    clip_weight: float = param(0.7, PROBABILITY)
+    # learned positional embeddings (covers 128 frames, 32 clips, 30 tokens)
+    max_positions: int = param(128, at_least(1))
+    # LayerNorm (no affine) on the inputs before the input maps, as ARL and the MS-SL code family; the baseline preset turns it on (False here so that records made before the knob rebuild as trained)
+    input_norm: bool = param(False, FLAG)
+
+    def check(self, key: str) -> None:
+        check_heads(self, key)
 
 
 def projection(in_dim: int, cfg: DualBranchConfig) -> nn.Module:

@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from prvr.harness.checks import require
+
 PLAIN = 0.0  # a branch width of 0 means plain attention (the reference's `wid=None`)
 
 
@@ -340,3 +342,10 @@ def score_in_chunks(fn: Callable[[dict], dict], q: dict, per_query: int, budget:
         return fn(q)
     parts = [fn({k: t[s : s + step] for k, t in q.items()}) for s in range(0, n, step)]
     return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+
+
+def check_heads(cfg, key: str) -> None:
+    """The cross-field rule of every backbone config (its `check`): attention splits `hidden`
+    evenly across `heads`."""
+    require(cfg.hidden % cfg.heads == 0, f"config key '{key}.hidden' ({cfg.hidden}) must be a multiple of "
+                                         f"'{key}.heads' ({cfg.heads})")

@@ -14,30 +14,37 @@ the clips (32), as in the reference.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from prvr.harness.checks import DROPOUT, NON_NEGATIVE, POSITIVE, PROBABILITY, ListOf, at_least, param
 from prvr.harness.registry import BACKBONES
-from prvr.methods.backbones.blocks import (AttentionPool, GMMBlock, InputEmbedding, QueryEncoder, init_weights,
-                                           max_similarity, unit, with_units)
+from prvr.methods.backbones.blocks import (AttentionPool, GMMBlock, InputEmbedding, QueryEncoder, check_heads,
+                                           init_weights, max_similarity, unit, with_units)
 
 
 @dataclass
 class GMMFormerConfig:
-    hidden: int = 384  # GMMFormer src/Configs/*.py hidden_size
-    heads: int = 4  # n_heads
-    input_dropout: float = 0.2  # input_drop (TVR, ActivityNet; Charades 0.15 in the preset)
-    dropout: float = 0.2  # drop (TVR, ActivityNet; Charades 0.15 in the preset)
+    hidden: int = param(384, at_least(1))  # GMMFormer src/Configs/*.py hidden_size
+    heads: int = param(4, at_least(1))  # n_heads
+    input_dropout: float = param(0.2, DROPOUT)  # input_drop (TVR, ActivityNet; Charades 0.15 in the preset)
+    dropout: float = param(0.2, DROPOUT)  # drop (TVR, ActivityNet; Charades 0.15 in the preset)
     # GMMBlock attn0..attn3 widths; 0 = plain attention (wid=None)
-    widths: list[float] = field(default_factory=lambda: [0.0, 0.5, 1.0, 5.0])
-    blocks: int = 2  # GMM blocks per video encoder (clip_encoder, clip_encoder_2; frame_encoder_1, _2)
-    max_query_len: int = 30  # max_desc_l: learned positions of the query encoder
-    max_frames: int = 128  # max_ctx_l: learned positions of the video encoders; span of the frame windows
-    clip_weight: float = 0.7  # clip_scale_w; the frame weight is 1 - clip_weight (frame_scale_w 0.3)
-    init_std: float = 0.02  # initializer_range
+    widths: list[float] = param([0.0, 0.5, 1.0, 5.0], ListOf(NON_NEGATIVE))
+    # GMM blocks per video encoder (clip_encoder, clip_encoder_2; frame_encoder_1, _2)
+    blocks: int = param(2, at_least(1))
+    max_query_len: int = param(30, at_least(1))  # max_desc_l: learned positions of the query encoder
+    # max_ctx_l: learned positions of the video encoders; span of the frame windows
+    max_frames: int = param(128, at_least(1))
+    # clip_scale_w; the frame weight is 1 - clip_weight (frame_scale_w 0.3)
+    clip_weight: float = param(0.7, PROBABILITY)
+    init_std: float = param(0.02, POSITIVE)  # initializer_range
+
+    def check(self, key: str) -> None:
+        check_heads(self, key)
 
 
 @BACKBONES.register("gmmformer", "GMMFormer: 2 GMM blocks (Gaussian widths plain/0.5/1/5) per video encoder")

@@ -12,32 +12,41 @@ still take part in the max (a zero vector scores 0); here padded frames are excl
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from prvr.harness.checks import DROPOUT, NON_NEGATIVE, POSITIVE, PROBABILITY, ListOf, at_least, param
 from prvr.harness.registry import BACKBONES
-from prvr.methods.backbones.blocks import (DynamicGMMBlock, InputEmbedding, QueryEncoder, init_weights,
+from prvr.methods.backbones.blocks import (DynamicGMMBlock, InputEmbedding, QueryEncoder, check_heads, init_weights,
                                            max_similarity, score_in_chunks, unit, with_units)
 
 
 @dataclass
 class GMMFormer2Config:
-    hidden: int = 384  # GMMFormer_v2 src/Configs/*.py hidden_size
-    heads: int = 4  # n_heads
-    input_dropout: float = 0.2  # input_drop (TVR; ActivityNet 0.31, Charades 0.25 in the preset)
-    dropout: float = 0.2  # drop (TVR; ActivityNet 0.31, Charades 0.25 in the preset)
+    hidden: int = param(384, at_least(1))  # GMMFormer_v2 src/Configs/*.py hidden_size
+    heads: int = param(4, at_least(1))  # n_heads
+    input_dropout: float = param(0.2, DROPOUT)  # input_drop (TVR; ActivityNet 0.31, Charades 0.25 in the preset)
+    dropout: float = param(0.2, DROPOUT)  # drop (TVR; ActivityNet 0.31, Charades 0.25 in the preset)
     # DyGMMBlock attn0..attn7 widths; 0 = plain attention (wid=None)
-    widths: list[float] = field(default_factory=lambda: [0.0, 0.5, 1.0, 5.0, 10.0, 3.0, 0.1, 8.0])
-    ffn_mult: int = 4  # BertAttention FeedForward(hidden, 4 * hidden)
-    temperature: float = 0.09  # sft_factor: softmax temperature of the branch weights (TVR; 0.6 elsewhere)
-    num_clips: int = 32  # frame_len of the clip encoder's fusion head (map_size 32)
-    max_frames: int = 128  # frame_len of the frame encoder's fusion head; max_ctx_l; span of the frame windows
-    max_query_len: int = 30  # max_desc_l: learned positions of the query encoder
-    clip_weight: float = 0.7  # clip_scale_w; the frame weight is 1 - clip_weight (frame_scale_w 0.3)
-    init_std: float = 0.02  # initializer_range (the weight token keeps its N(0, 1) init, as in the reference)
-    eval_budget: int = 1 << 24  # ours: max elements of a [queries, videos, frames] tensor when scoring, no gradients
+    widths: list[float] = param([0.0, 0.5, 1.0, 5.0, 10.0, 3.0, 0.1, 8.0], ListOf(NON_NEGATIVE))
+    ffn_mult: int = param(4, at_least(0, "0 = none"))  # BertAttention FeedForward(hidden, 4 * hidden)
+    # sft_factor: softmax temperature of the branch weights (TVR; 0.6 elsewhere)
+    temperature: float = param(0.09, POSITIVE)
+    num_clips: int = param(32, at_least(1))  # frame_len of the clip encoder's fusion head (map_size 32)
+    # frame_len of the frame encoder's fusion head; max_ctx_l; span of the frame windows
+    max_frames: int = param(128, at_least(1))
+    max_query_len: int = param(30, at_least(1))  # max_desc_l: learned positions of the query encoder
+    # clip_scale_w; the frame weight is 1 - clip_weight (frame_scale_w 0.3)
+    clip_weight: float = param(0.7, PROBABILITY)
+    # initializer_range (the weight token keeps its N(0, 1) init, as in the reference)
+    init_std: float = param(0.02, POSITIVE)
+    # ours: max elements of a [queries, videos, frames] tensor when scoring, no gradients
+    eval_budget: int = param(1 << 24, at_least(1))
+
+    def check(self, key: str) -> None:
+        check_heads(self, key)
 
 
 @BACKBONES.register("gmmformer2", "GMMFormer v2: dynamic GMM block, 8 Gaussian widths fused by learned weights")

@@ -27,21 +27,28 @@ from functools import lru_cache
 import torch
 from torch import nn
 
+from prvr.harness.checks import DROPOUT, POSITIVE, PROBABILITY, at_least, param
 from prvr.harness.registry import BACKBONES
-from prvr.methods.backbones.blocks import PLAIN, GMMBlock, InputEmbedding, QueryEncoder, init_weights, score_in_chunks
+from prvr.methods.backbones.blocks import (PLAIN, GMMBlock, InputEmbedding, QueryEncoder, check_heads, init_weights,
+                                           score_in_chunks)
 
 
 @dataclass
 class MSLConfig:
-    hidden: int = 384  # ms-sl method/config.py --hidden_size
-    heads: int = 4  # --n_heads
-    input_dropout: float = 0.1  # --input_drop: input layers and positional encodings
-    dropout: float = 0.1  # --drop: attention weights and layer outputs
-    max_query_len: int = 30  # --max_desc_l: learned positions of the query encoder
-    max_frames: int = 128  # --max_ctx_l: learned positions of the clip and frame encoders
-    clip_weight: float = 0.7  # --clip_scale_w; the frame weight is 1 - clip_weight (--frame_scale_w 0.3)
-    init_std: float = 0.02  # --initializer_range
-    eval_budget: int = 1 << 24  # ours: max elements of a [queries, videos, items] tensor when scoring without gradients
+    hidden: int = param(384, at_least(1))  # ms-sl method/config.py --hidden_size
+    heads: int = param(4, at_least(1))  # --n_heads
+    input_dropout: float = param(0.1, DROPOUT)  # --input_drop: input layers and positional encodings
+    dropout: float = param(0.1, DROPOUT)  # --drop: attention weights and layer outputs
+    max_query_len: int = param(30, at_least(1))  # --max_desc_l: learned positions of the query encoder
+    max_frames: int = param(128, at_least(1))  # --max_ctx_l: learned positions of the clip and frame encoders
+    # --clip_scale_w; the frame weight is 1 - clip_weight (--frame_scale_w 0.3)
+    clip_weight: float = param(0.7, PROBABILITY)
+    init_std: float = param(0.02, POSITIVE)  # --initializer_range
+    # ours: max elements of a [queries, videos, items] tensor when scoring without gradients
+    eval_budget: int = param(1 << 24, at_least(1))
+
+    def check(self, key: str) -> None:
+        check_heads(self, key)
 
 
 @lru_cache(maxsize=8)

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from prvr.harness.checks import OneOf, at_least, param
 from prvr.harness.registry import DETECTORS
 from prvr.methods.backbones.arl import frame_similarity
 from prvr.methods.backbones.blocks import max_similarity
@@ -55,19 +56,20 @@ DEFAULT_WARMUP = 3  # epochs; used when the detector feeds a recipe whose loss s
 class ArlDetectorConfig:
     """Section `arl`: knobs of the detector's per-epoch pass (not of the method)."""
 
-    video_chunk: int = 64  # videos encoded at once in the per-epoch uncertainty pass
+    video_chunk: int = param(64, at_least(1))  # videos encoded at once in the per-epoch uncertainty pass
     # Which batch similarities are compared with tau_s. "eval": a no-grad eval-mode pass of the
     # batch, the same kind as the per-epoch pass that sets tau_s (dropout off); "train": the
     # training forward's (dropout on), the earlier reading, which scores positives lower
     # (0.34 vs 0.40 at one checkpoint) and so finds about a fifth of the pairs.
-    similarity: str = "eval"
+    similarity: str = param("eval", OneOf(("eval", "train")))
     # Text-frame thresholds (Eq. 6-7 "with s and u substituted with s^f and u^f"). "frame":
     # tau_s^f = mean cosine of a query with the frames of its labelled video, tau_u^f = mean
     # text-frame uncertainty over all (query, frame) pairs; "video": reuse the text-video tau_s
     # and tau_u (the earlier reading: under 1e-4 of frames pass from epoch 10 on).
-    frame_thresholds: str = "frame"
-    probe_queries: int = 2048  # Fig. 4: queries sampled for the unpaired-pair distributions
-    probe_videos: int = 64  # Fig. 4: videos sampled (every sampled query against every sampled video)
+    frame_thresholds: str = param("frame", OneOf(("frame", "video")))
+    probe_queries: int = param(2048, at_least(1))  # Fig. 4: queries sampled for the unpaired-pair distributions
+    # Fig. 4: videos sampled (every sampled query against every sampled video)
+    probe_videos: int = param(64, at_least(1))
 
 
 # ----------------------------------------------------------------------------- Eq. 4

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from prvr.harness.config import ORACLE_MODES
 from prvr.harness.io import UserError
 from prvr.harness.registry import DETECTORS
 
@@ -76,7 +77,7 @@ class OracleDetector(Detector):
     """Uses the simulated world's full relevance. `relations.oracle_mode`: 'ignore' removes
     truly relevant unlabelled videos from the negatives; 'positive' counts them as positives."""
 
-    MODES = ("ignore", "positive")
+    MODES = ORACLE_MODES
 
     def setup(self, data) -> None:
         if not data.has_ground_truth:

@@ -1,0 +1,206 @@
+"""Every config field declares the values it accepts (harness/checks.py); every default and
+every preset passes; a bad value is a one-line UserError naming the key.
+
+The classes are found through the registries, so a newly registered method, backbone or
+method section is covered here without editing this file."""
+
+import glob
+import json
+import math
+from dataclasses import dataclass, fields
+
+import pytest
+
+from prvr.harness.checks import FLAG, Device, Free, ListOf, OneOf, Range, Registered, check_section, declared, param
+from prvr.harness.config import (Config, DataConfig, EvalConfig, RelationsConfig, SimConfig, TrainConfig, from_dict,
+                                 resolve)
+from prvr.harness.io import UserError
+from prvr.harness.registry import BACKBONES, DATASETS, METHODS
+
+
+def config_classes() -> list[tuple[str, str, type]]:
+    """(where it comes from, config section, dataclass) for the harness and every registration."""
+    found = [("harness", name, cls) for name, cls in (("data", DataConfig), ("sim", SimConfig), ("train", TrainConfig),
+                                                       ("relations", RelationsConfig), ("eval", EvalConfig))]
+    for e in BACKBONES.entries():
+        found.append((f"backbone {e.name}", "model", e.obj.config_cls))
+    for e in METHODS.entries():
+        found.append((f"method {e.name}", "loss", e.obj.loss_cls))
+        found += [(f"method {e.name}", name, cls) for name, cls in e.obj.sections.items()]
+    return found
+
+
+CLASSES = config_classes()
+IDS = [f"{where}: {cls.__name__}" for where, _, cls in CLASSES]
+
+
+@pytest.mark.parametrize("where, key, cls", CLASSES, ids=IDS)
+def test_every_field_declares_a_check(where, key, cls):
+    missing = [f.name for f in fields(cls) if declared(f) is None]
+    assert not missing, f"{cls.__name__} ({where}): write {', '.join(missing)} with param(default, check)"
+
+
+@pytest.mark.parametrize("where, key, cls", CLASSES, ids=IDS)
+def test_every_default_passes_its_own_check(where, key, cls):
+    cfg = resolve("baseline", "sim-tiny", 0)
+    check_section(cls(), key, "the defaults", cfg)  # the fields' checks, then the class's own check(key)
+
+
+def test_config_scalars_declare_checks_and_sections_are_marked():
+    for f in fields(Config):
+        assert f.metadata.get("section") or declared(f) is not None, f.name
+
+
+@pytest.mark.parametrize("method", METHODS.names())
+@pytest.mark.parametrize("dataset", DATASETS.names())
+def test_every_preset_passes_the_checks(method, dataset):
+    resolve(method, dataset, 0)  # resolve checks every value
+
+
+def test_committed_records_still_load():
+    for path in glob.glob("results/runs/*/*/seed*.json"):
+        with open(path, encoding="utf-8") as f:
+            from_dict(json.load(f)["config"], path)
+
+
+def test_a_field_without_a_check_is_a_bug_not_input():
+    @dataclass
+    class Loose:
+        ok: int = param(1, Range(0, integer=True))
+        loose: int = 3
+
+    with pytest.raises(TypeError, match="Loose.loose declares no check"):
+        check_section(Loose(), "loss", "test")
+
+
+# ----------------------------------------------------------------------------- every declared check fires
+def bad_value(chk) -> str | None:
+    """A --set value that the check must refuse (None: the check accepts anything)."""
+    if isinstance(chk, Range):
+        if chk.low is None:
+            return "nan"
+        return repr(chk.low - 1 if chk.integer else chk.low - (0 if chk.low_open else 0.5))
+    if isinstance(chk, (OneOf, Registered)):
+        return "no-such-choice"
+    if isinstance(chk, ListOf):
+        return "[]"
+    if isinstance(chk, Device):
+        return "gpu"
+    assert isinstance(chk, Free) or chk is FLAG, f"no bad value known for {chk!r}"
+    return None
+
+
+def owner_args(where: str) -> tuple[str, list[str]]:
+    """The method and overrides under which a class is the config's section."""
+    kind, _, name = where.partition(" ")
+    if kind == "backbone":  # the method built on it (its preset fits it), else the baseline on it
+        owners = [e.name for e in METHODS.entries() if e.obj.backbone == name]
+        return (owners[0], []) if owners else ("baseline", [f"backbone={name}"])
+    return (name, []) if kind == "method" else ("baseline", [])
+
+
+FIELD_CASES = [(where, key, f.name, bad_value(declared(f))) for where, key, cls in CLASSES for f in fields(cls)
+               if bad_value(declared(f)) is not None]
+
+
+@pytest.mark.parametrize("where, key, name, value", FIELD_CASES,
+                         ids=[f"{w}: {k}.{n}={v}" for w, k, n, v in FIELD_CASES])
+def test_each_declared_check_refuses_a_bad_value_in_one_line(where, key, name, value):
+    method, extra = owner_args(where)
+    with pytest.raises(UserError) as err:
+        resolve(method, "sim-tiny", 0, [*extra, f"{key}.{name}={value}"])
+    message = str(err.value)
+    assert f"'{key}.{name}'" in message and "(from --set)" in message and "\n" not in message
+
+
+# ----------------------------------------------------------------------------- the issue's inputs
+@pytest.mark.parametrize("override, message", [
+    ("train.lr=-1", r"config key 'train.lr' must be a finite number > 0, got -1.0 \(from --set\)"),
+    ("train.lr=nan", r"config key 'train.lr' must be a finite number > 0, got nan"),
+    ("train.lr=inf", r"config key 'train.lr' must be a finite number > 0, got inf"),
+    ("train.lr=-inf", r"'train.lr' must be a finite number > 0, got -inf"),
+    ("train.epochs=0", r"'train.epochs' must be an integer >= 1, got 0"),
+    ("train.batch_size=0", r"'train.batch_size' must be an integer >= 1, got 0"),
+    ("train.batch_size=-3", r"'train.batch_size' must be an integer >= 1, got -3"),
+    ("eval.chunk=0", r"'eval.chunk' must be an integer >= 1, got 0"),
+    ("model.hidden=-4", r"'model.hidden' must be an integer >= 1, got -4"),
+    ("model.hidden=63", r"'model.hidden' \(63\) must be a multiple of 'model.heads' \(2\)"),
+    ("sim.mislabel_rate=2", r"'sim.mislabel_rate' must be a finite number in \[0, 1\], got 2.0"),
+    ("train.patience=-1", r"'train.patience' must be an integer >= 1, got -1"),
+    ("train.warmup_frac=1.5", r"'train.warmup_frac' must be a finite number in \[0, 1\), got 1.5"),
+    ("train.decay=cosin", r"config key 'train.decay' must be one of cosine, linear, constant, warmup_linear, "
+                          r"got 'cosin' \(from --set\)"),
+    ("train.optimizer=sgd", r"'train.optimizer' names an unknown optimizer 'sgd': known: adamw, bertadam"),
+    ("relations.name=oracel", r"'relations.name' names an unknown relation detector 'oracel': did you mean 'oracle'"),
+    ("relations.oracle_mode=drop", r"'relations.oracle_mode' must be one of ignore, positive, got 'drop'"),
+    ("data.on_bad_rows=warn", r"'data.on_bad_rows' must be one of error, skip"),
+    ("data.layout=tvr", r"'data.layout' must be one of msl, xml"),
+    ("data.pooling=max", r"'data.pooling' must be one of even, reference"),
+    ("train.device=gpu", r"'train.device' must be auto, cpu, cuda or cuda:N, got 'gpu'"),
+    ("sim.mv_fractions=[0.5, 0.5]", r"'sim.mv_fractions' must be a list of 3 items, each a finite number in \[0, 1\], "
+                                    r"summing to 1"),
+    ("sim.mv_fractions=[0.5, 0.4, 0.2]", r"'sim.mv_fractions' must be .* summing to 1, got \[0.5, 0.4, 0.2\]"),
+    ("sim.mv_fractions=[1.5, -0.5, 0.0]", r"'sim.mv_fractions' must be"),
+    ("loss.branches=[clip, clip]", r"'loss.branches' must be a list of at least 1 distinct items"),
+    ("eval.splits=[val, dev]", r"'eval.splits' must be a list of at least 1 distinct items, each of train, val, test"),
+    ("seed=-2", r"'seed' must be an integer in \[0, 4294967295\], got -2"),
+])
+def test_bad_values_name_the_key_and_the_valid_values(override, message):
+    with pytest.raises(UserError, match=message) as err:
+        resolve("baseline", "sim-tiny", 0, [override])
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("method, override, message", [
+    ("arl", "loss.variant=tv", r"'loss.variant' must be one of base, tv_only, tv_tf, tv_cross, full, got 'tv'"),
+    ("arl", "loss.treatment=drop", r"'loss.treatment' must be one of restrain, positive, ignore"),
+    ("arl", "loss.margin_a=0.2", r"ARL needs loss.margin_a < loss.margin \(Eq. 11-12\), got 0.2 and 0.1"),
+    ("arl", "arl.similarity=test", r"'arl.similarity' must be one of eval, train, got 'test'"),
+    ("arl", "arl.frame_thresholds=clip", r"'arl.frame_thresholds' must be one of frame, video"),
+    ("arl", "model.branches=3", r"'model.branches' must be an integer in \[1, 2\], got 3"),
+    ("gmmformer", "model.widths=[]", r"'model.widths' must be a list of at least 1 items"),
+    ("msl", "loss.hard_negative_epoch=-2", r"'loss.hard_negative_epoch' must be an integer >= -1 \(-1 = never\)"),
+])
+def test_method_knobs_are_checked(method, override, message):
+    with pytest.raises(UserError, match=message):
+        resolve(method, "sim-tiny", 0, [override])
+
+
+def test_seed_argument_is_checked():
+    with pytest.raises(UserError, match=r"config key 'seed' must be an integer .* got -1 \(from --seed\)"):
+        resolve("baseline", "sim-tiny", -1)
+
+
+def test_values_from_a_yaml_file_name_the_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train:\n  lr: .nan\n")
+    with pytest.raises(UserError, match=r"'train.lr' must be a finite number > 0, got nan \(from .*bad.yaml\)"):
+        resolve("baseline", "sim-tiny", 0, [], bad)
+    bad.write_text("train: 5\n")
+    with pytest.raises(UserError, match=r"config key 'train' is a section: give it a mapping"):
+        resolve("baseline", "sim-tiny", 0, [], bad)
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", "cuda:7"])
+def test_cuda_without_cuda_is_one_line_at_resolve_time(monkeypatch, device):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(UserError, match=f"'train.device' is '{device}', but torch finds no CUDA device"):
+        resolve("baseline", "sim-tiny", 0, [f"train.device={device}"])
+    resolve("baseline", "sim-tiny", 0, ["train.device=cpu"])
+
+
+def test_stored_configs_are_checked_too():
+    good = resolve("baseline", "sim-tiny", 0).to_dict()
+    assert from_dict(good).to_dict() == good
+    bad = {**good, "train": {**good["train"], "lr": math.nan}}
+    with pytest.raises(UserError, match=r"'train.lr' must be a finite number > 0, got nan \(from rec.json\)"):
+        from_dict(bad, "rec.json")
+    with pytest.raises(UserError, match="rec.json lacks config key.*method"):
+        from_dict({k: v for k, v in good.items() if k != "method"}, "rec.json")
+    with pytest.raises(UserError, match="rec.json is list"):
+        from_dict([], "rec.json")
+    # a record made on a GPU still loads where there is none
+    gpu = {**good, "train": {**good["train"], "device": "cuda"}}
+    assert from_dict(gpu).train.device == "cuda"
