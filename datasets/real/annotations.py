@@ -24,7 +24,7 @@ import numpy as np
 
 from prvr.datasets.real.problems import Report, layout_error
 
-MV_BUCKETS = ((0.0, 0.2), (0.2, 0.4), (0.4, 1.0))  # moment length / video length (README table)
+MV_BUCKETS = ((0.0, 0.2), (0.2, 0.4), (0.4, 1.0))  # moment length / video length (docs/datasets.md, M/V table)
 
 
 @dataclass(frozen=True)

@@ -166,7 +166,7 @@ def _node_name(node: ast.AST | None) -> str:
 
 
 def missing(path: Path) -> Exception:
-    return layout_error(path, "missing", "check --data-root and the folder layout (see README, Real datasets)")
+    return layout_error(path, "missing", "check --data-root and the folder layout (see docs/datasets.md)")
 
 
 class BigFile:

@@ -9,7 +9,7 @@ reported, removed and regenerated, never trusted.
 
 The check reads every byte once per load. SHA-256 (OpenSSL, on the CPU's SHA extensions where
 it has them) is the digest because it hashes about twice as fast as BLAKE2b on such CPUs
-(README "Loading, memory, cache" has the cost); entries written with BLAKE2b digests before
+(docs/datasets.md, "Loading, memory, cache", has the cost); entries written with BLAKE2b digests before
 stay valid.
 """
 

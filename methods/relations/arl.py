@@ -142,7 +142,7 @@ def dataset_uncertainty(queries: torch.Tensor, frames: torch.Tensor, frame_mask:
     Three memory-bound passes over the frames (norms, two matrix-vector products) with only
     [Nv x T]-sized temporaries. On CPU the rows go in 512-row blocks (768 KB, inside L2),
     one worker thread per core: at TVR scale on 2 shared cores 1.0 s against 1.7 s for
-    whole-tensor operations (see README); `block_rows=0` gives the whole-tensor path."""
+    whole-tensor operations (see docs/methods/arl.md); `block_rows=0` gives the whole-tensor path."""
     p = UncertaintyPass(queries)
     uv = p.add_videos(frames, frame_mask, block_rows)
     return p.query_uncertainty(), uv
