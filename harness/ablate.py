@@ -41,6 +41,7 @@ class AblationTable:
     title: str
     columns: tuple[str, ...]  # headers of `marks`
     rows: tuple[AblationRow, ...]
+    reference: str = ""  # label of the row the others are compared with (Δ SumR, paired over seeds); "" = the first
 
 
 TABLES: dict[tuple[str, str], AblationTable] = {}
@@ -125,18 +126,25 @@ def report(table: AblationTable, out: str, dataset: str, plan, extra_tag: str = 
                 if diff := settings_diff(cfg, recs[-1], source=f"run record {path} key 'config'"):
                     mismatched.append(f"{path}: {diff}")
         cells = {m: [r["metrics"]["test"][m] for r in recs] for m in METRICS}
-        rows.append((row, name, len(recs), cells))
-    header = ["", *table.columns, *METRICS, "seeds", "run"]
+        rows.append((row, name, len(recs), cells, {r["seed"]: r["metrics"]["test"]["SumR"] for r in recs}))
+    reference = next((r for r in rows if r[0].label == table.reference), rows[0])
+    header = ["", *table.columns, *METRICS, f"Δ SumR vs {reference[0].label}", "seeds", "run"]
     command = " ".join([f"prvr-bench ablate --method {table.method} --table {table.name} --dataset {dataset}",
                         *([f"--tag {extra_tag}"] if extra_tag else []), *(f"--set {o}" for o in overrides)])
     md = [f"# {table.title} on {dataset}" + (f" ({extra_tag})" if extra_tag else ""), "",
           f"Test split, mean ± std over seeds; from the run records under {out}/runs/{dataset}/ "
           f"(`{command}`).", "",
           "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    csv = [",".join(["row", *table.columns, *(f"{m} mean,{m} std" for m in METRICS), "seeds", "run"])]
-    for row, name, n, cells in rows:
-        md.append("| " + " | ".join([row.label, *row.marks, *(fmt(cells[m]) for m in METRICS), str(n), name]) + " |")
-        csv.append(",".join([row.label, *row.marks, *(_csv(cells[m]) for m in METRICS), str(n), name]))
+    csv = [",".join(["row", *table.columns, *(f"{m} mean,{m} std" for m in METRICS), "delta SumR,p,paired seeds",
+                     "seeds", "run"])]
+    for row, name, n, cells, by_seed in rows:
+        delta = paired_delta(by_seed, reference[4]) if row is not reference[0] else None
+        md.append("| " + " | ".join([row.label, *row.marks, *(fmt(cells[m]) for m in METRICS), _fmt_delta(delta),
+                                     str(n), name]) + " |")
+        csv.append(",".join([row.label, *row.marks, *(_csv(cells[m]) for m in METRICS),
+                             *(("", "", "") if delta is None else
+                               (f"{delta[0]:.3f}", "" if delta[1] is None else f"{delta[1]:.4f}", str(delta[2]))),
+                             str(n), name]))
     if mismatched:
         md += ["", "Records trained with other settings than this command asks (record: key stored / asked):", "",
                *(f"- {m}" for m in mismatched)]
@@ -151,6 +159,26 @@ def report(table: AblationTable, out: str, dataset: str, plan, extra_tag: str = 
     print("\n".join(md))
     progress.log(f"wrote {path} and {path.with_suffix('.csv')}")
     return path
+
+
+def paired_delta(a: dict[int, float], b: dict[int, float]) -> tuple[float, float | None, int] | None:
+    """Mean SumR difference a - b over the seeds both have, the paired t-test's p (None under
+    two seeds), and how many seeds were paired; None without a shared seed."""
+    from prvr.harness.leaderboard import _p_value
+
+    shared = sorted(set(a) & set(b))
+    if not shared:
+        return None
+    delta = float(np.mean([a[s] - b[s] for s in shared]))
+    p = _p_value({s: a[s] for s in shared}, {s: b[s] for s in shared}) if len(shared) >= 2 else None
+    return delta, p, len(shared)
+
+
+def _fmt_delta(delta: tuple[float, float | None, int] | None) -> str:
+    if delta is None:
+        return ""
+    d, p, n = delta
+    return f"{d:+.1f} ({n} seed{'s' if n > 1 else ''}" + (f", p={p:.3f})" if p is not None else ")")
 
 
 def settings_diff(cfg, record: dict, shown: int = 3, source: str = "stored config") -> str:

@@ -117,4 +117,4 @@ register_table(AblationTable("arl", "6", "ARL Table 6: use of the ambiguous sets
     AblationRow("positive", "positive", ("loss.treatment=positive",), ("Positive",)),
     AblationRow("ignore", "ignore", ("loss.treatment=ignore",), ("Ignore",)),
     AblationRow("restrain", "", ("loss.treatment=restrain",), ("Ours (restrain)",)),
-)))
+), reference="restrain"))

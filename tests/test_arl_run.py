@@ -187,7 +187,8 @@ def test_ablate_command_runs_every_row_and_tabulates(tmp_path, monkeypatch):
     assert [c[:2] for c in calls[::2]] == [("base", "base"), ("tv_only", "tv_only"), ("tv_tf", "tv_tf"),
                                            ("tv_cross", "tv_cross"), ("", "full")]
     table = (tmp_path / "ablations" / "sim-tiny" / "arl_table5.md").read_text()
-    assert "| (a) |  |  |  | 1.0 ± 0.0 | 2.0 ± 0.0 | 3.0 ± 0.0 | 94.5 ± 0.7 | 100.5 ± 0.7 | 2 | arl~base |" in table
+    assert "| (a) |  |  |  | 1.0 ± 0.0 | 2.0 ± 0.0 | 3.0 ± 0.0 | 94.5 ± 0.7 | 100.5 ± 0.7 |  | 2 | arl~base |" in table
+    assert "| 120.5 ± 0.7 | +20.0 (2 seeds, p=0.000) | 2 | arl |" in table  # Δ against row (a), paired
     assert "arl~tv_cross" in table and "| (e) | ✓ | ✓ | ✓ |" in table
     calls.clear()
     assert cli.main([*args[:4], "6", *args[5:], "--skip-existing"]) == 0

@@ -35,3 +35,12 @@ def test_command_writes_the_table(tmp_path, capsys):
     assert f"prvr-bench detection --run arl --dataset sim-x --part union --out {tmp_path}" in md
     assert main(["detection", "--run", "nosuch", "--dataset", "sim-x", "--out", str(tmp_path)]) == 2
     assert "no run records under" in capsys.readouterr().err
+
+
+def test_ablation_delta_is_paired_over_shared_seeds():
+    from prvr.harness.ablate import _fmt_delta, paired_delta
+
+    d = paired_delta({0: 10.0, 1: 12.0, 2: 9.0}, {0: 8.0, 1: 11.0})  # seed 2 has no partner
+    assert d[0] == pytest.approx(1.5) and d[2] == 2 and 0 < d[1] < 1
+    assert _fmt_delta(paired_delta({0: 10.0}, {0: 8.0})) == "+2.0 (1 seed)"
+    assert paired_delta({0: 1.0}, {1: 1.0}) is None
