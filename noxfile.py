@@ -7,15 +7,15 @@ nox.options.sessions = ["tests"]
 PYTHON = "3.11"
 
 
-def _install(session: nox.Session) -> None:
+def _install(session: nox.Session, extras: str = "") -> None:
     # Editable install: dependencies (and their pins) come from pyproject.toml only.
-    session.install("-e", ".")
+    session.install("-e", f".[{extras}]" if extras else ".")
 
 
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The test suite (CI runs exactly this)."""
-    _install(session)
+    _install(session, "test")
     session.run("pytest", *session.posargs)
 
 
