@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -22,36 +21,9 @@ from prvr.harness import progress
 from prvr.harness.io import UserError, ensure_dir, write_text
 from prvr.harness.leaderboard import fmt
 from prvr.harness.names import check_name, check_tag, inside
+from prvr.methods.recipes import TABLES, AblationRow, AblationTable
 
 METRICS = ("R@1", "R@5", "R@10", "R@100", "SumR")
-
-
-@dataclass(frozen=True)
-class AblationRow:
-    label: str  # as in the paper, e.g. "(b)"
-    tag: str  # run-name suffix; "" = the method's plain run
-    overrides: tuple[str, ...]  # --set items
-    marks: tuple[str, ...] = ()  # the table's descriptive columns (e.g. check marks)
-
-
-@dataclass(frozen=True)
-class AblationTable:
-    method: str
-    name: str  # e.g. "5"
-    title: str
-    columns: tuple[str, ...]  # headers of `marks`
-    rows: tuple[AblationRow, ...]
-    reference: str = ""  # label of the row the others are compared with (Δ SumR, paired over seeds); "" = the first
-
-
-TABLES: dict[tuple[str, str], AblationTable] = {}
-
-
-def register_table(table: AblationTable) -> None:
-    key = (table.method, table.name)
-    if key in TABLES:
-        raise ValueError(f"duplicate ablation table {table.method} {table.name}")
-    TABLES[key] = table
 
 
 def get_table(method: str, name: str) -> AblationTable:

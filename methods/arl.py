@@ -20,13 +20,12 @@ from dataclasses import dataclass
 
 import torch
 
-from prvr.harness.ablate import AblationRow, AblationTable, register_table
 from prvr.harness.checks import NON_NEGATIVE, POSITIVE, OneOf, at_least, param, require
 from prvr.harness.io import UserError
 from prvr.harness.registry import METHODS
 from prvr.methods.backbones.arl import BRANCHES
 from prvr.methods.objectives.arl import TREATMENTS, LossWeights, frame_loss, video_loss
-from prvr.methods.recipes import PRESETS, MethodSpec
+from prvr.methods.recipes import PRESETS, AblationRow, AblationTable, MethodSpec, register_table
 from prvr.methods.relations.arl import DEFAULT_WARMUP, VARIANTS, ArlDetectorConfig, branch_relations
 
 

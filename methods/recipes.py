@@ -1,4 +1,6 @@
-"""A method is a named recipe: backbone + relation detector + objectives + defaults."""
+"""A method is a named recipe: backbone + relation detector + objectives + defaults, plus the
+ablation tables of its paper (rows of config overrides that `prvr-bench ablate` trains and
+tabulates)."""
 
 from __future__ import annotations
 
@@ -24,3 +26,31 @@ class MethodSpec:
     objective: Callable[..., dict[str, Any]]
     preset: Path | None = None
     sections: dict[str, type] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AblationRow:
+    label: str  # as in the paper, e.g. "(b)"
+    tag: str  # run-name suffix; "" = the method's plain run
+    overrides: tuple[str, ...]  # --set items
+    marks: tuple[str, ...] = ()  # the table's descriptive columns (e.g. check marks)
+
+
+@dataclass(frozen=True)
+class AblationTable:
+    method: str
+    name: str  # e.g. "5"
+    title: str
+    columns: tuple[str, ...]  # headers of `marks`
+    rows: tuple[AblationRow, ...]
+    reference: str = ""  # label of the row the others are compared with (Δ SumR, paired over seeds); "" = the first
+
+
+TABLES: dict[tuple[str, str], AblationTable] = {}
+
+
+def register_table(table: AblationTable) -> None:
+    key = (table.method, table.name)
+    if key in TABLES:
+        raise ValueError(f"duplicate ablation table {table.method} {table.name}")
+    TABLES[key] = table
