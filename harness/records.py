@@ -7,6 +7,7 @@ versions are upgraded on load.
 
 from __future__ import annotations
 
+import functools
 import platform
 import re
 import subprocess
@@ -41,6 +42,11 @@ SELECTION = "val SumR"  # the model-selection rule of every run: the epoch with 
 
 
 def dataset_protocol(dataset: str) -> dict[str, Any]:
+    return dict(_dataset_protocol(dataset))  # a copy: callers may keep or change it
+
+
+@functools.lru_cache(maxsize=None)
+def _dataset_protocol(dataset: str) -> dict[str, Any]:
     """The training budget every row of `dataset` follows: its preset's `train.epochs` and
     `train.patience` (dataclass defaults where the preset is silent) and the selection rule."""
     from prvr.harness.config import TrainConfig, load_yaml
