@@ -1,6 +1,11 @@
 """Retrieval evaluation: rank by counting, R@K / SumR, M/V buckets and oracle metrics.
 
-The evaluator takes scores and explicit relevance (sparse matrices), never ids to parse.
+One evaluator for every command: `evaluate_model` encodes a split once (videos, then the
+backbone's `index_videos`, then queries) and ranks the fused score in chunks of queries; the
+trainer's validation and test, `prvr-bench evaluate` and the tests all go through it
+(`score_matrices` keeps whole score matrices for score parts and ensembles).
+
+Ranking takes scores and explicit relevance (sparse matrices), never ids to parse.
 Ranks are computed by counting, not sorting: the rank of a labelled video is 1 + the
 number of *other* videos scoring at least as high, so ties count against the model (a
 constant model ranks every labelled video last). With several labelled videos the best
@@ -15,13 +20,12 @@ instead of first (NaN compares false, so counting `>=` alone would put it at ran
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import scipy.sparse as sp
 import torch
 
-from prvr.harness.registry import METRICS
 
 KS = (1, 5, 10, 100)
 # Moment length / video length buckets (MS-SL / ARL "M/V" analysis): short, medium, long.
@@ -158,7 +162,6 @@ def metrics_from_ranks(ranks: dict[str, np.ndarray], moment_fraction: np.ndarray
     return metrics
 
 
-@METRICS.register("retrieval", "R@1/5/10/100, SumR, median/mean rank, M/V buckets, oracle R@K")
 def evaluate_scores(scores: torch.Tensor | np.ndarray, labels: sp.csr_matrix,
                     relevance: sp.csr_matrix | None = None,
                     moment_fraction: np.ndarray | None = None, chunk: int = 1024) -> dict:
@@ -166,6 +169,89 @@ def evaluate_scores(scores: torch.Tensor | np.ndarray, labels: sp.csr_matrix,
     scores = torch.as_tensor(scores)
     ranks = compute_ranks(lambda s, e: scores[s:e], scores.shape[0], labels, relevance, chunk)
     return metrics_from_ranks(ranks, moment_fraction, relevance)
+
+
+VIDEO_BATCH, QUERY_BATCH = 128, 512  # items encoded at a time (memory only: the results do not depend on them)
+
+
+@torch.no_grad()
+def encode_split(model: torch.nn.Module, split, batcher, device: torch.device) -> tuple[dict, dict]:
+    """(queries, videos) of a whole split, encoded in eval mode; the videos indexed."""
+    model.eval()
+    videos = index_videos(model, encode_all(model.encode_videos, batcher.videos, split.num_videos, VIDEO_BATCH,
+                                            device))
+    queries = encode_all(model.encode_queries, batcher.queries, split.num_queries, QUERY_BATCH, device)
+    return queries, videos
+
+
+def fused_of(out: Any) -> torch.Tensor:
+    """The ranked [Q, V] score of a backbone's `score` output."""
+    return out.fused if hasattr(out, "fused") else out["fused"]
+
+
+def ranked_of(out: Any) -> dict[str, torch.Tensor]:
+    """Every [Q, V] score of a backbone's `score` output that can be ranked on its own."""
+    return out.ranked() if hasattr(out, "ranked") else {k: t for k, t in out.items() if t.dim() == 2}
+
+
+@torch.no_grad()
+def evaluate_model(model: torch.nn.Module, split, batcher, device: torch.device, chunk: int,
+                   show: str | None = None) -> dict:
+    """The metrics block of `split` for `model`: encode once, score the fused score in chunks
+    of `chunk` queries, rank by counting. `show` names a progress bar."""
+    from prvr.harness import progress
+
+    queries, videos = encode_split(model, split, batcher, device)
+
+    def score(start: int, end: int) -> torch.Tensor:
+        return fused_of(model.score({k: t[start:end] for k, t in queries.items()}, videos))
+
+    with progress.task(show, total=split.num_queries) as advance:
+        ranks = compute_ranks(score, split.num_queries, split.labels(), split.relevance, chunk=chunk,
+                              progress=advance)
+    return metrics_from_ranks(ranks, split.moment_fraction(), split.relevance)
+
+
+@torch.no_grad()
+def score_matrices(model: torch.nn.Module, split, batcher, device: torch.device, chunk: int,
+                   keys: list[str] | None = None) -> dict[str, torch.Tensor]:
+    """Whole [queries, videos] score matrices of a split, each chunk of queries scored once:
+    {key: matrix} for `keys` (None: every score that ranks on its own, e.g. clip, frame,
+    fused). For score parts and ensembles; `evaluate_model` ranks without keeping them."""
+    queries, videos = encode_split(model, split, batcher, device)
+    parts: dict[str, list[torch.Tensor]] = {}
+    for start in range(0, split.num_queries, chunk):
+        out = ranked_of(model.score({k: t[start : start + chunk] for k, t in queries.items()}, videos))
+        for k in keys or list(out):
+            parts.setdefault(k, []).append(out[k].float().cpu())
+    return {k: torch.cat(v) for k, v in parts.items()}
+
+
+def encode_all(encode, make_batch, n: int, batch_size: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """Encode items in batches and concatenate, padding sequence dims (dim 1) to the longest."""
+    parts = [encode(make_batch(np.arange(s, min(s + batch_size, n))).to(device)) for s in range(0, n, batch_size)]
+    return {k: cat_padded([p[k] for p in parts]) for k in parts[0]}
+
+
+def index_videos(model: torch.nn.Module, videos: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The backbone's query-independent work on a collection of encoded videos, done once
+    before its queries are scored (e.g. unit vectors of the items); identity for a backbone
+    without `index_videos`."""
+    fn = getattr(model, "index_videos", None)
+    return fn(videos) if fn is not None else videos
+
+
+def cat_padded(tensors: list[torch.Tensor]) -> torch.Tensor:
+    if tensors[0].dim() < 2:
+        return torch.cat(tensors)
+    longest = max(t.shape[1] for t in tensors)
+    out = tensors[0].new_zeros((sum(len(t) for t in tensors), longest, *tensors[0].shape[2:]))
+    start = 0
+    for t in tensors:
+        out[start : start + len(t), : t.shape[1]] = t
+        start += len(t)
+    return out
+
 
 
 def multi_relevant_share(relevance: sp.csr_matrix) -> float:

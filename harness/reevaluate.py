@@ -22,7 +22,8 @@ import torch
 
 from prvr.harness import progress
 from prvr.harness.checks import show
-from prvr.harness.evaluate import evaluate_scores
+from prvr.datasets.loader import Batcher
+from prvr.harness.evaluate import evaluate_model, evaluate_scores, score_matrices
 from prvr.harness.io import UserError, write_json
 
 SUMMARY = ("R@1", "R@5", "R@10", "R@100", "SumR")
@@ -58,10 +59,10 @@ class StoredRun:
         self.name = f"{run} seed {seed}"
 
     def model(self, data) -> torch.nn.Module:
-        from prvr.harness.registry import BACKBONES
+        from prvr.harness.build import build_model
         from prvr.harness.trainer import load_weights, read_checkpoint
 
-        model = BACKBONES.get(self.cfg.backbone)(self.cfg.model, data.video_dim, data.query_dim)
+        model = build_model(self.cfg, data.video_dim, data.query_dim)
         fix = f"re-run the run of {self.path} (`prvr-bench run` with the record's command) to write it again"
         state = read_checkpoint(self.checkpoint, ("model",), fix, self.device)
         load_weights(model, state["model"], self.checkpoint, fix)
@@ -76,27 +77,6 @@ def _check_names_match(path: Path, record: dict[str, Any], dataset: str, run: st
         shown = ", ".join(show(v) for v in stored)
         raise UserError(f"run record {path} names dataset, run and seed {shown}, but its folder says "
                         f"{dataset}, {run}, {seed}; move it back to the folder of its run or re-run that run")
-
-
-def score_matrices(model: torch.nn.Module, split, data_cfg, device: torch.device, chunk: int,
-                   keys: list[str] | None = None) -> dict[str, torch.Tensor]:
-    """Encode a split once and score it in query chunks, each chunk once for every wanted
-    output: {key: [queries, videos]} for `keys` (None: every output of `score` that has one
-    score per query and video, e.g. clip, frame, fused)."""
-    from prvr.datasets.loader import Batcher
-    from prvr.harness.trainer import encode_all, index_videos
-
-    batcher = Batcher(split, data_cfg)
-    with torch.no_grad():
-        videos = index_videos(model, encode_all(model.encode_videos, batcher.videos, split.num_videos, 128, device))
-        queries = encode_all(model.encode_queries, batcher.queries, split.num_queries, 512, device)
-        parts: dict[str, list[torch.Tensor]] = {}
-        for start in range(0, split.num_queries, chunk):
-            out = model.score({k: t[start : start + chunk] for k, t in queries.items()}, videos)
-            wanted = keys or [k for k, t in out.items() if t.dim() == 2 and t.shape[1] == split.num_videos]
-            for k in wanted:
-                parts.setdefault(k, []).append(out[k].float().cpu())
-    return {k: torch.cat(v) for k, v in parts.items()}
 
 
 def split_metrics(scores: torch.Tensor, split, chunk: int) -> dict[str, Any]:
@@ -126,7 +106,14 @@ def evaluate_runs(record_files: list[str | Path], split_name: str = "test", part
             raise UserError(f"dataset '{run.record['dataset']}' has no split '{split_name}' "
                             f"(it has {', '.join(data.splits)})")
         split, chunk = data[split_name], run.cfg.eval.chunk
-        scores = score_matrices(run.model(data), split, run.cfg.data, run.device, chunk, None if parts else ["fused"])
+        batcher = Batcher(split, run.cfg.data)
+        model = run.model(data)
+        if not (parts or ensemble):  # the trainer's own path: the record's figures, reproduced
+            progress.log(f"evaluate {run.name}: score 'fused' on {split_name}")
+            rows.append({"run": run.name, "record": str(run.path), "score": "fused",
+                         "metrics": evaluate_model(model, split, batcher, run.device, chunk)})
+            continue
+        scores = score_matrices(model, split, batcher, run.device, chunk, None if parts else ["fused"])
         for k, matrix in scores.items():
             progress.log(f"evaluate {run.name}: score '{k}' on {split_name}")
             rows.append({"run": run.name, "record": str(run.path), "score": k,

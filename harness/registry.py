@@ -1,6 +1,6 @@
 """One registry pattern for every pluggable part of the benchmark.
 
-Methods, backbones, relation detectors, objectives, datasets and metrics register
+Methods, backbones, relation detectors, objectives and datasets register
 themselves with a decorator. A duplicate name is an error; an unknown name is answered
 with the closest known names.
 """
@@ -101,9 +101,8 @@ BACKBONES: Registry[Any] = Registry("backbone")
 DETECTORS: Registry[Any] = Registry("relation detector")
 OBJECTIVES: Registry[Any] = Registry("objective")
 DATASETS: Registry[Any] = Registry("dataset")
-METRICS: Registry[Any] = Registry("metric")
 
-_PLUGIN_MODULES = ("prvr.methods", "prvr.datasets", "prvr.harness.evaluate")
+_PLUGIN_MODULES = ("prvr.methods", "prvr.datasets")
 _loaded = False
 
 

@@ -6,11 +6,12 @@ from pathlib import Path
 from typing import Any
 
 from prvr.harness import progress
+from prvr.harness.build import build_run
 from prvr.harness.names import check_name, check_tag
 from prvr.harness.records import checkpoint_dir, provenance, record_path, run_protocol, run_tag, write_record
-from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS
+from prvr.harness.registry import METHODS
 from prvr.harness.timing import Timings
-from prvr.harness.trainer import Trainer, device_name, seed_everything
+from prvr.harness.trainer import device_name
 
 SPLIT_METRIC_KEYS = ("R@1", "R@5", "R@10", "R@100", "SumR", "median_rank", "mean_rank", "n", "buckets", "oracle")
 
@@ -33,16 +34,10 @@ def run_one(cfg, out: str | Path, resume: bool = False, tag: str = "", hooks: li
     name = run_name(cfg, tag)
     path = record_path(out, cfg.dataset, name, cfg.seed)
     ckpt_dir = checkpoint_dir(out, cfg.dataset, name, cfg.seed)
-    detector_cls = DETECTORS.get(cfg.relations.name)  # an unknown name fails before any data is made
-    with timings("data"):
-        data = DATASETS.get(cfg.dataset).load(cfg)
-    spec = METHODS.get(cfg.method)
-    seed_everything(cfg.seed)
-    model = BACKBONES.get(cfg.backbone)(cfg.model, data.video_dim, data.query_dim)
-    detector = detector_cls(cfg)
-    detector.setup(data)
-    trainer = Trainer(cfg, data, model, spec, detector, ckpt_dir, hooks, timings)
-    progress.log(f"[bold]{name}[/] on {cfg.dataset}, seed {cfg.seed}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M "
+    run = build_run(cfg, timings=timings)
+    data, detector = run.data, run.detector
+    trainer = run.trainer(ckpt_dir, hooks)
+    progress.log(f"[bold]{name}[/] on {cfg.dataset}, seed {cfg.seed}: {run.parameters / 1e6:.2f}M "
                  f"parameters, {trainer.device}")
     trainer.fit(resume=resume or force_resume, force_resume=force_resume)
     trainer.load_model(ckpt_dir / "best.pt")

@@ -36,7 +36,7 @@ import torch
 from prvr.datasets.loader import Batcher, epoch_batches, make_loader
 from prvr.harness import progress
 from prvr.harness.config import ON_NONFINITE
-from prvr.harness.evaluate import compute_ranks, metrics_from_ranks
+from prvr.harness.evaluate import evaluate_model
 from prvr.harness.io import UserError, atomic_path
 from prvr.harness.optim import build_optimizer, lr_lambda
 from prvr.harness.timing import Timings
@@ -250,23 +250,12 @@ class Trainer:
         return stop_note
 
     # ---------------------------------------------------------------- evaluation
-    @torch.no_grad()
     def evaluate(self, split_name: str, show: bool = False) -> dict:
-        """Encode every video once, score all queries in chunks, rank by counting."""
-        self.model.eval()
-        split, batcher = self.data[split_name], self.batchers[split_name]
-        videos = index_videos(self.model, encode_all(self.model.encode_videos, batcher.videos, split.num_videos, 128,
-                                                     self.device))
-        queries = encode_all(self.model.encode_queries, batcher.queries, split.num_queries, 512, self.device)
-
-        def score(start: int, end: int) -> torch.Tensor:
-            return self.model.score({k: t[start:end] for k, t in queries.items()}, videos)["fused"]
-
-        with progress.task(f"eval {split_name}" if show else None, total=split.num_queries) as advance:
-            ranks = compute_ranks(score, split.num_queries, split.labels(), split.relevance,
-                                  chunk=self.cfg.eval.chunk, progress=advance)
+        """The suite's evaluator (harness/evaluate.py `evaluate_model`) on one split."""
+        metrics = evaluate_model(self.model, self.data[split_name], self.batchers[split_name], self.device,
+                                 self.cfg.eval.chunk, f"eval {split_name}" if show else None)
         self.model.train()
-        return metrics_from_ranks(ranks, split.moment_fraction(), split.relevance)
+        return metrics
 
     # --------------------------------------------------------------- checkpoints
     def save_model(self, path: Path) -> None:
@@ -432,32 +421,6 @@ def _same(a: Any, b: Any) -> bool:
 
 def _shown(v: Any) -> str:
     return "(absent)" if v is _ABSENT else repr(v)
-
-
-def encode_all(encode, make_batch, n: int, batch_size: int, device: torch.device) -> dict[str, torch.Tensor]:
-    """Encode items in batches and concatenate, padding sequence dims (dim 1) to the longest."""
-    parts = [encode(make_batch(np.arange(s, min(s + batch_size, n))).to(device)) for s in range(0, n, batch_size)]
-    return {k: cat_padded([p[k] for p in parts]) for k in parts[0]}
-
-
-def index_videos(model: torch.nn.Module, videos: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The backbone's query-independent work on a collection of encoded videos, done once
-    before its queries are scored (e.g. unit vectors of the items); identity for a backbone
-    without `index_videos`."""
-    fn = getattr(model, "index_videos", None)
-    return fn(videos) if fn is not None else videos
-
-
-def cat_padded(tensors: list[torch.Tensor]) -> torch.Tensor:
-    if tensors[0].dim() < 2:
-        return torch.cat(tensors)
-    longest = max(t.shape[1] for t in tensors)
-    out = tensors[0].new_zeros((sum(len(t) for t in tensors), longest, *tensors[0].shape[2:]))
-    start = 0
-    for t in tensors:
-        out[start : start + len(t), : t.shape[1]] = t
-        start += len(t)
-    return out
 
 
 def _mix(seed: int, step: int) -> int:

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from prvr.datasets.loader import Batcher
 from prvr.harness.config import resolve
 from prvr.harness.registry import BACKBONES, DATASETS
-from prvr.harness.trainer import encode_all
+from prvr.harness.evaluate import encode_all
 from prvr.methods.relations.arl import (ArlDetector, ArlRelations, BranchStats, epoch_statistics, hand_off,
                                         naive_uncertainty)
 

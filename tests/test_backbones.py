@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from prvr.datasets.loader import QueryBatch, VideoBatch, pooling_matrix
 from prvr.harness.registry import BACKBONES
-from prvr.harness.trainer import cat_padded, index_videos
+from prvr.harness.evaluate import cat_padded, index_videos
 from prvr.methods.backbones.blocks import GaussianBranches, gaussian_attention, gaussian_weights
 from prvr.methods.backbones.msl import VideoSide, msl_scores, proposal_matrix
 

@@ -11,11 +11,10 @@ from real_layouts import TINY, exported, load_tvr, msl_paths, sim_tiny, tvr_conf
 from prvr.datasets.real import store
 from prvr.datasets.real.bigfile import MappedRows
 from prvr.datasets.types import SPLITS
+from prvr.harness.build import build_run
 from prvr.harness.cli import main
 from prvr.harness.config import from_dict, resolve
-from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS
 from prvr.harness.runner import run_one
-from prvr.harness.trainer import Trainer
 
 COMPARED = ("R@1", "R@5", "R@10", "R@100", "SumR", "median_rank", "mean_rank", "n", "buckets")
 
@@ -117,9 +116,6 @@ def test_a_model_trained_on_either_evaluates_identically_on_both(tmp_path):
 
     # the checkpoint trained on the simulated data, evaluated on the loaded export
     real_cfg = tvr_config(root, tmp_path / "cache", "train.epochs=1")
-    data = DATASETS.get("tvr").load(real_cfg)
-    model = BACKBONES.get(real_cfg.backbone)(real_cfg.model, data.video_dim, data.query_dim)
-    detector = DETECTORS.get(real_cfg.relations.name)(real_cfg)
-    trainer = Trainer(real_cfg, data, model, METHODS.get("baseline"), detector, tmp_path / "unused")
+    trainer = build_run(real_cfg).trainer(tmp_path / "unused")
     trainer.load_model(tmp_path / "sim" / "checkpoints" / "sim-tiny" / "baseline" / "seed0" / "best.pt")
     assert _metrics(trainer.evaluate("test")) == _metrics(sim_record["metrics"]["test"])

@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 
 from prvr.harness.profiling.subjects import Subject, fused_scores, random_queries, random_videos
-from prvr.harness.trainer import cat_padded, index_videos  # the evaluator's own concatenation and indexing
+from prvr.harness.evaluate import cat_padded, index_videos  # the evaluator's own concatenation and indexing
 
 
 @dataclass

@@ -35,8 +35,8 @@ import torch
 from prvr.datasets.loader import epoch_batches
 from prvr.harness import progress
 from prvr.harness.profiling.subjects import Subject, subjects
-from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS
-from prvr.harness.trainer import Trainer, device_name, seed_everything
+from prvr.harness.build import build_run
+from prvr.harness.trainer import device_name
 
 
 @dataclass
@@ -105,14 +105,9 @@ class _StopAfter:
 def profile_epoch(subject: Subject, max_batches: int | None = None) -> EpochProfile:
     """Train one epoch of `subject` (or its first `max_batches` batches) on its config's dataset."""
     cfg = subject.cfg
-    data = DATASETS.get(cfg.dataset).load(cfg)
-    seed_everything(cfg.seed)
-    model = BACKBONES.get(cfg.backbone)(cfg.model, data.video_dim, data.query_dim)
-    detector = DETECTORS.get(cfg.relations.name)(cfg)
-    detector.setup(data)
     hooks = [_StopAfter(max_batches)] if max_batches else []
     with tempfile.TemporaryDirectory(prefix="prvr-profile-") as ckpt:
-        trainer = Trainer(cfg, data, model, METHODS.get(cfg.method), detector, Path(ckpt), hooks)
+        trainer = build_run(cfg).trainer(ckpt, hooks)
         every = epoch_batches(len(trainer.has_queries), cfg.train.batch_size, cfg.seed, 0, trainer.has_queries)
         batches = every[:max_batches] if max_batches else every
         queries = sum(len(trainer.batchers["train"].video_queries[v]) for b in batches for v in b)

@@ -264,7 +264,7 @@ def epoch_statistics(model, batcher, device: torch.device, video_chunk: int = 64
     """Encode the whole split once per branch with the model in eval mode and return each
     branch's uncertainties and thresholds. `probe` = (query indices, video indices) whose
     similarities are kept for the Fig. 4 distributions."""
-    from prvr.harness.trainer import encode_all
+    from prvr.harness.evaluate import encode_all
 
     split, views = batcher.split, branch_views(model)
     was_training = model.training

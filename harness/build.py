@@ -1,0 +1,69 @@
+"""One way to build a run from a resolved config: data, backbone, detector, objective, trainer.
+
+`prvr-bench run`, `evaluate`, `profile` and `ablate` all build through here, so a run that
+trains, one that is re-evaluated and one that is profiled are the same model built the same
+way (seeded by the run's seed before the backbone's weights are drawn).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS
+from prvr.harness.timing import Timings
+
+
+def build_model(cfg, video_dim: int, query_dim: int) -> torch.nn.Module:
+    """The run's backbone at the given input dims, its weights drawn after seeding with the
+    run's seed (as every command builds it)."""
+    from prvr.harness.trainer import seed_everything
+
+    seed_everything(cfg.seed)
+    return BACKBONES.get(cfg.backbone)(cfg.model, video_dim, query_dim)
+
+
+@dataclass
+class Run:
+    """The parts of one run. `trainer(...)` joins them into a Trainer."""
+
+    cfg: Any
+    data: Any
+    spec: Any  # MethodSpec: the objective and its config classes
+    model: torch.nn.Module
+    detector: Any
+    timings: Timings = field(default_factory=Timings)
+
+    def trainer(self, ckpt_dir: str | Path, hooks: list | None = None):
+        from prvr.harness.trainer import Trainer
+
+        return Trainer(self.cfg, self.data, self.model, self.spec, self.detector, Path(ckpt_dir), hooks,
+                       self.timings)
+
+    @property
+    def parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+
+def load_data(cfg, timings: Timings | None = None):
+    """The run's dataset (cached on disk by the dataset's own loader)."""
+    timings = timings or Timings()
+    with timings("data"):
+        return DATASETS.get(cfg.dataset).load(cfg)
+
+
+def build_run(cfg, data=None, timings: Timings | None = None) -> Run:
+    """Data (loaded unless given), the backbone (seeded), the detector (set up on the data) and
+    the method's spec. An unknown detector fails before any data is made."""
+    timings = timings or Timings()
+    detector_cls = DETECTORS.get(cfg.relations.name)
+    spec = METHODS.get(cfg.method)
+    if data is None:
+        data = load_data(cfg, timings)
+    model = build_model(cfg, data.video_dim, data.query_dim)
+    detector = detector_cls(cfg)
+    detector.setup(data)
+    return Run(cfg, data, spec, model, detector, timings)
