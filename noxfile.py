@@ -1,4 +1,6 @@
-"""Sessions: tests, bench, leaderboard. Virtualenvs are reused between runs."""
+"""Sessions: tests, bench, leaderboard, profile, docs. Virtualenvs are reused between runs."""
+
+import os
 
 import nox
 
@@ -38,3 +40,12 @@ def profile(session: nox.Session) -> None:
     """Params, FLOPs, runtime per query, throughput: results/profile.{md,csv}; arguments go to `prvr-bench profile`."""
     _install(session)
     session.run("prvr-bench", "profile", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def docs(session: nox.Session) -> None:
+    """Build the manual strictly (mkdocs.yml) into .nox/docs/site; `nox -s docs -- serve` serves it."""
+    # The docs extra only: the site needs neither the package nor its dependencies.
+    session.install(*nox.project.load_toml("pyproject.toml")["project"]["optional-dependencies"]["docs"])
+    site = os.path.join(session.virtualenv.location, "site")
+    session.run("mkdocs", *(session.posargs or ["build", "--strict", "--site-dir", site]))
