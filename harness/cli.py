@@ -21,12 +21,17 @@ PLUGIN_COMMANDS: list[str] = ["prvr.harness.ablate", "prvr.harness.reevaluate", 
 
 
 def data_root_overrides(args: argparse.Namespace) -> list[str]:
-    """--data-root DIR (or $PRVR_DATA) as a data.data_root override, before the user's --set."""
+    """--data-root DIR (or $PRVR_DATA) as a data.data_root override and --backbone B as
+    backbone=B, before the user's --set."""
     root = getattr(args, "data_root", None) or os.environ.get("PRVR_DATA")
-    return [f"data.data_root={root}"] if root else []
+    backbone = getattr(args, "backbone", None)
+    return [*([f"data.data_root={root}"] if root else []), *([f"backbone={backbone}"] if backbone else [])]
 
 
 def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backbone", default=None, metavar="NAME",
+                   help="train the method's objective on another backbone (default: the method's own; "
+                        "`prvr-bench list` names them)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override one config key, e.g. --set train.lr=1e-4 (repeatable)")
     p.add_argument("--config", help="YAML file of config overrides (sections as keys)")
@@ -80,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--seed", type=int, default=0)
     show.add_argument("--set", dest="overrides", action="append", default=[])
     show.add_argument("--config")
+    show.add_argument("--backbone", default=None, metavar="NAME", help="another backbone than the method's own")
     for module in PLUGIN_COMMANDS:
         importlib.import_module(module).add_commands(sub)
     return parser
@@ -212,7 +218,7 @@ def cmd_config(args: argparse.Namespace) -> None:
 
     from prvr.harness.config import resolve
 
-    cfg = resolve(args.method, args.dataset, args.seed, args.overrides, args.config)
+    cfg = resolve(args.method, args.dataset, args.seed, [*data_root_overrides(args), *args.overrides], args.config)
     print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
 
 

@@ -23,7 +23,7 @@ import yaml
 from prvr.harness.checks import (FLAG, NON_NEGATIVE, POSITIVE, PROBABILITY, SEED, Device, Free, ListOf, OneOf, Range,
                                  Registered, at_least, check_section, check_value, param, section, show)
 from prvr.harness.io import UserError
-from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS
+from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS, unknown_message
 
 ON_BAD_ROWS = ("error", "skip")
 ON_NONFINITE = ("stop", "continue")  # train.on_nonfinite, read by harness/trainer.py
@@ -210,15 +210,38 @@ def resolve(method: str, dataset: str, seed: int = 0, overrides: list[str] | Non
     if scale != "default" and scale not in scales:
         raise UserError(f"config key 'data.scale': dataset {dataset} has no scale {show(scale)} "
                         f"(has: {', '.join(('default', *scales))}) (from {scale_source})")
+    # The backbone: the method's own, or another from its preset, the user's YAML or
+    # --set backbone=B / --backbone B.
+    backbones = method_preset.pop("backbones", {}) or {}
+    method_layers = preset_layers(method_preset, per_dataset, family, dataset, f"method preset {method}")
+    backbone = _pick_backbone(spec.backbone, [*method_layers, (user, str(user_yaml))], sets)
+    if backbone != spec.backbone:
+        # Another backbone's `model` settings come from its home preset (the method whose
+        # own backbone it is, e.g. gmmformer's for --backbone gmmformer), never from this
+        # method's, which are its own backbone's.
+        home = home_method(backbone)
+        home_layers = []
+        if home is not None:
+            home_preset = load_yaml(METHODS.get(home).preset) if METHODS.get(home).preset else {}
+            home_per_dataset = home_preset.pop("per_dataset", {}) or {}
+            home_layers = [({"model": layer["model"]}, f"{source} (the model of backbone {backbone})")
+                           for layer, source in preset_layers(home_preset, home_per_dataset, family, dataset,
+                                                              f"method preset {home}") if "model" in layer]
+        method_layers = [*home_layers, *(({k: v for k, v in layer.items() if k != "model"}, source)
+                                         for layer, source in method_layers)]
+    own = backbones.get(backbone) or {}  # backbones.<B>: this method's settings on backbone B
+    if not isinstance(own, dict):
+        raise UserError(f"method preset {method} key 'backbones.{backbone}' must be a mapping of config sections, "
+                        f"got {show(own)}; fix {spec.preset}")
+    own = dict(own)
+    own_per_dataset = own.pop("per_dataset", {}) or {}
     layers = [
         (dataset_preset, f"dataset preset {dataset}"),
-        (method_preset, f"method preset {method}"),
-        (per_dataset.get(family, {}) if family and family != dataset else {}, f"method preset {method} [{family}]"),
-        (per_dataset.get(dataset, {}), f"method preset {method} [{dataset}]"),
+        *method_layers,
+        *preset_layers(own, own_per_dataset, family, dataset, f"method preset {method} [backbones.{backbone}]"),
         (scales.get(scale, {}), f"dataset preset {dataset} [scale {scale}]"),
         (user, str(user_yaml)),
     ]
-    backbone = _pick_backbone(spec.backbone, layers, sets)
     cfg = Config(method=method, dataset=dataset, seed=seed, backbone=backbone)
     cfg.model = BACKBONES.get(backbone).config_cls()
     cfg.loss = spec.loss_cls()
@@ -268,14 +291,35 @@ def _field(cls: type, name: str) -> dataclasses.Field:
     return next(f for f in fields(cls) if f.name == name)
 
 
+def preset_layers(top: dict, per_dataset: dict, family: str | None, dataset: str,
+                  source: str) -> list[tuple[dict, str]]:
+    """A preset's layers for `dataset`: its top level, its section for the dataset's family
+    (sim-tvr imitates tvr), its section for the dataset itself."""
+    return [
+        (top, source),
+        (per_dataset.get(family, {}) if family and family != dataset else {}, f"{source} [{family}]"),
+        (per_dataset.get(dataset, {}), f"{source} [{dataset}]"),
+    ]
+
+
+def home_method(backbone: str) -> str | None:
+    """The method whose own backbone `backbone` is (its preset holds the backbone's
+    per-dataset `model` settings): the one named like it, else the first by name."""
+    homes = [name for name in METHODS.names() if METHODS.get(name).backbone == backbone]
+    return backbone if backbone in homes else (homes[0] if homes else None)
+
+
 def _pick_backbone(default: str, layers: list[tuple[dict, str]], sets: list[tuple[str, str]]) -> str:
-    backbone = default
-    for layer, _ in layers:
-        backbone = layer.get("backbone", backbone) or backbone
+    backbone, source = default, "the method's spec"
+    for layer, where in layers:
+        if layer.get("backbone"):
+            backbone, source = layer["backbone"], where
     for key, raw in sets:
         if key == "backbone":
-            backbone = raw
-    BACKBONES.get(backbone)
+            backbone, source = raw, "--set backbone / --backbone"
+    if backbone not in BACKBONES:
+        raise UserError(f"config key 'backbone': {unknown_message('backbone', backbone, BACKBONES.names())} "
+                        f"(from {source})")
     return backbone
 
 
