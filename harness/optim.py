@@ -1,7 +1,7 @@
 """Optimizers and learning-rate schedules, as registered parts (`train.optimizer`, `train.decay`).
 
 - `adamw`: torch AdamW (bias-corrected), one global gradient-norm clip by the trainer
-  (`train.grad_clip`), no weight decay on 1-D tensors and positional tables. The harness's own
+  (`train.grad_clip`), no weight decay on 1-D tensors and embedding (positional) tables. The harness's own
   choice, used by the baseline.
 - `bertadam`: the optimizer of the whole MS-SL code family (MS-SL, GMMFormer, GMMFormer v2,
   RAL-PRVR all ship a copy of the pre-AdamW Hugging Face `BertAdam`). Written here from its
@@ -91,11 +91,14 @@ class BertAdam(torch.optim.Optimizer):
 
 # ----------------------------------------------------------------------------- decay groups
 def harness_groups(model: nn.Module) -> tuple[list, list]:
-    """(decay, no decay) of `adamw`: 1-D tensors and positional tables are not decayed."""
+    """(decay, no decay) of `adamw`: 1-D tensors (biases, norms) and the weights of embedding
+    tables (the backbones' learned positions) are not decayed; recognised by shape and module
+    type, never by parameter name."""
+    tables = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters(recurse=False)}
     decay, no_decay = [], []
-    for name, p in model.named_parameters():
+    for p in model.parameters():
         if p.requires_grad:
-            (no_decay if p.dim() < 2 or "pos" in name else decay).append(p)
+            (no_decay if p.dim() < 2 or id(p) in tables else decay).append(p)
     return decay, no_decay
 
 

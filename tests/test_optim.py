@@ -9,6 +9,7 @@ from torch import nn
 
 from prvr.harness.config import resolve
 from prvr.harness.optim import OPTIMIZERS, BertAdam, build_optimizer, harness_groups, lr_lambda, reference_groups
+from prvr.harness.registry import BACKBONES
 from prvr.methods.backbones.blocks import BranchLayerNorm
 
 
@@ -87,6 +88,7 @@ class _Tiny(nn.Module):
         self.branch_norm = BranchLayerNorm(2, 4)
         self.pos = nn.Parameter(torch.zeros(8, 4))
         self.token = nn.Parameter(torch.zeros(4))
+        self.table = nn.Embedding(8, 4)
 
 
 def _names(model, params):
@@ -98,11 +100,23 @@ def test_decay_groups():
     model = _Tiny()
     decay, no_decay = reference_groups(model)
     # the scripts' rule: biases and LayerNorm parameters undecayed; positional tables and other 1-D tensors decayed
-    assert _names(model, decay) == ["pos", "proj.weight", "token"]
+    assert _names(model, decay) == ["pos", "proj.weight", "table.weight", "token"]
     assert _names(model, no_decay) == sorted(n for n, _ in model.named_parameters()
                                              if n.startswith(("norm", "branch_norm")) or n == "proj.bias")
     decay, no_decay = harness_groups(model)
-    assert _names(model, decay) == ["proj.weight"]  # adamw: 1-D tensors and `pos` tables undecayed
+    # adamw: 1-D tensors and embedding tables undecayed, by type: a 2-D parameter named `pos` is decayed
+    assert _names(model, decay) == ["pos", "proj.weight"]
+
+
+@pytest.mark.parametrize("backbone", BACKBONES.names())
+def test_every_backbones_positional_tables_are_embedding_tables(backbone):
+    """The type rule keeps the groups the committed adamw records were trained with (they were
+    chosen by the name `pos`): every 2-D positional parameter is an embedding table's."""
+    from prvr.harness.build import build_model
+    model = build_model(resolve("baseline", "sim-tiny", 0, [f"backbone={backbone}"]), 48, 32)
+    _, no_decay = harness_groups(model)
+    positional = [n for n, p in model.named_parameters() if "pos" in n and p.dim() >= 2]
+    assert positional and set(positional) <= set(_names(model, no_decay))
 
 
 def test_warmup_linear_schedule_values():
