@@ -141,6 +141,7 @@ def build_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                "relations": recs[0].get("relations", ""), "tag": recs[0].get("tag", ""),
                "seeds": [r["seed"] for r in recs], "n": len(recs),
                "best_epochs": [(r.get("best_epoch"), r.get("epochs_run")) for r in recs],
+               "near_cap": [c for r in recs if (c := near_cap(r)) is not None],
                "commands": sorted({r.get("command", "") for r in recs} - {""})}
         for col in COLUMNS:
             values = [v for r in recs if (v := _get(r["metrics"].get("test", {}), col.path)) is not None]
@@ -219,6 +220,38 @@ def _csv_cell(text: str) -> str:
     return f'"{text}"' if "," in text or '"' in text else text
 
 
+def near_cap(record: dict[str, Any]) -> dict[str, Any] | None:
+    """Where the selected epoch lies among the last `patience` epochs of the run's epoch cap
+    (so the cap, not early stopping, may have ended a rising curve): the seed, the selected
+    epoch (1-based), the cap and the range of the last `patience` validation SumRs; else None."""
+    protocol = record_protocol(record)
+    best, cap, patience = record.get("best_epoch"), protocol.get("epochs"), protocol.get("patience")
+    if not all(isinstance(v, int) for v in (best, cap, patience)) or best + 1 <= cap - patience:
+        return None
+    last = [h["val"]["SumR"] for h in record.get("history", []) if isinstance(h.get("val"), dict)
+            and isinstance(h["val"].get("SumR"), (int, float))][-patience:]
+    return {"seed": record["seed"], "best": best + 1, "cap": cap, "patience": patience,
+            "last": (min(last), max(last)) if last else None}
+
+
+def convergence_note(rows: list[dict[str, Any]]) -> str:
+    """The convergence evidence of the budgets, from the records: the runs whose selected epoch
+    lies among the last `patience` epochs of the cap, each with the spread of its last
+    validation SumRs (a narrow spread is a plateau, not a curve the cap cut)."""
+    hits = [(r, c) for r in rows for c in r.get("near_cap", [])]
+    runs = sum(r["n"] for r in rows)
+    if not hits:
+        return (f"Convergence: each of the {runs} runs above selected an epoch before the last `patience` epochs "
+                "of its cap (early stopping, not the cap, ended training).")
+    listed = "; ".join(
+        f"{r['dataset']} {r['run']} seed {c['seed']}: epoch {c['best']} of {c['cap']}"
+        + (f", last {c['patience']} val SumRs {c['last'][0]:.1f}-{c['last'][1]:.1f}" if c["last"] else "")
+        for r, c in hits)
+    return (f"Convergence: {runs - len(hits)} of the {runs} runs above selected an epoch before the last "
+            f"`patience` epochs of their cap; the others, with the spread of their last validation SumRs (a narrow "
+            f"spread is a plateau the cap did not cut): {listed}.")
+
+
 def epochs_cell(r: dict[str, Any]) -> str:
     """Per seed, the selected epoch (1-based) / the epochs run: the convergence evidence of a
     budget (a selected epoch next to the cap means the cap cut training short)."""
@@ -258,6 +291,8 @@ def to_markdown(rows: list[dict[str, Any]], reported: list[dict[str, Any]] | Non
         lines += ["Produced by (`nox -s bench -- ARGS` runs `prvr-bench bench ARGS`):", "", "```", *commands, "```", ""]
     lines += ["| " + " | ".join(TABLE_HEADER) + " |", "|" + "---|" * len(TABLE_HEADER)]
     lines += ["| " + " | ".join(table_cells(r)) + " |" for r in rows]
+    if rows:
+        lines += ["", convergence_note(rows)]
     if left_out:
         lines += ["", "Left out of the table: runs whose training loss became non-finite (trained on with "
                   "`train.on_nonfinite=continue`; their records are marked `nonfinite`): " + "; ".join(left_out) + "."]

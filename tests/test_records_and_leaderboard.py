@@ -151,3 +151,25 @@ def test_files_beside_records_are_not_records_and_exports_are_marked(tmp_path):
     write_json(tmp_path / "runs" / "tvr" / "baseline" / "seed0.fig4.json", {"bins": [1, 2]})
     (row,) = leaderboard.rebuild(tmp_path, show=False)
     assert row["dataset"] == "tvr (export of sim-tvr)" and row["n"] == 1
+
+
+def test_convergence_note_lists_runs_selected_near_the_cap(tmp_path):
+    """sim-x's protocol is 12 epochs, early stop 5: a selected epoch among the last 5 (8-12,
+    1-based) is listed with the spread of the last 5 validation SumRs; one before is not."""
+    early = {**fake_record(0, 150.0), "best_epoch": 5, "epochs_run": 11,
+             "history": [{"val": {"SumR": 100.0 + e}} for e in range(11)]}
+    late = {**fake_record(1, 151.0), "best_epoch": 10, "epochs_run": 12,
+            "history": [{"val": {"SumR": v}} for v in (90, 95, 99, 100, 101, 102, 103, 110.0, 111.5, 110.5, 112.25, 112)]}
+    assert leaderboard.near_cap(early) is None
+    assert leaderboard.near_cap(late) == {"seed": 1, "best": 11, "cap": 12, "patience": 5, "last": (110.0, 112.25)}
+    for rec in (early, late):
+        store(tmp_path, rec)
+    leaderboard.rebuild(tmp_path, show=False)
+    md = (tmp_path / "leaderboard.md").read_text()
+    assert ("Convergence: 1 of the 2 runs above selected an epoch before the last `patience` epochs of their cap"
+            in md)
+    assert "sim-x baseline seed 1: epoch 11 of 12, last 5 val SumRs 110.0-112.2" in md
+    store(tmp_path, {**late, "best_epoch": 6})
+    leaderboard.rebuild(tmp_path, show=False)
+    assert "each of the 2 runs above selected an epoch before the last `patience` epochs" in (
+        tmp_path / "leaderboard.md").read_text()
