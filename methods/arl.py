@@ -23,6 +23,7 @@ import torch
 from prvr.harness.checks import NON_NEGATIVE, POSITIVE, OneOf, at_least, param, require
 from prvr.harness.io import UserError
 from prvr.harness.registry import METHODS
+from prvr.methods.backbones.api import Scores
 from prvr.methods.backbones.arl import BRANCHES
 from prvr.methods.objectives.arl import TREATMENTS, LossWeights, frame_loss, video_loss
 from prvr.methods.recipes import PRESETS, AblationRow, AblationTable, MethodSpec, register_table
@@ -63,23 +64,23 @@ def check(cfg: ArlConfig) -> None:
     cfg.check("loss")
 
 
-def arl_objective(cfg: ArlConfig, scores: dict[str, torch.Tensor], relations, context) -> dict[str, torch.Tensor]:
+def arl_objective(cfg: ArlConfig, scores: Scores, relations, context) -> dict[str, torch.Tensor]:
     """Sum over branches of L^video (+ L^frame with T-F), each branch with its own relations."""
     check(cfg)
     variant = VARIANTS[cfg.variant]
     use_sets = variant.text_video and context.epoch >= cfg.warmup_epochs
     hard = cfg.hard_pool if 0 <= cfg.hard_negative_epoch <= context.epoch else None
     weights = LossWeights(cfg.lambda_nce, cfg.temperature, cfg.margin, cfg.margin_a, hard)
-    branches = [b for b in BRANCHES if b in scores]
+    branches = [b for b in BRANCHES if b in scores.branches]
     if not branches:
         raise UserError("the ARL objective needs the `arl` backbone (scores per branch theta / phi)")
     frame_mask = context.outputs["videos"]["frame_mask"]
     out: dict[str, torch.Tensor] = {}
-    total = scores["fused"].sum() * 0
+    total = scores.fused.sum() * 0
     for b in branches:
         rel = branch_relations(relations, b)
         amb = rel.ambiguous if use_sets else torch.zeros_like(rel.ambiguous)
-        video = video_loss(scores[b], rel.positive, amb, ~(rel.positive | amb), weights, cfg.treatment,
+        video = video_loss(scores.branches[b], rel.positive, amb, ~(rel.positive | amb), weights, cfg.treatment,
                            context.generator)
         parts = {f"{b}_{k}": v for k, v in video.items() if k != "loss"}
         total = total + video["loss"]
@@ -87,7 +88,7 @@ def arl_objective(cfg: ArlConfig, scores: dict[str, torch.Tensor], relations, co
             frame_amb = getattr(rel, "frame_ambiguous", None)
             if frame_amb is None:  # a detector without text-frame sets: lift its text-video sets
                 frame_amb = amb[:, :, None] & frame_mask[None]
-            frame = frame_loss(scores[f"{b}.frames"], frame_mask, rel.positive, frame_amb, weights,
+            frame = frame_loss(scores.items[b], frame_mask, rel.positive, frame_amb, weights,
                                cfg.treatment, context.generator)
             parts.update({f"{b}_frame_{k}": v for k, v in frame.items() if k != "loss"})
             total = total + cfg.frame_weight * frame["loss"]
@@ -99,7 +100,8 @@ def arl_objective(cfg: ArlConfig, scores: dict[str, torch.Tensor], relations, co
 METHODS.add(
     "arl",
     MethodSpec("arl", backbone="arl", relations="arl", loss_cls=ArlConfig, objective=arl_objective,
-               preset=PRESETS / "arl.yaml", sections={"arl": ArlDetectorConfig}),
+               preset=PRESETS / "arl.yaml", sections={"arl": ArlDetectorConfig},
+               needs=frozenset({"theta_phi", "frame_items", "frame_mask"})),
     "ARL: ambiguity-restrained learning (uncertainty + similarity detection, cross-model, dual triplet)",
 )
 

@@ -14,6 +14,7 @@ import torch
 
 from prvr.harness.checks import NON_NEGATIVE, POSITIVE, ListOf, OneOf, at_least, param
 from prvr.harness.registry import METHODS
+from prvr.methods.backbones.api import Scores
 from prvr.methods.objectives.ranking import info_nce, triplet
 from prvr.methods.recipes import PRESETS, MethodSpec
 
@@ -29,14 +30,14 @@ class StandardLossConfig:
     branches: list[str] = param(["clip", "frame"], ListOf(OneOf(("clip", "frame")), distinct=True))
 
 
-def standard_objective(cfg: StandardLossConfig, scores: dict[str, torch.Tensor], relations, context) -> dict:
+def standard_objective(cfg: StandardLossConfig, scores: Scores, relations, context) -> dict:
     """Triplet + weighted InfoNCE on each branch's [Q, B] score matrix."""
     hard = cfg.hard_pool if context.epoch >= cfg.hard_negative_epoch else None
     out: dict[str, torch.Tensor] = {}
     pos, neg = relations.positive, relations.negative
     for b in cfg.branches:
-        out[f"{b}_triplet"] = triplet(scores[b], pos, neg, cfg.margin, hard, context.generator)
-        out[f"{b}_nce"] = info_nce(scores[b], pos, neg, cfg.temperature)
+        out[f"{b}_triplet"] = triplet(scores.branches[b], pos, neg, cfg.margin, hard, context.generator)
+        out[f"{b}_nce"] = info_nce(scores.branches[b], pos, neg, cfg.temperature)
     out["loss"] = sum(out[f"{b}_triplet"] + cfg.nce_weight * out[f"{b}_nce"] for b in cfg.branches)
     return out
 
@@ -44,6 +45,6 @@ def standard_objective(cfg: StandardLossConfig, scores: dict[str, torch.Tensor],
 METHODS.add(
     "baseline",
     MethodSpec("baseline", backbone="dual-branch", relations="none", loss_cls=StandardLossConfig,
-               objective=standard_objective, preset=PRESETS / "baseline.yaml"),
+               objective=standard_objective, preset=PRESETS / "baseline.yaml", needs=frozenset({"clip_frame"})),
     "dual-branch backbone + triplet/InfoNCE on one-to-one labels: the reference row",
 )

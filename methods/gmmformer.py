@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from prvr.harness.checks import FINITE, NON_NEGATIVE, POSITIVE, at_least, param
 from prvr.harness.registry import METHODS
+from prvr.methods.backbones.api import Scores
 from prvr.methods.objectives.prvr import hard_pool_at, query_diversity, same_video_pairs, two_branch_ranking
 from prvr.methods.recipes import PRESETS, MethodSpec
 
@@ -30,7 +29,7 @@ class GMMFormerLossConfig:
     hard_pool: int = param(20, at_least(1))  # hard_pool_size
 
 
-def gmmformer_objective(cfg: GMMFormerLossConfig, scores: dict[str, torch.Tensor], relations, context) -> dict:
+def gmmformer_objective(cfg: GMMFormerLossConfig, scores: Scores, relations, context) -> dict:
     hard = hard_pool_at(context.epoch, cfg.hard_negative_epoch, cfg.hard_pool)
     out = two_branch_ranking(scores, relations.positive, relations.negative, cfg.margin, hard, context.generator)
     pairs = same_video_pairs(relations.positive)
@@ -45,6 +44,7 @@ def gmmformer_objective(cfg: GMMFormerLossConfig, scores: dict[str, torch.Tensor
 METHODS.add(
     "gmmformer",
     MethodSpec("gmmformer", backbone="gmmformer", relations="none", loss_cls=GMMFormerLossConfig,
-               objective=gmmformer_objective, preset=PRESETS / "gmmformer.yaml"),
+               objective=gmmformer_objective, preset=PRESETS / "gmmformer.yaml",
+               needs=frozenset({"clip_frame", "raw", "query_vector"})),
     "GMMFormer: Gaussian-window attention, NCE + triplet + query diversity on one-to-one labels",
 )

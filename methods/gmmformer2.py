@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from prvr.harness.checks import FINITE, NON_NEGATIVE, POSITIVE, at_least, param
 from prvr.harness.registry import METHODS
+from prvr.methods.backbones.api import Scores
 from prvr.methods.objectives.prvr import (focal_query_diversity, hard_pool_at, hungarian_matching,
                                           same_video_pairs, two_branch_ranking)
 from prvr.methods.recipes import PRESETS, MethodSpec
@@ -34,7 +33,7 @@ class GMMFormer2LossConfig:
     hard_pool: int = param(20, at_least(1))  # hard_pool_size
 
 
-def gmmformer2_objective(cfg: GMMFormer2LossConfig, scores: dict[str, torch.Tensor], relations, context) -> dict:
+def gmmformer2_objective(cfg: GMMFormer2LossConfig, scores: Scores, relations, context) -> dict:
     hard = hard_pool_at(context.epoch, cfg.hard_negative_epoch, cfg.hard_pool)
     out = two_branch_ranking(scores, relations.positive, relations.negative, cfg.margin, hard, context.generator)
     queries = context.outputs["queries"]["query"]
@@ -50,6 +49,7 @@ def gmmformer2_objective(cfg: GMMFormer2LossConfig, scores: dict[str, torch.Tens
 METHODS.add(
     "gmmformer2",
     MethodSpec("gmmformer2", backbone="gmmformer2", relations="none", loss_cls=GMMFormer2LossConfig,
-               objective=gmmformer2_objective, preset=PRESETS / "gmmformer2.yaml"),
+               objective=gmmformer2_objective, preset=PRESETS / "gmmformer2.yaml",
+               needs=frozenset({"clip_frame", "raw", "query_vector", "clip_vectors"})),
     "GMMFormer v2: dynamic Gaussian fusion, NCE + triplet + focal diversity + Hungarian matching",
 )

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from prvr.harness.checks import NON_NEGATIVE, at_least, param
 from prvr.harness.registry import METHODS
+from prvr.methods.backbones.api import Scores
 from prvr.methods.objectives.prvr import hard_pool_at, two_branch_ranking
 from prvr.methods.recipes import PRESETS, MethodSpec
 
@@ -27,7 +26,7 @@ class MSLLossConfig:
     hard_pool: int = param(20, at_least(1))  # --hard_pool_size
 
 
-def msl_objective(cfg: MSLLossConfig, scores: dict[str, torch.Tensor], relations, context) -> dict:
+def msl_objective(cfg: MSLLossConfig, scores: Scores, relations, context) -> dict:
     hard = hard_pool_at(context.epoch, cfg.hard_negative_epoch, cfg.hard_pool)
     out = two_branch_ranking(scores, relations.positive, relations.negative, cfg.margin, hard, context.generator)
     out["loss"] = (cfg.clip_nce_weight * out["clip_nce"] + out["clip_triplet"]
@@ -38,6 +37,6 @@ def msl_objective(cfg: MSLLossConfig, scores: dict[str, torch.Tensor], relations
 METHODS.add(
     "msl",
     MethodSpec("msl", backbone="msl", relations="none", loss_cls=MSLLossConfig, objective=msl_objective,
-               preset=PRESETS / "msl.yaml"),
+               preset=PRESETS / "msl.yaml", needs=frozenset({"clip_frame", "raw"})),
     "MS-SL: multi-scale clip proposals + key-clip frame attention, NCE + triplet on one-to-one labels",
 )

@@ -16,7 +16,10 @@ class MethodSpec:
     """What `--method NAME` means.
 
     objective(loss_cfg, scores, relations, context) -> dict with `loss` and its named parts;
-    context carries the epoch and a torch.Generator for sampling.
+    scores is the backbone's `Scores`; context carries the epoch, a torch.Generator for
+    sampling and the step's outputs {"queries", "videos", "scores"}.
+    needs: the backbone outputs the objective reads (methods/backbones/api.py OUTPUTS);
+    a backbone that does not provide them is refused (methods/fit.py).
     """
 
     name: str
@@ -26,6 +29,7 @@ class MethodSpec:
     objective: Callable[..., dict[str, Any]]
     preset: Path | None = None
     sections: dict[str, type] = field(default_factory=dict)
+    needs: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

@@ -35,20 +35,21 @@ def test_backbone_scores_are_max_cosine_averaged_over_branches(tiny):
     model = BACKBONES.get("arl")(cfg.model, data.video_dim, data.query_dim).eval()
     q, v = model.encode_queries(batch.queries), model.encode_videos(batch.videos)
     s = model.score(q, v)
-    assert set(s) == {"theta", "phi", "fused"}  # no [Q, B, T] maps outside training
+    assert set(s.branches) == set(s.items) == {"theta", "phi"} and not s.raw  # [Q, B, T] maps in eval mode too
     mask = v["frame_mask"]
     for b in ("theta", "phi"):
         cos = torch.einsum("qd,btd->qbt", F.normalize(q[f"query.{b}"], dim=-1), F.normalize(v[f"frames.{b}"], dim=-1))
-        assert torch.allclose(s[b], cos.masked_fill(~mask[None], -2).amax(-1), atol=1e-6)  # Eq. 2-3
-    assert torch.allclose(s["fused"], (s["theta"] + s["phi"]) / 2)  # Eq. 13
-    assert not torch.allclose(s["theta"], s["phi"])  # two independently initialised models
+        assert torch.allclose(s.branches[b], cos.masked_fill(~mask[None], -2).amax(-1), atol=1e-6)  # Eq. 2-3
+        assert torch.allclose(s.items[b], cos, atol=1e-6)  # Eq. 2
+    assert torch.allclose(s.fused, (s.branches["theta"] + s.branches["phi"]) / 2)  # Eq. 13
+    assert not torch.allclose(s.branches["theta"], s.branches["phi"])  # two independently initialised models
     model.train()
-    assert model.score(q, v)["theta.frames"].shape == (*s["theta"].shape, mask.shape[1])
+    assert model.score(q, v).items["theta"].shape == (*s.branches["theta"].shape, mask.shape[1])
 
 
 def test_one_branch_model_trains_alone(tiny):
     _, scores, rel, ctx = _objective_inputs(tiny, branches=1)
-    assert set(scores) == {"theta", "theta.frames", "fused"}
+    assert set(scores.tensors()) == {"fused", "theta", "items.theta"}
     cfg = resolve("arl", "sim-tiny", 0, ["model.branches=1"])
     out = arl_objective(cfg.loss, scores, rel, ctx)
     assert "theta_frame_nce" in out and not any(k.startswith("phi") for k in out)
@@ -110,7 +111,7 @@ def test_objective_uses_ambiguous_sets_only_after_warm_up_and_lifts_them_to_fram
 def test_every_ablation_recipe_resolves_and_steps(tiny, variant, treatment):
     cfg, scores, rel, ctx = _objective_inputs(tiny)
     cfg.loss.variant, cfg.loss.treatment = variant, treatment
-    out = arl_objective(cfg.loss, {k: t.detach().requires_grad_() for k, t in scores.items()}, rel, ctx)
+    out = arl_objective(cfg.loss, scores.map(lambda t: t.detach().requires_grad_()), rel, ctx)
     assert torch.isfinite(out["loss"])
     resolved = resolve("arl", "sim-tvr", 0, [f"loss.variant={variant}", f"loss.treatment={treatment}"])
     assert resolved.loss.variant == variant and resolved.relations.name == "arl"

@@ -1,6 +1,8 @@
-"""Every registered backbone: shapes, finiteness, gradients, padding invariance, determinism.
-Plus the MS-SL family's parts: parameter counts at TVR dims, Gaussian windows and attention,
-and MS-SL's fast proposal scoring against the materialised reference computation."""
+"""Every registered backbone: the `Backbone` contract (typed `Scores`, the same fields in training
+and evaluation, the outputs it declares), the scores of the dict outputs it replaced, shapes,
+finiteness, gradients, padding invariance, determinism. Plus the MS-SL family's parts:
+parameter counts at TVR dims, Gaussian windows and attention, and MS-SL's fast proposal
+scoring against the materialised reference computation."""
 
 import math
 
@@ -11,7 +13,8 @@ import torch.nn.functional as F
 from prvr.datasets.loader import QueryBatch, VideoBatch, pooling_matrix
 from prvr.harness.registry import BACKBONES
 from prvr.harness.evaluate import cat_padded, index_videos
-from prvr.methods.backbones.blocks import GaussianBranches, gaussian_attention, gaussian_weights
+from prvr.methods.backbones.api import OUTPUTS, Backbone, OnDemand, Scores
+from prvr.methods.backbones.blocks import GaussianBranches, gaussian_attention, gaussian_weights, max_similarity
 from prvr.methods.backbones.msl import VideoSide, msl_scores, proposal_matrix
 
 VIDEO_DIM, QUERY_DIM, CLIPS = 24, 16, 8
@@ -58,11 +61,146 @@ def query_batch(rows: list[torch.Tensor], pad_to: int | None = None, garbage: fl
     return QueryBatch(tokens, mask, torch.arange(len(rows)))
 
 
-def forward(model, vb: VideoBatch, qb: QueryBatch) -> dict[str, torch.Tensor]:
+def forward(model, vb: VideoBatch, qb: QueryBatch) -> Scores:
     return model.score(model.encode_queries(qb), model.encode_videos(vb))
 
 
 BACKBONE_NAMES = BACKBONES.names()
+
+
+def real_frames(tensors: dict[str, torch.Tensor], frame_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-frame items at padding frames set to 0 (a padding frame's item means nothing)."""
+    return {k: t.masked_fill(~frame_mask[None], 0.0) if k.startswith("items.") else t for k, t in tensors.items()}
+
+
+def _views_score_by_their_best_frame(model, vb, q, v, s) -> bool:
+    for branch, qk, fk in model.frame_views():
+        assert q[qk].dim() == 2 and v[fk].dim() == 3
+        best = max_similarity(q[qk], v[fk], v["frame_mask"])
+        torch.testing.assert_close(s.branches[branch], best, msg=branch)
+    return True
+
+
+# What each output in OUTPUTS means, checked on (model, video batch, queries, videos, scores).
+PROVIDED = {
+    "clip_frame": lambda m, vb, q, v, s: {"clip", "frame"} <= set(s.branches),
+    "theta_phi": lambda m, vb, q, v, s: "theta" in s.branches and set(s.branches) <= {"theta", "phi"},
+    "raw": lambda m, vb, q, v, s: {"clip", "frame"} <= set(s.raw) and all(s.raw[k].shape == s.fused.shape
+                                                                         for k in ("clip", "frame")),
+    "frame_items": lambda m, vb, q, v, s: bool(s.items) and set(s.items) <= set(s.branches) and all(
+        t.shape == (*s.fused.shape, vb.frames.shape[1]) for t in s.items.values()),
+    "frame_views": _views_score_by_their_best_frame,
+    "query_vector": lambda m, vb, q, v, s: q["query"].shape[0] == s.fused.shape[0] and q["query"].dim() == 2,
+    "clip_vectors": lambda m, vb, q, v, s: v["clips"].shape[:2] == (s.fused.shape[1], CLIPS),
+    "frame_mask": lambda m, vb, q, v, s: torch.equal(v["frame_mask"], vb.frame_mask),
+}
+
+
+def test_every_output_name_has_a_check():
+    assert set(PROVIDED) == set(OUTPUTS)
+
+
+@pytest.mark.parametrize("name", BACKBONE_NAMES)
+def test_backbone_keeps_the_contract_in_training_and_evaluation(name):
+    """A `Backbone`; `provides` names known outputs; a 2-query x 3-video forward gives `Scores`
+    with the same branch / raw / item names in both modes, and every provided output is there."""
+    model = build(name)
+    assert isinstance(model, Backbone)
+    assert model.provides <= set(OUTPUTS), sorted(model.provides - set(OUTPUTS))
+    frames, tokens = content()
+    vb, qb = video_batch(frames), query_batch(tokens[:2])
+    fields = {}
+    for mode in ("train", "eval"):
+        model.train(mode == "train")
+        with torch.set_grad_enabled(mode == "train"):
+            q, v = model.encode_queries(qb), model.encode_videos(vb)
+            s = model.score(q, v)
+        assert isinstance(s, Scores) and s.fused.shape == (2, 3)
+        fields[mode] = (set(s.branches), set(s.raw), set(s.items))
+        for output in sorted(model.provides):
+            assert PROVIDED[output](model, vb, q, v, s), f"{name} declares {output} but does not give it ({mode})"
+    assert fields["train"] == fields["eval"]
+
+
+def test_on_demand_scores_are_made_once_when_read_and_stay_on_demand_when_joined():
+    made = []
+    first = OnDemand({"clip": lambda: made.append("first") or torch.ones(1, 2)})
+    joined = Scores.cat([Scores(torch.zeros(1, 2), raw=first),
+                         Scores(torch.zeros(1, 2), raw=OnDemand({"clip": lambda: torch.zeros(1, 2)}))])
+    assert set(joined.raw) == {"clip"} and not made
+    assert joined.raw["clip"].tolist() == [[1.0, 1.0], [0.0, 0.0]] and joined.raw["clip"] is joined.raw["clip"]
+    assert made == ["first"]
+
+
+def _best(query, items, mask=None, cosine=True):
+    if cosine:
+        query, items = F.normalize(query, dim=-1), F.normalize(items, dim=-1)
+    sims = torch.einsum("qd,vnd->qvn", query, items)
+    return (sims if mask is None else sims.masked_fill(~mask[None], float("-inf"))).max(-1).values
+
+
+def _fused(w, out):
+    return {**out, "fused": w * out["clip"] + (1 - w) * out["frame"]}
+
+
+# The dicts that `score` returned before `Scores` (training-mode keys), from the encodings.
+DICT_SCORES = {
+    "dual-branch": lambda m, q, v: _fused(m.cfg.clip_weight, {"clip": _best(q["query"], v["clip"]),
+                                                              "frame": _best(q["query"], v["frame"], v["frame_mask"])}),
+    "gmmformer": lambda m, q, v: _fused(m.cfg.clip_weight, {
+        "clip": _best(q["query"], v["clips"]),
+        "frame": F.normalize(q["query"], dim=-1) @ F.normalize(v["frame"], dim=-1).t(),
+        "clip_raw": _best(q["query"], v["clips"], cosine=False), "frame_raw": q["query"] @ v["frame"].t()}),
+    "gmmformer2": lambda m, q, v: _fused(m.cfg.clip_weight, {
+        "clip": _best(q["query"], v["clips"]), "frame": _best(q["query"], v["frames"], v["frame_mask"]),
+        "clip_raw": _best(q["query"], v["clips"], cosine=False),
+        "frame_raw": _best(q["query"], v["frames"], v["frame_mask"], cosine=False)}),
+    "arl": lambda m, q, v: _arl_dict(q, v),
+}
+
+
+def _arl_dict(q, v):
+    out = {}
+    for b in ("theta", "phi"):
+        sims = torch.einsum("qd,btd->qbt", F.normalize(q[f"query.{b}"], dim=-1), F.normalize(v[f"frames.{b}"], dim=-1))
+        out[b], out[f"{b}.frames"] = sims.masked_fill(~v["frame_mask"][None], float("-inf")).amax(-1), sims
+    return {**out, "fused": torch.stack([out["theta"], out["phi"]]).mean(0)}
+
+
+def as_dict(s: Scores) -> dict[str, torch.Tensor]:
+    """`Scores` under the old dict keys: fused, the branches, <b>_raw, <b>.frames."""
+    return {"fused": s.fused, **s.branches, **{f"{k}_raw": t for k, t in s.raw.items()},
+            **{f"{k}.frames": t for k, t in s.items.items()}}
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+@pytest.mark.parametrize("name", sorted(DICT_SCORES))
+def test_scores_are_bit_identical_to_the_dict_outputs(name, mode):
+    """fused, branches, raw and items are the numbers the dict keys held (raw and items, once
+    training-only, now in evaluation too); MS-SL against its materialised reference below."""
+    model = build(name).train(mode == "train")
+    frames, tokens = content()
+    with torch.no_grad():
+        q, v = model.encode_queries(query_batch(tokens)), model.encode_videos(video_batch(frames))
+        new, old = as_dict(model.score(q, v)), DICT_SCORES[name](model, q, v)
+    assert new.keys() == old.keys()
+    for key in old:
+        assert torch.equal(new[key], old[key]), key
+
+
+def test_msl_scores_are_its_reference_computation():
+    model = build("msl").eval()
+    frames, tokens = content()
+    with torch.no_grad():
+        q, v = model.encode_queries(query_batch(tokens)), model.encode_videos(video_batch(frames))
+        s = model.score(q, v)
+    clip, clip_raw, frame, frame_raw = naive_msl(q["query"], v["clips"], v["frame_keys"], v["frame_values"],
+                                                 v["frame_mask"])
+    for got, ref in [(s.branches["clip"], clip), (s.raw["clip"], clip_raw), (s.branches["frame"], frame),
+                     (s.raw["frame"], frame_raw)]:
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    w = model.cfg.clip_weight
+    assert torch.equal(s.fused, w * s.branches["clip"] + (1 - w) * s.branches["frame"])
 
 
 @pytest.mark.parametrize("name", BACKBONE_NAMES)
@@ -73,8 +211,8 @@ def test_indexed_collection_scores_like_the_plain_one(name):
     frames, tokens = content()
     with torch.no_grad():
         q, v = model.encode_queries(query_batch(tokens)), model.encode_videos(video_batch(frames))
-        plain = model.score(q, v)
-        indexed = model.score(q, index_videos(model, v))
+        plain = model.score(q, v).tensors()
+        indexed = model.score(q, index_videos(model, v)).tensors()
     assert plain.keys() == indexed.keys()
     for key in plain:
         torch.testing.assert_close(indexed[key], plain[key], rtol=1e-6, atol=1e-6, msg=key)
@@ -86,9 +224,9 @@ def test_scores_have_query_by_video_shape_and_are_finite(name):
     frames, tokens = content()
     with torch.no_grad():
         scores = forward(model, video_batch(frames), query_batch(tokens))
-    assert "fused" in scores
-    for key, s in scores.items():
-        assert s.shape == (len(tokens), len(frames)), key
+    for key, s in scores.tensors().items():
+        assert s.shape[:2] == (len(tokens), len(frames)), key
+        assert s.dim() == (3 if key.startswith("items.") else 2), key
         assert torch.isfinite(s).all(), key
 
 
@@ -97,7 +235,7 @@ def test_every_parameter_receives_a_gradient(name):
     model = build(name).train()
     frames, tokens = content()
     scores = forward(model, video_batch(frames), query_batch(tokens))
-    sum(s.sum() for s in scores.values()).backward()
+    sum(s.sum() for s in scores.tensors().values()).backward()
     params = dict(model.named_parameters())
     assert not [n for n, p in params.items() if p.grad is None], "parameters outside the graph"
     assert all(torch.isfinite(p.grad).all() for p in params.values())
@@ -112,11 +250,12 @@ def test_padding_frames_and_tokens_change_no_score(name):
     model = build(name).eval()
     frames, tokens = content()
     with torch.no_grad():
-        tight = forward(model, video_batch(frames), query_batch(tokens))
+        tight = forward(model, video_batch(frames), query_batch(tokens)).tensors()
         padded = forward(model, video_batch(frames, pad_to=max(FRAME_LENGTHS) + 7, garbage=3.0),
-                         query_batch(tokens, pad_to=max(TOKEN_LENGTHS) + 5, garbage=3.0))
-    for key in tight:
-        torch.testing.assert_close(padded[key], tight[key], atol=1e-5, rtol=1e-4, msg=key)
+                         query_batch(tokens, pad_to=max(TOKEN_LENGTHS) + 5, garbage=3.0)).tensors()
+    for key in tight:  # per-frame items: the frames of the tighter padding
+        torch.testing.assert_close(padded[key][..., : tight[key].shape[-1]], tight[key], atol=1e-5, rtol=1e-4,
+                                   msg=key)
 
 
 @pytest.mark.parametrize("name", BACKBONE_NAMES)
@@ -127,9 +266,11 @@ def test_a_video_encodes_the_same_alone_or_in_a_batch(name):
     frames, tokens = content()
     with torch.no_grad():
         q = model.encode_queries(query_batch(tokens))
-        together = model.score(q, model.encode_videos(video_batch(frames)))
+        vb = video_batch(frames)
+        together = real_frames(model.score(q, model.encode_videos(vb)).tensors(), vb.frame_mask)
         parts = [model.encode_videos(video_batch([f])) for f in frames]
-        alone = model.score(q, {k: cat_padded([p[k] for p in parts]) for k in parts[0]})
+        alone = real_frames(model.score(q, {k: cat_padded([p[k] for p in parts]) for k in parts[0]}).tensors(),
+                            vb.frame_mask)
     for key in together:
         torch.testing.assert_close(alone[key], together[key], atol=1e-5, rtol=1e-4, msg=key)
 
@@ -141,12 +282,12 @@ def test_same_seed_same_output(name):
     for _ in range(2):
         model = build(name, seed=3).train()
         torch.manual_seed(5)  # dropout
-        outs.append(forward(model, video_batch(frames), query_batch(tokens)))
+        outs.append(forward(model, video_batch(frames), query_batch(tokens)).tensors())
     for key in outs[0]:
         assert torch.equal(outs[0][key], outs[1][key]), key
     other = build(name, seed=4).eval()
     with torch.no_grad():
-        assert not torch.equal(forward(other, video_batch(frames), query_batch(tokens))["fused"], outs[0]["fused"])
+        assert not torch.equal(forward(other, video_batch(frames), query_batch(tokens)).fused, outs[0]["fused"])
 
 
 @pytest.mark.parametrize("name, paper", [("msl", 4.85), ("gmmformer", 12.85), ("gmmformer2", 32.27)])
@@ -239,8 +380,8 @@ def naive_msl(query, clips, keys, values, mask):
 
 def fast_msl(query, clips, keys, values, mask, budget=1 << 24):
     side = VideoSide.of({"clips": clips, "frame_keys": keys, "frame_values": values, "frame_mask": mask})
-    out = msl_scores(query, side, budget)
-    return out["clip"], out["clip_raw"], out["frame"], out["frame_raw"]
+    out = msl_scores(query, side, budget, 0.7)
+    return out.branches["clip"], out.raw["clip"], out.branches["frame"], out.raw["frame"]
 
 
 @pytest.mark.parametrize("budget", [1 << 24, 50])  # 50: the best-proposal search runs one query at a time
@@ -268,9 +409,9 @@ def test_scoring_in_query_chunks_matches_one_pass(name):
     frames, tokens = content()
     with torch.no_grad():
         q, v = model.encode_queries(query_batch(tokens)), model.encode_videos(video_batch(frames))
-        whole = model.score(q, v)
+        whole = model.score(q, v).tensors()
         model.cfg.eval_budget = 1  # one query per slice, one query per best-proposal search
-        sliced = model.score(q, v)
+        sliced = model.score(q, v).tensors()
     for key in whole:
         torch.testing.assert_close(sliced[key], whole[key], msg=key)
 

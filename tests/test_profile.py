@@ -95,7 +95,7 @@ def test_a_collection_holds_every_video_and_scores_against_all_of_them():
     videos = encode_collection(model, subject, 7, 3, 48, torch.device("cpu"))
     assert all(t.shape[0] == 7 for t in videos.values())
     queries = model.encode_queries(random_queries(1, subject.tokens, 32))
-    assert model.score(queries, videos)["fused"].shape == (1, 7)
+    assert model.score(queries, videos).fused.shape == (1, 7)
     assert torch.equal(videos["clip"][3], videos["clip"][0])  # tiled copies
 
 

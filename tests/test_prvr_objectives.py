@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from prvr.harness.config import resolve
 from prvr.harness.io import UserError
 from prvr.harness.runner import run_one
+from prvr.methods.backbones.api import Scores
 from prvr.methods.objectives.prvr import (focal_query_diversity, hard_pool_at, hungarian_matching, msl_triplet,
                                           query_diversity, same_video_pairs, two_branch_ranking)
 from prvr.methods.relations.base import Relations
@@ -60,7 +61,7 @@ def test_nce_is_the_references_clip_nce_on_raw_dot_products():
     raw = torch.tensor([[2.0, 0.0],
                         [1.0, 0.5],
                         [0.0, 3.0]])
-    scores = {"clip": raw.tanh(), "frame": raw.tanh(), "clip_raw": raw, "frame_raw": raw}
+    scores = Scores(raw.tanh(), {"clip": raw.tanh(), "frame": raw.tanh()}, {"clip": raw, "frame": raw})
     rel = one_to_one()
     parts = two_branch_ranking(scores, rel.positive, rel.negative, 0.1, None, torch.Generator().manual_seed(0))
     lse = torch.logsumexp
@@ -73,9 +74,9 @@ def test_nce_is_the_references_clip_nce_on_raw_dot_products():
 
 def test_ranking_parts_name_the_missing_raw_scores():
     rel = one_to_one()
-    with pytest.raises(UserError, match="clip_raw"):
-        two_branch_ranking({"clip": torch.zeros(3, 2), "frame": torch.zeros(3, 2)}, rel.positive, rel.negative,
-                           0.1, None, None)
+    with pytest.raises(UserError, match=r"Scores.raw\['clip'\]"):
+        two_branch_ranking(Scores(torch.zeros(3, 2), {"clip": torch.zeros(3, 2), "frame": torch.zeros(3, 2)}),
+                           rel.positive, rel.negative, 0.1, None, None)
 
 
 def test_hard_negatives_start_at_the_configured_epoch():

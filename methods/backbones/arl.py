@@ -15,6 +15,7 @@ branches at TVR dimensions hold 5.52 M parameters, against 5.34 M in the paper's
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +23,7 @@ from torch import nn
 
 from prvr.harness.checks import DROPOUT, FLAG, Range, at_least, param
 from prvr.harness.registry import BACKBONES
+from prvr.methods.backbones.api import Scores
 from prvr.methods.backbones.baseline import AttentionPool
 from prvr.methods.backbones.blocks import check_heads, unit, with_units
 
@@ -123,10 +125,11 @@ def retrieval_score(frame_sims: torch.Tensor, frame_mask: torch.Tensor) -> torch
 @BACKBONES.register("arl", "ARL's streamlined encoder: two identical branches, max-cosine over frames, scores averaged")
 class ArlBackbone(nn.Module):
     """Outputs, per branch b in (theta, phi): queries `query.b` [Q, d]; videos `frames.b`
-    [B, T, d] and `frame_mask`; scores `b` [Q, B] (Eq. 3), `fused` (Eq. 13) and, in training
-    mode only, `b.frames` [Q, B, T] (Eq. 2) for the text-frame detection and losses."""
+    [B, T, d] and `frame_mask`; Scores with branches[b] [Q, B] (Eq. 3), fused (Eq. 13) and
+    items[b] [Q, B, T] (Eq. 2) for the text-frame detection and losses."""
 
     config_cls = ArlEncoderConfig
+    provides: ClassVar[frozenset[str]] = frozenset({"theta_phi", "frame_items", "frame_mask", "frame_views"})
 
     def __init__(self, cfg: ArlEncoderConfig, video_dim: int, query_dim: int) -> None:
         super().__init__()
@@ -148,16 +151,13 @@ class ArlBackbone(nn.Module):
         """Query-independent work before scoring many queries: each branch's unit frame vectors."""
         return with_units(v, *(f"frames.{b}" for b in self.names))
 
-    def score(self, q: dict[str, torch.Tensor], v: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        out: dict[str, torch.Tensor] = {}
+    def score(self, q: dict[str, torch.Tensor], v: dict[str, torch.Tensor]) -> Scores:
+        branches, items = {}, {}
         for b in self.names:
-            sims = frame_similarity(q[f"query.{b}"], unit(v, f"frames.{b}"), frames_unit=True)
-            out[b] = retrieval_score(sims, v["frame_mask"])
-            if self.training:
-                out[f"{b}.frames"] = sims
-        out["fused"] = torch.stack([out[b] for b in self.names]).mean(0)  # Eq. 13
-        return out
+            items[b] = frame_similarity(q[f"query.{b}"], unit(v, f"frames.{b}"), frames_unit=True)
+            branches[b] = retrieval_score(items[b], v["frame_mask"])
+        return Scores(torch.stack([branches[b] for b in self.names]).mean(0), branches, items=items)  # Eq. 13
 
-    def arl_views(self) -> list[tuple[str, str, str]]:
+    def frame_views(self) -> list[tuple[str, str, str]]:
         """(branch, query key, frames key) for the ARL detector."""
         return [(b, f"query.{b}", f"frames.{b}") for b in self.names]

@@ -11,12 +11,14 @@ The faithful MS-SL / GMMFormer architectures live beside it (later issues).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
 
 from prvr.harness.checks import DROPOUT, FLAG, PROBABILITY, at_least, param
 from prvr.harness.registry import BACKBONES
+from prvr.methods.backbones.api import Scores
 from prvr.methods.backbones.blocks import check_heads, max_similarity, unit, with_units
 
 
@@ -84,6 +86,7 @@ def max_cosine(query: torch.Tensor, items: torch.Tensor, mask: torch.Tensor | No
 @BACKBONES.register("dual-branch", "small MS-SL-like backbone: clip + frame branches, max-cosine scores, fused 0.7/0.3")
 class DualBranch(nn.Module):
     config_cls = DualBranchConfig
+    provides: ClassVar[frozenset[str]] = frozenset({"clip_frame", "query_vector", "frame_mask", "frame_views"})
 
     def __init__(self, cfg: DualBranchConfig, video_dim: int, query_dim: int) -> None:
         super().__init__()
@@ -114,8 +117,12 @@ class DualBranch(nn.Module):
         """Query-independent work before scoring many queries: the items' unit vectors."""
         return with_units(v, "clip", "frame")
 
-    def score(self, q: dict[str, torch.Tensor], v: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def score(self, q: dict[str, torch.Tensor], v: dict[str, torch.Tensor]) -> Scores:
         clip = max_cosine(q["query"], unit(v, "clip"), items_unit=True)
         frame = max_cosine(q["query"], unit(v, "frame"), v["frame_mask"], items_unit=True)
         w = self.cfg.clip_weight
-        return {"clip": clip, "frame": frame, "fused": w * clip + (1 - w) * frame}
+        return Scores(w * clip + (1 - w) * frame, {"clip": clip, "frame": frame})
+
+    def frame_views(self) -> list[tuple[str, str, str]]:
+        """(branch, query key, frames key): the frame branch, for the ARL detector."""
+        return [("frame", "query", "frame")]

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from prvr.harness.checks import require
+from prvr.methods.backbones.api import Scores
 
 PLAIN = 0.0  # a branch width of 0 means plain attention (the reference's `wid=None`)
 
@@ -333,15 +334,14 @@ def max_similarity(query: torch.Tensor, items: torch.Tensor, mask: torch.Tensor 
     return sims.max(-1).values
 
 
-def score_in_chunks(fn: Callable[[dict], dict], q: dict, per_query: int, budget: int) -> dict:
+def score_in_chunks(fn: Callable[[dict], Scores], q: dict, per_query: int, budget: int) -> Scores:
     """Without gradients, call fn on slices of the queries so that no [queries, videos, items]
     intermediate exceeds `budget` elements; with gradients, call it once on all queries."""
     n = next(iter(q.values())).shape[0]
     step = max(1, budget // max(1, per_query))
     if torch.is_grad_enabled() or n <= step:
         return fn(q)
-    parts = [fn({k: t[s : s + step] for k, t in q.items()}) for s in range(0, n, step)]
-    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+    return Scores.cat([fn({k: t[s : s + step] for k, t in q.items()}) for s in range(0, n, step)])
 
 
 def check_heads(cfg, key: str) -> None:

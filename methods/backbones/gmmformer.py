@@ -15,6 +15,7 @@ the clips (32), as in the reference.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +23,7 @@ from torch import nn
 
 from prvr.harness.checks import DROPOUT, NON_NEGATIVE, POSITIVE, PROBABILITY, ListOf, at_least, param
 from prvr.harness.registry import BACKBONES
+from prvr.methods.backbones.api import OnDemand, Scores
 from prvr.methods.backbones.blocks import (AttentionPool, GMMBlock, InputEmbedding, QueryEncoder, check_heads,
                                            init_weights, max_similarity, unit, with_units)
 
@@ -50,6 +52,7 @@ class GMMFormerConfig:
 @BACKBONES.register("gmmformer", "GMMFormer: 2 GMM blocks (Gaussian widths plain/0.5/1/5) per video encoder")
 class GMMFormer(nn.Module):
     config_cls = GMMFormerConfig
+    provides: ClassVar[frozenset[str]] = frozenset({"clip_frame", "raw", "query_vector", "clip_vectors"})
 
     def __init__(self, cfg: GMMFormerConfig, video_dim: int, query_dim: int) -> None:
         super().__init__()
@@ -80,12 +83,11 @@ class GMMFormer(nn.Module):
         """Query-independent work before scoring many queries: the unit clip and frame vectors."""
         return with_units(v, "clips", "frame")
 
-    def score(self, q: dict[str, torch.Tensor], v: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def score(self, q: dict[str, torch.Tensor], v: dict[str, torch.Tensor]) -> Scores:
         query = q["query"]
         clip = max_similarity(query, unit(v, "clips"), items_unit=True)
         frame = F.normalize(query, dim=-1) @ unit(v, "frame").t()
         w = self.cfg.clip_weight
-        out = {"clip": clip, "frame": frame, "fused": w * clip + (1 - w) * frame}
-        if self.training:  # the raw dot products feed the losses only
-            out.update(clip_raw=max_similarity(query, v["clips"], cosine=False), frame_raw=query @ v["frame"].t())
-        return out
+        raw = OnDemand({"clip": lambda: max_similarity(query, v["clips"], cosine=False),  # the losses' NCE reads them
+                        "frame": lambda: query @ v["frame"].t()})
+        return Scores(w * clip + (1 - w) * frame, {"clip": clip, "frame": frame}, raw)

@@ -13,12 +13,14 @@ still take part in the max (a zero vector scores 0); here padded frames are excl
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
 
 from prvr.harness.checks import DROPOUT, NON_NEGATIVE, POSITIVE, PROBABILITY, ListOf, at_least, param
 from prvr.harness.registry import BACKBONES
+from prvr.methods.backbones.api import OnDemand, Scores
 from prvr.methods.backbones.blocks import (DynamicGMMBlock, InputEmbedding, QueryEncoder, check_heads, init_weights,
                                            max_similarity, score_in_chunks, unit, with_units)
 
@@ -52,6 +54,8 @@ class GMMFormer2Config:
 @BACKBONES.register("gmmformer2", "GMMFormer v2: dynamic GMM block, 8 Gaussian widths fused by learned weights")
 class GMMFormer2(nn.Module):
     config_cls = GMMFormer2Config
+    provides: ClassVar[frozenset[str]] = frozenset({"clip_frame", "raw", "query_vector", "clip_vectors", "frame_mask",
+                                                    "frame_views"})
 
     def __init__(self, cfg: GMMFormer2Config, video_dim: int, query_dim: int) -> None:
         super().__init__()
@@ -78,17 +82,19 @@ class GMMFormer2(nn.Module):
         """Query-independent work before scoring many queries: the unit clip and frame vectors."""
         return with_units(v, "clips", "frames")
 
-    def score(self, q: dict[str, torch.Tensor], v: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def score(self, q: dict[str, torch.Tensor], v: dict[str, torch.Tensor]) -> Scores:
         per_query = v["frames"].shape[0] * v["frames"].shape[1]
         return score_in_chunks(lambda chunk: self._score(chunk, v), q, per_query, self.cfg.eval_budget)
 
-    def _score(self, q: dict[str, torch.Tensor], v: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def _score(self, q: dict[str, torch.Tensor], v: dict[str, torch.Tensor]) -> Scores:
         query, clips, frames, mask = q["query"], v["clips"], v["frames"], v["frame_mask"]
         clip = max_similarity(query, unit(v, "clips"), items_unit=True)
         frame = max_similarity(query, unit(v, "frames"), mask, items_unit=True)
         w = self.cfg.clip_weight
-        out = {"clip": clip, "frame": frame, "fused": w * clip + (1 - w) * frame}
-        if self.training:  # the raw dot products feed the losses only
-            out.update(clip_raw=max_similarity(query, clips, cosine=False),
-                       frame_raw=max_similarity(query, frames, mask, cosine=False))
-        return out
+        raw = OnDemand({"clip": lambda: max_similarity(query, clips, cosine=False),  # the losses' NCE reads them
+                        "frame": lambda: max_similarity(query, frames, mask, cosine=False)})
+        return Scores(w * clip + (1 - w) * frame, {"clip": clip, "frame": frame}, raw)
+
+    def frame_views(self) -> list[tuple[str, str, str]]:
+        """(branch, query key, frames key): the frame branch (best cosine over frames), for the ARL detector."""
+        return [("frame", "query", "frames")]

@@ -23,12 +23,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import ClassVar
 
 import torch
 from torch import nn
 
 from prvr.harness.checks import DROPOUT, POSITIVE, PROBABILITY, at_least, param
 from prvr.harness.registry import BACKBONES
+from prvr.methods.backbones.api import Scores
 from prvr.methods.backbones.blocks import (PLAIN, GMMBlock, InputEmbedding, QueryEncoder, check_heads, init_weights,
                                            score_in_chunks)
 
@@ -127,20 +129,23 @@ def key_clip_guided(query: torch.Tensor, key_clip: torch.Tensor, side: VideoSide
     return cosine, dots
 
 
-def msl_scores(query: torch.Tensor, side: VideoSide, budget: int) -> dict[str, torch.Tensor]:
-    """Clip-scale (best proposal) and frame-scale (key-clip guided) scores, cosine and raw, [Q, V]."""
+def msl_scores(query: torch.Tensor, side: VideoSide, budget: int, clip_weight: float) -> Scores:
+    """Clip-scale (best proposal) and frame-scale (key-clip guided) scores, cosine (branches,
+    fused with `clip_weight`) and raw dot products (raw), each [Q, V]."""
     clip_dots = torch.einsum("qd,vcd->qvc", query, side.clips)
     by_cos, by_dot = best_proposals(clip_dots, side.pool, side.norms, budget)
     video = torch.arange(side.clips.shape[0], device=query.device)[None]
     q_norm = query.norm(dim=-1).clamp_min(1e-12)[:, None]
     clip = (clip_dots * side.pool[by_cos]).sum(-1) / (q_norm * side.norms[video, by_cos])
     frame, frame_raw = key_clip_guided(query, side.pool[by_cos], side)
-    return {"clip": clip, "frame": frame, "clip_raw": (clip_dots * side.pool[by_dot]).sum(-1), "frame_raw": frame_raw}
+    return Scores(clip_weight * clip + (1 - clip_weight) * frame, {"clip": clip, "frame": frame},
+                  {"clip": (clip_dots * side.pool[by_dot]).sum(-1), "frame": frame_raw})
 
 
 @BACKBONES.register("msl", "MS-SL: 528 multi-scale clip proposals + key-clip guided frame attention, fused 0.7/0.3")
 class MSSL(nn.Module):
     config_cls = MSLConfig
+    provides: ClassVar[frozenset[str]] = frozenset({"clip_frame", "raw", "query_vector", "clip_vectors", "frame_mask"})
 
     def __init__(self, cfg: MSLConfig, video_dim: int, query_dim: int) -> None:
         super().__init__()
@@ -170,10 +175,9 @@ class MSSL(nn.Module):
         norms, clip_keys, gram = VideoSide.parts(v, proposal_matrix(v["clips"].shape[1]).to(v["clips"]))
         return {**v, "side.norms": norms, "side.clip_keys": clip_keys, "side.gram": gram}
 
-    def score(self, q: dict[str, torch.Tensor], v: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def score(self, q: dict[str, torch.Tensor], v: dict[str, torch.Tensor]) -> Scores:
         side = VideoSide.of(v)
         per_query = side.clips.shape[0] * max(side.pool.shape[0], side.mask.shape[1])
-        out = score_in_chunks(lambda chunk: msl_scores(chunk["query"], side, self.cfg.eval_budget), q, per_query,
-                              self.cfg.eval_budget)
-        w = self.cfg.clip_weight
-        return {**out, "fused": w * out["clip"] + (1 - w) * out["frame"]}
+        budget = self.cfg.eval_budget
+        return score_in_chunks(lambda chunk: msl_scores(chunk["query"], side, budget, self.cfg.clip_weight), q,
+                               per_query, budget)

@@ -20,6 +20,7 @@ from scipy.optimize import linear_sum_assignment
 
 from prvr.harness.io import UserError
 from prvr.harness.registry import OBJECTIVES
+from prvr.methods.backbones.api import Scores
 from prvr.methods.objectives.ranking import info_nce, sample_negatives
 
 
@@ -58,18 +59,20 @@ def hard_pool_at(epoch: int, start: int, pool: int) -> int | None:
     return pool if 0 <= start <= epoch else None
 
 
-def two_branch_ranking(scores: dict[str, torch.Tensor], positive: torch.Tensor, negative: torch.Tensor,
+def two_branch_ranking(scores: Scores, positive: torch.Tensor, negative: torch.Tensor,
                        margin: float, hard_pool: int | None,
                        generator: torch.Generator | None) -> dict[str, torch.Tensor]:
     """The ranking parts shared by MS-SL, GMMFormer and v2, unweighted: for b in (clip, frame),
-    b_nce = InfoNCE(T = 1) on the raw dot products `b_raw`, b_triplet = msl_triplet on the cosines `b`."""
+    b_nce = InfoNCE(T = 1) on the raw dot products `scores.raw[b]`, b_triplet = msl_triplet on
+    the cosines `scores.branches[b]`."""
     out = {}
     for b in ("clip", "frame"):
-        if f"{b}_raw" not in scores:
-            raise UserError(f"the MS-SL family losses need the backbone score '{b}_raw' (raw dot products); "
-                            "use the msl, gmmformer or gmmformer2 backbone")
-        out[f"{b}_nce"] = info_nce(scores[f"{b}_raw"], positive, negative, 1.0)
-        out[f"{b}_triplet"] = msl_triplet(scores[b], positive, negative, margin, hard_pool, generator)
+        if b not in scores.raw or b not in scores.branches:
+            raise UserError(f"the MS-SL family losses need the backbone's {b} score and its raw dot products "
+                            f"(Scores.branches['{b}'], Scores.raw['{b}']); use the msl, gmmformer or gmmformer2 "
+                            "backbone")
+        out[f"{b}_nce"] = info_nce(scores.raw[b], positive, negative, 1.0)
+        out[f"{b}_triplet"] = msl_triplet(scores.branches[b], positive, negative, margin, hard_pool, generator)
     return out
 
 

@@ -25,7 +25,9 @@ import torch
 import torch.nn.functional as F
 
 from prvr.harness.checks import OneOf, at_least, param
+from prvr.harness.io import UserError
 from prvr.harness.registry import DETECTORS
+from prvr.methods.backbones.api import OUTPUTS
 from prvr.methods.backbones.arl import frame_similarity
 from prvr.methods.backbones.blocks import max_similarity
 from prvr.methods.relations.base import Detector, Relations
@@ -233,10 +235,13 @@ class BranchStats:
 
 
 def branch_views(model) -> list[tuple[str, str, str]]:
-    """(branch, query key, frames key) of a backbone: ARL's two branches, or the `query` and
-    `frame` outputs of a backbone with a frame branch (e.g. dual-branch)."""
-    views = getattr(model, "arl_views", None)
-    return views() if views else [("frame", "query", "frame")]
+    """(branch, query key, frames key) of a backbone that provides `frame_views`: ARL's two
+    branches, or the frame branch of a backbone that scores by the best frame (e.g. dual-branch)."""
+    views = getattr(model, "frame_views", None)
+    if views is None:
+        raise UserError(f"the ARL detector needs a backbone that provides frame_views ({OUTPUTS['frame_views']}); "
+                        f"'{type(model).__name__}' does not")
+    return views()
 
 
 def positive_similarity(queries: torch.Tensor, frames: torch.Tensor,
@@ -334,6 +339,8 @@ class ArlDetector(Detector):
     holds the precision and recall of the detected text-video sets against the truly relevant
     unlabelled pairs, and the set sizes; `write_artifacts` draws Fig. 4."""
 
+    needs = frozenset({"frame_views"})  # the per-epoch pass encodes each branch's queries and frames
+
     def setup(self, data) -> None:
         section = self.cfg.section("arl")  # absent when the detector feeds another recipe
         self.settings = section if isinstance(section, ArlDetectorConfig) else ArlDetectorConfig()
@@ -398,7 +405,9 @@ class ArlDetector(Detector):
 
     @staticmethod
     def _frame_sims(outputs: dict, branch: str, keys: tuple[str, str]) -> torch.Tensor:
-        given = outputs["scores"].get(f"{branch}.frames")
+        """The branch's [Q, B, T] text-frame cosines: the backbone's items when it scores them,
+        else computed from its frame view."""
+        given = outputs["scores"].items.get(branch)
         if given is not None:
             return given.detach()
         return frame_similarity(outputs["queries"][keys[0]].detach(), outputs["videos"][keys[1]].detach())

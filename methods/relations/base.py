@@ -5,6 +5,7 @@ interchangeable."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -38,7 +39,13 @@ class Relations:
 
 
 class Detector:
-    """Base detector: the one-to-one labels. Subclasses refine `detect`."""
+    """Base detector: the one-to-one labels. Subclasses refine `detect`.
+
+    `needs`: the backbone outputs (methods/backbones/api.py OUTPUTS) the detector reads;
+    `detect` gets outputs {"queries", "videos", "scores"} (scores: the backbone's `Scores`).
+    """
+
+    needs: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, cfg) -> None:
         self.cfg = cfg

@@ -1,0 +1,118 @@
+"""Which method, backbone and detector train together (methods/fit.py): the declared needs and
+provides, the one-line refusal, and for every combination `check_fit` accepts, a step that
+runs (an objective's training step, a detector's detection) on the backbone's outputs."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from prvr.datasets.loader import Batcher
+from prvr.harness.config import resolve
+from prvr.harness.io import UserError
+from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS
+from prvr.methods.backbones.api import OUTPUTS, missing_outputs
+from prvr.methods.fit import check_fit
+from prvr.methods.relations.base import Relations
+from test_backbones import SMALL, build, content, query_batch, video_batch
+
+# The backbones each method's objective trains (with the method's own detector).
+FITS = {
+    "baseline": {"dual-branch", "msl", "gmmformer", "gmmformer2"},
+    "msl": {"msl", "gmmformer", "gmmformer2"},
+    "gmmformer": {"msl", "gmmformer", "gmmformer2"},
+    "gmmformer2": {"msl", "gmmformer", "gmmformer2"},
+    "arl": {"arl"},
+}
+
+
+def test_needs_name_known_outputs_and_every_method_fits_its_own_backbone_and_detector():
+    assert set(FITS) == set(METHODS.names())
+    for name in METHODS.names():
+        spec = METHODS.get(name)
+        assert spec.needs <= set(OUTPUTS), name
+        check_fit(name, spec.backbone, spec.relations)
+    for name in DETECTORS.names():
+        assert DETECTORS.get(name).needs <= set(OUTPUTS), name
+
+
+def test_a_method_on_a_backbone_without_its_outputs_is_one_line():
+    with pytest.raises(UserError) as e:
+        check_fit("msl", "arl", "none")
+    assert str(e.value) == (
+        f"method 'msl' cannot train backbone 'arl': its objective needs clip_frame ({OUTPUTS['clip_frame']}) and "
+        f"raw ({OUTPUTS['raw']}), which 'arl' does not provide; use --backbone msl (backbones that fit method 'msl' "
+        "and detector 'none': gmmformer, gmmformer2, msl)")
+    assert "\n" not in str(e.value)
+
+
+def test_a_detector_on_a_backbone_without_its_outputs_is_one_line():
+    with pytest.raises(UserError) as e:
+        check_fit("baseline", "msl", "arl")
+    assert str(e.value) == (
+        f"detector 'arl' cannot read backbone 'msl': it needs frame_views ({OUTPUTS['frame_views']}), which 'msl' "
+        "does not provide; use --set relations.name=none, or --backbone dual-branch (backbones that fit method "
+        "'baseline' and detector 'arl': dual-branch, gmmformer2)")
+
+
+LABELS = torch.tensor([0, 1, 2, 0])  # four queries of three videos; video 0 has two (Hungarian matching)
+
+
+@pytest.mark.parametrize("backbone", BACKBONES.names())
+@pytest.mark.parametrize("method", METHODS.names())
+def test_an_accepted_pair_trains_a_step_and_a_refused_one_is_refused(method, backbone):
+    spec = METHODS.get(method)
+    accepted = not missing_outputs(spec.needs | DETECTORS.get(spec.relations).needs, BACKBONES.get(backbone))
+    assert accepted == (backbone in FITS[method])
+    if not accepted:
+        with pytest.raises(UserError, match=f"method '{method}' cannot train backbone '{backbone}'"):
+            check_fit(method, backbone, spec.relations)
+        return
+    check_fit(method, backbone, spec.relations)
+    model = build(backbone).train()
+    frames, tokens = content()
+    q, v = model.encode_queries(query_batch(tokens)), model.encode_videos(video_batch(frames))
+    scores = model.score(q, v)
+    rel = Relations.one_to_one(LABELS, len(frames))
+    rel.ambiguous[1, 2] = True
+    ctx = SimpleNamespace(epoch=50, step=0, generator=torch.Generator().manual_seed(0), batch=None,
+                          outputs={"queries": q, "videos": v, "scores": scores})
+    out = spec.objective(spec.loss_cls(), scores, rel, ctx)  # past every warm-up and hard-negative start
+    assert torch.isfinite(out["loss"])
+    out["loss"].backward()
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    cfg = resolve("baseline", "sim-tiny", 0, ["relations.name=arl"])
+    data = DATASETS.get("sim-tiny").load(cfg)
+    return cfg, data, Batcher(data["train"], cfg.data)
+
+
+@pytest.mark.parametrize("backbone", BACKBONES.names())
+@pytest.mark.parametrize("detector", DETECTORS.names())
+def test_a_detector_detects_on_every_backbone_that_provides_its_needs(tiny, detector, backbone):
+    cfg, data, batcher = tiny
+    cls = BACKBONES.get(backbone)
+    model_cfg = cls.config_cls()
+    for key, value in SMALL.items():
+        if hasattr(model_cfg, key):
+            setattr(model_cfg, key, value)
+    torch.manual_seed(0)
+    model = cls(model_cfg, data.video_dim, data.query_dim).train()
+    det = DETECTORS.get(detector)(cfg)
+    det.setup(data)
+    trainer = SimpleNamespace(model=model, batchers={"train": batcher}, device=torch.device("cpu"))
+    if missing_outputs(det.needs, cls):
+        with pytest.raises(UserError, match="needs a backbone that provides frame_views"):
+            det.on_epoch_start(trainer, epoch=5)
+        return
+    det.on_epoch_start(trainer, epoch=5)  # past the ARL detector's default warm-up
+    batch = batcher.train_batch(np.arange(8))
+    q, v = model.encode_queries(batch.queries), model.encode_videos(batch.videos)
+    rel = det.detect(batch, {"queries": q, "videos": v, "scores": model.score(q, v)})
+    assert rel.positive.shape == rel.ambiguous.shape == (len(batch.queries.query_index), len(batch.videos.video_index))
+    if det.needs:  # the ARL detector, active past its warm-up, detected on each of the backbone's frame views
+        assert det.active and list(rel.detected) == [b for b, _, _ in model.frame_views()]
+    assert not (rel.positive & rel.ambiguous).any()
