@@ -253,6 +253,9 @@ def resolve(method: str, dataset: str, seed: int = 0, overrides: list[str] | Non
         apply_value(cfg, key, raw, "--set", from_cli=True)
     cfg.seed, cfg.method, cfg.dataset = seed, method, dataset
     check_config(cfg, "the resolved config")
+    from prvr.methods.fit import check_fit  # (prvr.methods imports this module)
+
+    check_fit(cfg.method, cfg.backbone, cfg.relations.name)  # what the objective and detector read, provided?
     check_device(cfg.train.device, "config key 'train.device'", "--set train.device=cpu (or auto)")
     return cfg
 

@@ -20,7 +20,7 @@ instead of first (NaN compares false, so counting `>=` alone would put it at ran
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 import scipy.sparse as sp
@@ -184,16 +184,6 @@ def encode_split(model: torch.nn.Module, split, batcher, device: torch.device) -
     return queries, videos
 
 
-def fused_of(out: Any) -> torch.Tensor:
-    """The ranked [Q, V] score of a backbone's `score` output."""
-    return out.fused if hasattr(out, "fused") else out["fused"]
-
-
-def ranked_of(out: Any) -> dict[str, torch.Tensor]:
-    """Every [Q, V] score of a backbone's `score` output that can be ranked on its own."""
-    return out.ranked() if hasattr(out, "ranked") else {k: t for k, t in out.items() if t.dim() == 2}
-
-
 @torch.no_grad()
 def evaluate_model(model: torch.nn.Module, split, batcher, device: torch.device, chunk: int,
                    show: str | None = None) -> dict:
@@ -204,7 +194,7 @@ def evaluate_model(model: torch.nn.Module, split, batcher, device: torch.device,
     queries, videos = encode_split(model, split, batcher, device)
 
     def score(start: int, end: int) -> torch.Tensor:
-        return fused_of(model.score({k: t[start:end] for k, t in queries.items()}, videos))
+        return model.score({k: t[start:end] for k, t in queries.items()}, videos).fused
 
     with progress.task(show, total=split.num_queries) as advance:
         ranks = compute_ranks(score, split.num_queries, split.labels(), split.relevance, chunk=chunk,
@@ -221,7 +211,7 @@ def score_matrices(model: torch.nn.Module, split, batcher, device: torch.device,
     queries, videos = encode_split(model, split, batcher, device)
     parts: dict[str, list[torch.Tensor]] = {}
     for start in range(0, split.num_queries, chunk):
-        out = ranked_of(model.score({k: t[start : start + chunk] for k, t in queries.items()}, videos))
+        out = model.score({k: t[start : start + chunk] for k, t in queries.items()}, videos).ranked()
         for k in keys or list(out):
             parts.setdefault(k, []).append(out[k].float().cpu())
     return {k: torch.cat(v) for k, v in parts.items()}

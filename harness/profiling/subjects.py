@@ -11,8 +11,7 @@ import torch.nn.functional as F
 
 from prvr.datasets.loader import QueryBatch, VideoBatch, pooling_matrix
 from prvr.harness.config import Config, resolve
-from prvr.harness.evaluate import fused_of
-from prvr.harness.build import build_model
+from prvr.harness import build
 from prvr.harness.registry import METHODS
 
 TVR_DIMS = (3072, 768)  # ResNet+I3D video features, RoBERTa token features (MS-SL release)
@@ -51,7 +50,7 @@ def subjects(methods: list[str] | None, dataset: str, overrides: list[str] | Non
 def build_model(subject: Subject, dims: tuple[int, int], device: torch.device | str = "cpu") -> torch.nn.Module:
     """The backbone as every command builds it (harness/build.py; the subject's seed is 0), in
     eval mode, on `device`."""
-    model = build_model(subject.cfg, *dims)
+    model = build.build_model(subject.cfg, *dims)
     return model.to(device).eval()
 
 
@@ -79,4 +78,4 @@ def random_queries(n: int, tokens: int, dim: int, device: torch.device | str = "
 
 def fused_scores(model: torch.nn.Module, queries: dict[str, Any], videos: dict[str, Any]) -> torch.Tensor:
     """The fused [Q, V] score matrix, the one the evaluator ranks by."""
-    return fused_of(model.score(queries, videos))
+    return model.score(queries, videos).fused
