@@ -65,5 +65,5 @@ def build_run(cfg, data=None, timings: Timings | None = None) -> Run:
         data = load_data(cfg, timings)
     model = build_model(cfg, data.video_dim, data.query_dim)
     detector = detector_cls(cfg)
-    detector.setup(data)
+    detector.setup(data, spec.detector_plan(cfg.loss) if spec.detector_plan is not None else None)
     return Run(cfg, data, spec, model, detector, timings)

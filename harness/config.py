@@ -27,7 +27,6 @@ from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS, unkno
 
 ON_BAD_ROWS = ("error", "skip")
 ON_NONFINITE = ("stop", "continue")  # train.on_nonfinite, read by harness/trainer.py
-ORACLE_MODES = ("ignore", "positive")  # read by the oracle detector (methods/relations/base.py)
 SPLITS = ("train", "val", "test")
 
 
@@ -146,9 +145,10 @@ class TrainConfig:
 
 @dataclass
 class RelationsConfig:
+    """Section `relations`: which detector; its own settings are the section `relations.<name>`
+    (the detector class's `config_cls`, e.g. `relations.oracle.mode`, `relations.arl.similarity`)."""
+
     name: str = param("none", Registered(lambda: DETECTORS))  # relation detector: none | oracle | ... (see `prvr-bench list`)
-    # oracle: "positive" (count as positives) | "ignore" (drop from negatives)
-    oracle_mode: str = param("positive", OneOf(ORACLE_MODES))
 
 
 @dataclass
@@ -171,16 +171,37 @@ class Config:
     relations: RelationsConfig = section(RelationsConfig)
     eval: EvalConfig = section(EvalConfig)
     extra: dict[str, Any] = section(dict)  # method-specific sections
+    detector: Any = section()  # the detector's own settings (its config_cls), section `relations.<name>`
+
+    @property
+    def detector_key(self) -> str:
+        """The section name of the detector's settings: `relations.<name>`."""
+        return f"relations.{self.relations.name}"
 
     def section(self, name: str) -> Any:
         if name in self.extra:
             return self.extra[name]
-        return getattr(self, name, None)
+        if name == self.detector_key:
+            return self.detector
+        return getattr(self, name, None) if "." not in name else None
+
+    def section_names(self) -> tuple[str, ...]:
+        return ("data", "sim", "model", "loss", "train", "relations", "eval", *self.extra,
+                *((self.detector_key,) if self.detector is not None else ()))
 
     def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("extra", "detector")}
         out.update(self.extra)
-        return {k: dataclasses.asdict(v) if is_dataclass(v) else v for k, v in out.items()}
+        out = {k: dataclasses.asdict(v) if is_dataclass(v) else v for k, v in out.items()}
+        if self.detector is not None:
+            out["relations"][self.relations.name] = dataclasses.asdict(self.detector)
+        return out
+
+
+def detector_settings(name: str) -> Any:
+    """A fresh settings object of detector `name` (its `config_cls`), or None."""
+    cls = getattr(DETECTORS.get(name), "config_cls", None)
+    return cls() if cls is not None else None
 
 
 SCALARS = ("method", "dataset", "seed", "backbone")
@@ -246,9 +267,13 @@ def resolve(method: str, dataset: str, seed: int = 0, overrides: list[str] | Non
     cfg.model = BACKBONES.get(backbone).config_cls()
     cfg.loss = spec.loss_cls()
     cfg.extra = {name: cls() for name, cls in spec.sections.items()}
-    cfg.relations.name = spec.relations
+    cfg.relations.name = _pick_detector(spec.relations, layers, sets)
+    cfg.detector = detector_settings(cfg.relations.name)
     for layer, source in layers:
-        apply_dict(cfg, layer, source)
+        # a preset may configure several detectors (e.g. ARL's own and the +oracle row's); only
+        # this run's applies. A user's file names only this run's.
+        apply_dict(cfg, layer, source, other_detectors="skip" if source.startswith(("dataset preset", "method preset"))
+                   else "error")
     for key, raw in sets:
         apply_value(cfg, key, raw, "--set", from_cli=True)
     cfg.seed, cfg.method, cfg.dataset = seed, method, dataset
@@ -266,7 +291,7 @@ def check_config(cfg: Config, source: str) -> None:
         if f.metadata.get("section"):
             continue
         check_value(cfg, f, f.name, getattr(cfg, f.name), source, cfg)
-    for name in ("data", "sim", "model", "loss", "train", "relations", "eval", *cfg.extra):
+    for name in cfg.section_names():
         sec = cfg.section(name)
         if is_dataclass(sec):
             check_section(sec, name, source, cfg)
@@ -352,12 +377,22 @@ def load_yaml(path: str | Path | None) -> dict[str, Any]:
     return data
 
 
-def apply_dict(cfg: Config, data: dict[str, Any], source: str, prefix: str = "") -> None:
-    """Apply a nested mapping of values (a preset) to the config."""
+def apply_dict(cfg: Config, data: dict[str, Any], source: str, prefix: str = "",
+               other_detectors: str = "error") -> None:
+    """Apply a nested mapping of values (a preset) to the config. `relations.<name>` sections
+    of a detector other than the run's are skipped (`other_detectors="skip"`, presets) or
+    refused (`"error"`)."""
     for key, value in data.items():
         full = f"{prefix}{key}"
-        if isinstance(value, dict) and not prefix and _is_section(cfg, key):
-            apply_dict(cfg, value, source, prefix=f"{key}.")
+        if prefix == "relations." and isinstance(value, dict) and key != "name":
+            if full == cfg.detector_key and cfg.detector is not None:
+                apply_dict(cfg, value, source, prefix=f"{full}.")
+            elif other_detectors == "skip" and key in DETECTORS and full != cfg.detector_key:
+                continue
+            else:
+                raise UserError(_detector_section_error(cfg, key, source))
+        elif isinstance(value, dict) and not prefix and _is_section(cfg, key):
+            apply_dict(cfg, value, source, prefix=f"{key}.", other_detectors=other_detectors)
         elif not prefix and _is_section(cfg, key):
             raise UserError(f"config key '{key}' is a section: give it a mapping of keys (from {source}), "
                             f"e.g. {key}: {{{fields(cfg.section(key))[0].name}: ...}}")
@@ -382,6 +417,10 @@ def apply_value(cfg: Config, key: str, value: Any, source: str, from_cli: bool =
         check_value(cfg, _field(Config, parts[0]), key, value, source, cfg)
         setattr(cfg, parts[0], value)
         return
+    if len(parts) == 3 and parts[0] == "relations":  # relations.<detector>.<key>
+        if ".".join(parts[:2]) != cfg.detector_key or cfg.detector is None:
+            raise UserError(_detector_section_error(cfg, parts[1], source))
+        parts = [cfg.detector_key, parts[2]]
     if len(parts) != 2 or not _is_section(cfg, parts[0]):
         raise UserError(_unknown_key(key, _all_keys(cfg), source))
     owner = cfg.section(parts[0])
@@ -393,9 +432,34 @@ def apply_value(cfg: Config, key: str, value: Any, source: str, from_cli: bool =
     setattr(owner, parts[1], value)
 
 
+def _detector_section_error(cfg: Config, name: str, source: str) -> str:
+    """One line for settings of a detector that is not this run's (or that has none)."""
+    run = cfg.relations.name
+    if name == run:
+        return f"config key 'relations.{name}': detector '{name}' has no settings (from {source}); remove the section"
+    if name not in DETECTORS:
+        return _unknown_key(f"relations.{name}", _all_keys(cfg), source)
+    return (f"config key 'relations.{name}' configures detector '{name}', but this run's detector is '{run}' "
+            f"(from {source}); set relations.name={name} too, or remove the section")
+
+
+def _pick_detector(default: str, layers: list[tuple[dict, str]], sets: list[tuple[str, str]]) -> str:
+    """The run's detector name, before any layer applies (its settings section depends on it);
+    a name that is not a string or not registered is left for the field check to answer."""
+    name = default
+    for layer, _ in layers:
+        rel = layer.get("relations")
+        if isinstance(rel, dict) and isinstance(rel.get("name"), str):
+            name = rel["name"]
+    for key, raw in sets:
+        if key in ("relations", "relations.name"):
+            name = raw
+    return name if name in DETECTORS else default
+
+
 def _all_keys(cfg: Config) -> list[str]:
     keys = list(SCALARS)
-    for name in ("data", "sim", "model", "loss", "train", "relations", "eval", *cfg.extra):
+    for name in cfg.section_names():
         sec = cfg.section(name)
         if is_dataclass(sec):
             keys += [f"{name}.{f.name}" for f in fields(sec)]
@@ -466,7 +530,39 @@ def from_dict(data: dict[str, Any], source: str = "stored config") -> Config:
     cfg.model = BACKBONES.get(cfg.backbone).config_cls()
     cfg.loss = spec.loss_cls()
     cfg.extra = {name: cls() for name, cls in spec.sections.items()}
-    rest = {k: v for k, v in data.items() if k not in SCALARS}
+    rest = _upgrade_detector_settings({k: v for k, v in data.items() if k not in SCALARS}, cfg)
+    relations = rest.get("relations")
+    name = relations.get("name") if isinstance(relations, dict) else None
+    cfg.relations.name = name if isinstance(name, str) and name in DETECTORS else cfg.relations.name
+    cfg.detector = detector_settings(cfg.relations.name) if cfg.relations.name in DETECTORS else None
     apply_dict(cfg, rest, source)
     check_config(cfg, source)
     return cfg
+
+
+# Where detector settings lived before they became `relations.<name>` sections: records and
+# checkpoints written before then still load, with the same settings.
+_OLD_DETECTOR_KEYS = {("relations", "oracle_mode"): ("oracle", "mode")}
+_OLD_DETECTOR_SECTIONS = ("arl",)
+
+
+def _upgrade_detector_settings(data: dict[str, Any], cfg: Config) -> dict[str, Any]:
+    """A stored config with `relations.oracle_mode` or a top-level `arl` section (the layout
+    before `relations.<name>`) in today's layout; the settings of a detector the run did not
+    use are dropped (they never took effect)."""
+    data = dict(data)
+    relations = dict(data["relations"]) if isinstance(data.get("relations"), dict) else None
+    name = relations.get("name") if relations else None
+    for (section, key), (detector, new) in _OLD_DETECTOR_KEYS.items():
+        if relations is not None and section == "relations" and key in relations:
+            value = relations.pop(key)
+            if name == detector:
+                relations.setdefault(detector, {}).setdefault(new, value)
+    for old in _OLD_DETECTOR_SECTIONS:
+        if old in data and old not in cfg.extra and isinstance(data[old], dict):
+            value = data.pop(old)
+            if relations is not None and name == old:
+                relations.setdefault(old, value)
+    if relations is not None:
+        data["relations"] = relations
+    return data

@@ -3,8 +3,9 @@
 The optimizer and schedule are registered parts (harness/optim.py: `train.optimizer`
 adamw | bertadam, `train.decay`); early stopping on validation SumR
 with patience; the best checkpoint is kept and the test split is evaluated with it.
-Hooks run at epoch start / end and after each step, so detectors can refresh per-epoch
-state. Checkpoints are written atomically every epoch and loaded with weights_only=True;
+Hooks run at epoch start / end and after each step: the detector's see a `DetectorState`
+(epoch, model, training split; methods/relations/base.py), the harness's own hooks (profiling,
+tests) the trainer. Checkpoints are written atomically every epoch and loaded with weights_only=True;
 `resume` continues a killed run and reaches the same metrics as an uninterrupted one
 (data order and negative sampling depend only on (seed, epoch, step); the torch RNG state
 that drives dropout is checkpointed).
@@ -40,6 +41,7 @@ from prvr.harness.evaluate import evaluate_model
 from prvr.harness.io import UserError, atomic_path
 from prvr.harness.optim import build_optimizer, lr_lambda
 from prvr.harness.timing import Timings
+from prvr.methods.relations.base import DetectorState
 
 
 # Settings a resumed run may change without --force-resume: where data, caches and work go,
@@ -68,6 +70,10 @@ class StepContext:
     generator: torch.Generator
     batch: Any
     outputs: dict | None = None  # {"queries": ..., "videos": ..., "scores": ...} of the step's forward pass
+    model: torch.nn.Module | None = None  # the model being trained (trainable heads of an objective live in it)
+    # [Q] each query's labelled video, as a column of the batch's videos (from the labels, never
+    # from a detector): which queries belong to which video
+    video_of_query: torch.Tensor | None = None
 
 
 def seed_everything(seed: int) -> None:
@@ -95,7 +101,7 @@ class Trainer:
         self.device = pick_device(cfg.train.device)
         self.model.to(self.device)
         self.ckpt_dir = Path(ckpt_dir)
-        self.hooks = [detector, *(hooks or [])]
+        self.hooks = list(hooks or [])  # the harness's own; the detector's hooks get a DetectorState
         self.timings = timings or Timings()
         self.batchers = {name: Batcher(split, cfg.data) for name, split in data.splits.items()}
         self.has_queries = np.array([len(q) > 0 for q in self.batchers["train"].video_queries])
@@ -144,6 +150,7 @@ class Trainer:
                 self.epoch += 1
                 stop_note = self.after_epoch(summary)
                 self.epochs_done += 1
+                self.detector.on_epoch_end(self.detector_state(self.epoch - 1), summary)
                 val_sumr = summary.get("val", {}).get("SumR", float("nan"))
                 advance(1, loss=summary["loss"], val_SumR=val_sumr)
                 if not progress.bars_visible():
@@ -152,6 +159,12 @@ class Trainer:
                     progress.log(stop_note)
                 for h in self.hooks:
                     h.on_epoch_end(self, self.epoch - 1, summary)
+
+    def detector_state(self, epoch: int) -> DetectorState:
+        """What the detector's hooks see: the epoch, the model, the training split, and whether
+        training ends after this epoch."""
+        return DetectorState(epoch, self.model, self.device, self.data, self.batchers["train"],
+                             last_epoch=self.finished or self.epoch >= self.cfg.train.epochs)
 
     def remove_written(self) -> None:
         """Remove the checkpoint files this process wrote, and its checkpoint folder when it
@@ -164,6 +177,8 @@ class Trainer:
 
     def train_epoch(self, epoch: int) -> dict:
         self.model.train()
+        state = self.detector_state(epoch)
+        self.detector.on_epoch_start(state)
         for h in self.hooks:
             h.on_epoch_start(self, epoch)
         batches = epoch_batches(len(self.has_queries), self.cfg.train.batch_size, self.cfg.seed, epoch, self.has_queries)
@@ -178,6 +193,7 @@ class Trainer:
                     self.on_nonfinite(values["loss"], epoch, i)
                 for k, v in values.items():
                     sums[k] = sums.get(k, 0.0) + v
+                self.detector.on_step(state, i, out)
                 for h in self.hooks:
                     h.on_step(self, i, out)
         summary = {"epoch": epoch, **{k: v / max(1, len(batches)) for k, v in sums.items()},
@@ -217,7 +233,7 @@ class Trainer:
         outputs = {"queries": q, "videos": v, "scores": scores}
         relations = self.detector.detect(batch, outputs)
         gen = torch.Generator(device=self.device).manual_seed(_mix(self.cfg.seed, step))
-        ctx = StepContext(epoch, step, gen, batch, outputs)
+        ctx = StepContext(epoch, step, gen, batch, outputs, self.model, batch.query_item)
         out = self.spec.objective(self.cfg.loss, scores, relations, ctx)
         self.optimizer.zero_grad(set_to_none=True)
         out["loss"].backward()

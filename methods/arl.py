@@ -10,8 +10,9 @@ Eq. 1-3, 13) + detector `arl` (Eq. 4-7, cross-model hand-off) + the objective be
 During the first `warmup_epochs` the ambiguous sets are not used (standard triplet +
 InfoNCE on the labels, paper "Warmup Phase"). The objective takes any detector's relations:
 with the `oracle` detector (mode `ignore`, set in the preset) the truly relevant unlabelled
-pairs arrive as the ambiguous sets. Knobs live in the `loss` section (`ArlConfig`), which
-the ARL detector reads too, so that a variant means the same thing to both.
+pairs arrive as the ambiguous sets. Knobs live in the `loss` section (`ArlConfig`); the ARL
+detector gets the variant and warm-up from them as its plan (`arl_plan`), so that a variant
+means the same thing to both. The detector's own settings: section `relations.arl`.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from prvr.methods.backbones.api import Scores
 from prvr.methods.backbones.arl import BRANCHES
 from prvr.methods.objectives.arl import TREATMENTS, LossWeights, frame_loss, video_loss
 from prvr.methods.recipes import PRESETS, AblationRow, AblationTable, MethodSpec, register_table
-from prvr.methods.relations.arl import DEFAULT_WARMUP, VARIANTS, ArlDetectorConfig, branch_relations
+from prvr.methods.relations.arl import DEFAULT_WARMUP, VARIANTS, ArlPlan, branch_relations
 
 
 @dataclass
@@ -97,10 +98,16 @@ def arl_objective(cfg: ArlConfig, scores: Scores, relations, context) -> dict[st
     return out
 
 
+def arl_plan(cfg: ArlConfig) -> ArlPlan:
+    """The detector's plan from the method's own knobs: the same variant and warm-up as the objective."""
+    check(cfg)
+    return ArlPlan(VARIANTS[cfg.variant], cfg.warmup_epochs)
+
+
 METHODS.add(
     "arl",
     MethodSpec("arl", backbone="arl", relations="arl", loss_cls=ArlConfig, objective=arl_objective,
-               preset=PRESETS / "arl.yaml", sections={"arl": ArlDetectorConfig},
+               preset=PRESETS / "arl.yaml", detector_plan=arl_plan,
                needs=frozenset({"theta_phi", "frame_items", "frame_mask"})),
     "ARL: ambiguity-restrained learning (uncertainty + similarity detection, cross-model, dual triplet)",
 )

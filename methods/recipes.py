@@ -16,10 +16,15 @@ class MethodSpec:
     """What `--method NAME` means.
 
     objective(loss_cfg, scores, relations, context) -> dict with `loss` and its named parts;
-    scores is the backbone's `Scores`; context carries the epoch, a torch.Generator for
-    sampling and the step's outputs {"queries", "videos", "scores"}.
+    scores is the backbone's `Scores`; context (harness/trainer.py StepContext) carries the
+    epoch, the step, a torch.Generator for sampling, the batch, the step's outputs
+    {"queries", "videos", "scores"}, the model (for trainable heads of the objective) and
+    `video_of_query` (each query's labelled video in the batch, from the labels).
     needs: the backbone outputs the objective reads (methods/backbones/api.py OUTPUTS);
     a backbone that does not provide them is refused (methods/fit.py).
+    sections: method-specific config sections {name: dataclass}.
+    detector_plan(loss_cfg) -> what the method asks of its detector (given to
+    `Detector.setup`), e.g. ARL's variant and warm-up; None: nothing.
     """
 
     name: str
@@ -30,6 +35,7 @@ class MethodSpec:
     preset: Path | None = None
     sections: dict[str, type] = field(default_factory=dict)
     needs: frozenset[str] = frozenset()
+    detector_plan: Callable[[Any], Any] | None = None
 
 
 @dataclass(frozen=True)

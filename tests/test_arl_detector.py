@@ -10,11 +10,13 @@ import torch.nn.functional as F
 
 from prvr.datasets.loader import Batcher
 from prvr.harness.config import resolve
-from prvr.harness.registry import BACKBONES, DATASETS
 from prvr.harness.evaluate import encode_all
+from prvr.harness.registry import BACKBONES, DATASETS
 from prvr.methods.backbones.api import Scores
+from prvr.methods.arl import arl_plan
 from prvr.methods.relations.arl import (ArlDetector, ArlRelations, BranchStats, epoch_statistics, hand_off,
                                         naive_uncertainty)
+from prvr.methods.relations.base import DetectorState
 
 # Two queries, two videos of two frames; q0 is labelled with v0, q1 with v1.
 FRAMES = {
@@ -37,9 +39,10 @@ def _batch(relevant):
 
 def _detector(variant="full", frame_thresholds="video", tau_frame=(0.5, 0.3)):
     """A detector on the hand-made batch, comparing the given (training) similarities."""
-    det = ArlDetector(resolve("arl", "sim-tiny", 0, [f"loss.variant={variant}", "arl.similarity=train",
-                                                     f"arl.frame_thresholds={frame_thresholds}"]))
-    det.setup(None)
+    cfg = resolve("arl", "sim-tiny", 0, [f"loss.variant={variant}", "relations.arl.similarity=train",
+                                         f"relations.arl.frame_thresholds={frame_thresholds}"])
+    det = ArlDetector(cfg)
+    det.setup(None, arl_plan(cfg.loss))
     det.active = True
     det.views = [(b, f"query.{b}", f"frames.{b}") for b in ("theta", "phi")]
     det.stats = {b: BranchStats(QUERY_U, FRAME_U[b], torch.ones(2, 2, dtype=torch.bool), torch.zeros(2),
@@ -84,18 +87,19 @@ def test_frame_level_thresholds_come_from_the_frame_distributions():
 
 
 def test_eval_similarity_reading_detects_on_an_eval_mode_pass(tiny):
-    """arl.similarity=eval compares tau_s with the batch scored with dropout off (the kind of
+    """relations.arl.similarity=eval compares tau_s with the batch scored with dropout off (the kind of
     the per-epoch pass); the model's training mode is restored."""
     cfg, data, batcher = tiny
     torch.manual_seed(0)
     model = BACKBONES.get("arl")(cfg.model, data.video_dim, data.query_dim).train()
-    trainer = SimpleNamespace(model=model, batchers={"train": batcher}, device=torch.device("cpu"))
+    state = DetectorState(5, model, torch.device("cpu"), data, batcher)
     batch = batcher.train_batch(np.arange(8))
     found = {}
     for reading in ("eval", "train"):
-        det = ArlDetector(resolve("arl", "sim-tiny", 0, [f"arl.similarity={reading}"]))
-        det.setup(data)
-        det.on_epoch_start(trainer, epoch=5)
+        cfg = resolve("arl", "sim-tiny", 0, [f"relations.arl.similarity={reading}"])
+        det = ArlDetector(cfg)
+        det.setup(data, arl_plan(cfg.loss))
+        det.on_epoch_start(state)
         for st in det.stats.values():  # thresholds low enough that every pair passes on similarity
             st.tau_s, st.tau_u = -1.0, -1.0
         if reading == "train":  # feed it eval-mode outputs: it must then agree with the eval reading
@@ -190,8 +194,7 @@ def test_detector_feeds_on_another_backbone(tiny):
     model = BACKBONES.get("dual-branch")(base_cfg.model, data.video_dim, data.query_dim)
     det = ArlDetector(base_cfg)
     det.setup(data)
-    trainer = SimpleNamespace(model=model, batchers={"train": batcher}, device=torch.device("cpu"))
-    det.on_epoch_start(trainer, epoch=5)  # past the default warm-up
+    det.on_epoch_start(DetectorState(5, model, torch.device("cpu"), data, batcher))  # past the default warm-up
     batch = batcher.train_batch(np.arange(8))
     q, v = model.encode_queries(batch.queries), model.encode_videos(batch.videos)
     rel = det.detect(batch, {"queries": q, "videos": v, "scores": model.score(q, v)})

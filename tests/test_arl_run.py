@@ -136,7 +136,8 @@ def test_preset_takes_gmmformer_settings_and_the_oracle_feeds_ambiguous_sets():
     anet = resolve("arl", "activitynet", 0)
     assert (anet.train.lr, anet.loss.margin, anet.loss.margin_a, anet.loss.lambda_nce) == (2.5e-4, 0.2, 0.1, 0.02)
     sim = resolve("arl", "sim-tvr", 0)
-    assert sim.train.epochs == 30 and sim.loss.margin == 0.1 and sim.relations.oracle_mode == "ignore"
+    assert sim.train.epochs == 30 and sim.loss.margin == 0.1 and sim.relations.name == "arl"
+    assert resolve("arl", "sim-tvr", 0, ["relations=oracle"]).detector.mode == "ignore"  # the preset's +oracle row
 
 
 def test_smoke_run_writes_detection_stats_and_fig4(tmp_path):
@@ -161,7 +162,7 @@ def test_smoke_run_writes_detection_stats_and_fig4(tmp_path):
 def test_arl_losses_run_on_the_oracle_sets(tmp_path):
     cfg = resolve("arl", "sim-tiny", 0, ["train.epochs=2", "loss.warmup_epochs=1", "relations.name=oracle"])
     rec = run_one(cfg, tmp_path)
-    assert rec["run_name"] == "arl+oracle" and rec["config"]["relations"]["oracle_mode"] == "ignore"
+    assert rec["run_name"] == "arl+oracle" and rec["config"]["relations"]["oracle"]["mode"] == "ignore"
     h = rec["history"][1]
     assert h["relations"]["unlabelled_relevant_pairs"] > 0
     assert h["theta_trip_a"] > 0 and "phi_frame_nce" in h  # the oracle's pairs restrained, lifted to frames

@@ -57,7 +57,8 @@ def fails_in_one_line(capsys, place, *args, before=()):
     (["--set", "train.decay=cosin"],
      "config key 'train.decay' must be one of cosine, linear, constant, warmup_linear, got 'cosin' (from --set)"),
     (["--set", "train.optimizer=adam"], "'train.optimizer' names an unknown optimizer 'adam'"),
-    (["--set", "relations.oracle_mode=drop"], "'relations.oracle_mode' must be one of ignore, positive"),
+    (["--set", "relations=oracle", "--set", "relations.oracle.mode=drop"],
+     "'relations.oracle.mode' must be one of ignore, positive"),
     (["--set", "sim.mv_fractions=[0.5, 0.5, 0.5]"], "'sim.mv_fractions' must be a list of 3 items"),
     (["--set", "train.device=tpu"], "'train.device' must be auto, cpu, cuda or cuda:N, got 'tpu'"),
 ])

@@ -59,7 +59,7 @@ def test_scale_preset_applies_and_set_still_wins():
 
 
 def test_resolved_config_round_trips_through_a_record():
-    cfg = resolve("baseline", "sim-tiny", 1, ["train.lr=0.001", "relations.oracle_mode=positive"])
+    cfg = resolve("baseline", "sim-tiny", 1, ["train.lr=0.001", "relations=oracle", "relations.oracle.mode=ignore"])
     stored = yaml.safe_load(yaml.safe_dump(cfg.to_dict()))
     again = from_dict(stored)
     assert isinstance(again, Config)

@@ -137,7 +137,6 @@ def test_each_declared_check_refuses_a_bad_value_in_one_line(where, key, name, v
                           r"got 'cosin' \(from --set\)"),
     ("train.optimizer=sgd", r"'train.optimizer' names an unknown optimizer 'sgd': known: adamw, bertadam"),
     ("relations.name=oracel", r"'relations.name' names an unknown relation detector 'oracel': did you mean 'oracle'"),
-    ("relations.oracle_mode=drop", r"'relations.oracle_mode' must be one of ignore, positive, got 'drop'"),
     ("data.on_bad_rows=warn", r"'data.on_bad_rows' must be one of error, skip"),
     ("data.layout=tvr", r"'data.layout' must be one of msl, xml"),
     ("data.pooling=max", r"'data.pooling' must be one of even, reference"),
@@ -160,8 +159,8 @@ def test_bad_values_name_the_key_and_the_valid_values(override, message):
     ("arl", "loss.variant=tv", r"'loss.variant' must be one of base, tv_only, tv_tf, tv_cross, full, got 'tv'"),
     ("arl", "loss.treatment=drop", r"'loss.treatment' must be one of restrain, positive, ignore"),
     ("arl", "loss.margin_a=0.2", r"ARL needs loss.margin_a < loss.margin \(Eq. 11-12\), got 0.2 and 0.1"),
-    ("arl", "arl.similarity=test", r"'arl.similarity' must be one of eval, train, got 'test'"),
-    ("arl", "arl.frame_thresholds=clip", r"'arl.frame_thresholds' must be one of frame, video"),
+    ("arl", "relations.arl.similarity=test", r"'relations.arl.similarity' must be one of eval, train, got 'test'"),
+    ("arl", "relations.arl.frame_thresholds=clip", r"'relations.arl.frame_thresholds' must be one of frame, video"),
     ("arl", "model.branches=3", r"'model.branches' must be an integer in \[1, 2\], got 3"),
     ("gmmformer", "model.widths=[]", r"'model.widths' must be a list of at least 1 items"),
     ("msl", "loss.hard_negative_epoch=-2", r"'loss.hard_negative_epoch' must be an integer >= -1 \(-1 = never\)"),
@@ -209,3 +208,35 @@ def test_stored_configs_are_checked_too():
     # a record made on a GPU still loads where there is none
     gpu = {**good, "train": {**good["train"], "device": "cuda"}}
     assert from_dict(gpu).train.device == "cuda"
+
+
+def test_detector_settings_are_the_section_relations_name():
+    """Each detector's own settings are `relations.<name>`: checked like any section, and only
+    for this run's detector (a preset's sections for other detectors are skipped)."""
+    cfg = resolve("baseline", "sim-tiny", 0, ["relations=oracle", "relations.oracle.mode=ignore"])
+    assert cfg.detector.mode == "ignore" and cfg.to_dict()["relations"] == {"name": "oracle", "oracle": {"mode": "ignore"}}
+    with pytest.raises(UserError, match=r"'relations.oracle.mode' must be one of ignore, positive, got 'drop'"):
+        resolve("baseline", "sim-tiny", 0, ["relations=oracle", "relations.oracle.mode=drop"])
+    with pytest.raises(UserError, match=r"'relations.oracle' configures detector 'oracle', but this run's detector "
+                                        r"is 'none' \(from --set\); set relations.name=oracle too"):
+        resolve("baseline", "sim-tiny", 0, ["relations.oracle.mode=ignore"])
+    with pytest.raises(UserError, match=r"detector 'none' has no settings"):
+        resolve("baseline", "sim-tiny", 0, ["relations.none.x=1"])
+    assert resolve("arl", "sim-tiny", 0).detector.similarity == "eval"  # arl's preset also configures the oracle
+    assert resolve("arl", "sim-tiny", 0).to_dict()["relations"]["arl"]["frame_thresholds"] == "frame"
+
+
+def test_records_with_the_old_detector_layout_load_with_the_same_settings():
+    """Before `relations.<name>`, records stored relations.oracle_mode and a top-level `arl`."""
+    from prvr.harness.config import from_dict
+
+    old = resolve("arl", "sim-tiny", 0, ["relations=oracle"]).to_dict()
+    old["relations"] = {"name": "oracle", "oracle_mode": "ignore"}
+    old["arl"] = {"video_chunk": 64}  # the ARL method's section then; the oracle run never used it
+    assert from_dict(old).to_dict()["relations"] == {"name": "oracle", "oracle": {"mode": "ignore"}}
+    arl = resolve("arl", "sim-tiny", 0, ["relations.arl.video_chunk=7"]).to_dict()
+    settings = arl["relations"].pop("arl")
+    arl["relations"]["oracle_mode"] = "positive"  # stored by every record, used by none but the oracle's
+    arl["arl"] = settings
+    again = from_dict(arl)
+    assert again.detector.video_chunk == 7 and again.to_dict()["relations"] == {"name": "arl", "arl": settings}

@@ -14,7 +14,7 @@ from prvr.harness.io import UserError
 from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS
 from prvr.methods.backbones.api import OUTPUTS, missing_outputs
 from prvr.methods.fit import check_fit
-from prvr.methods.relations.base import Relations
+from prvr.methods.relations.base import DetectorState, Relations
 from test_backbones import SMALL, build, content, query_batch, video_batch
 
 # The backbones each method's objective trains (with the method's own detector).
@@ -103,12 +103,12 @@ def test_a_detector_detects_on_every_backbone_that_provides_its_needs(tiny, dete
     model = cls(model_cfg, data.video_dim, data.query_dim).train()
     det = DETECTORS.get(detector)(cfg)
     det.setup(data)
-    trainer = SimpleNamespace(model=model, batchers={"train": batcher}, device=torch.device("cpu"))
+    state = DetectorState(5, model, torch.device("cpu"), data, batcher)  # past the ARL detector's default warm-up
     if missing_outputs(det.needs, cls):
         with pytest.raises(UserError, match="needs a backbone that provides frame_views"):
-            det.on_epoch_start(trainer, epoch=5)
+            det.on_epoch_start(state)
         return
-    det.on_epoch_start(trainer, epoch=5)  # past the ARL detector's default warm-up
+    det.on_epoch_start(state)
     batch = batcher.train_batch(np.arange(8))
     q, v = model.encode_queries(batch.queries), model.encode_videos(batch.videos)
     rel = det.detect(batch, {"queries": q, "videos": v, "scores": model.score(q, v)})

@@ -113,7 +113,9 @@ def test_every_backbones_positional_tables_are_embedding_tables(backbone):
     """The type rule keeps the groups the committed adamw records were trained with (they were
     chosen by the name `pos`): every 2-D positional parameter is an embedding table's."""
     from prvr.harness.build import build_model
-    model = build_model(resolve("baseline", "sim-tiny", 0, [f"backbone={backbone}"]), 48, 32)
+    from prvr.harness.config import home_method
+
+    model = build_model(resolve(home_method(backbone), "sim-tiny", 0), 48, 32)
     _, no_decay = harness_groups(model)
     positional = [n for n, p in model.named_parameters() if "pos" in n and p.dim() >= 2]
     assert positional and set(positional) <= set(_names(model, no_decay))

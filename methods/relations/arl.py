@@ -30,7 +30,7 @@ from prvr.harness.registry import DETECTORS
 from prvr.methods.backbones.api import OUTPUTS
 from prvr.methods.backbones.arl import frame_similarity
 from prvr.methods.backbones.blocks import max_similarity
-from prvr.methods.relations.base import Detector, Relations
+from prvr.methods.relations.base import Detector, DetectorState, Relations
 
 EPS = 1e-12
 
@@ -56,7 +56,7 @@ DEFAULT_WARMUP = 3  # epochs; used when the detector feeds a recipe whose loss s
 
 @dataclass
 class ArlDetectorConfig:
-    """Section `arl`: knobs of the detector's per-epoch pass (not of the method)."""
+    """Section `relations.arl`: knobs of the detector's per-epoch pass (not of the method)."""
 
     video_chunk: int = param(64, at_least(1))  # videos encoded at once in the per-epoch uncertainty pass
     # Which batch similarities are compared with tau_s. "eval": a no-grad eval-mode pass of the
@@ -321,15 +321,15 @@ def _probe_chunk(out: torch.Tensor, probe: tuple[np.ndarray, np.ndarray], idx: n
 
 
 # ----------------------------------------------------------------------------- the detector
-def method_plan(cfg) -> tuple[Variant, int]:
-    """The variant and warm-up epochs: from the loss section of the ARL recipe (the objective
-    reads the same section, so detector and losses always agree), else full ARL."""
-    variant = getattr(cfg.loss, "variant", "full")
-    if variant not in VARIANTS:
-        from prvr.harness.io import UserError
+@dataclass(frozen=True)
+class ArlPlan:
+    """What the ARL method asks of its detector (`MethodSpec.detector_plan`, from the method's
+    `loss` section, which the objective reads too, so detector and losses always agree): which
+    levels use the ambiguous sets and from which epoch. Another recipe gives no plan: full ARL
+    after the default warm-up."""
 
-        raise UserError(f"loss.variant must be one of {', '.join(VARIANTS)}, got '{variant}'")
-    return VARIANTS[variant], int(getattr(cfg.loss, "warmup_epochs", DEFAULT_WARMUP))
+    variant: Variant = VARIANTS["full"]
+    warmup_epochs: int = DEFAULT_WARMUP
 
 
 @DETECTORS.register("arl", "ARL: ambiguous pairs = high similarity and high dataset-wide uncertainty, handed across two models")
@@ -340,11 +340,11 @@ class ArlDetector(Detector):
     unlabelled pairs, and the set sizes; `write_artifacts` draws Fig. 4."""
 
     needs = frozenset({"frame_views"})  # the per-epoch pass encodes each branch's queries and frames
+    config_cls = ArlDetectorConfig
 
-    def setup(self, data) -> None:
-        section = self.cfg.section("arl")  # absent when the detector feeds another recipe
-        self.settings = section if isinstance(section, ArlDetectorConfig) else ArlDetectorConfig()
-        self.variant, self.warmup = method_plan(self.cfg)
+    def setup(self, data, plan: ArlPlan | None = None) -> None:
+        plan = plan if isinstance(plan, ArlPlan) else ArlPlan()
+        self.variant, self.warmup = plan.variant, plan.warmup_epochs
         self.views: list[tuple[str, str, str]] = []
         self.stats: dict[str, BranchStats] = {}
         self.active = False
@@ -356,21 +356,20 @@ class ArlDetector(Detector):
         self.pass_seconds = 0.0
 
     # hooks -----------------------------------------------------------------
-    def on_epoch_start(self, trainer, epoch: int) -> None:
+    def on_epoch_start(self, state: DetectorState) -> None:
         self._reset()
-        self.active = self.variant.text_video and epoch >= self.warmup
+        self.active = self.variant.text_video and state.epoch >= self.warmup
         self.stats = {}
-        self.views = branch_views(trainer.model)
-        self.model = trainer.model
+        self.views = branch_views(state.model)
+        self.model = state.model
         if self.active:
             start = time.perf_counter()
-            self.stats = epoch_statistics(trainer.model, trainer.batchers["train"], trainer.device,
-                                          self.settings.video_chunk)
+            self.stats = epoch_statistics(state.model, state.train, state.device, self.settings.video_chunk)
             self.pass_seconds = time.perf_counter() - start
 
-    def on_epoch_end(self, trainer, epoch: int, summary: dict) -> None:
-        if trainer.finished or trainer.epoch >= trainer.cfg.train.epochs:
-            self.figure = self._distributions(trainer)
+    def on_epoch_end(self, state: DetectorState, summary: dict) -> None:
+        if state.last_epoch:
+            self.figure = self._distributions(state)
 
     # detection -------------------------------------------------------------
     def detect(self, batch, outputs: dict) -> Relations:
@@ -473,15 +472,15 @@ class ArlDetector(Detector):
         return report
 
     # Fig. 4 -------------------------------------------------------------------
-    def _distributions(self, trainer) -> dict:
+    def _distributions(self, state: DetectorState) -> dict:
         """Similarity and text-video averaged uncertainty of labelled and sampled unpaired
         training pairs, after training (paper Fig. 4)."""
-        split = trainer.data["train"]
+        split = state.train.split
         rng = np.random.default_rng([self.cfg.seed, 4])
         pq = np.sort(rng.choice(split.num_queries, min(self.settings.probe_queries, split.num_queries), replace=False))
         pv = np.sort(rng.choice(split.num_videos, min(self.settings.probe_videos, split.num_videos), replace=False))
-        stats = epoch_statistics(trainer.model, trainer.batchers["train"], trainer.device,
-                                 self.settings.video_chunk, probe=(pq, pv))
+        stats = epoch_statistics(state.model, state.train, state.device, self.settings.video_chunk,
+                                 probe=(pq, pv))
         unpaired = split.query_video[pq][:, None] != pv[None]
         relevant = split.relevance[pq][:, pv].toarray().astype(bool) if split.relevance is not None else None
         out = {}

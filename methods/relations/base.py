@@ -1,17 +1,45 @@
 """Relation detectors: for a batch, which query-video pairs are positive, which negative,
 and which are neither (ambiguous). See DESIGN: the one idea that makes methods
-interchangeable."""
+interchangeable.
+
+A detector is a `Detector` subclass registered in `DETECTORS`, with
+- `config_cls` (optional): a dataclass of its settings, the config section `relations.<name>`;
+- `needs`: the backbone outputs it reads (methods/backbones/api.py OUTPUTS; checked when the
+  config resolves);
+- `setup(data, plan)` once, `detect(batch, outputs)` every step, and hooks that see a
+  `DetectorState` (epoch, the model, the training split), never the trainer.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
-from prvr.harness.config import ORACLE_MODES
+from prvr.harness.checks import OneOf, param
 from prvr.harness.io import UserError
 from prvr.harness.registry import DETECTORS
+
+ORACLE_MODES = ("ignore", "positive")
+
+
+@dataclass
+class DetectorState:
+    """What a detector's hooks see of training.
+
+    model: the model being trained (a detector may run passes of its own with it, e.g.
+    encode the training split in eval mode); train: the training split's batcher
+    (`train.split` the split, `train.videos(idx)` / `train.queries(idx)` batches of it, as the
+    trainer builds them); last_epoch: training ends after this epoch (early stop or the cap;
+    known at epoch end)."""
+
+    epoch: int
+    model: torch.nn.Module
+    device: torch.device
+    data: Any
+    train: Any
+    last_epoch: bool = False
 
 
 @dataclass
@@ -46,20 +74,26 @@ class Detector:
     """
 
     needs: ClassVar[frozenset[str]] = frozenset()
+    config_cls: ClassVar[type | None] = None  # its settings: section relations.<name>
 
     def __init__(self, cfg) -> None:
         self.cfg = cfg
+        # its section of the run's config; a config made for another detector (code that builds
+        # detectors by hand) gives this one its defaults
+        own = getattr(cfg, "detector", None)
+        self.settings = None if self.config_cls is None else own if isinstance(own, self.config_cls) else self.config_cls()
 
-    def setup(self, data) -> None:
-        """Check that the dataset provides what the detector needs (called once)."""
+    def setup(self, data, plan: Any = None) -> None:
+        """Check that the dataset provides what the detector needs (called once). `plan`: what
+        the method asks of its detector (`MethodSpec.detector_plan(loss config)`), or None."""
 
-    def on_epoch_start(self, trainer, epoch: int) -> None:
+    def on_epoch_start(self, state: DetectorState) -> None:
         """Refresh per-epoch state (e.g. dataset-wide statistics)."""
 
-    def on_step(self, trainer, step: int, out: dict) -> None:
+    def on_step(self, state: DetectorState, step: int, out: dict) -> None:
         """Called after each optimisation step."""
 
-    def on_epoch_end(self, trainer, epoch: int, summary: dict) -> None:
+    def on_epoch_end(self, state: DetectorState, summary: dict) -> None:
         """Called after each epoch (after validation)."""
 
     def detect(self, batch, outputs: dict) -> Relations:
@@ -79,22 +113,32 @@ class NoDetector(Detector):
     pass
 
 
+@dataclass
+class OracleConfig:
+    """Section `relations.oracle`."""
+
+    # "positive": truly relevant unlabelled pairs count as positives; "ignore": they are
+    # dropped from the negatives (they arrive as the ambiguous sets)
+    mode: str = param("positive", OneOf(ORACLE_MODES))
+
+
 @DETECTORS.register("oracle", "simulated ground truth: truly relevant unlabelled pairs are not negatives (upper bound)")
 class OracleDetector(Detector):
-    """Uses the simulated world's full relevance. `relations.oracle_mode`: 'ignore' removes
+    """Uses the simulated world's full relevance. `relations.oracle.mode`: 'ignore' removes
     truly relevant unlabelled videos from the negatives; 'positive' counts them as positives."""
 
+    config_cls = OracleConfig
     MODES = ORACLE_MODES
 
-    def setup(self, data) -> None:
+    def setup(self, data, plan: Any = None) -> None:
         if not data.has_ground_truth:
             raise UserError(
                 f"the oracle detector needs ground-truth relevance, which dataset '{data.name}' does not have; "
                 "use a simulated dataset (sim-*) or --set relations.name=none"
             )
-        if self.cfg.relations.oracle_mode not in self.MODES:
-            raise UserError(f"relations.oracle_mode must be one of {', '.join(self.MODES)}, "
-                            f"got '{self.cfg.relations.oracle_mode}'")
+        if self.settings.mode not in self.MODES:
+            raise UserError(f"relations.oracle.mode must be one of {', '.join(self.MODES)}, "
+                            f"got '{self.settings.mode}'")
         self._stats = {"pairs": 0, "unlabelled_relevant": 0}
 
     def detect(self, batch, outputs: dict) -> Relations:
@@ -102,12 +146,12 @@ class OracleDetector(Detector):
         extra = batch.relevant & ~rel.positive
         self._stats["pairs"] += rel.positive.numel()
         self._stats["unlabelled_relevant"] += int(extra.sum())
-        if self.cfg.relations.oracle_mode == "positive":
+        if self.settings.mode == "positive":
             positive = rel.positive | extra
             return Relations(positive, torch.zeros_like(positive), positive.float())
         return Relations(rel.positive, extra, rel.positive.float() + extra.float())
 
-    def on_epoch_start(self, trainer, epoch: int) -> None:
+    def on_epoch_start(self, state: DetectorState) -> None:
         self._stats = {"pairs": 0, "unlabelled_relevant": 0}
 
     def epoch_report(self) -> dict:
