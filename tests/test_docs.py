@@ -81,7 +81,7 @@ def test_the_manual_builds_strictly_with_an_html_page_per_docs_page(tmp_path):
         if not (tmp_path / "site" / html).is_file():
             missing.append(f"{page.relative_to(ROOT)} -> {html}")
     assert not missing, "no HTML page for: " + ", ".join(missing)
-    # Links from docs/ to files elsewhere in the repository land on copies under repo/ (mkdocs_hooks.py).
+    # Links from docs/ to files elsewhere in the repository land on copies under repo/ (docs/site_hooks.py).
     assert (tmp_path / "site" / "repo" / "index.html").is_file()  # ../README.md, from docs/index.md
     assert 'href="repo/"' in (tmp_path / "site" / "index.html").read_text(encoding="utf-8")
 
