@@ -1,0 +1,128 @@
+"""RAL's losses and scores as pure functions (Zhang et al., RAL; shared/seeds/002_*, Eq. 8-12).
+
+Distributions are diagonal Gaussians given by (mu, log sigma), sigma = exp(log sigma) the
+standard deviation everywhere (sampling, both KL terms). The reference code reads
+exp(log sigma) as a variance in the prior KL and as a standard deviation in the cross-modal
+KL and in the sampling; one reading has to hold for all three, and Eq. 9 (mu + sigma * eps)
+fixes it as the standard deviation.
+
+- `gaussian_kl`, `kl_to_standard`, `distribution_alignment` (Eq. 8, L_DA);
+- `sample_proxies` (Eq. 9, reparameterisation, from a given torch.Generator);
+- `proxy_matching` (Eq. 10, L_PM): the paper's multi-instance InfoNCE on cosine / temperature
+  from text proxies to video proxies, or the reference code's reading (raw dot products,
+  the mean log-softmax over the K x K same-video pairs, both directions);
+- `csa_scores` (Eq. 11-12): sum over words of confidence x best frame cosine, computed in
+  chunks of videos so that no [queries, videos, words, frames] tensor exceeds a budget;
+  `csa_reference` is the unchunked definition the tests compare it with.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from prvr.harness.registry import OBJECTIVES
+
+PM_READINGS = ("paper", "code")
+
+
+def gaussian_kl(mu_p: torch.Tensor, log_sigma_p: torch.Tensor, mu_q: torch.Tensor,
+                log_sigma_q: torch.Tensor) -> torch.Tensor:
+    """KL(N(mu_p, sigma_p^2 I) || N(mu_q, sigma_q^2 I)) per row, summed over the last dim:
+    sum log(sigma_q / sigma_p) + (sigma_p^2 + (mu_p - mu_q)^2) / (2 sigma_q^2) - 1/2."""
+    var_ratio = torch.exp(2 * (log_sigma_p - log_sigma_q))
+    mean_term = (mu_p - mu_q).pow(2) * torch.exp(-2 * log_sigma_q)
+    return (log_sigma_q - log_sigma_p + 0.5 * (var_ratio + mean_term) - 0.5).sum(-1)
+
+
+def kl_to_standard(mu: torch.Tensor, log_sigma: torch.Tensor) -> torch.Tensor:
+    """KL(N(mu, sigma^2 I) || N(0, I)) per row: 1/2 sum (sigma^2 + mu^2 - 1 - 2 log sigma)."""
+    return 0.5 * (torch.exp(2 * log_sigma) + mu.pow(2) - 1 - 2 * log_sigma).sum(-1)
+
+
+@OBJECTIVES.register("ral-distribution-alignment",
+                     "RAL Eq. 8: KL(text || video) + KL of each to N(0, I), mean over pairs")
+def distribution_alignment(mu_t: torch.Tensor, log_sigma_t: torch.Tensor, mu_v: torch.Tensor,
+                           log_sigma_v: torch.Tensor) -> torch.Tensor:
+    """L_DA over matched rows (row i of the text side is paired with row i of the video side)."""
+    cross = gaussian_kl(mu_t, log_sigma_t, mu_v, log_sigma_v)
+    prior = kl_to_standard(mu_t, log_sigma_t) + kl_to_standard(mu_v, log_sigma_v)
+    return (cross + prior).mean()
+
+
+def sample_proxies(mu: torch.Tensor, log_sigma: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:
+    """[N, d] -> [N, K, d] proxies mu + sigma * eps (Eq. 9), eps from `generator`; K = 0 gives
+    the mean as the one proxy (Table 3, "w/o sampling")."""
+    if k == 0:
+        return mu[:, None]
+    eps = torch.randn((mu.shape[0], k, mu.shape[1]), generator=generator, device=mu.device, dtype=mu.dtype)
+    return mu[:, None] + torch.exp(log_sigma)[:, None] * eps
+
+
+@OBJECTIVES.register("ral-proxy-matching",
+                     "RAL Eq. 10: multi-instance InfoNCE between text and video proxies (paper or code reading)")
+def proxy_matching(text: torch.Tensor, video: torch.Tensor, temperature: float = 0.05,
+                   reading: str = "paper") -> torch.Tensor:
+    """L_PM. text [B, K, d], video [B, K', d]: row b of both sides belongs to the same pair
+    (a video and its text distribution); every other row's proxies are negatives.
+
+    paper: for each text proxy, -log(sum over the pair's K' video proxies of exp(cos / T) /
+    sum over all B K' video proxies), averaged over the B K text proxies.
+    code: logits = raw dot products; each row's loss is the mean over its same-pair columns of
+    -log_softmax, averaged over rows, for text-to-video and video-to-text, then halved."""
+    if reading not in PM_READINGS:
+        raise ValueError(f"reading must be one of {', '.join(PM_READINGS)}, got {reading!r}")
+    b, k, d = text.shape
+    kv = video.shape[1]
+    same = torch.eye(b, dtype=torch.bool, device=text.device)
+    if reading == "paper":
+        logits = F.normalize(text.reshape(b * k, d), dim=-1) @ F.normalize(video.reshape(b * kv, d), dim=-1).t()
+        logits = logits / temperature
+        pos = same.repeat_interleave(k, 0).repeat_interleave(kv, 1)  # [B K, B K']
+        return (torch.logsumexp(logits, 1) - torch.logsumexp(logits.masked_fill(~pos, float("-inf")), 1)).mean()
+    logits = text.reshape(b * k, d) @ video.reshape(b * kv, d).t()
+    pos = same.repeat_interleave(k, 0).repeat_interleave(kv, 1).float()
+    t2v = -(F.log_softmax(logits, 1) * pos).sum(1) / pos.sum(1)
+    v2t = -(F.log_softmax(logits.t(), 1) * pos.t()).sum(1) / pos.t().sum(1)
+    return 0.5 * (t2v.mean() + v2t.mean())
+
+
+def word_confidences(logits: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
+    """Eq. 12's g: a softmax over each query's real words (padding gets 0). logits [Q, L]."""
+    return logits.masked_fill(~token_mask, float("-inf")).softmax(-1)
+
+
+def csa_scores(tokens: torch.Tensor, token_mask: torch.Tensor, weights: torch.Tensor, frames: torch.Tensor,
+               frame_mask: torch.Tensor, budget: int = 1 << 24, cosine: bool = True) -> torch.Tensor:
+    """Eq. 11-12: S(q, v) = sum_i g_i max_j sim(q_i, v_j) over real words i and real frames j.
+
+    tokens [Q, L, d], token_mask [Q, L], weights [Q, L] (zero on padding), frames [V, T, d],
+    frame_mask [V, T]; -> [Q, V]. `cosine`: cosine similarity (False: raw dot products, the
+    reference's unnormalised score for NCE). Computed over chunks of videos so that the
+    [Q, chunk, L, T] similarities stay within `budget` elements; with gradients the chunks
+    are kept in the graph (the training batch is small)."""
+    if cosine:
+        tokens, frames = F.normalize(tokens, dim=-1), F.normalize(frames, dim=-1)
+    q, length = tokens.shape[:2]
+    v, t = frames.shape[:2]
+    step = max(1, budget // max(1, q * length * t))
+    parts = []
+    for s in range(0, v, step):
+        sims = torch.einsum("qld,vtd->qvlt", tokens, frames[s : s + step])
+        sims = sims.masked_fill(~frame_mask[s : s + step][None, :, None, :], float("-inf"))
+        best = sims.max(-1).values  # [Q, chunk, L]
+        best = best.masked_fill(~token_mask[:, None, :], 0.0)  # a video without frames never reaches here
+        parts.append((best * weights[:, None, :]).sum(-1))
+    return torch.cat(parts, 1) if parts else tokens.new_zeros((q, 0))
+
+
+def csa_reference(tokens: torch.Tensor, token_mask: torch.Tensor, weights: torch.Tensor, frames: torch.Tensor,
+                  frame_mask: torch.Tensor) -> torch.Tensor:
+    """The definition, one pair at a time (tests only)."""
+    out = tokens.new_zeros((tokens.shape[0], frames.shape[0]))
+    for i in range(tokens.shape[0]):
+        words = F.normalize(tokens[i][token_mask[i]], dim=-1)
+        for j in range(frames.shape[0]):
+            fr = F.normalize(frames[j][frame_mask[j]], dim=-1)
+            out[i, j] = (weights[i][token_mask[i]] * (words @ fr.t()).max(1).values).sum()
+    return out

@@ -1,0 +1,149 @@
+"""RAL's pure functions (methods/objectives/ral.py) against closed forms, Monte Carlo and
+hand-computed values."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from prvr.methods.objectives.ral import (csa_reference, csa_scores, distribution_alignment, gaussian_kl,
+                                         kl_to_standard, proxy_matching, sample_proxies, word_confidences)
+
+
+def test_gaussian_kl_closed_form_by_hand():
+    # 1-d: p = N(1, 2^2), q = N(0, 1): log(1/2) + (4 + 1) / 2 - 1/2
+    kl = gaussian_kl(torch.tensor([[1.0]]), torch.tensor([[math.log(2.0)]]), torch.zeros(1, 1), torch.zeros(1, 1))
+    assert kl.item() == pytest.approx(math.log(0.5) + 2.5 - 0.5, abs=1e-6)
+
+
+def test_gaussian_kl_matches_torch_distributions_and_monte_carlo():
+    gen = torch.Generator().manual_seed(0)
+    mu_p, mu_q = torch.randn(3, 5, generator=gen), torch.randn(3, 5, generator=gen)
+    ls_p, ls_q = 0.3 * torch.randn(3, 5, generator=gen), 0.3 * torch.randn(3, 5, generator=gen)
+    p, q = torch.distributions.Normal(mu_p, ls_p.exp()), torch.distributions.Normal(mu_q, ls_q.exp())
+    exact = torch.distributions.kl_divergence(p, q).sum(-1)
+    assert torch.allclose(gaussian_kl(mu_p, ls_p, mu_q, ls_q), exact, atol=1e-5)
+    x = p.sample((200_000,))  # Monte Carlo: E_p[log p - log q]
+    mc = (p.log_prob(x) - q.log_prob(x)).sum(-1).mean(0)
+    assert torch.allclose(mc, exact, atol=0.05)
+
+
+def test_kl_to_standard_is_the_kl_to_n01():
+    mu, ls = torch.tensor([[0.5, -1.0]]), torch.tensor([[0.2, -0.4]])
+    assert torch.allclose(kl_to_standard(mu, ls), gaussian_kl(mu, ls, torch.zeros(1, 2), torch.zeros(1, 2)))
+    by_hand = 0.5 * sum(math.exp(2 * s) + m * m - 1 - 2 * s for m, s in ((0.5, 0.2), (-1.0, -0.4)))
+    assert kl_to_standard(mu, ls).item() == pytest.approx(by_hand, abs=1e-6)
+    assert kl_to_standard(torch.zeros(2, 3), torch.zeros(2, 3)).abs().max() == 0
+
+
+def test_distribution_alignment_is_cross_plus_both_priors_averaged_over_pairs():
+    mu_t, ls_t = torch.tensor([[0.0], [1.0]]), torch.tensor([[0.0], [0.5]])
+    mu_v, ls_v = torch.tensor([[1.0], [1.0]]), torch.tensor([[0.0], [0.0]])
+    cross = gaussian_kl(mu_t, ls_t, mu_v, ls_v)
+    want = (cross + kl_to_standard(mu_t, ls_t) + kl_to_standard(mu_v, ls_v)).mean()
+    assert distribution_alignment(mu_t, ls_t, mu_v, ls_v).item() == pytest.approx(want.item())
+    # pair 0 by hand: cross 0.5, priors 0 and 0.5
+    assert cross[0].item() == pytest.approx(0.5)
+
+
+def test_proxies_are_mu_plus_sigma_eps_from_the_generator():
+    mu, ls = torch.tensor([[1.0, -2.0]]), torch.tensor([[math.log(0.5), math.log(3.0)]])
+    assert torch.equal(sample_proxies(mu, ls, 0, torch.Generator()), mu[:, None])  # K = 0: the mean only
+    a = sample_proxies(mu, ls, 4, torch.Generator().manual_seed(7))
+    b = sample_proxies(mu, ls, 4, torch.Generator().manual_seed(7))
+    assert a.shape == (1, 4, 2) and torch.equal(a, b)
+    many = sample_proxies(mu.expand(20_000, 2), ls.expand(20_000, 2), 5, torch.Generator().manual_seed(1))
+    assert torch.allclose(many.mean((0, 1)), mu[0], atol=0.03)
+    assert torch.allclose(many.std((0, 1)), ls[0].exp(), atol=0.03)  # sigma is the standard deviation
+
+
+def _info_nce(logits):
+    target = torch.arange(logits.shape[0])
+    return F.cross_entropy(logits, target)
+
+
+def test_proxy_matching_with_one_proxy_is_plain_info_nce():
+    gen = torch.Generator().manual_seed(3)
+    t, v = torch.randn(4, 1, 8, generator=gen), torch.randn(4, 1, 8, generator=gen)
+    cos = F.normalize(t[:, 0], dim=-1) @ F.normalize(v[:, 0], dim=-1).t()
+    assert proxy_matching(t, v, 0.1, "paper").item() == pytest.approx(_info_nce(cos / 0.1).item(), abs=1e-5)
+    dots = t[:, 0] @ v[:, 0].t()
+    code = 0.5 * (_info_nce(dots) + _info_nce(dots.t()))
+    assert proxy_matching(t, v, reading="code").item() == pytest.approx(code.item(), abs=1e-5)
+
+
+def test_proxy_matching_multi_instance_by_hand():
+    """Two pairs, two proxies each, unit vectors with chosen cosines (temperature 1)."""
+    e = torch.eye(3)
+    text = torch.stack([torch.stack([e[0], e[0]]), torch.stack([e[1], e[1]])])  # [2, 2, 3]
+    video = torch.stack([torch.stack([e[0], e[2]]), torch.stack([e[1], e[2]])])
+    # text proxy of pair 0 (e0) against video proxies [e0, e2 | e1, e2]: cosines 1, 0 | 0, 0
+    loss0 = -math.log((math.e + 1) / (math.e + 3))
+    assert proxy_matching(text, video, 1.0, "paper").item() == pytest.approx(loss0, abs=1e-6)  # symmetric for pair 1
+    # code reading: the mean over the two same-pair columns of -log_softmax, both directions
+    row = torch.tensor([1.0, 0.0, 0.0, 0.0]).log_softmax(0)
+    t2v = -(row[0] + row[1]) / 2
+    col_v0 = torch.tensor([1.0, 1.0, 0.0, 0.0]).log_softmax(0)  # video proxy e0 against text proxies
+    col_v1 = torch.tensor([0.0, 0.0, 0.0, 0.0]).log_softmax(0)  # video proxy e2: all zero
+    v2t = (-(col_v0[0] + col_v0[1]) / 2 - (col_v1[0] + col_v1[1]) / 2) / 2
+    assert proxy_matching(text, video, reading="code").item() == pytest.approx((0.5 * (t2v + v2t)).item(), abs=1e-6)
+
+
+def test_proxy_matching_rejects_an_unknown_reading():
+    with pytest.raises(ValueError, match="paper, code"):
+        proxy_matching(torch.zeros(1, 1, 2), torch.zeros(1, 1, 2), reading="both")
+
+
+def _csa_inputs(seed=0, q=3, v=5, length=4, t=6, d=8):
+    gen = torch.Generator().manual_seed(seed)
+    tokens, frames = torch.randn(q, length, d, generator=gen), torch.randn(v, t, d, generator=gen)
+    token_mask = torch.ones(q, length, dtype=torch.bool)
+    token_mask[0, 3:] = False
+    token_mask[1, 1:] = False
+    frame_mask = torch.ones(v, t, dtype=torch.bool)
+    frame_mask[2, 2:] = False
+    weights = word_confidences(torch.randn(q, length, generator=gen), token_mask)
+    return tokens, token_mask, weights, frames, frame_mask
+
+
+def test_word_confidences_sum_to_one_over_real_words():
+    tokens, token_mask, weights, *_ = _csa_inputs()
+    assert torch.allclose(weights.sum(-1), torch.ones(3))
+    assert (weights[~token_mask] == 0).all()
+
+
+def test_csa_with_uniform_confidence_is_the_mean_of_word_maxima():
+    tokens, token_mask, _, frames, frame_mask = _csa_inputs()
+    uniform = token_mask.float() / token_mask.sum(-1, keepdim=True)
+    got = csa_scores(tokens, token_mask, uniform, frames, frame_mask)
+    sims = torch.einsum("qld,vtd->qvlt", F.normalize(tokens, dim=-1), F.normalize(frames, dim=-1))
+    sims = sims.masked_fill(~frame_mask[None, :, None], float("-inf")).max(-1).values
+    want = torch.stack([sims[i][:, token_mask[i]].mean(-1) for i in range(3)])
+    assert torch.allclose(got, want, atol=1e-6)
+
+
+@pytest.mark.parametrize("budget", [1, 50, 1 << 24])
+def test_chunked_csa_equals_the_unchunked_reference(budget):
+    args = _csa_inputs(seed=1)
+    assert torch.allclose(csa_scores(*args, budget=budget), csa_reference(*args), atol=1e-6)
+
+
+def test_csa_ignores_padding():
+    tokens, token_mask, weights, frames, frame_mask = _csa_inputs(seed=2)
+    base = csa_scores(tokens, token_mask, weights, frames, frame_mask)
+    pad_t = torch.cat([tokens, 9 * torch.ones(3, 2, 8)], 1)
+    pad_tm = torch.cat([token_mask, torch.zeros(3, 2, dtype=torch.bool)], 1)
+    pad_w = torch.cat([weights, torch.zeros(3, 2)], 1)
+    pad_f = torch.cat([frames, 9 * torch.ones(5, 3, 8)], 1)
+    pad_fm = torch.cat([frame_mask, torch.zeros(5, 3, dtype=torch.bool)], 1)
+    assert torch.allclose(csa_scores(pad_t, pad_tm, pad_w, pad_f, pad_fm), base, atol=1e-6)
+
+
+def test_csa_gradients_flow_to_tokens_weights_and_frames():
+    tokens, token_mask, _, frames, frame_mask = _csa_inputs(seed=4)
+    logits = torch.zeros(3, 4, requires_grad=True)
+    tokens.requires_grad_(True)
+    frames.requires_grad_(True)
+    csa_scores(tokens, token_mask, word_confidences(logits, token_mask), frames, frame_mask).sum().backward()
+    assert tokens.grad.abs().sum() > 0 and frames.grad.abs().sum() > 0 and logits.grad.abs().sum() > 0
