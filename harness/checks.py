@@ -187,10 +187,11 @@ class ListOf(Check):
         return None if ok else f"must be {self.describe(cfg)}, got {show(value, 60)}"
 
     def describe(self, cfg: Any = None) -> str:
-        count = f"{self.length}" if self.length is not None else f"at least {self.min_length}"
+        count = f"{self.length} " if self.length is not None else (f"at least {self.min_length} " if self.min_length
+                                                                     else "")  # min_length 0: any length, [] too
         item = self.item.describe() if isinstance(self.item, Range) else (
             f"of {', '.join(self.item.options(cfg))}" if isinstance(self.item, OneOf) else "valid")
-        return (f"a list of {count} {'distinct ' if self.distinct else ''}items, each {item}"
+        return (f"a list of {count}{'distinct ' if self.distinct else ''}items, each {item}"
                 + (f", summing to {_num(self.total)}" if self.total is not None else ""))
 
 

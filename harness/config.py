@@ -49,6 +49,12 @@ def _pooling_rules(cfg: Any) -> tuple[str, ...]:
     return POOLING_RULES
 
 
+def _noise_sources(cfg: Any) -> tuple[str, ...]:
+    from prvr.datasets.noise import NOISE_SOURCES
+
+    return NOISE_SOURCES
+
+
 def _decays(cfg: Any) -> tuple[str, ...]:
     from prvr.harness.optim import DECAYS
 
@@ -155,6 +161,11 @@ class RelationsConfig:
 class EvalConfig:
     chunk: int = param(1024, at_least(1))  # queries scored at once
     splits: list[str] = param(["val", "test"], ListOf(OneOf(SPLITS), distinct=True))
+    # noise robustness (ARL Fig. 5): the best checkpoint tested again with a segment of p x each
+    # test video's length inserted at its start, per level p (and 0); [] = off (datasets/noise.py)
+    noise_levels: list[float] = param([], ListOf(PROBABILITY, min_length=0, distinct=True))
+    # where inserted rows come from: "other" (a run of another test video) | "gaussian"
+    noise_source: str = param("other", OneOf(_noise_sources))
 
 
 @dataclass

@@ -64,6 +64,7 @@ def _first_branch(rel: dict) -> str:
 
 
 def write_table(out: str | Path, dataset: str, run: str, part: str = "union") -> Path:
+    from prvr.harness.leaderboard import RECORD_NAME
     from prvr.harness.names import check_name, inside
     from prvr.harness.records import load_record
 
@@ -71,7 +72,7 @@ def write_table(out: str | Path, dataset: str, run: str, part: str = "union") ->
     check_name(dataset, "--dataset", "give a dataset name, e.g. sim-tvr")
     folder = inside(Path(out) / "runs" / dataset / run, out, "run folder")
     files = sorted(folder.glob("seed*.json")) if folder.is_dir() else []
-    records = [load_record(f) for f in files if not f.name.endswith((".fig4.json",))]
+    records = [load_record(f) for f in files if RECORD_NAME.fullmatch(f.name)]  # not seed0.fig4.json, seed0.noise-*.json
     if not records:
         raise UserError(f"no run records under {folder}; check --run, --dataset and --out")
     rows = epoch_rows(records, part)

@@ -6,6 +6,8 @@ compared with the baseline's on the same dataset (paired t-test over shared seed
 otherwise). A missing metric is an empty cell, never a mean over what happens to exist.
 A run whose loss became non-finite (trained on with train.on_nonfinite=continue, its
 record marked `nonfinite`) never enters a row: it is listed under the table instead.
+Where records carry noise robustness curves, the noise figures and tables are rebuilt too
+(`<out>/noise/<dataset>.{png,md}`, harness/noise.py).
 """
 
 from __future__ import annotations
@@ -396,9 +398,14 @@ def rebuild(root: str | Path, skip_bad: bool = False, show: bool = True) -> list
     rows, left_out = build_rows(records), diverged_runs(records)
     reported = reported_rows()
     csv_path, md_path = write(root, rows, reported, left_out)
+    from prvr.harness.noise import write_reports
+
+    noise_files = write_reports(root, records)  # results/noise/<dataset>.{png,md}, where records carry curves
     if show:
         show_table(rows, reported)
         if left_out:
             progress.log(f"[yellow]left out[/] (loss not finite, train.on_nonfinite=continue): {'; '.join(left_out)}")
         progress.log(f"wrote {csv_path} and {md_path} ({len(rows)} rows)")
+        if noise_files:
+            progress.log(f"wrote the noise robustness figures and tables: {', '.join(str(f) for f in noise_files)}")
     return rows

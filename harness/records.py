@@ -1,8 +1,9 @@
 """Run records: one JSON per run, the source of truth for every table.
 
 Keys other tools read: method, dataset, seed, config, provenance, metrics.val,
-metrics.test (R@1, R@5, R@10, R@100, SumR, buckets, oracle). Records from older schema
-versions are upgraded on load.
+metrics.test (R@1, R@5, R@10, R@100, SumR, buckets, oracle), and where a run measured it,
+metrics.noise ({source, levels: {p: R@K and SumR}}: harness/noise.py; optional, so records
+without it load as they are). Records from older schema versions are upgraded on load.
 """
 
 from __future__ import annotations
@@ -187,7 +188,8 @@ SHAPE = (("method", str), ("dataset", str), ("seed", int), ("config", dict), ("p
          ("metrics", dict), ("metrics.val", dict), ("metrics.test", dict))
 OPTIONAL = (("run_name", str), ("backbone", str), ("relations", str), ("tag", str), ("command", str),
             ("timings", dict), ("best_epoch", int), ("epochs_run", int), ("history", list), ("protocol", dict),
-            ("provenance.data", dict))
+            ("provenance.data", dict), ("metrics.noise", dict))
+NOISE_SHAPE = (("metrics.noise.source", str), ("metrics.noise.levels", dict))  # when metrics.noise is there
 METRIC_NUMBERS = ("R@1", "R@5", "R@10", "R@100", "SumR", "median_rank", "mean_rank", "n")
 TYPE_NAMES = {str: "a string", int: "an integer", dict: "an object", list: "a list", float: "a number"}
 
@@ -210,6 +212,16 @@ def shape_problem(record: dict[str, Any]) -> tuple[str, str] | None:
         for bucket, inner in (block.get("buckets") or {}).items():
             if not _is(inner, dict):
                 return f"metrics.{split}.buckets.{bucket}", f"{_describe(inner)}, expected {TYPE_NAMES[dict]}"
+    if "noise" in record["metrics"]:
+        for key, kind in NOISE_SHAPE:
+            if not _is(_lookup(record, key), kind):
+                return key, f"{_describe(_lookup(record, key))}, expected {TYPE_NAMES[kind]}"
+    for level, block in (record["metrics"].get("noise") or {}).get("levels", {}).items():
+        if not _is(block, dict):
+            return f"metrics.noise.levels.{level}", f"{_describe(block)}, expected {TYPE_NAMES[dict]}"
+        for name in METRIC_NUMBERS:
+            if name in block and not _is(block[name], float):
+                return f"metrics.noise.levels.{level}.{name}", f"{_describe(block[name])}, expected {TYPE_NAMES[float]}"
     timings = record.get("timings") or {}
     for phase, seconds in timings.items():
         if not _is(seconds, float):

@@ -8,6 +8,10 @@ record's resolved config, load `<out>/checkpoints/<dataset>/<run>/seed<S>/best.p
   and frame branches of the MS-SL family, ARL's two models theta and Phi);
 - `--ensemble`: the mean of the fused scores of all given runs (e.g. two seeds of the
   baseline, to compare with ARL, whose prediction averages two models).
+- `--noise-levels P...`: the run's noise robustness curve (harness/noise.py): the split ranked
+  once per level with a segment of p x each video's length inserted at its start (and at
+  p = 0), stored beside each record as `seed<S>.noise-<source>.json` for the leaderboard's
+  noise figures (test split only).
 Nothing is trained and no record is changed; `--json FILE` writes the figures atomically.
 """
 
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +134,66 @@ def evaluate_runs(record_files: list[str | Path], split_name: str = "test", part
     return rows
 
 
+def noise_rows(record_files: list[str | Path], levels: list[float], source: str = "other", split_name: str = "test",
+               device: str = "auto", data_root: str | None = None, store: bool = True) -> list[dict[str, Any]]:
+    """Rows {run, record, score, source, level, metrics} of each run's noise curve (harness/noise.py)
+    from its best checkpoint; on the test split each curve is stored beside its record."""
+    from prvr.datasets.noise import NOISE_SOURCES
+    from prvr.harness.noise import check_levels, curve_levels, noise_curve, store_curve
+    from prvr.harness.registry import DATASETS
+
+    levels = check_levels(levels, "--noise-levels")
+    if source not in NOISE_SOURCES:
+        raise UserError(f"--noise-source must be one of {', '.join(NOISE_SOURCES)}, got {source!r}")
+    runs = [StoredRun(f, device, data_root) for f in record_files]
+    rows: list[dict[str, Any]] = []
+    datasets: dict[str, Any] = {}
+    for run in runs:
+        key = _world(run)
+        if key not in datasets:
+            datasets[key] = DATASETS.get(run.cfg.dataset).load(run.cfg)
+        data = datasets[key]
+        if split_name not in data.splits:
+            raise UserError(f"dataset '{run.record['dataset']}' has no split '{split_name}' "
+                            f"(it has {', '.join(data.splits)})")
+        progress.log(f"evaluate {run.name}: noise levels {' '.join(f'{p:g}' for p in curve_levels(levels))} "
+                     f"({source}) on {split_name}")
+        curve = noise_curve(run.model(data), data[split_name], run.cfg.data, run.device, run.cfg.eval.chunk, levels,
+                            source, show=True)
+        for level, metrics in curve["levels"].items():
+            rows.append({"run": run.name, "record": str(run.path), "score": "fused", "source": source,
+                         "level": float(level), "metrics": metrics})
+        if store and split_name == "test":
+            command = shlex.join(["prvr-bench", "evaluate", _shown_path(run.path), "--noise-levels",
+                                  *(f"{p:g}" for p in levels), "--noise-source", source])
+            progress.log(f"wrote {store_curve(run.path, run.record, curve, command)}")
+    return rows
+
+
+def _shown_path(path: Path) -> str:
+    """A record's path for a stored command: relative to the working folder where it lies below
+    it, else from its results folder on (no path of this machine)."""
+    from prvr.harness.records import record_layout
+
+    if not path.is_absolute():
+        return str(path)
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        out = record_layout(path)[0]
+        return str(Path(out.name) / path.relative_to(out))
+
+
+def format_noise_rows(rows: list[dict[str, Any]]) -> str:
+    header = ["run", "source", "p", *SUMMARY]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in rows:
+        m = r["metrics"]
+        lines.append("| " + " | ".join([r["run"], r["source"], f"{r['level']:g}", *(f"{m[k]:.1f}" for k in SUMMARY)])
+                     + " |")
+    return "\n".join(lines)
+
+
 def _world(run: StoredRun) -> str:
     """What decides a run's data: the dataset and its `data` / `sim` settings."""
     d = run.cfg.to_dict()
@@ -147,7 +212,8 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
 
 
 def add_commands(sub) -> None:
-    p = sub.add_parser("evaluate", help="re-evaluate stored runs from their best checkpoints (score parts, ensembles)")
+    p = sub.add_parser("evaluate", help="re-evaluate stored runs from their best checkpoints (score parts, ensembles, "
+                                        "noise robustness)")
     p.add_argument("records", nargs="+", help="run records, e.g. results/runs/sim-tvr/arl/seed0.json")
     p.add_argument("--split", default="test", help="split to rank (default test)")
     p.add_argument("--parts", action="store_true", help="also rank every score the backbone returns on its own")
@@ -157,11 +223,28 @@ def add_commands(sub) -> None:
                    help="root of real datasets when it differs from the one stored in the records (default: $PRVR_DATA)")
     p.add_argument("--quiet", action="store_true", help="no progress messages")
     p.add_argument("--json", default=None, help="write the rows (with full metrics) to this JSON file")
+    p.add_argument("--noise-levels", nargs="+", type=float, default=None, metavar="P",
+                   help="noise robustness instead: rank again with a segment of P x each video's length inserted at "
+                        "its start, per level in [0, 1] (0 is always added); stored beside each record as "
+                        "seed<S>.noise-<source>.json for the leaderboard's results/noise/ figures")
+    p.add_argument("--noise-source", default="other", metavar="SOURCE",
+                   help="where inserted rows come from: other (a run of another test video, default) | gaussian")
+    p.add_argument("--no-store", action="store_true", help="with --noise-levels: print only, store no curve files")
     p.set_defaults(func=cmd_evaluate)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
     root = args.data_root or os.environ.get("PRVR_DATA")
+    if args.noise_levels is not None:
+        if args.parts or args.ensemble:
+            raise UserError("--noise-levels ranks each run's fused score; leave out --parts and --ensemble")
+        rows = noise_rows(args.records, args.noise_levels, args.noise_source, args.split, args.device, root,
+                          store=not args.no_store)
+        print(format_noise_rows(rows))
+        if args.json:
+            write_json(args.json, {"split": args.split, "noise_source": args.noise_source, "rows": rows})
+            progress.log(f"wrote {args.json}")
+        return
     rows = evaluate_runs(args.records, args.split, args.parts, args.ensemble, args.device, root)
     print(format_rows(rows))
     if args.json:

@@ -43,6 +43,14 @@ def run_one(cfg, out: str | Path, resume: bool = False, tag: str = "", hooks: li
     trainer.load_model(ckpt_dir / "best.pt")
     with timings("eval_test"):
         test = trainer.evaluate("test", show=True)
+    noise = None
+    if cfg.eval.noise_levels:  # robustness to an inserted segment (harness/noise.py), the same checkpoint
+        from prvr.harness.noise import curve_line, noise_curve
+
+        with timings("eval_noise"):
+            noise = noise_curve(trainer.model, data["test"], cfg.data, trainer.device, cfg.eval.chunk,
+                                cfg.eval.noise_levels, cfg.eval.noise_source, plain=test, show=True)
+        progress.log(f"test SumR with inserted noise ({cfg.eval.noise_source}): {curve_line(noise)}")
     val = trainer.best["metrics"]
     record = {
         "method": cfg.method, "dataset": cfg.dataset, "seed": cfg.seed, "backbone": cfg.backbone,
@@ -52,7 +60,7 @@ def run_one(cfg, out: str | Path, resume: bool = False, tag: str = "", hooks: li
         "protocol": run_protocol(cfg.to_dict(), cfg.dataset, data.meta.get("selection")),
         "timings": timings.as_dict(),
         "best_epoch": trainer.best["epoch"], "epochs_run": trainer.epoch,
-        "metrics": {"val": _keep(val), "test": _keep(test)},
+        "metrics": {"val": _keep(val), "test": _keep(test), **({"noise": noise} if noise is not None else {})},
         "history": trainer.history,
     }
     if trainer.nonfinite is not None:

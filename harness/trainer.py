@@ -45,11 +45,13 @@ from prvr.methods.relations.base import DetectorState
 
 
 # Settings a resumed run may change without --force-resume: where data, caches and work go,
-# how queries are chunked in evaluation and what a diverged loss does; none changes the
+# how queries are chunked in evaluation, the noise curve tested on the best checkpoint after
+# training (eval.noise_*) and what a diverged loss does; none changes the
 # numbers an uninterrupted run reaches. Every other key does (the model, the schedule over
 # train.epochs, early stopping, the data, the objective) and must match the checkpoint's.
 RESUME_FREE_KEYS = frozenset({"eval.chunk", "train.num_workers", "train.device", "train.on_nonfinite",
-                              "data.cache_dir", "data.data_root", "data.preload"})
+                              "data.cache_dir", "data.data_root", "data.preload",
+                              "eval.noise_levels", "eval.noise_source"})
 STATE_KEYS = ("model", "optimizer", "scheduler", "epoch", "bad_epochs", "finished", "best_sumr", "best_epoch",
               "best_metrics", "history", "torch_rng")
 RESUME_FIX = "run without --resume to train afresh (that overwrites it)"

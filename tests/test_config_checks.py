@@ -87,8 +87,8 @@ def bad_value(chk) -> str | None:
         return repr(chk.low - 1 if chk.integer else chk.low - (0 if chk.low_open else 0.5))
     if isinstance(chk, (OneOf, Registered)):
         return "no-such-choice"
-    if isinstance(chk, ListOf):
-        return "[]"
+    if isinstance(chk, ListOf):  # too short, or (where [] is allowed) an item its check refuses
+        return "[]" if chk.min_length > 0 else f"[{bad_value(chk.item)}]"
     if isinstance(chk, Device):
         return "gpu"
     assert isinstance(chk, Free) or chk is FLAG, f"no bad value known for {chk!r}"
