@@ -209,8 +209,13 @@ def cmd_list(args: argparse.Namespace) -> None:
     for title, reg in (("methods", METHODS), ("backbones", BACKBONES), ("detectors", DETECTORS),
                        ("objectives", OBJECTIVES), ("datasets", DATASETS)):
         print(f"{title}:")
-        for e in reg.entries():
-            print(f"  {e.name:<18} {e.summary}")
+        entries = list(reg.entries())
+        width = max([18, *(len(e.name) + 1 for e in entries)])
+        for e in entries:
+            print(f"  {e.name:<{width}} {e.summary}")
+            if reg is METHODS and e.obj.objectives:  # the registered parts its objective combines
+                parts = [OBJECTIVES.entry(o).name for o in e.obj.objectives]  # an unknown name: one line
+                print(f"  {'':<{width}} objectives: {', '.join(parts)}")
 
 
 def cmd_config(args: argparse.Namespace) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import pkgutil
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Iterator, TypeVar
 
@@ -104,6 +105,28 @@ DATASETS: Registry[Any] = Registry("dataset")
 
 _PLUGIN_MODULES = ("prvr.methods", "prvr.datasets")
 _loaded = False
+
+
+def import_modules(package: str) -> list[str]:
+    """Import every module of `package` and of its subpackages, depth first in sorted order of
+    their names, so that a module registers its parts by existing; returns the names imported.
+    A module that fails to import raises its own error (with a note naming the module): it is
+    never skipped."""
+    root = importlib.import_module(package)
+    done = []
+    for info in sorted(pkgutil.iter_modules(root.__path__), key=lambda m: m.name):
+        name = f"{package}.{info.name}"
+        try:
+            importlib.import_module(name)
+        except BaseException as err:
+            if not any(name in note for note in getattr(err, "__notes__", ())):
+                err.add_note(f"(while {package} imported its module {name}: every module of the package is "
+                             "imported so that it registers its parts)")
+            raise
+        done.append(name)
+        if info.ispkg:
+            done += import_modules(name)
+    return done
 
 
 def load_all() -> None:

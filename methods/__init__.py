@@ -1,6 +1,11 @@
-"""Methods (prvr.methods): backbones, relation detectors, objectives and named recipes."""
+"""Methods (prvr.methods): backbones, relation detectors, objectives and named recipes.
 
-from prvr.methods import baseline, objectives, relations  # noqa: F401
-from prvr.methods import gmmformer, gmmformer2, msl  # noqa: F401  (MS-SL family recipes)
-from prvr.methods.backbones import baseline as _dual_branch  # noqa: F401
-from prvr.methods import arl  # noqa: F401
+Every module of this package and of its subpackages (backbones/, objectives/, relations/) is
+imported here, in sorted order of names (harness/registry.py `import_modules`), so a new file
+registers its parts by existing: no list of modules to edit. A module that fails to import
+stops the import with its own error.
+"""
+
+from prvr.harness.registry import import_modules
+
+import_modules(__name__)

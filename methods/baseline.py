@@ -45,6 +45,7 @@ def standard_objective(cfg: StandardLossConfig, scores: Scores, relations, conte
 METHODS.add(
     "baseline",
     MethodSpec("baseline", backbone="dual-branch", relations="none", loss_cls=StandardLossConfig,
-               objective=standard_objective, preset=PRESETS / "baseline.yaml", needs=frozenset({"clip_frame"})),
+               objective=standard_objective, preset=PRESETS / "baseline.yaml", needs=frozenset({"clip_frame"}),
+               objectives=("triplet", "infonce")),
     "dual-branch backbone + triplet/InfoNCE on one-to-one labels: the reference row",
 )

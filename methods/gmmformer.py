@@ -45,6 +45,7 @@ METHODS.add(
     "gmmformer",
     MethodSpec("gmmformer", backbone="gmmformer", relations="none", loss_cls=GMMFormerLossConfig,
                objective=gmmformer_objective, preset=PRESETS / "gmmformer.yaml",
-               needs=frozenset({"clip_frame", "raw", "query_vector"})),
+               needs=frozenset({"clip_frame", "raw", "query_vector"}),
+               objectives=("msl-triplet", "infonce", "query-diversity")),
     "GMMFormer: Gaussian-window attention, NCE + triplet + query diversity on one-to-one labels",
 )

@@ -50,6 +50,7 @@ METHODS.add(
     "gmmformer2",
     MethodSpec("gmmformer2", backbone="gmmformer2", relations="none", loss_cls=GMMFormer2LossConfig,
                objective=gmmformer2_objective, preset=PRESETS / "gmmformer2.yaml",
-               needs=frozenset({"clip_frame", "raw", "query_vector", "clip_vectors"})),
+               needs=frozenset({"clip_frame", "raw", "query_vector", "clip_vectors"}),
+               objectives=("msl-triplet", "infonce", "focal-query-diversity", "hungarian-matching")),
     "GMMFormer v2: dynamic Gaussian fusion, NCE + triplet + focal diversity + Hungarian matching",
 )

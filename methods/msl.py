@@ -37,6 +37,7 @@ def msl_objective(cfg: MSLLossConfig, scores: Scores, relations, context) -> dic
 METHODS.add(
     "msl",
     MethodSpec("msl", backbone="msl", relations="none", loss_cls=MSLLossConfig, objective=msl_objective,
-               preset=PRESETS / "msl.yaml", needs=frozenset({"clip_frame", "raw"})),
+               preset=PRESETS / "msl.yaml", needs=frozenset({"clip_frame", "raw"}),
+               objectives=("msl-triplet", "infonce")),
     "MS-SL: multi-scale clip proposals + key-clip frame attention, NCE + triplet on one-to-one labels",
 )

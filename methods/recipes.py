@@ -25,6 +25,10 @@ class MethodSpec:
     sections: method-specific config sections {name: dataclass}.
     detector_plan(loss_cfg) -> what the method asks of its detector (given to
     `Detector.setup`), e.g. ARL's variant and warm-up; None: nothing.
+    objectives: the registered objective parts (`OBJECTIVES`, methods/objectives/) that the
+    objective combines, e.g. ("msl-triplet", "infonce"); `prvr-bench list` shows them and
+    tests/test_registries.py checks that each is registered and that they are exactly the
+    registered parts the objective calls.
     """
 
     name: str
@@ -36,6 +40,7 @@ class MethodSpec:
     sections: dict[str, type] = field(default_factory=dict)
     needs: frozenset[str] = frozenset()
     detector_plan: Callable[[Any], Any] | None = None
+    objectives: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

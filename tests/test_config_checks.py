@@ -1,8 +1,9 @@
 """Every config field declares the values it accepts (harness/checks.py); every default and
 every preset passes; a bad value is a one-line UserError naming the key.
 
-The classes are found through the registries, so a newly registered method, backbone or
-method section is covered here without editing this file."""
+The classes are found through the registries, so a newly registered method, backbone, method
+section or detector settings class (section `relations.<name>`) is covered here without editing
+this file."""
 
 import glob
 import json
@@ -16,7 +17,7 @@ from prvr.harness.checks import FLAG, Device, Free, ListOf, OneOf, Range, Regist
 from prvr.harness.config import (Config, DataConfig, EvalConfig, RelationsConfig, SimConfig, TrainConfig, from_dict,
                                  resolve)
 from prvr.harness.io import UserError
-from prvr.harness.registry import BACKBONES, DATASETS, METHODS
+from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS
 
 
 def config_classes() -> list[tuple[str, str, type]]:
@@ -28,6 +29,9 @@ def config_classes() -> list[tuple[str, str, type]]:
     for e in METHODS.entries():
         found.append((f"method {e.name}", "loss", e.obj.loss_cls))
         found += [(f"method {e.name}", name, cls) for name, cls in e.obj.sections.items()]
+    for e in DETECTORS.entries():
+        if e.obj.config_cls is not None:
+            found.append((f"detector {e.name}", f"relations.{e.name}", e.obj.config_cls))
     return found
 
 
@@ -101,6 +105,9 @@ def owner_args(where: str) -> tuple[str, list[str]]:
     if kind == "backbone":  # the method built on it (its preset fits it), else the baseline on it
         owners = [e.name for e in METHODS.entries() if e.obj.backbone == name]
         return (owners[0], []) if owners else ("baseline", [f"backbone={name}"])
+    if kind == "detector":  # the method whose own detector it is, else the baseline with it
+        owners = [e.name for e in METHODS.entries() if e.obj.relations == name]
+        return (owners[0], []) if owners else ("baseline", [f"relations={name}"])
     return (name, []) if kind == "method" else ("baseline", [])
 
 

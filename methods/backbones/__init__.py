@@ -1,4 +1,1 @@
-"""methods/backbones"""
-
-from prvr.methods.backbones import gmmformer, gmmformer2, msl  # noqa: F401  (importing registers them)
-from prvr.methods.backbones import arl  # noqa: F401
+"""Backbones (prvr.methods.backbones); prvr.methods imports every module here, so each registers itself."""

@@ -1,4 +1,3 @@
-"""Relation detectors (prvr.methods.relations)."""
+"""Relation detectors (prvr.methods.relations); prvr.methods imports every module here, so each registers itself."""
 
 from prvr.methods.relations.base import Detector, Relations  # noqa: F401
-from prvr.methods.relations import arl  # noqa: F401
