@@ -7,7 +7,7 @@ way (seeded by the run's seed before the backbone's weights are drawn).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +18,32 @@ from prvr.harness.timing import Timings
 
 
 def build_model(cfg, video_dim: int, query_dim: int) -> torch.nn.Module:
-    """The run's backbone at the given input dims, its weights drawn after seeding with the
-    run's seed (as every command builds it)."""
+    """The run's model at the given input dims: the backbone, its weights drawn after seeding
+    with the run's seed (as every command builds it), wrapped by the method where it adds
+    modules of its own (`MethodSpec.wrap`, e.g. RAL), whose weights are drawn after the
+    backbone's."""
     from prvr.harness.trainer import seed_everything
 
     seed_everything(cfg.seed)
-    return BACKBONES.get(cfg.backbone)(cfg.model, video_dim, query_dim)
+    model = BACKBONES.get(cfg.backbone)(cfg.model, video_dim, query_dim)
+    spec = METHODS.get(cfg.method)
+    return spec.wrap(model, cfg, video_dim, query_dim) if spec.wrap is not None else model
+
+
+def method_spec(cfg):
+    """The method's spec for this run: for a method that extends its backbone's home method
+    (`MethodSpec.extends_backbone`), its objective gets the home method's objective as `base`
+    and its detector plan is the home method's unless it has its own."""
+    from functools import partial
+
+    from prvr.harness.config import home_method
+
+    spec = METHODS.get(cfg.method)
+    if not spec.extends_backbone:
+        return spec
+    home = METHODS.get(home_method(cfg.backbone))
+    return replace(spec, objective=partial(spec.objective, base=home.objective),
+                   detector_plan=spec.detector_plan or home.detector_plan)
 
 
 @dataclass
@@ -60,7 +80,7 @@ def build_run(cfg, data=None, timings: Timings | None = None) -> Run:
     the method's spec. An unknown detector fails before any data is made."""
     timings = timings or Timings()
     detector_cls = DETECTORS.get(cfg.relations.name)
-    spec = METHODS.get(cfg.method)
+    spec = method_spec(cfg)
     if data is None:
         data = load_data(cfg, timings)
     model = build_model(cfg, data.video_dim, data.query_dim)

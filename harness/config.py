@@ -247,20 +247,26 @@ def resolve(method: str, dataset: str, seed: int = 0, overrides: list[str] | Non
     backbones = method_preset.pop("backbones", {}) or {}
     method_layers = preset_layers(method_preset, per_dataset, family, dataset, f"method preset {method}")
     backbone = _pick_backbone(spec.backbone, [*method_layers, (user, str(user_yaml))], sets)
-    if backbone != spec.backbone:
+    if backbone != spec.backbone or spec.extends_backbone:
         # Another backbone's `model` settings come from its home preset (the method whose
         # own backbone it is, e.g. gmmformer's for --backbone gmmformer), never from this
-        # method's, which are its own backbone's.
+        # method's, which are its own backbone's. A method that extends its backbone's home
+        # method (RAL) takes the whole home preset, under its own.
         home = home_method(backbone)
         home_layers = []
-        if home is not None:
+        if home is not None and home != method:
             home_preset = load_yaml(METHODS.get(home).preset) if METHODS.get(home).preset else {}
             home_per_dataset = home_preset.pop("per_dataset", {}) or {}
-            home_layers = [({"model": layer["model"]}, f"{source} (the model of backbone {backbone})")
+            home_preset.pop("backbones", None)
+            whole = spec.extends_backbone
+            home_layers = [(layer if whole else {"model": layer["model"]},
+                            source if whole else f"{source} (the model of backbone {backbone})")
                            for layer, source in preset_layers(home_preset, home_per_dataset, family, dataset,
-                                                              f"method preset {home}") if "model" in layer]
-        method_layers = [*home_layers, *(({k: v for k, v in layer.items() if k != "model"}, source)
-                                         for layer, source in method_layers)]
+                                                              f"method preset {home}") if whole or "model" in layer]
+        if backbone != spec.backbone:
+            method_layers = [({k: v for k, v in layer.items() if k != "model"}, source)
+                             for layer, source in method_layers]
+        method_layers = [*home_layers, *method_layers]
     own = backbones.get(backbone) or {}  # backbones.<B>: this method's settings on backbone B
     if not isinstance(own, dict):
         raise UserError(f"method preset {method} key 'backbones.{backbone}' must be a mapping of config sections, "
@@ -276,7 +282,7 @@ def resolve(method: str, dataset: str, seed: int = 0, overrides: list[str] | Non
     ]
     cfg = Config(method=method, dataset=dataset, seed=seed, backbone=backbone)
     cfg.model = BACKBONES.get(backbone).config_cls()
-    cfg.loss = spec.loss_cls()
+    cfg.loss = loss_class(spec, backbone)()
     cfg.extra = {name: cls() for name, cls in spec.sections.items()}
     cfg.relations.name = _pick_detector(spec.relations, layers, sets)
     cfg.detector = detector_settings(cfg.relations.name)
@@ -339,6 +345,38 @@ def preset_layers(top: dict, per_dataset: dict, family: str | None, dataset: str
         (per_dataset.get(family, {}) if family and family != dataset else {}, f"{source} [{family}]"),
         (per_dataset.get(dataset, {}), f"{source} [{dataset}]"),
     ]
+
+
+_MERGED: dict[tuple[type, type], type] = {}
+
+
+def loss_class(spec: Any, backbone: str) -> type:
+    """The `loss` section's class of a run: the method's own, or for a method that extends its
+    backbone's home method (`MethodSpec.extends_backbone`), the home method's loss fields
+    followed by the method's own, checked as both declare (`check(key)` of each)."""
+    if not spec.extends_backbone:
+        return spec.loss_cls
+    home = home_method(backbone)
+    if home is None or home == spec.name:
+        return spec.loss_cls
+    base, own = METHODS.get(home).loss_cls, spec.loss_cls
+    if (base, own) not in _MERGED:
+        clash = {f.name for f in fields(base)} & {f.name for f in fields(own)}
+        if clash:
+            raise TypeError(f"{own.__name__} and {base.__name__} both define {', '.join(sorted(clash))}")
+
+        def check(self, key: str) -> None:
+            for cls in (base, own):
+                if callable(getattr(cls, "check", None)):
+                    cls.check(self, key)
+
+        extra = [(f.name, f.type, dataclasses.field(default=f.default, default_factory=f.default_factory,
+                                                     metadata=f.metadata)) for f in fields(own)]
+        merged = dataclasses.make_dataclass(f"{own.__name__}On{base.__name__}", extra, bases=(base,),
+                                            namespace={"check": check})
+        merged.__module__ = own.__module__  # the field annotations resolve in the module that wrote them
+        _MERGED[(base, own)] = merged
+    return _MERGED[(base, own)]
 
 
 def home_method(backbone: str) -> str | None:
@@ -539,7 +577,7 @@ def from_dict(data: dict[str, Any], source: str = "stored config") -> Config:
     cfg = Config(method=scalars.method, dataset=scalars.dataset, seed=scalars.seed,
                  backbone=scalars.backbone or spec.backbone)
     cfg.model = BACKBONES.get(cfg.backbone).config_cls()
-    cfg.loss = spec.loss_cls()
+    cfg.loss = loss_class(spec, cfg.backbone)()
     cfg.extra = {name: cls() for name, cls in spec.sections.items()}
     rest = _upgrade_detector_settings({k: v for k, v in data.items() if k not in SCALARS}, cfg)
     relations = rest.get("relations")

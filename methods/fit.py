@@ -13,19 +13,39 @@ from prvr.harness.registry import BACKBONES, DETECTORS, METHODS
 from prvr.methods.backbones.api import OUTPUTS, missing_outputs
 
 
-def fitting_backbones(needs: frozenset[str] | set[str]) -> list[str]:
-    """The registered backbones that provide every one of `needs`, sorted."""
-    return [b for b in BACKBONES.names() if not missing_outputs(needs, BACKBONES.get(b))]
+def method_needs(spec, backbone: str) -> frozenset[str]:
+    """What `spec`'s objective reads from `backbone`: its own needs, and for a method that
+    extends its backbone's home method, the home method's too (None: no home method)."""
+    if not spec.extends_backbone:
+        return spec.needs
+    from prvr.harness.config import home_method
+
+    home = home_method(backbone)
+    return None if home is None or home == spec.name else spec.needs | METHODS.get(home).needs
+
+
+def fitting_backbones(spec, detector_needs: frozenset[str] = frozenset()) -> list[str]:
+    """The registered backbones that provide every output the method and detector read, sorted."""
+    out = []
+    for b in BACKBONES.names():
+        needs = method_needs(spec, b)
+        if needs is not None and not missing_outputs(needs | detector_needs, BACKBONES.get(b)):
+            out.append(b)
+    return out
 
 
 def check_fit(method: str, backbone: str, detector: str) -> None:
     """Raise UserError when `backbone` lacks an output that `method`'s objective or `detector` needs."""
     spec, backbone_cls = METHODS.get(method), BACKBONES.get(backbone)
     detector_needs = _needs(detector)
-    fits = fitting_backbones(spec.needs | detector_needs)
+    fits = fitting_backbones(spec, detector_needs)
     pick = spec.backbone if spec.backbone in fits else (fits[0] if fits else "")
     switch = f"--backbone {pick} (backbones that fit method '{method}' and detector '{detector}': {', '.join(fits)})"
-    missing = missing_outputs(spec.needs, backbone_cls)
+    needs = method_needs(spec, backbone)
+    if needs is None:
+        raise UserError(f"method '{method}' extends the method of its backbone, and backbone '{backbone}' has none "
+                        f"to extend; use {switch}")
+    missing = missing_outputs(needs, backbone_cls)
     if missing:
         fix = f"use {switch}" if pick else f"no registered backbone fits method '{method}' with detector '{detector}'"
         raise UserError(f"method '{method}' cannot train backbone '{backbone}': its objective needs "

@@ -25,6 +25,7 @@ class MethodSpec:
     sections: method-specific config sections {name: dataclass}.
     detector_plan(loss_cfg) -> what the method asks of its detector (given to
     `Detector.setup`), e.g. ARL's variant and warm-up; None: nothing.
+    extends_backbone, wrap: see the fields.
     objectives: the registered objective parts (`OBJECTIVES`, methods/objectives/) that the
     objective combines, e.g. ("msl-triplet", "infonce"); `prvr-bench list` shows them and
     tests/test_registries.py checks that each is registered and that they are exactly the
@@ -41,6 +42,14 @@ class MethodSpec:
     needs: frozenset[str] = frozenset()
     detector_plan: Callable[[Any], Any] | None = None
     objectives: tuple[str, ...] = ()
+    # A method that extends the method whose own backbone it runs on (its home method, e.g.
+    # RAL on msl / gmmformer / gmmformer2): the home method's preset applies under this
+    # method's, the `loss` section joins the home method's loss fields and `loss_cls`'s, and
+    # `objective(..., base=<the home method's objective>)` gets the home method's objective.
+    extends_backbone: bool = False
+    # wrap(backbone, cfg, video_dim, query_dim) -> the run's model (e.g. RAL's modules around
+    # the backbone); None: the backbone itself
+    wrap: Callable[..., Any] | None = None
 
 
 @dataclass(frozen=True)

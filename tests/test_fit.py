@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from prvr.datasets.loader import Batcher
+from prvr.harness.build import build_model, method_spec
 from prvr.harness.config import resolve
 from prvr.harness.io import UserError
 from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS
 from prvr.methods.backbones.api import OUTPUTS, missing_outputs
-from prvr.methods.fit import check_fit
+from prvr.methods.fit import check_fit, method_needs
 from prvr.methods.relations.base import DetectorState, Relations
 from test_backbones import SMALL, build, content, query_batch, video_batch
 
@@ -63,24 +64,30 @@ LABELS = torch.tensor([0, 1, 2, 0])  # four queries of three videos; video 0 has
 @pytest.mark.parametrize("backbone", BACKBONES.names())
 @pytest.mark.parametrize("method", METHODS.names())
 def test_an_accepted_pair_trains_a_step_and_a_refused_one_is_refused(method, backbone):
+    """Built as a run builds it (resolve, build_model with the method's wrap, method_spec with a
+    base objective for a method that extends its backbone's), at small dims."""
     spec = METHODS.get(method)
-    accepted = not missing_outputs(spec.needs | DETECTORS.get(spec.relations).needs, BACKBONES.get(backbone))
+    needs = method_needs(spec, backbone)
+    accepted = needs is not None and not missing_outputs(needs | DETECTORS.get(spec.relations).needs,
+                                                         BACKBONES.get(backbone))
     if method in FITS:
         assert accepted == (backbone in FITS[method])
     if not accepted:
-        with pytest.raises(UserError, match=f"method '{method}' cannot train backbone '{backbone}'"):
+        with pytest.raises(UserError, match=f"method '{method}'.* backbone '{backbone}'"):
             check_fit(method, backbone, spec.relations)
         return
-    check_fit(method, backbone, spec.relations)
-    model = build(backbone).train()
+    sets = [f"backbone={backbone}", *(f"model.{k}={v}" for k, v in SMALL.items()
+                                      if hasattr(BACKBONES.get(backbone).config_cls, k))]
+    cfg = resolve(method, "sim-tiny", 0, sets)
     frames, tokens = content()
+    model = build_model(cfg, frames[0].shape[1], tokens[0].shape[1]).train()
     q, v = model.encode_queries(query_batch(tokens)), model.encode_videos(video_batch(frames))
     scores = model.score(q, v)
     rel = Relations.one_to_one(LABELS, len(frames))
     rel.ambiguous[1, 2] = True
     ctx = SimpleNamespace(epoch=50, step=0, generator=torch.Generator().manual_seed(0), batch=None,
-                          outputs={"queries": q, "videos": v, "scores": scores})
-    out = spec.objective(spec.loss_cls(), scores, rel, ctx)  # past every warm-up and hard-negative start
+                          outputs={"queries": q, "videos": v, "scores": scores}, model=model, video_of_query=LABELS)
+    out = method_spec(cfg).objective(cfg.loss, scores, rel, ctx)  # past every warm-up and hard-negative start
     assert torch.isfinite(out["loss"])
     out["loss"].backward()
 

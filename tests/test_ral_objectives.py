@@ -147,3 +147,20 @@ def test_csa_gradients_flow_to_tokens_weights_and_frames():
     frames.requires_grad_(True)
     csa_scores(tokens, token_mask, word_confidences(logits, token_mask), frames, frame_mask).sum().backward()
     assert tokens.grad.abs().sum() > 0 and frames.grad.abs().sum() > 0 and logits.grad.abs().sum() > 0
+
+
+def test_proxy_matching_pairs_texts_with_their_video_rows():
+    """One distribution per query (Table 4, X^q = Q): queries 0 and 1 share video 0; the
+    result equals stacking video rows per query only in the paper reading's numerator, so check
+    against the definition written out."""
+    gen = torch.Generator().manual_seed(5)
+    t, v = torch.randn(3, 2, 4, generator=gen), torch.randn(2, 2, 4, generator=gen)
+    pair = torch.tensor([0, 0, 1])
+    got = proxy_matching(t, v, 0.5, "paper", pair)
+    cos = F.normalize(t.reshape(6, 4), dim=-1) @ F.normalize(v.reshape(4, 4), dim=-1).t() / 0.5
+    owner = pair.repeat_interleave(2)
+    want = torch.stack([torch.logsumexp(cos[r], 0) - torch.logsumexp(cos[r, 2 * owner[r]: 2 * owner[r] + 2], 0)
+                        for r in range(6)]).mean()
+    assert got.item() == pytest.approx(want.item(), abs=1e-6)
+    assert proxy_matching(t[[0, 2]], v, 0.5, "paper").item() == pytest.approx(
+        proxy_matching(t[[0, 2]], v, 0.5, "paper", torch.tensor([0, 1])).item())

@@ -37,6 +37,9 @@ OUTPUTS: dict[str, str] = {
     "query_vector": "one vector per query (encode_queries()['query'])",
     "clip_vectors": "per-video clip embeddings (encode_videos()['clips'])",
     "frame_mask": "the frame padding mask on the video side (encode_videos()['frame_mask'])",
+    "frame_tokens": "[videos, frames, d] encoded frames of the frame branch and their mask "
+                    "(encode_videos()['frames'], ['frame_mask']; a backbone with `keep_frames` gives them once "
+                    "that is set), e.g. for RAL's word-frame scores",
 }
 
 

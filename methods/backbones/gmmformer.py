@@ -52,7 +52,8 @@ class GMMFormerConfig:
 @BACKBONES.register("gmmformer", "GMMFormer: 2 GMM blocks (Gaussian widths plain/0.5/1/5) per video encoder")
 class GMMFormer(nn.Module):
     config_cls = GMMFormerConfig
-    provides: ClassVar[frozenset[str]] = frozenset({"clip_frame", "raw", "query_vector", "clip_vectors"})
+    provides: ClassVar[frozenset[str]] = frozenset({"clip_frame", "raw", "query_vector", "clip_vectors", "frame_tokens"})
+    keep_frames = False  # also return the encoded frames (frame_tokens; set by a wrapper that reads them)
 
     def __init__(self, cfg: GMMFormerConfig, video_dim: int, query_dim: int) -> None:
         super().__init__()
@@ -77,7 +78,10 @@ class GMMFormer(nn.Module):
         frames = self.frame_embed(vb.frames, vb.frame_mask)
         for block in self.frame_blocks:
             frames = block(frames, vb.frame_mask)
-        return {"clips": clips, "frame": self.frame_pool(frames, vb.frame_mask)}
+        out = {"clips": clips, "frame": self.frame_pool(frames, vb.frame_mask)}
+        if self.keep_frames:
+            out.update(frames=frames, frame_mask=vb.frame_mask)
+        return out
 
     def index_videos(self, v: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Query-independent work before scoring many queries: the unit clip and frame vectors."""

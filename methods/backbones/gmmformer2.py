@@ -55,7 +55,7 @@ class GMMFormer2Config:
 class GMMFormer2(nn.Module):
     config_cls = GMMFormer2Config
     provides: ClassVar[frozenset[str]] = frozenset({"clip_frame", "raw", "query_vector", "clip_vectors", "frame_mask",
-                                                    "frame_views"})
+                                                    "frame_views", "frame_tokens"})
 
     def __init__(self, cfg: GMMFormer2Config, video_dim: int, query_dim: int) -> None:
         super().__init__()

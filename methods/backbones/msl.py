@@ -145,7 +145,9 @@ def msl_scores(query: torch.Tensor, side: VideoSide, budget: int, clip_weight: f
 @BACKBONES.register("msl", "MS-SL: 528 multi-scale clip proposals + key-clip guided frame attention, fused 0.7/0.3")
 class MSSL(nn.Module):
     config_cls = MSLConfig
-    provides: ClassVar[frozenset[str]] = frozenset({"clip_frame", "raw", "query_vector", "clip_vectors", "frame_mask"})
+    provides: ClassVar[frozenset[str]] = frozenset({"clip_frame", "raw", "query_vector", "clip_vectors", "frame_mask",
+                                                    "frame_tokens"})
+    keep_frames = False  # also return the encoded frames (frame_tokens; set by a wrapper that reads them)
 
     def __init__(self, cfg: MSLConfig, video_dim: int, query_dim: int) -> None:
         super().__init__()
@@ -166,8 +168,11 @@ class MSSL(nn.Module):
     def encode_videos(self, vb) -> dict[str, torch.Tensor]:
         clips = self.clip_encoder(self.clip_embed(vb.clips))
         frames = self.frame_encoder(self.frame_embed(vb.frames, vb.frame_mask), vb.frame_mask)
-        return {"clips": clips, "frame_keys": self.key_map(frames), "frame_values": self.value_map(frames),
-                "frame_mask": vb.frame_mask}
+        out = {"clips": clips, "frame_keys": self.key_map(frames), "frame_values": self.value_map(frames),
+               "frame_mask": vb.frame_mask}
+        if self.keep_frames:
+            out["frames"] = frames
+        return out
 
     def index_videos(self, v: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Query-independent work before scoring many queries: proposal norms, clip . frame

@@ -13,6 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from prvr.methods.backbones.api import OnDemand, Scores
+from prvr.methods.backbones.blocks import PLAIN, UNIT, GMMBlock, init_weights, rowwise, unit
+from prvr.methods.objectives.ral import csa_scores, word_confidences
+
 AGGREGATIONS = ("both", "local", "global")  # Table 4: g = LN(x^g + x^l), local only, global only
 
 
@@ -102,3 +106,103 @@ def support_sets(tokens: torch.Tensor, mask: torch.Tensor, video_of_query: torch
         fill[v] += n
     return out, out_mask
 
+
+
+# ----------------------------------------------------------------------------- RAL on a backbone
+class TokenEncoder(nn.Module):
+    """RAL's query encoder for the frame branch (appendix A: the reference gives the frame
+    branch its own query encoder with token-level output): its own input map and attention
+    layer on the query tokens, with the base query encoder's learned positions (the reference
+    shares `query_pos_embed` between its two query encoders)."""
+
+    def __init__(self, positions: nn.Module, query_dim: int, hidden: int, heads: int, input_dropout: float,
+                 dropout: float, ffn_mult: int = 0) -> None:
+        super().__init__()
+        self._positions = (positions,)  # shared, not owned: counted and saved once, in the base
+        self.in_norm = nn.LayerNorm(query_dim)
+        self.in_drop = nn.Dropout(input_dropout)
+        self.linear = nn.Linear(query_dim, hidden)
+        self.layer = GMMBlock(hidden, heads, [PLAIN], dropout, ffn_mult)
+
+    def forward(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        shared = self._positions[0]
+        h = rowwise(lambda r: F.relu(self.linear(self.in_drop(self.in_norm(r)))), tokens, mask)
+        h = shared.drop(shared.norm(h + shared.positions.weight[: tokens.shape[1]]))
+        return self.layer(h, mask)
+
+
+class RalModel(nn.Module):
+    """A backbone with RAL in its frame branch (appendix A, Fig. 9): the clip branch is the
+    backbone's, unchanged; with CSA the frame score is Eq. 11-12 over the token encoder's words
+    and the backbone's encoded frames, and the ranked score fuses the two; MSRA adds the
+    Gaussian heads, which only the losses read (the objective reaches them through the step
+    context's model). With both off it is the backbone itself."""
+
+    def __init__(self, base: nn.Module, settings, query_dim: int) -> None:
+        super().__init__()
+        self.base, self.settings = base, settings
+        base.keep_frames = True  # the backbones that return their encoded frames only when asked
+        bc = base.cfg
+        self.provides = base.provides
+        self.config_cls = type(bc)
+        self.tokens = None
+        if settings.msra or settings.csa:
+            self.tokens = TokenEncoder(base.query_encoder.embed, query_dim, bc.hidden, bc.heads, bc.input_dropout,
+                                       bc.dropout, getattr(bc, "ffn_mult", 0))
+        self.gate = ConfidenceGate(bc.hidden) if settings.csa else None
+        self.text_head = GaussianHead(bc.hidden, settings.aggregation) if settings.msra else None
+        self.video_head = GaussianHead(bc.hidden, settings.aggregation) if settings.msra else None
+        for part in (self.tokens, self.gate, self.text_head, self.video_head):
+            if part is not None:
+                init_weights(part, bc.init_std)  # the reference re-initialises every new layer N(0, 0.02)
+
+    @property
+    def cfg(self):
+        return self.base.cfg
+
+    def encode_queries(self, qb) -> dict[str, torch.Tensor]:
+        out = self.base.encode_queries(qb)
+        if self.tokens is not None:
+            out["ral.tokens"] = self.tokens(qb.tokens, qb.token_mask)
+            out["ral.token_mask"] = qb.token_mask
+        return out
+
+    def encode_videos(self, vb) -> dict[str, torch.Tensor]:
+        return self.base.encode_videos(vb)
+
+    def index_videos(self, v: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        v = self.base.index_videos(v)
+        if self.gate is not None and "frames" + UNIT not in v:
+            v = {**v, "frames" + UNIT: F.normalize(v["frames"], dim=-1)}
+        return v
+
+    def frame_views(self):
+        return self.base.frame_views()
+
+    def clip_weight(self) -> float:
+        w = self.settings.clip_weight
+        return self.base.cfg.clip_weight if w < 0 else w
+
+    def score(self, q: dict[str, torch.Tensor], v: dict[str, torch.Tensor]) -> Scores:
+        s = self.base.score(q, v)
+        if self.gate is None:
+            if self.settings.clip_weight < 0:
+                return s
+            w = self.clip_weight()
+            return Scores(w * s.branches["clip"] + (1 - w) * s.branches["frame"], s.branches, s.raw, s.items)
+        tokens, tmask = q["ral.tokens"], q["ral.token_mask"]
+        frames, fmask = unit(v, "frames"), v["frame_mask"]
+        budget = self.settings.eval_budget
+        # the reference weighs the cosine score by the gate of the normalised words and the raw
+        # score (for NCE) by the gate of the raw words
+        unit_tokens = F.normalize(tokens, dim=-1)
+        frame = csa_scores(unit_tokens, tmask, word_confidences(self.gate(unit_tokens), tmask), frames, fmask, budget)
+        raw_frames = v["frames"]
+        raw = OnDemand({
+            "clip": lambda: s.raw["clip"],
+            "frame": lambda: csa_scores(tokens, tmask, word_confidences(self.gate(tokens), tmask), raw_frames, fmask,
+                                        budget, cosine=False),
+        })
+        w = self.clip_weight()
+        branches = {"clip": s.branches["clip"], "frame": frame}
+        return Scores(w * branches["clip"] + (1 - w) * frame, branches, raw, s.items)

@@ -61,30 +61,34 @@ def sample_proxies(mu: torch.Tensor, log_sigma: torch.Tensor, k: int, generator:
 
 @OBJECTIVES.register("ral-proxy-matching",
                      "RAL Eq. 10: multi-instance InfoNCE between text and video proxies (paper or code reading)")
-def proxy_matching(text: torch.Tensor, video: torch.Tensor, temperature: float = 0.05,
-                   reading: str = "paper") -> torch.Tensor:
-    """L_PM. text [B, K, d], video [B, K', d]: row b of both sides belongs to the same pair
-    (a video and its text distribution); every other row's proxies are negatives.
+def proxy_matching(text: torch.Tensor, video: torch.Tensor, temperature: float = 0.05, reading: str = "paper",
+                   video_of_text: torch.Tensor | None = None) -> torch.Tensor:
+    """L_PM. text [Bt, K, d], video [Bv, K', d]; `video_of_text` [Bt]: the video row each text
+    distribution is paired with (default: row b with row b, Bt = Bv). The proxies of the paired
+    video are the positives, every other video's are negatives.
 
     paper: for each text proxy, -log(sum over the pair's K' video proxies of exp(cos / T) /
-    sum over all B K' video proxies), averaged over the B K text proxies.
-    code: logits = raw dot products; each row's loss is the mean over its same-pair columns of
+    sum over all Bv K' video proxies), averaged over the Bt K text proxies.
+    code: logits = raw dot products; each row's loss is the mean over its positive columns of
     -log_softmax, averaged over rows, for text-to-video and video-to-text, then halved."""
     if reading not in PM_READINGS:
         raise ValueError(f"reading must be one of {', '.join(PM_READINGS)}, got {reading!r}")
-    b, k, d = text.shape
-    kv = video.shape[1]
-    same = torch.eye(b, dtype=torch.bool, device=text.device)
+    bt, k, d = text.shape
+    bv, kv = video.shape[:2]
+    pair = torch.arange(bt, device=text.device) if video_of_text is None else video_of_text
+    same = pair[:, None] == torch.arange(bv, device=text.device)[None]  # [Bt, Bv]
+    pos = same.repeat_interleave(k, 0).repeat_interleave(kv, 1)  # [Bt K, Bv K']
     if reading == "paper":
-        logits = F.normalize(text.reshape(b * k, d), dim=-1) @ F.normalize(video.reshape(b * kv, d), dim=-1).t()
+        logits = F.normalize(text.reshape(bt * k, d), dim=-1) @ F.normalize(video.reshape(bv * kv, d), dim=-1).t()
         logits = logits / temperature
-        pos = same.repeat_interleave(k, 0).repeat_interleave(kv, 1)  # [B K, B K']
         return (torch.logsumexp(logits, 1) - torch.logsumexp(logits.masked_fill(~pos, float("-inf")), 1)).mean()
-    logits = text.reshape(b * k, d) @ video.reshape(b * kv, d).t()
-    pos = same.repeat_interleave(k, 0).repeat_interleave(kv, 1).float()
+    logits = text.reshape(bt * k, d) @ video.reshape(bv * kv, d).t()
+    pos = pos.float()
     t2v = -(F.log_softmax(logits, 1) * pos).sum(1) / pos.sum(1)
-    v2t = -(F.log_softmax(logits.t(), 1) * pos.t()).sum(1) / pos.t().sum(1)
-    return 0.5 * (t2v.mean() + v2t.mean())
+    col = pos.t()
+    v2t = -(F.log_softmax(logits.t(), 1) * col).sum(1) / col.sum(1).clamp_min(1)
+    has_text = col.sum(1) > 0  # a video without a paired text distribution has no positive
+    return 0.5 * (t2v.mean() + v2t[has_text].mean())
 
 
 def word_confidences(logits: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:

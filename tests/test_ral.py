@@ -1,0 +1,110 @@
+"""RAL on the MS-SL family (methods/ral.py, methods/backbones/ral.py): the composition with
+each backbone's own method, the reference's parameter count, equivalence with the backbone
+when RAL is off, padding and chunking invariance, training steps in every reading."""
+
+import tempfile
+
+import numpy as np
+import pytest
+import torch
+
+from prvr.datasets.loader import epoch_batches
+from prvr.harness.build import build_model, build_run
+from prvr.harness.config import resolve
+from prvr.harness.io import UserError
+from prvr.methods.backbones.ral import RalModel
+
+RAL_BACKBONES = ("gmmformer2", "gmmformer", "msl")
+
+
+def test_ral_on_gmmformer2_has_the_reference_parameter_count():
+    """zhanglong-ustc/RAL-PRVR builds to 35,529,377 parameters at TVR dims (paper Table 6: 35.53 M)."""
+    model = build_model(resolve("ral", "tvr", 0), 3072, 768)
+    assert sum(p.numel() for p in model.parameters()) == 35_529_377
+
+
+@pytest.mark.parametrize("backbone", RAL_BACKBONES)
+def test_ral_extends_the_backbones_own_method(backbone):
+    cfg = resolve("ral", "tvr", 0, [f"backbone={backbone}"])
+    home = resolve(backbone, "tvr", 0)
+    assert cfg.model == home.model and cfg.train == home.train  # the home preset's model and optimizer
+    for name in vars(home.loss):
+        assert getattr(cfg.loss, name) == getattr(home.loss, name)  # the home loss fields, then RAL's
+    assert cfg.loss.lambda_pm == pytest.approx(0.004) and cfg.extra["ral"].clip_weight == pytest.approx(0.5)
+    assert resolve("ral", "activitynet", 0, [f"backbone={backbone}"]).extra["ral"].clip_weight == pytest.approx(0.6)
+
+
+@pytest.mark.parametrize("backbone", ["dual-branch", "arl"])
+def test_ral_refuses_a_backbone_without_encoded_frames(backbone):
+    with pytest.raises(UserError, match=f"method 'ral' cannot train backbone '{backbone}'.*frame_tokens"):
+        resolve("ral", "sim-tiny", 0, [f"backbone={backbone}"])
+
+
+def _tiny(backbone, *sets):
+    cfg = resolve("ral", "sim-tiny", 0, [f"backbone={backbone}", *sets])
+    return cfg, build_run(cfg)
+
+
+def _batch(run, n=6):
+    tr_batcher = run.trainer(tempfile.mkdtemp()).batchers["train"]
+    return tr_batcher, tr_batcher.train_batch(np.arange(n))
+
+
+@pytest.mark.parametrize("backbone", RAL_BACKBONES)
+def test_ral_switched_off_is_the_backbone(backbone):
+    cfg, run = _tiny(backbone, "ral.msra=false", "ral.csa=false", "ral.clip_weight=-1")
+    plain = build_run(resolve(backbone, "sim-tiny", 0), data=run.data)
+    _, batch = _batch(run)
+    for mode in ("train", "eval"):
+        torch.manual_seed(0)
+        getattr(run.model, mode)()
+        q, v = run.model.encode_queries(batch.queries), run.model.encode_videos(batch.videos)
+        got = run.model.score(q, v)
+        torch.manual_seed(0)
+        getattr(plain.model, mode)()
+        q2, v2 = plain.model.encode_queries(batch.queries), plain.model.encode_videos(batch.videos)
+        want = plain.model.score(q2, v2)
+        assert torch.equal(got.fused, want.fused) and torch.equal(got.branches["frame"], want.branches["frame"])
+
+
+@pytest.mark.parametrize("backbone", RAL_BACKBONES)
+def test_ral_scores_do_not_depend_on_batch_mates_or_chunking(backbone):
+    cfg, run = _tiny(backbone)
+    model = run.model.eval()
+    batcher, _ = _batch(run)
+    with torch.no_grad():
+        q = model.encode_queries(batcher.queries(np.arange(5)))
+        both = model.score(q, model.index_videos(model.encode_videos(batcher.videos(np.arange(4)))))
+        alone = model.score(q, model.index_videos(model.encode_videos(batcher.videos(np.arange(1)))))
+        assert torch.allclose(both.fused[:, :1], alone.fused, atol=1e-5)  # padding to a longer batch mate
+        model.settings.eval_budget = 1  # one video per chunk
+        chunked = model.score(q, model.index_videos(model.encode_videos(batcher.videos(np.arange(4)))))
+    assert torch.allclose(chunked.fused, both.fused, atol=1e-6)
+
+
+@pytest.mark.parametrize("backbone, sets", [
+    ("gmmformer2", ()),
+    ("gmmformer", ()),
+    ("msl", ()),
+    ("gmmformer2", ("loss.text_source=query",)),
+    ("gmmformer2", ("loss.proxies=0", "loss.pm_reading=paper")),
+    ("gmmformer2", ("ral.aggregation=local", "loss.use_da=false")),
+    ("gmmformer2", ("ral.csa=false",)),
+    ("gmmformer2", ("relations=oracle",)),
+])
+def test_ral_trains_two_steps(backbone, sets):
+    cfg, run = _tiny(backbone, *sets)
+    with tempfile.TemporaryDirectory() as ckpt:
+        trainer = run.trainer(ckpt)
+        batches = epoch_batches(len(trainer.has_queries), cfg.train.batch_size, 0, 0, trainer.has_queries)
+        for step in range(2):
+            out = trainer.train_step(trainer.batchers["train"].train_batch(batches[step]), 0, step)
+            assert torch.isfinite(out["loss"])
+    assert ("ral_pm" in out) == cfg.loss.use_pm and ("ral_da" in out) == cfg.loss.use_da
+    grads = [p.grad for p in run.model.text_head.mu.parameters()]  # MSRA's heads learn from L_DA / L_PM
+    assert all(g is not None and torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads)
+
+
+def test_ral_model_is_a_backbone_wrapper():
+    cfg, run = _tiny("gmmformer2")
+    assert isinstance(run.model, RalModel) and run.model.base.keep_frames
