@@ -1,6 +1,6 @@
-"""Noise robustness: test videos that start with an inserted segment (ARL paper, Fig. 5).
+"""Noise robustness: test videos that start with an inserted segment (RAL paper, Fig. 5).
 
-Following Yang et al. (2021), as the ARL paper does: "we insert a randomly generated segment
+Following Yang et al. (2021), as the RAL paper does: "we insert a randomly generated segment
 with a duration of h x p seconds at the beginning of the test video, where h represents the
 duration of the test video and p denotes the noise level". `with_noise(split, p, source)`
 returns a new Split in which video v (n_v feature rows, h_v seconds) starts with

@@ -161,7 +161,7 @@ class RelationsConfig:
 class EvalConfig:
     chunk: int = param(1024, at_least(1))  # queries scored at once
     splits: list[str] = param(["val", "test"], ListOf(OneOf(SPLITS), distinct=True))
-    # noise robustness (ARL Fig. 5): the best checkpoint tested again with a segment of p x each
+    # noise robustness (RAL Fig. 5): the best checkpoint tested again with a segment of p x each
     # test video's length inserted at its start, per level p (and 0); [] = off (datasets/noise.py)
     noise_levels: list[float] = param([], ListOf(PROBABILITY, min_length=0, distinct=True))
     # where inserted rows come from: "other" (a run of another test video) | "gaussian"

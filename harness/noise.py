@@ -1,4 +1,4 @@
-"""Noise robustness curves (ARL paper, Fig. 5): test SumR as a segment of p x each test
+"""Noise robustness curves (RAL paper, Fig. 5): test SumR as a segment of p x each test
 video's length is inserted at its start (datasets/noise.py), for every method.
 
 - `noise_curve`: one model's curve, each level through the suite's evaluator

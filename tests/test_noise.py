@@ -1,4 +1,4 @@
-"""Noise robustness (ARL Fig. 5): a segment of p x each test video inserted at its start
+"""Noise robustness (RAL Fig. 5): a segment of p x each test video inserted at its start
 (datasets/noise.py), the curve in run records and from `prvr-bench evaluate`, and the
 leaderboard's figures and tables (harness/noise.py)."""
 
