@@ -119,3 +119,17 @@ def test_a_model_trained_on_either_evaluates_identically_on_both(tmp_path):
     trainer = build_run(real_cfg).trainer(tmp_path / "unused")
     trainer.load_model(tmp_path / "sim" / "checkpoints" / "sim-tiny" / "baseline" / "seed0" / "best.pt")
     assert _metrics(trainer.evaluate("test")) == _metrics(sim_record["metrics"]["test"])
+
+
+@pytest.mark.parametrize("backbone", ["gmmformer2", "msl"])
+def test_ral_trains_on_an_export_through_the_real_loaders(tmp_path, backbone):
+    """RAL on exported data in the public layout, through the real loaders and the CLI."""
+    root = exported(tmp_path / "data")
+    code = main(["run", "--method", "ral", "--backbone", backbone, "--dataset", "tvr", "--data-root", str(root),
+                 "--out", str(tmp_path / "real"), "--quiet", "--set", "train.epochs=1",
+                 "--set", f"data.cache_dir={tmp_path / 'cache'}", *[a for s in TINY for a in ("--set", s)]])
+    assert code == 0
+    name = "ral" if backbone == "gmmformer2" else f"ral@{backbone}"
+    record = json.loads((tmp_path / "real" / "runs" / "tvr" / name / "seed0.json").read_text())
+    assert record["backbone"] == backbone and 0 < record["metrics"]["test"]["SumR"] <= 400
+    assert "ral_pm" in record["history"][0] and "ral_da" in record["history"][0]
