@@ -16,6 +16,7 @@ from typing import Any, Callable, Generic, Iterator, TypeVar
 from prvr.harness.names import RULE, name_problem
 
 T = TypeVar("T")
+RUN_NAME_SEPARATORS = "+@~"
 
 
 class RegistryError(KeyError):
@@ -52,6 +53,10 @@ class Registry(Generic[T]):
         problem = name_problem(name)
         if problem:  # registered names become folder and run names
             raise RegistryError(f"{self.kind} name {name!r} {problem}; use {RULE}")
+        sep = next((c for c in RUN_NAME_SEPARATORS if c in name), None)
+        if sep:  # run names join method+detector@backbone~tag: a part holding one would read two ways
+            raise RegistryError(f"{self.kind} name {name!r} holds {sep!r}, which separates the parts of a run name "
+                                "(method+detector@backbone~tag); use letters, digits, '.', '_' and '-'")
         if name in self._entries:
             raise RegistryError(
                 f"duplicate {self.kind} '{name}': already registered by "

@@ -40,3 +40,9 @@ def test_every_method_names_registered_parts(name):
     spec = METHODS.get(name)
     assert spec.backbone in BACKBONES
     assert spec.relations in DETECTORS
+
+
+@pytest.mark.parametrize("name", ["a+b", "a@b", "a~b"])
+def test_registered_names_never_hold_a_run_name_separator(name):
+    with pytest.raises(RegistryError, match=r"separates the parts of a run name"):
+        Registry("thing").add(name, object())
