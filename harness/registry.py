@@ -139,6 +139,10 @@ def load_all() -> None:
     global _loaded
     if _loaded:
         return
-    _loaded = True
-    for mod in _PLUGIN_MODULES:
-        importlib.import_module(mod)
+    _loaded = True  # set first: the modules being imported look names up themselves
+    try:
+        for mod in _PLUGIN_MODULES:
+            importlib.import_module(mod)
+    except BaseException:
+        _loaded = False  # a failed import leaves no half-filled registry behind as if complete
+        raise
