@@ -189,6 +189,16 @@ def evaluate_model(model: torch.nn.Module, split, batcher, device: torch.device,
                    show: str | None = None) -> dict:
     """The metrics block of `split` for `model`: encode once, score the fused score in chunks
     of `chunk` queries, rank by counting. `show` names a progress bar."""
+    ranks, _ = split_ranks(model, split, batcher, device, chunk, show)
+    return metrics_from_ranks(ranks, split.moment_fraction(), split.relevance)
+
+
+@torch.no_grad()
+def split_ranks(model: torch.nn.Module, split, batcher, device: torch.device, chunk: int,
+                show: str | None = None) -> tuple[dict[str, np.ndarray], dict[str, torch.Tensor]]:
+    """`evaluate_model`'s ranks before they become metrics, with the encoded queries: (the
+    `compute_ranks` dict of the fused score, the split's queries as the model encoded them),
+    for analyses per query (e.g. RAL's uncertainty groups) on the evaluator's own ranks."""
     from prvr.harness import progress
 
     queries, videos = encode_split(model, split, batcher, device)
@@ -199,7 +209,7 @@ def evaluate_model(model: torch.nn.Module, split, batcher, device: torch.device,
     with progress.task(show, total=split.num_queries) as advance:
         ranks = compute_ranks(score, split.num_queries, split.labels(), split.relevance, chunk=chunk,
                               progress=advance)
-    return metrics_from_ranks(ranks, split.moment_fraction(), split.relevance)
+    return ranks, queries
 
 
 @torch.no_grad()

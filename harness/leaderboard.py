@@ -7,7 +7,8 @@ otherwise). A missing metric is an empty cell, never a mean over what happens to
 A run whose loss became non-finite (trained on with train.on_nonfinite=continue, its
 record marked `nonfinite`) never enters a row: it is listed under the table instead.
 Where records carry noise robustness curves, the noise figures and tables are rebuilt too
-(`<out>/noise/<dataset>.{png,md}`, harness/noise.py).
+(`<out>/noise/<dataset>.{png,md}`, harness/noise.py), and so are the M/V bucket charts of the
+runs on their dataset's protocol (`<out>/buckets/<dataset>.{png,md}`, harness/buckets.py).
 """
 
 from __future__ import annotations
@@ -398,9 +399,10 @@ def rebuild(root: str | Path, skip_bad: bool = False, show: bool = True) -> list
     rows, left_out = build_rows(records), diverged_runs(records)
     reported = reported_rows()
     csv_path, md_path = write(root, rows, reported, left_out)
-    from prvr.harness.noise import write_reports
+    from prvr.harness import buckets, noise
 
-    noise_files = write_reports(root, records)  # results/noise/<dataset>.{png,md}, where records carry curves
+    noise_files = noise.write_reports(root, records)  # results/noise/<dataset>.{png,md}, where records carry curves
+    bucket_files = buckets.write_reports(root, records)  # results/buckets/<dataset>.{png,md} (RAL Fig. 4)
     if show:
         show_table(rows, reported)
         if left_out:
@@ -408,4 +410,9 @@ def rebuild(root: str | Path, skip_bad: bool = False, show: bool = True) -> list
         progress.log(f"wrote {csv_path} and {md_path} ({len(rows)} rows)")
         if noise_files:
             progress.log(f"wrote the noise robustness figures and tables: {', '.join(str(f) for f in noise_files)}")
+        if bucket_files:
+            progress.log(f"wrote the M/V bucket figures and tables: {', '.join(str(f) for f in bucket_files)}")
+    from prvr.harness import calibration
+
+    calibration.write_reports(root, records, show=show)  # results/calibration/<dataset>.{md,csv}, simulated data
     return rows

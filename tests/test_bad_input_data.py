@@ -389,5 +389,7 @@ def test_leaderboard_rebuild_writes_nothing_but_its_tables(tmp_path):
     store(tmp_path, fake_record(0, 150.0))
     before = files_under(tmp_path)
     leaderboard.rebuild(tmp_path, show=False)
-    assert files_under(tmp_path) - before == {Path("leaderboard.csv"), Path("leaderboard.md")}
+    # the tables, and the M/V bucket chart of the record's bucket metrics (harness/buckets.py)
+    assert files_under(tmp_path) - before == {Path("leaderboard.csv"), Path("leaderboard.md"), Path("buckets"),
+                                              Path("buckets/sim-x.md"), Path("buckets/sim-x.png")}
 
