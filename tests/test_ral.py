@@ -91,15 +91,19 @@ def test_ral_scores_do_not_depend_on_batch_mates_or_chunking(backbone):
     ("gmmformer2", ("ral.aggregation=local", "loss.use_da=false")),
     ("gmmformer2", ("ral.csa=false",)),
     ("gmmformer2", ("relations=oracle",)),
+    ("gmmformer2", ("relations=arl",)),  # ARL's detector on v2's frame branch feeds v2's base losses
 ])
 def test_ral_trains_two_steps(backbone, sets):
     cfg, run = _tiny(backbone, *sets)
     with tempfile.TemporaryDirectory() as ckpt:
         trainer = run.trainer(ckpt)
-        batches = epoch_batches(len(trainer.has_queries), cfg.train.batch_size, 0, 0, trainer.has_queries)
+        batches = epoch_batches(len(trainer.has_queries), cfg.train.batch_size, 0, 5, trainer.has_queries)
+        run.detector.on_epoch_start(trainer.detector_state(5))  # epoch 5: past ARL's detector warm-up
         for step in range(2):
-            out = trainer.train_step(trainer.batchers["train"].train_batch(batches[step]), 0, step)
+            out = trainer.train_step(trainer.batchers["train"].train_batch(batches[step]), 5, step)
             assert torch.isfinite(out["loss"])
+    if cfg.relations.name == "arl":
+        assert run.detector.active and run.detector.stats  # it detected on v2's frame branch
     assert ("ral_pm" in out) == cfg.loss.use_pm and ("ral_da" in out) == cfg.loss.use_da
     grads = [p.grad for p in run.model.text_head.mu.parameters()]  # MSRA's heads learn from L_DA / L_PM
     assert all(g is not None and torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads)
