@@ -117,6 +117,11 @@ def report(table: AblationTable, out: str, dataset: str, plan, extra_tag: str = 
                              *(("", "", "") if delta is None else
                                (f"{delta[0]:.3f}", "" if delta[1] is None else f"{delta[1]:.4f}", str(delta[2]))),
                              str(n), name]))
+    if table.reported:
+        md += ["", f"Reported in the paper ({table.reported_source}; not reproduced here, another dataset and "
+               "protocol):", "", "| | " + " | ".join(METRICS) + " |", "|" + "---|" * (len(METRICS) + 1)]
+        md += ["| " + " | ".join([label, *(f"{v:.1f}" for v in table.reported[label])]) + " |"
+               for label in (r.label for r in table.rows) if label in table.reported]
     if mismatched:
         md += ["", "Records trained with other settings than this command asks (record: key stored / asked):", "",
                *(f"- {m}" for m in mismatched)]

@@ -68,6 +68,9 @@ class AblationTable:
     columns: tuple[str, ...]  # headers of `marks`
     rows: tuple[AblationRow, ...]
     reference: str = ""  # label of the row the others are compared with (Δ SumR, paired over seeds); "" = the first
+    # the paper's figures per row label: (R@1, R@5, R@10, R@100, SumR), shown under the table
+    reported: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    reported_source: str = ""  # where they come from, e.g. "RAL paper Table 2, TVR, ResNet+I3D+RoBERTa"
 
 
 TABLES: dict[tuple[str, str], AblationTable] = {}

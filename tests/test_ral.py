@@ -112,3 +112,17 @@ def test_ral_trains_two_steps(backbone, sets):
 def test_ral_model_is_a_backbone_wrapper():
     cfg, run = _tiny("gmmformer2")
     assert isinstance(run.model, RalModel) and run.model.base.keep_frames
+
+
+def test_ablation_tables_show_the_papers_figures_under_the_measured_ones(tmp_path):
+    from prvr.harness.cli import main
+    from prvr.methods.recipes import TABLES
+
+    for table in TABLES.values():  # every reported row names a row of its table, with five figures
+        assert set(table.reported) <= {r.label for r in table.rows}, table.name
+        assert all(len(v) == 5 for v in table.reported.values()) and (table.reported_source or not table.reported)
+    assert main(["ablate", "--method", "ral", "--table", "2", "--dataset", "sim-tiny", "--report-only",
+                 "--out", str(tmp_path)]) == 0
+    md = (tmp_path / "ablations" / "sim-tiny" / "ral_table2.md").read_text()
+    assert "Reported in the paper (RAL paper Table 2, GMMFormer v2 on TVR" in md
+    assert "| full | 18.2 | 40.4 | 52.1 | 88.0 | 198.8 |" in md and "| base | 16.2 |" in md
