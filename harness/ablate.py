@@ -161,9 +161,11 @@ def _fmt_delta(delta: tuple[float, float | None, int] | None) -> str:
 def settings_diff(cfg, record: dict, shown: int = 3, source: str = "stored config") -> str:
     """The config keys on which a stored record differs from the planned `cfg`, as
     "key stored / asked" items ("" when they agree). The record's config is rebuilt the way
-    resume does (keys added since it was made take their defaults); the data root is a
-    location, not a setting, and is left out."""
+    resume does (keys added since it was made take their defaults); keys that change no
+    trained number (`RESUME_FREE_KEYS`: locations, chunking, the noise-robustness test) are
+    left out."""
     from prvr.harness.config import from_dict
+    from prvr.harness.trainer import RESUME_FREE_KEYS
 
     def flat(d: dict, prefix: str = "") -> dict:
         out = {}
@@ -173,7 +175,7 @@ def settings_diff(cfg, record: dict, shown: int = 3, source: str = "stored confi
 
     asked, stored = flat(cfg.to_dict()), flat(from_dict(record["config"], source).to_dict())
     keys = sorted(k for k in asked.keys() | stored.keys()
-                  if asked.get(k) != stored.get(k) and k != "data.data_root")
+                  if asked.get(k) != stored.get(k) and k not in RESUME_FREE_KEYS)
     items = [f"{k} {stored.get(k)!r} / {asked.get(k)!r}" for k in keys[:shown]]
     return ", ".join(items) + (f" and {len(keys) - shown} more" if len(keys) > shown else "")
 
