@@ -1,6 +1,7 @@
 """`prvr-bench evaluate`: stored runs re-ranked from their best checkpoints."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -66,3 +67,20 @@ def test_bad_requests_are_user_errors(two_runs, tmp_path):
     moved.write_text(paths[0].read_text())
     with pytest.raises(UserError, match="best checkpoint .* does not exist"):
         evaluate_runs([moved])
+
+
+OLD_RUNS = Path(__file__).parent / "data" / "old_runs"
+
+
+@pytest.mark.parametrize("run", ["baseline+oracle", "arl"])
+def test_records_and_checkpoints_of_an_earlier_version_re_evaluate_to_their_metrics(run):
+    """Written by prvr-bench at 4cd4e2c (before the typed Scores, the detector sections and
+    build_run; the record's `command` says how, with --out old), sim-tiny, 2 epochs: the
+    current code rebuilds the model from the old record and ranks the test split to the
+    record's own figures."""
+    record = OLD_RUNS / "runs" / "sim-tiny" / run / "seed0.json"
+    stored = json.loads(record.read_text())["metrics"]["test"]
+    assert "oracle_mode" in json.loads(record.read_text())["config"]["relations"]  # the old layout
+    (row,) = evaluate_runs([record], "test", device="cpu")
+    for key in ("R@1", "R@5", "R@10", "R@100", "SumR", "median_rank"):
+        assert row["metrics"][key] == pytest.approx(stored[key], abs=1e-9), key
