@@ -215,7 +215,8 @@ def cmd_list(args: argparse.Namespace) -> None:
             print(f"  {e.name:<{width}} {e.summary}")
             if reg is METHODS and e.obj.objectives:  # the registered parts its objective combines
                 parts = [OBJECTIVES.entry(o).name for o in e.obj.objectives]  # an unknown name: one line
-                print(f"  {'':<{width}} objectives: {', '.join(parts)}")
+                more = " + those of its backbone's own method" if e.obj.extends_backbone else ""
+                print(f"  {'':<{width}} objectives: {', '.join(parts)}{more}")
 
 
 def cmd_config(args: argparse.Namespace) -> None:
