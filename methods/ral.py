@@ -98,6 +98,10 @@ def ral_objective(cfg, scores: Scores, relations, context, base) -> dict:
     if getattr(model, "text_head", None) is None or not (cfg.use_da or cfg.use_pm):
         return out
     mu_t, ls_t, mu_v, ls_v, video_of_text = distributions(model, cfg, context.outputs, context.video_of_query)
+    # the geometric mean of sigma over the batch, text and video: the epoch's uncertainty in the
+    # run's history (appendix B.1, Fig. 10: it falls as training goes on); not part of the loss
+    out["ral_sigma_text"] = ls_t.detach().mean().exp()
+    out["ral_sigma_video"] = ls_v.detach().mean().exp()
     loss = out["loss"]
     if cfg.use_da:
         out["ral_da"] = distribution_alignment(mu_t, ls_t, mu_v[video_of_text], ls_v[video_of_text])

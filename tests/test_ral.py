@@ -105,6 +105,7 @@ def test_ral_trains_two_steps(backbone, sets):
     if cfg.relations.name == "arl":
         assert run.detector.active and run.detector.stats  # it detected on v2's frame branch
     assert ("ral_pm" in out) == cfg.loss.use_pm and ("ral_da" in out) == cfg.loss.use_da
+    assert float(out["ral_sigma_text"]) > 0 and float(out["ral_sigma_video"]) > 0  # the history's uncertainty (Fig. 10)
     grads = [p.grad for p in run.model.text_head.mu.parameters()]  # MSRA's heads learn from L_DA / L_PM
     assert all(g is not None and torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads)
 
