@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from prvr.harness.io import atomic_path, write_text
+from prvr.harness.io import write_png, write_text
 
 METRICS = ("R@1", "SumR")
 
@@ -149,9 +149,7 @@ def plot(dataset: str, groups: list[dict[str, Any]], path: str | Path) -> None:
     fig.legend(handles, labels, loc="lower center", ncol=min(len(groups), 5), fontsize=7, frameon=False)
     rows = -(-len(groups) // 5)
     fig.tight_layout(rect=(0, min(0.045 * rows + 0.02, 0.45), 1, 0.96))
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110, metadata={"Software": None})
-    plt.close(fig)
+    write_png(fig, path)
 
 
 def write_reports(root: str | Path, records: list[dict[str, Any]],

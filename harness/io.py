@@ -149,3 +149,13 @@ def _json_default(obj: Any) -> Any:
     if isinstance(obj, Path):
         return str(obj)
     raise TypeError(f"cannot write {type(obj).__name__} to JSON")
+
+
+def write_png(fig, path: str | Path) -> None:
+    """A matplotlib figure as a PNG, atomically, without the version stamp (so a rebuild of
+    the same figure gives the same bytes); the figure is closed."""
+    import matplotlib.pyplot as plt
+
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110, metadata={"Software": None})
+    plt.close(fig)

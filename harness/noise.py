@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from prvr.harness import progress
-from prvr.harness.io import UserError, atomic_path, read_json, write_json, write_text
+from prvr.harness.io import UserError, read_json, write_json, write_png, write_text
 
 SUMMARY = ("R@1", "R@5", "R@10", "R@100", "SumR")
 CURVE_FILE = re.compile(r"seed(\d+)\.noise-(\w+)\.json")
@@ -225,9 +225,7 @@ def plot(dataset: str, groups: list[dict[str, Any]], path: str | Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110, metadata={"Software": None})
-    plt.close(fig)
+    write_png(fig, path)
 
 
 def write_reports(root: str | Path, records: list[dict[str, Any]],

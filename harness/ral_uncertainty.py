@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from prvr.harness import progress
-from prvr.harness.io import UserError, atomic_path, write_json, write_text
+from prvr.harness.io import UserError, write_json, write_png, write_text
 
 SPLIT = "test"
 
@@ -280,9 +280,7 @@ def plot(report: dict[str, Any], path: str | Path, window: int = 5) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110, metadata={"Software": None})
-    plt.close(fig)
+    write_png(fig, path)
 
 
 def write_report(report: dict[str, Any], out: str | Path, window: int = 5) -> list[Path]:

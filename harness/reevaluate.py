@@ -91,8 +91,6 @@ def split_metrics(scores: torch.Tensor, split, chunk: int) -> dict[str, Any]:
 def evaluate_runs(record_files: list[str | Path], split_name: str = "test", parts: bool = False,
                   ensemble: bool = False, device: str = "auto", data_root: str | None = None) -> list[dict[str, Any]]:
     """Rows {run, score, metrics} for each run's fused score (and parts), plus the ensemble."""
-    from prvr.harness.registry import DATASETS
-
     runs = [StoredRun(f, device, data_root) for f in record_files]
     if ensemble and len(runs) < 2:
         raise UserError("--ensemble needs at least two run records")
@@ -103,13 +101,7 @@ def evaluate_runs(record_files: list[str | Path], split_name: str = "test", part
     fused: list[torch.Tensor] = []
     datasets: dict[str, Any] = {}
     for run in runs:
-        key = _world(run)
-        if key not in datasets:
-            datasets[key] = DATASETS.get(run.cfg.dataset).load(run.cfg)
-        data = datasets[key]
-        if split_name not in data.splits:
-            raise UserError(f"dataset '{run.record['dataset']}' has no split '{split_name}' "
-                            f"(it has {', '.join(data.splits)})")
+        data = _data_of(run, split_name, datasets)
         split, chunk = data[split_name], run.cfg.eval.chunk
         batcher = Batcher(split, run.cfg.data)
         model = run.model(data)
@@ -140,7 +132,6 @@ def noise_rows(record_files: list[str | Path], levels: list[float], source: str 
     from its best checkpoint; on the test split each curve is stored beside its record."""
     from prvr.datasets.noise import NOISE_SOURCES
     from prvr.harness.noise import check_levels, curve_levels, noise_curve, store_curve
-    from prvr.harness.registry import DATASETS
 
     levels = check_levels(levels, "--noise-levels")
     if source not in NOISE_SOURCES:
@@ -149,13 +140,7 @@ def noise_rows(record_files: list[str | Path], levels: list[float], source: str 
     rows: list[dict[str, Any]] = []
     datasets: dict[str, Any] = {}
     for run in runs:
-        key = _world(run)
-        if key not in datasets:
-            datasets[key] = DATASETS.get(run.cfg.dataset).load(run.cfg)
-        data = datasets[key]
-        if split_name not in data.splits:
-            raise UserError(f"dataset '{run.record['dataset']}' has no split '{split_name}' "
-                            f"(it has {', '.join(data.splits)})")
+        data = _data_of(run, split_name, datasets)
         progress.log(f"evaluate {run.name}: noise levels {' '.join(f'{p:g}' for p in curve_levels(levels))} "
                      f"({source}) on {split_name}")
         curve = noise_curve(run.model(data), data[split_name], run.cfg.data, run.device, run.cfg.eval.chunk, levels,
@@ -192,6 +177,20 @@ def format_noise_rows(rows: list[dict[str, Any]]) -> str:
         lines.append("| " + " | ".join([r["run"], r["source"], f"{r['level']:g}", *(f"{m[k]:.1f}" for k in SUMMARY)])
                      + " |")
     return "\n".join(lines)
+
+
+def _data_of(run: StoredRun, split_name: str, datasets: dict[str, Any]):
+    """The run's dataset, loaded once per world (`_world`) across runs; a missing split is one line."""
+    key = _world(run)
+    if key not in datasets:
+        from prvr.harness.registry import DATASETS
+
+        datasets[key] = DATASETS.get(run.cfg.dataset).load(run.cfg)
+    data = datasets[key]
+    if split_name not in data.splits:
+        raise UserError(f"dataset '{run.record['dataset']}' has no split '{split_name}' "
+                        f"(it has {', '.join(data.splits)})")
+    return data
 
 
 def _world(run: StoredRun) -> str:
