@@ -98,12 +98,16 @@ def support_sets(tokens: torch.Tensor, mask: torch.Tensor, video_of_query: torch
     longest = int(per_video.max()) if num_videos else 0
     out = tokens.new_zeros((num_videos, max(longest, 1), tokens.shape[-1]))
     out_mask = torch.zeros((num_videos, max(longest, 1)), dtype=torch.bool, device=tokens.device)
-    fill = [0] * num_videos
-    for q in range(tokens.shape[0]):  # a batch holds a few hundred queries
-        v, n = int(video_of_query[q]), int(lengths[q])
-        out[v, fill[v] : fill[v] + n] = tokens[q][mask[q]]
-        out_mask[v, fill[v] : fill[v] + n] = True
-        fill[v] += n
+    # each query's first slot in its video's set: the lengths of the video's earlier queries
+    order = torch.argsort(video_of_query, stable=True)
+    ends = torch.cumsum(lengths[order], 0)
+    first_of_video = torch.cumsum(per_video, 0) - per_video  # where each video's run starts in `ends`
+    start = torch.empty_like(lengths)
+    start[order] = ends - lengths[order] - first_of_video[video_of_query[order]]
+    slot = start[:, None] + torch.cumsum(mask.long(), 1) - 1  # [Q, L]: a real token's place in its set
+    q_idx, t_idx = mask.nonzero(as_tuple=True)
+    out[video_of_query[q_idx], slot[q_idx, t_idx]] = tokens[q_idx, t_idx]
+    out_mask[video_of_query[q_idx], slot[q_idx, t_idx]] = True
     return out, out_mask
 
 
