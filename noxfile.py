@@ -24,7 +24,7 @@ def tests(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
     """Train and evaluate methods; arguments go to `prvr-bench bench`."""
-    _install(session)
+    _install(session, "text")  # the text-side detector (relations=sbert) of the xml-pr recipes
     session.run("prvr-bench", "bench", *session.posargs)
 
 

@@ -57,6 +57,38 @@ def l2_normalize(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(norm, 1e-12)
 
 
+ROW_EPS = 1e-4  # of a row: a time this close to a row boundary counts as on it (float32 seconds)
+
+
+def moment_rows(moments: torch.Tensor, durations: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Feature rows (start, end) [..., 2] int64 of moments given in seconds; -1 where unknown.
+
+    A video's `lengths` real rows split its duration evenly (one row per clip, or frame rows
+    mean-pooled down to `data.max_frames`), so row r covers [r, r + 1) * w seconds with
+    w = duration / length. start = floor(t_st / w), the row holding t_st; end = ceil(t_ed / w) - 1,
+    the last row the moment reaches into (XML's convention at inference, TVRetrieval
+    start_end_dataset.py; its training labels use ceil(t_ed / w), one row later). Both are
+    clamped to the video's rows, end >= start. moments [..., 2]; durations and lengths
+    broadcast against moments[..., 0]. A NaN time, or a video without rows or duration, gives -1.
+    """
+    length = lengths.to(torch.float64)
+    x = moments.to(torch.float64) * (length / durations.to(torch.float64))[..., None]
+    last = length - 1
+    start = torch.minimum(torch.floor(x[..., 0] + ROW_EPS).clamp(min=0), last)
+    end = torch.maximum(torch.minimum(torch.ceil(x[..., 1] - ROW_EPS) - 1, last), start)
+    known = torch.isfinite(x).all(-1) & (length > 0) & (durations > 0)
+    rows = torch.stack([start, end], -1).nan_to_num(-1.0, posinf=-1.0, neginf=-1.0)
+    return torch.where(known[..., None], rows, -1.0).long()
+
+
+def rows_to_seconds(rows: torch.Tensor, durations: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """The inverse of `moment_rows`: the span [start * w, (end + 1) * w] in seconds [..., 2] that
+    rows (start, end) cover, capped at the duration (XML's predicted span, end row inclusive)."""
+    w = durations.to(torch.float64) / lengths.to(torch.float64).clamp(min=1)
+    span = torch.stack([rows[..., 0] * w, (rows[..., 1] + 1) * w], -1)
+    return torch.minimum(span, durations.to(torch.float64)[..., None])
+
+
 class _Tensors:
     """Device moves and pinning for the batch dataclasses (nested ones included)."""
 
@@ -74,6 +106,7 @@ class VideoBatch(_Tensors):
     clips: torch.Tensor  # [B, C, Dv] mean-pooled raw frames (MS-SL clip branch input)
     clip_pool: torch.Tensor  # [B, C, T] the same pooling as a matrix over the (padded) frames
     video_index: torch.Tensor  # [B] index into the split's videos
+    durations: torch.Tensor | None = None  # [B] float seconds (None: batches built without them)
 
 
 @dataclass
@@ -89,6 +122,7 @@ class TrainBatch(_Tensors):
     queries: QueryBatch
     query_item: torch.Tensor  # [Q] which batch video each query is labelled with
     relevant: torch.Tensor | None  # [Q, B] bool ground truth (simulated data), else None
+    moments: torch.Tensor | None = None  # [Q, 2] float seconds of each query's labelled moment, NaN where unknown
 
 
 def _map_tensors(obj, fn):
@@ -124,7 +158,9 @@ class Batcher:
         pool = np.zeros((len(feats), self.cfg.num_clips, frames.shape[1]), dtype=np.float32)
         for i, (f, _) in enumerate(feats):
             pool[i, :, : len(f)] = pooling_matrix(len(f), self.cfg.num_clips, getattr(self.cfg, "pooling", "even"))
-        return VideoBatch(frames, mask, clips, torch.from_numpy(pool), torch.as_tensor(np.asarray(index, dtype=np.int64)))
+        index = np.asarray(index, dtype=np.int64)
+        durations = torch.from_numpy(np.asarray(self.split.durations, dtype=np.float32)[index])
+        return VideoBatch(frames, mask, clips, torch.from_numpy(pool), torch.from_numpy(index), durations)
 
     def queries(self, index: np.ndarray) -> QueryBatch:
         rows = []
@@ -141,7 +177,8 @@ class Batcher:
         relevant = None
         if self.split.relevance is not None:
             relevant = torch.from_numpy(self.split.relevance[qidx][:, videos].toarray().astype(bool))
-        return TrainBatch(self.videos(videos), self.queries(qidx), torch.from_numpy(item), relevant)
+        moments = torch.from_numpy(np.asarray(self.split.moments, dtype=np.float32)[qidx].reshape(-1, 2))
+        return TrainBatch(self.videos(videos), self.queries(qidx), torch.from_numpy(item), relevant, moments)
 
 
 def _pad(rows: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:

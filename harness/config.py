@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from prvr.harness.checks import (FLAG, NON_NEGATIVE, POSITIVE, PROBABILITY, SEED, Device, Free, ListOf, OneOf, Range,
-                                 Registered, at_least, check_section, check_value, param, section, show)
+                                 Registered, at_least, check_section, check_value, param, require, section, show)
 from prvr.harness.io import UserError
 from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS, unknown_message
 
@@ -79,7 +79,7 @@ class DataConfig:
     cache_dir: str = param("", Free("a folder"))  # "" -> $PRVR_CACHE or ~/.cache/prvr-bench
     data_root: str = param("", Free("a folder"))  # real datasets: "" -> $PRVR_DATA
     on_bad_rows: str = param("error", OneOf(ON_BAD_ROWS))
-    # real datasets: "msl" (MS-SL family release) | "xml" (TVRetrieval release, tvr only)
+    # real datasets: "msl" (MS-SL family release) | "xml" (TVRetrieval release: tvr, charades-sta, didemo)
     layout: str = param("msl", OneOf(_layouts))
     # real datasets: video features; "" -> MS-SL FeatureData/<the dataset's folder>, XML resnet_i3d
     feature: str = param("", Free("a feature folder under the data root, or a path"))
@@ -166,6 +166,22 @@ class EvalConfig:
     noise_levels: list[float] = param([], ListOf(PROBABILITY, min_length=0, distinct=True))
     # where inserted rows come from: "other" (a run of another test video) | "gaussian"
     noise_source: str = param("other", OneOf(_noise_sources))
+    # Moment retrieval (VCMR / SVMR, harness/vcmr.py), for backbones that provide span_logits.
+    # Spans of rows i_st <= i_ed with n_min <= i_ed - i_st <= n_max (SBERT-PR paper Eq. 4, in feature
+    # rows). Defaults: XML's TVR settings (min_pred_l 2, max_pred_l 16; its code keeps
+    # i_ed - i_st < 16, the same spans as n_max 15); the paper's Charades-STA 1 / 8, DiDeMo 2 / 4.
+    vcmr_n_min: int = param(2, at_least(0))
+    vcmr_n_max: int = param(15, at_least(0))
+    vcmr_alpha: float = param(20.0, NON_NEGATIVE)  # s_vcmr = s_tl exp(alpha s_vr) (Eq. 3; XML q2c_alpha 20)
+    vcmr_top_videos: int = param(100, at_least(1))  # videos localized per query, the top by s_vr (XML: 100)
+    # moments kept per query, best first (XML: 100 after NMS, none by default); R@100 needs 100
+    vcmr_top_moments: int = param(100, at_least(100, "VCMR R@100 needs the top 100"))
+    vcmr_tious: list[float] = param([0.5, 0.7], ListOf(Range(0, 1, low_open=True), distinct=True))
+
+    def check(self, key: str) -> None:
+        require(self.vcmr_n_max >= self.vcmr_n_min,
+                f"config key '{key}.vcmr_n_max' must be >= {key}.vcmr_n_min ({self.vcmr_n_min}), "
+                f"got {self.vcmr_n_max}; raise it or lower {key}.vcmr_n_min")
 
 
 @dataclass

@@ -13,7 +13,7 @@ def add_commands(subparsers) -> None:
     sub = data.add_subparsers(dest="data_command", required=True)
 
     check = sub.add_parser("check", help="validate a dataset folder and print its summary (exit 2 on errors)")
-    check.add_argument("--dataset", required=True, help="tvr | activitynet | charades")
+    check.add_argument("--dataset", required=True, help="tvr | activitynet | charades | charades-sta | didemo")
     _options(check)
     check.set_defaults(func=cmd_check)
 
@@ -22,7 +22,7 @@ def add_commands(subparsers) -> None:
     export.add_argument("--to", required=True, metavar="DIR", help="data root to write; the collection goes in DIR/<as>/")
     export.add_argument("--layout", choices=("msl", "xml"), default="msl")
     export.add_argument("--as", dest="collection", default=None,
-                        help="collection name: tvr | activitynet | charades (default: the dataset's family)")
+                        help="collection name: tvr | activitynet | charades | charades-sta | didemo (default: the dataset's family)")
     export.add_argument("--feature", default="",
                         help="MS-SL feature folder / XML feature (default: the collection's, e.g. i3d_resnet)")
     export.add_argument("--force", action="store_true", help="overwrite DIR/<collection> when it exists")

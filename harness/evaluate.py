@@ -3,7 +3,9 @@
 One evaluator for every command: `evaluate_model` encodes a split once (videos, then the
 backbone's `index_videos`, then queries) and ranks the fused score in chunks of queries; the
 trainer's validation and test, `prvr-bench evaluate` and the tests all go through it
-(`score_matrices` keeps whole score matrices for score parts and ensembles).
+(`score_matrices` keeps whole score matrices for score parts and ensembles). A backbone that
+localizes (provides span_logits) is also evaluated on moments there: VCMR / SVMR R@K per
+tIoU (harness/vcmr.py).
 
 Ranking takes scores and explicit relevance (sparse matrices), never ids to parse.
 Ranks are computed by counting, not sorting: the rank of a labelled video is 1 + the
@@ -186,11 +188,22 @@ def encode_split(model: torch.nn.Module, split, batcher, device: torch.device) -
 
 @torch.no_grad()
 def evaluate_model(model: torch.nn.Module, split, batcher, device: torch.device, chunk: int,
-                   show: str | None = None) -> dict:
+                   show: str | None = None, eval_cfg=None, moments: bool = True) -> dict:
     """The metrics block of `split` for `model`: encode once, score the fused score in chunks
-    of `chunk` queries, rank by counting. `show` names a progress bar."""
-    ranks, _ = split_ranks(model, split, batcher, device, chunk, show)
-    return metrics_from_ranks(ranks, split.moment_fraction(), split.relevance)
+    of `chunk` queries, rank by counting. `show` names a progress bar. A backbone that
+    localizes (provides span_logits) adds the moment metrics of harness/vcmr.py (VCMR / SVMR
+    R@K per tIoU, and oracle VCMR under `oracle`), with the `eval` section's vcmr_* settings
+    (`eval_cfg`; None: their defaults); `moments=False` skips them (e.g. the noise curves,
+    which keep the retrieval figures only)."""
+    from prvr.harness import vcmr
+
+    queries, videos = encode_split(model, split, batcher, device)
+    ranks = _encoded_ranks(model, split, queries, videos, chunk, show)
+    metrics = metrics_from_ranks(ranks, split.moment_fraction(), split.relevance)
+    if moments and vcmr.localizes(model):
+        metrics = vcmr.merge(metrics, vcmr.evaluate_moments(model, split, batcher, queries, videos, chunk, eval_cfg,
+                                                            show))
+    return metrics
 
 
 @torch.no_grad()
@@ -199,17 +212,21 @@ def split_ranks(model: torch.nn.Module, split, batcher, device: torch.device, ch
     """`evaluate_model`'s ranks before they become metrics, with the encoded queries: (the
     `compute_ranks` dict of the fused score, the split's queries as the model encoded them),
     for analyses per query (e.g. RAL's uncertainty groups) on the evaluator's own ranks."""
-    from prvr.harness import progress
-
     queries, videos = encode_split(model, split, batcher, device)
+    return _encoded_ranks(model, split, queries, videos, chunk, show), queries
+
+
+def _encoded_ranks(model: torch.nn.Module, split, queries: dict[str, torch.Tensor], videos: dict[str, torch.Tensor],
+                   chunk: int, show: str | None) -> dict[str, np.ndarray]:
+    """The `compute_ranks` dict of the fused score of a split the model has encoded."""
+    from prvr.harness import progress
 
     def score(start: int, end: int) -> torch.Tensor:
         return model.score({k: t[start:end] for k, t in queries.items()}, videos).fused
 
     with progress.task(show, total=split.num_queries) as advance:
-        ranks = compute_ranks(score, split.num_queries, split.labels(), split.relevance, chunk=chunk,
-                              progress=advance)
-    return ranks, queries
+        return compute_ranks(score, split.num_queries, split.labels(), split.relevance, chunk=chunk,
+                             progress=advance)
 
 
 @torch.no_grad()

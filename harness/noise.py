@@ -58,7 +58,7 @@ def noise_curve(model, split, data_cfg, device, chunk: int, levels, source: str,
         else:
             noisy = with_noise(split, p, source)
             metrics = evaluate_model(model, noisy, Batcher(noisy, data_cfg), device, chunk,
-                                     f"eval test, noise {p:g} ({source})" if show else None)
+                                     f"eval test, noise {p:g} ({source})" if show else None, moments=False)
         out[level_key(p)] = {k: float(metrics[k]) for k in SUMMARY}
     model.train(was_training)
     return {"source": source, "levels": out}

@@ -108,7 +108,8 @@ def evaluate_runs(record_files: list[str | Path], split_name: str = "test", part
         if not (parts or ensemble):  # the trainer's own path: the record's figures, reproduced
             progress.log(f"evaluate {run.name}: score 'fused' on {split_name}")
             rows.append({"run": run.name, "record": str(run.path), "score": "fused",
-                         "metrics": evaluate_model(model, split, batcher, run.device, chunk)})
+                         "metrics": evaluate_model(model, split, batcher, run.device, chunk,
+                                                       eval_cfg=run.cfg.eval)})
             continue
         scores = score_matrices(model, split, batcher, run.device, chunk, None if parts else ["fused"])
         for k, matrix in scores.items():

@@ -88,10 +88,26 @@ class Registry(Generic[T]):
         return isinstance(name, str) and name in self._entries
 
 
+def edit_distance(a: str, b: str) -> int:
+    """Optimal string alignment distance: insertions, deletions, substitutions and swaps of two
+    neighbouring characters each cost one ('mls' is one edit from 'msl', two from 'xml')."""
+    prev2: list[int] = []
+    prev = list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        cur = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1]))
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                cur[j] = min(cur[j], prev2[j - 2] + 1)
+        prev2, prev = prev, cur
+    return prev[-1]
+
+
 def unknown_message(kind: str, name: Any, known: list[str]) -> str:
     if not isinstance(name, str):
         return f"unknown {kind} {repr(name)[:40]}: known: {', '.join(known) or '(none)'}"
-    close = difflib.get_close_matches(name, known, n=3, cutoff=0.4)
+    # difflib finds the candidates; the fewest edits (a swap of two neighbours counts one) orders them
+    close = sorted(difflib.get_close_matches(name, known, n=5, cutoff=0.4), key=lambda c: edit_distance(name, c))[:3]
     hint = f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""
     # a name with newlines or of any length still gives one short line
     shown = f"'{name}'" if name.isprintable() and len(name) <= 40 else repr(name[:40]) + ("..." if len(name) > 40 else "")

@@ -78,8 +78,12 @@ def run_one(cfg, out: str | Path, resume: bool = False, tag: str = "", hooks: li
     return record
 
 
+MOMENT_METRIC_PREFIXES = ("VCMR", "SVMR")  # harness/vcmr.py: VCMR-0.5 R@1, SVMR-0.7 R@5, VCMR SumR, ...
+
+
 def _keep(metrics: dict) -> dict:
-    return {k: metrics[k] for k in SPLIT_METRIC_KEYS if k in metrics}
+    kept = {k: metrics[k] for k in SPLIT_METRIC_KEYS if k in metrics}
+    return {**kept, **{k: v for k, v in metrics.items() if k.startswith(MOMENT_METRIC_PREFIXES)}}
 
 
 def _data_facts(data) -> dict:

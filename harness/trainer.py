@@ -51,7 +51,10 @@ from prvr.methods.relations.base import DetectorState
 # train.epochs, early stopping, the data, the objective) and must match the checkpoint's.
 RESUME_FREE_KEYS = frozenset({"eval.chunk", "train.num_workers", "train.device", "train.on_nonfinite",
                               "data.cache_dir", "data.data_root", "data.preload",
-                              "eval.noise_levels", "eval.noise_source"})
+                              "eval.noise_levels", "eval.noise_source",
+                              # the moment metrics' settings (harness/vcmr.py): evaluation only
+                              "eval.vcmr_n_min", "eval.vcmr_n_max", "eval.vcmr_alpha", "eval.vcmr_top_videos",
+                              "eval.vcmr_top_moments", "eval.vcmr_tious"})
 STATE_KEYS = ("model", "optimizer", "scheduler", "epoch", "bad_epochs", "finished", "best_sumr", "best_epoch",
               "best_metrics", "history", "torch_rng")
 RESUME_FIX = "run without --resume to train afresh (that overwrites it)"
@@ -271,7 +274,7 @@ class Trainer:
     def evaluate(self, split_name: str, show: bool = False) -> dict:
         """The suite's evaluator (harness/evaluate.py `evaluate_model`) on one split."""
         metrics = evaluate_model(self.model, self.data[split_name], self.batchers[split_name], self.device,
-                                 self.cfg.eval.chunk, f"eval {split_name}" if show else None)
+                                 self.cfg.eval.chunk, f"eval {split_name}" if show else None, self.cfg.eval)
         self.model.train()
         return metrics
 

@@ -81,6 +81,21 @@ def _views_score_by_their_best_frame(model, vb, q, v, s) -> bool:
     return True
 
 
+def _span_logits_over_rows(m, vb, q, v, s) -> bool:
+    """Start / end logits over each video's rows, -inf exactly at padding rows; `span_logits` for
+    a pair (q, pairs[q, k]) is the batch helper's row."""
+    start, end = m.span_logits_batch(q, v)
+    n_q, n_v = s.fused.shape
+    padding = ~vb.frame_mask[None].expand(n_q, -1, -1)
+    for t in (start, end):
+        assert t.shape == (n_q, n_v, vb.frames.shape[1])
+        assert torch.isinf(t[padding]).all() and torch.isfinite(t[~padding]).all()
+    pairs = torch.arange(n_v).flip(0)[None].repeat(n_q, 1)
+    for got, full in zip(m.span_logits(q, v, pairs), (start, end)):
+        torch.testing.assert_close(got, full[torch.arange(n_q)[:, None], pairs])
+    return True
+
+
 # What each output in OUTPUTS means, checked on (model, video batch, queries, videos, scores).
 PROVIDED = {
     "clip_frame": lambda m, vb, q, v, s: {"clip", "frame"} <= set(s.branches),
@@ -95,6 +110,7 @@ PROVIDED = {
     "frame_mask": lambda m, vb, q, v, s: torch.equal(v["frame_mask"], vb.frame_mask),
     "frame_tokens": lambda m, vb, q, v, s: (v["frames"].shape[:2] == (s.fused.shape[1], vb.frames.shape[1])
                                             and torch.equal(v["frame_mask"], vb.frame_mask)),
+    "span_logits": _span_logits_over_rows,
 }
 
 
@@ -238,8 +254,11 @@ def test_scores_have_query_by_video_shape_and_are_finite(name):
 def test_every_parameter_receives_a_gradient(name):
     model = build(name).train()
     frames, tokens = content()
-    scores = forward(model, video_batch(frames), query_batch(tokens))
-    sum(s.sum() for s in scores.tensors().values()).backward()
+    q, v = model.encode_queries(query_batch(tokens)), model.encode_videos(video_batch(frames))
+    outputs = list(model.score(q, v).tensors().values())
+    if "span_logits" in model.provides:  # the localization head is reached through its logits, not Scores
+        outputs += [t.masked_fill(torch.isinf(t), 0.0) for t in model.span_logits_batch(q, v)]
+    sum(t.sum() for t in outputs).backward()
     params = dict(model.named_parameters())
     assert not [n for n, p in params.items() if p.grad is None], "parameters outside the graph"
     assert all(torch.isfinite(p.grad).all() for p in params.values())

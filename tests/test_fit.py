@@ -10,13 +10,13 @@ import torch
 
 from prvr.datasets.loader import Batcher
 from prvr.harness.build import build_model, method_spec
-from prvr.harness.config import resolve
+from prvr.harness.config import home_method, resolve
 from prvr.harness.io import UserError
 from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS
 from prvr.methods.backbones.api import OUTPUTS, missing_outputs
 from prvr.methods.fit import check_fit, method_needs
 from prvr.methods.relations.base import DetectorState, Relations
-from test_backbones import SMALL, build, content, query_batch, video_batch
+from test_backbones import SMALL, content, query_batch, video_batch
 
 # The backbones each method's objective trains (with the method's own detector), pinned for the
 # methods listed; a method added later is tested by what check_fit accepts, without a line here.
@@ -113,9 +113,9 @@ def test_a_detector_detects_on_every_backbone_that_provides_its_needs(tiny, dete
     det = DETECTORS.get(detector)(cfg)
     det.setup(data)
     state = DetectorState(5, model, torch.device("cpu"), data, batcher)  # past the ARL detector's default warm-up
-    if missing_outputs(det.needs, cls):  # refused when the config resolves, whatever the detector
+    if missing_outputs(det.needs, cls):  # refused when the config resolves, with a method the backbone fits
         with pytest.raises(UserError, match=f"detector '{detector}' cannot read backbone '{backbone}'"):
-            check_fit("baseline", backbone, detector)
+            check_fit(home_method(backbone), backbone, detector)
         return
     det.on_epoch_start(state)
     batch = batcher.train_batch(np.arange(8))

@@ -46,3 +46,12 @@ def test_every_method_names_registered_parts(name):
 def test_registered_names_never_hold_a_run_name_separator(name):
     with pytest.raises(RegistryError, match=r"separates the parts of a run name"):
         Registry("thing").add(name, object())
+
+
+def test_edit_distance_counts_a_swap_of_neighbours_as_one_edit():
+    from prvr.harness.registry import edit_distance, unknown_message
+
+    assert [edit_distance(*p) for p in [("mls", "msl"), ("mls", "xml"), ("kitten", "sitting"), ("", "abc"),
+                                        ("abc", "abc")]] == [1, 2, 3, 3, 0]
+    known = ["msl", "xml", "xml-sl"]
+    assert "did you mean 'msl', 'xml', 'xml-sl'?" in unknown_message("method", "mls", known)

@@ -1,8 +1,9 @@
 """Real datasets in their public layouts (MS-SL feature release, TVRetrieval / XML).
 
-Registers `tvr`, `activitynet` and `charades`: `--data-root DIR` (or $PRVR_DATA) names the
-folder holding `<collection>/`; `--set data.layout=xml` reads TVR from the TVRetrieval
-layout. See msl.py and xml.py for the layouts, store.py for validation, caching and
+Registers `tvr`, `activitynet` and `charades` (PRVR, MS-SL layout) and `charades-sta` and
+`didemo` (moment retrieval, TVRetrieval / XML layout only): `--data-root DIR` (or $PRVR_DATA)
+names the folder holding `<collection>/`; `--set data.layout=xml` reads TVR from the
+TVRetrieval layout. See msl.py and xml.py for the layouts, store.py for validation, caching and
 memory mapping, annotations.py for the timestamp join.
 """
 

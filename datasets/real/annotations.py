@@ -64,10 +64,9 @@ def _number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def read_tvr_jsonl(path: Path, report: Report) -> AnnotationTable:
-    """TVR jsonl: {vid_name, duration, ts: [st, ed], desc, type, desc_id} per line."""
-    table = AnnotationTable(files=[path])
-    fix = "fix or delete the line (TVR jsonl: vid_name, duration, ts, desc, desc_id)"
+def json_lines(path: Path, report: Report, fix: str):
+    """(line number, parsed value) of each non-blank line of a JSON-lines file; a line that does
+    not parse is reported (with `fix`) and skipped."""
     for no, line in enumerate(_lines(path), 1):
         if not line.strip():
             continue
@@ -76,6 +75,14 @@ def read_tvr_jsonl(path: Path, report: Report) -> AnnotationTable:
         except json.JSONDecodeError as e:
             report.problem(path, f"not a JSON object ({e.msg})", fix, line=no)
             continue
+        yield no, row
+
+
+def read_tvr_jsonl(path: Path, report: Report) -> AnnotationTable:
+    """TVR jsonl: {vid_name, duration, ts: [st, ed], desc, type, desc_id} per line."""
+    table = AnnotationTable(files=[path])
+    fix = "fix or delete the line (TVR jsonl: vid_name, duration, ts, desc, desc_id)"
+    for no, row in json_lines(path, report, fix):
         bad = _tvr_row_problem(row)
         if bad:
             report.problem(path, bad, fix, line=no)

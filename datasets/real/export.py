@@ -4,8 +4,11 @@ The layouts list a split's videos through its captions, one line per query, so a
 written as its queries ordered by labelled video (stable within a video), and a video
 without queries cannot be part of a split (it is counted). Timestamps and durations go to
 the original annotation formats (TVR jsonl, ActivityNet json, Charades-STA txt +
-charades.json), which the loader joins back by video id and sentence. Feature values are
-written as float32, so float16 or float32 data come back bit for bit.
+charades.json), which the loader joins back by video id and sentence. The TVRetrieval / XML
+layout (`--layout xml`: tvr, charades-sta, didemo; xml.py) writes each split's release file,
+one row per query with its timestamps (desc_ids numbered across the splits, so the query
+features of all splits share one file); a DiDeMo row carries its moment as the one agreed
+span. Feature values are written as float32, so float16 or float32 data come back bit for bit.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from prvr.datasets.real import xml as xml_layout
-from prvr.datasets.real.annotations import normalize_sentence, tvr_rows
+from prvr.datasets.real.annotations import normalize_sentence
 from prvr.datasets.real.bigfile import write_bigfile
 from prvr.datasets.real.specs import SPECS, Row
 from prvr.datasets.types import PRVRData, Split
@@ -53,7 +56,7 @@ def export(data: PRVRData, collection: str, to: Path, layout: str, feature: str 
     if layout == "msl":
         _write_msl(data, plan, folder, feature or spec.msl_feature, summary)
     else:
-        _write_xml(data, plan, folder, feature or xml_layout.DEFAULT_FEATURE, summary)
+        _write_xml(data, plan, folder, xml_layout.COLLECTIONS[collection], feature, summary)
     return summary
 
 
@@ -154,27 +157,31 @@ def _blocks(sources):
         yield np.asarray(split.frames[v], dtype=np.float32)
 
 
-def _write_xml(data: PRVRData, plan, folder: Path, feature: str, summary: ExportSummary) -> None:
+def _write_xml(data: PRVRData, plan, folder: Path, files: xml_layout.Collection, feature: str,
+               summary: ExportSummary) -> None:
+    """Every split's release file (desc_ids run across splits), the query and the video features."""
     import h5py
 
-    if feature not in xml_layout.VIDEO_FILES:
-        raise UserError(f"XML video feature {feature!r} is unknown; use --feature one of {', '.join(xml_layout.VIDEO_FILES)}")
+    feature = feature or files.default_feature
+    if feature not in files.video_files:
+        raise UserError(f"XML video feature {feature!r} is unknown; "
+                        f"use --feature one of {', '.join(files.video_files)}")
     desc_ids = {name: [str(i) for i in range(start, start + split.num_queries)]
                 for name, split, start in _running(data)}
     rows = _annotation_rows(data, plan, desc_ids, summary.counts)
     for name, items in rows.items():
-        lines = [tvr_rows(vid, sentence, s, e, d, int(qid)) for vid, sentence, s, e, d, qid in items]
-        path = folder / "data" / f"tvr_{name}_release.jsonl"
-        write_text(path, "".join(_json_line(r) for r in lines))
+        path = folder / files.release_file(name)
+        write_text(path, "".join(_json_line(files.row(vid, sentence, s, e, d, int(qid)))
+                                 for vid, sentence, s, e, d, qid in items))
         summary.files.append(path)
     keep = {name: {qid for *_, qid in items} for name, items in rows.items()}
-    query_file = folder / xml_layout.QUERY_FILE
+    query_file = folder / files.query_file
     with atomic_path(query_file) as tmp, h5py.File(tmp, "w") as f:
         for name, split in data.splits.items():
             for q, qid in zip(plan[name][1], desc_ids[name]):
                 if qid in keep[name]:
                     f.create_dataset(qid, data=np.asarray(split.tokens[int(q)], dtype=np.float32))
-    video_file = folder / xml_layout.FEATURE_ROOT / "video_feature" / xml_layout.VIDEO_FILES[feature]
+    video_file = folder / files.video_file(feature)
     with atomic_path(video_file) as tmp, h5py.File(tmp, "w") as f:
         for name, split in data.splits.items():
             for v in plan[name][0]:

@@ -9,6 +9,12 @@ Each dataset's original annotations sit in one folder (default `<collection>/ann
   `Charades_v1_*.csv` (the Charades release, column `length`).
 Every file found is read and the join uses them all, so it does not matter which original
 split a PRVR split was filtered from.
+
+The moment retrieval datasets `charades-sta` and `didemo` exist in the TVRetrieval / XML
+layout only (xml.py: their release files carry the timestamps); their entries name the
+original annotation files all the same, for readers of the real text: Charades-STA's, and
+DiDeMo's `*_data.json` (LocalizingMoments; 5-second segments, didemo.py). DiDeMo has no
+annotation writer: only the MS-SL export writes one, and DiDeMo has no MS-SL layout.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from prvr.datasets.real import annotations as ann
+from prvr.datasets.real import didemo
 from prvr.datasets.real.problems import Report
 from prvr.harness.io import write_json, write_text
 
@@ -28,13 +35,13 @@ Row = tuple[str, str, float, float, float, str]
 
 @dataclass(frozen=True)
 class RealSpec:
-    name: str  # registry name and MS-SL collection folder
-    msl_feature: str  # FeatureData/<feature> of the MS-SL release
+    name: str  # registry name and collection folder
+    msl_feature: str  # FeatureData/<feature> of the MS-SL release ("": none)
     layouts: tuple[str, ...]
     summary: str
     annotation_files: Callable[[Path], list[Path]]
     read_annotations: Callable[[Path, Report], ann.AnnotationTable]
-    write_annotations: Callable[[Path, dict[str, list[Row]]], None]
+    write_annotations: Callable[[Path, dict[str, list[Row]]], None] | None  # None: no MS-SL layout to write
 
 
 # ------------------------------------------------------------------------------ TVR
@@ -110,6 +117,20 @@ def _charades_write(folder: Path, rows: dict[str, list[Row]]) -> None:
     write_json(folder / "charades.json", durations)
 
 
+# --------------------------------------------------------------------------- DiDeMo
+def _didemo_files(folder: Path) -> list[Path]:
+    return sorted(folder.glob("*_data.json"))  # LocalizingMoments: {train,val,test}_data.json
+
+
+def _didemo_read(folder: Path, report: Report) -> ann.AnnotationTable:
+    table = ann.AnnotationTable()
+    for path in _didemo_files(folder):
+        part = didemo.to_table(didemo.read_didemo(path, report), report)
+        part.files = [path]
+        table.extend(part, report)
+    return table
+
+
 SPECS: dict[str, RealSpec] = {
     "tvr": RealSpec("tvr", "i3d_resnet", ("msl", "xml"),
                     "TVR (MS-SL release or TVRetrieval layout): 17,435 / 2,179 videos, 3072-d video, 768-d tokens",
@@ -120,4 +141,11 @@ SPECS: dict[str, RealSpec] = {
     "charades": RealSpec("charades", "i3d_rgb_lgi", ("msl",),
                          "Charades-STA (MS-SL release): 5,338 / 1,334 videos, 1024-d video and tokens",
                          _charades_files, _charades_read, _charades_write),
+    "charades-sta": RealSpec("charades-sta", "", ("xml",),
+                             "Charades-STA for moment retrieval (TVRetrieval layout): 12,408 / 3,720 queries, "
+                             "3.0 s clips, 2048-d video, 768-d tokens",
+                             _charades_files, _charades_read, _charades_write),
+    "didemo": RealSpec("didemo", "", ("xml",),
+                       "DiDeMo for moment retrieval (TVRetrieval layout): 33,005 / 4,180 / 4,021 queries, 2.5 s clips, "
+                       "2048-d video, 768-d tokens", _didemo_files, _didemo_read, None),
 }

@@ -1,4 +1,4 @@
-"""Simulated PRVR datasets: sim-tvr, sim-activitynet, sim-charades and sim-tiny.
+"""Simulated PRVR datasets: sim-tvr, sim-activitynet, sim-charades, sim-didemo and sim-tiny.
 
 Each preset imitates its real dataset's statistics (queries per video, words per query,
 video length, M/V fractions, feature dimensions); `--set data.scale=full` gives the real
@@ -66,4 +66,5 @@ def _register(name: str, summary: str) -> None:
 _register("sim-tvr", "simulated TVR: 5 queries/video, 75 s videos, 85% short moments, 3072-d video / 768-d tokens")
 _register("sim-activitynet", "simulated ActivityNet Captions: 3.7 q/video, 117 s videos, long moments, 1024-d")
 _register("sim-charades", "simulated Charades-STA: 2.3 q/video, 30 s videos, medium moments, short queries, 1024-d")
+_register("sim-didemo", "simulated DiDeMo: 3.8 q/video, 25-30 s videos of 2.5 s clips, short moments, 2048-d / 768-d")
 _register("sim-tiny", "tiny simulated world for tests: generates in about a second")

@@ -217,6 +217,38 @@ def relevance_matrix(specs: np.ndarray, events: np.ndarray, plan: VideoPlan) -> 
     return sp.csr_matrix((np.ones(len(rows), dtype=bool), (rows, cols)), shape=(len(specs), n_videos))
 
 
+def relevant_moments(split: Split) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Every truly relevant moment of a simulated split: (query [M], video [M], [M, 2] seconds),
+    sorted by query, one row per matching event (a relevant video may hold several).
+
+    Read from what the split keeps (`extra` events, query specs and video scenes), by the rule of
+    `relevance_matrix`; its (query, video) pairs are the relevance matrix's. A row covers
+    [start, end) of the event's frame span at the video's seconds per row, as the labelled
+    moments do. None for a split without events (not simulated).
+    """
+    events, specs, scene = (split.extra.get(k) for k in ("events", "query_spec", "video_scene"))
+    if events is None or specs is None or scene is None:
+        return None
+    row_seconds = split.durations / np.maximum(split.frames.lengths, 1)
+    by_action: dict[int, np.ndarray] = {}
+    for a in np.unique(events[:, EV_ACTION]):
+        by_action[int(a)] = np.nonzero(events[:, EV_ACTION] == a)[0]
+    queries, rows = [], []
+    for q, (e, c, o, sc, _) in enumerate(specs):
+        cand = by_action[int(events[e, EV_ACTION])]
+        ev = events[cand]
+        keep = ((c < 0) | (ev[:, EV_CHAR] == c)) & ((o < 0) | (ev[:, EV_OBJ] == o))
+        if sc >= 0:
+            keep &= scene[ev[:, EV_VIDEO]] == sc
+        queries.append(np.full(int(keep.sum()), q, dtype=np.int64))
+        rows.append(cand[keep])
+    rows_all = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
+    video = events[rows_all, EV_VIDEO].astype(np.int64)
+    spans = events[rows_all][:, [EV_START, EV_END]].astype(np.float64) * row_seconds[video, None]
+    query = np.concatenate(queries) if queries else np.zeros(0, dtype=np.int64)
+    return query, video, spans
+
+
 def frame_latents(cfg, concepts: Concepts, plan: VideoPlan, events: np.ndarray, v: int,
                   ev_rows: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """Latent content of every frame of video v: context + active events + latent noise."""

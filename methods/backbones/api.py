@@ -14,6 +14,11 @@ the backbone does not provide is refused when the config resolves (`missing_outp
 `prvr.methods.fit.check_fit`). A backbone that provides `frame_views` also has
 
     frame_views()              -> [(branch, query key, frames key)] (ARL's detector encodes these)
+
+and one that provides `span_logits` (a backbone that localizes moments, e.g. XML) has
+
+    span_logits(queries, videos, pairs [Q, K]) -> start, end logits [Q, K, T] (the VCMR evaluator)
+    span_logits_batch(queries, videos)         -> start, end logits [Q, B, T] (training losses)
 """
 
 from __future__ import annotations
@@ -40,6 +45,10 @@ OUTPUTS: dict[str, str] = {
     "frame_tokens": "[videos, frames, d] encoded frames of the frame branch and their mask "
                     "(encode_videos()['frames'], ['frame_mask']; a backbone with `keep_frames` gives them once "
                     "that is set), e.g. for RAL's word-frame scores",
+    "span_logits": "start / end logits over the frame rows of a video for a query, for moment localization: "
+                   "span_logits(queries, videos, pairs [Q, K]) -> ([Q, K, T], [Q, K, T]) for the video pairs[q, k] "
+                   "of each query, span_logits_batch(queries, videos) -> ([Q, B, T], [Q, B, T]) for every pair; "
+                   "padding rows -inf",
 }
 
 

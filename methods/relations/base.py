@@ -12,9 +12,10 @@ A detector is a `Detector` subclass registered in `DETECTORS`, with
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 
 from prvr.harness.checks import OneOf, param
@@ -49,11 +50,16 @@ class Relations:
     positive: treated as matching; ambiguous: neither positive nor negative (how an
     objective treats them is its business); every other pair is negative. confidence
     in [0, 1] says how sure the detector is about each positive / ambiguous pair.
+    moments (optional, from detectors that know them): [Q, B, 2] seconds [start, end] of the
+    moment a pair carries, NaN where it carries none; a potentially relevant pair (q_i, v_j)
+    of the SBERT detector carries the moment of the matching query q_j in v_j. Keyword-only,
+    so subclasses keep their positional fields.
     """
 
     positive: torch.Tensor  # [Q, B] bool
     ambiguous: torch.Tensor  # [Q, B] bool, disjoint from positive
     confidence: torch.Tensor  # [Q, B] float
+    moments: torch.Tensor | None = field(default=None, kw_only=True)  # [Q, B, 2] seconds, NaN = none
 
     @property
     def negative(self) -> torch.Tensor:
@@ -122,6 +128,39 @@ class OracleConfig:
     mode: str = param("positive", OneOf(ORACLE_MODES))
 
 
+class PairMoments:
+    """The truly relevant moment of every relevant (query, video) pair of a simulated split
+    (datasets/sim/world.py `relevant_moments`; of a video with several matching events, the
+    first), looked up for a batch: what the oracle's pairs carry to the moment losses (e.g.
+    XML's NLL_2), as the SBERT detector's pairs carry their source query's moment."""
+
+    def __init__(self, keys: np.ndarray, spans: np.ndarray, num_videos: int) -> None:
+        self.keys, self.spans, self.num_videos = keys, spans, num_videos
+
+    @classmethod
+    def of_world(cls, split) -> "PairMoments | None":
+        from prvr.datasets.sim.world import relevant_moments
+
+        found = relevant_moments(split)
+        if found is None:
+            return None
+        query, video, spans = found
+        keys = query * split.num_videos + video
+        keys, first = np.unique(keys, return_index=True)  # sorted keys, the first event of each pair
+        return cls(keys, spans[first], split.num_videos)
+
+    def lookup(self, batch) -> torch.Tensor:
+        """[Q, B, 2] seconds of each (batch query, batch video) pair, NaN where not relevant."""
+        q = batch.queries.query_index.cpu().numpy().astype(np.int64)
+        v = batch.videos.video_index.cpu().numpy().astype(np.int64)
+        want = (q[:, None] * self.num_videos + v[None, :]).ravel()
+        at = np.clip(np.searchsorted(self.keys, want), 0, max(len(self.keys) - 1, 0))
+        found = (self.keys[at] == want) if len(self.keys) else np.zeros(len(want), dtype=bool)
+        out = np.full((len(want), 2), np.nan)
+        out[found] = self.spans[at[found]]
+        return torch.from_numpy(out.reshape(len(q), len(v), 2)).float().to(batch.queries.query_index.device)
+
+
 @DETECTORS.register("oracle", "simulated ground truth: truly relevant unlabelled pairs are not negatives (upper bound)")
 class OracleDetector(Detector):
     """Uses the simulated world's full relevance. `relations.oracle.mode`: 'ignore' removes
@@ -140,16 +179,18 @@ class OracleDetector(Detector):
             raise UserError(f"relations.oracle.mode must be one of {', '.join(self.MODES)}, "
                             f"got '{self.settings.mode}'")
         self._stats = {"pairs": 0, "unlabelled_relevant": 0}
+        self._moments = PairMoments.of_world(data["train"])
 
     def detect(self, batch, outputs: dict) -> Relations:
         rel = super().detect(batch, outputs)
         extra = batch.relevant & ~rel.positive
         self._stats["pairs"] += rel.positive.numel()
         self._stats["unlabelled_relevant"] += int(extra.sum())
+        moments = None if self._moments is None else self._moments.lookup(batch)
         if self.settings.mode == "positive":
             positive = rel.positive | extra
-            return Relations(positive, torch.zeros_like(positive), positive.float())
-        return Relations(rel.positive, extra, rel.positive.float() + extra.float())
+            return Relations(positive, torch.zeros_like(positive), positive.float(), moments=moments)
+        return Relations(rel.positive, extra, rel.positive.float() + extra.float(), moments=moments)
 
     def on_epoch_start(self, state: DetectorState) -> None:
         self._stats = {"pairs": 0, "unlabelled_relevant": 0}

@@ -1,0 +1,389 @@
+"""`prvr-bench census`: the SBERT detector (methods/relations/sbert.py) over a dataset's query
+text, per Phi and theta: how ambiguous the text of a dataset says its labels are.
+
+For each split and each (Phi, theta): the share of queries with at least one potentially
+relevant query in another video, the mean number of such queries per query and of such
+videos per query; on simulated data also the precision and recall of the detected
+(query, video) pairs against the truly relevant unlabelled ones. Every distinct string is
+encoded once for all Phis, and the cosines go in blocks (the detector's own functions).
+
+Real datasets: the annotation text under `--data-root DIR` (read by the project's readers of
+the original files: datasets/real/annotations.py, datasets/real/didemo.py), one census per
+annotation file. They have no parses, so Phi_vp and Phi_np-vp use `--parser auto`, which
+says loudly when it falls back to the rules. Simulated datasets: their train split (or
+`--split`), with their gold parses; their census also measures each parser's verb phrases
+against the gold ones (results/census/vp-extraction.md).
+
+Writes `<out>/census/<dataset>.{md,csv}` and, for simulated data, updates
+`<out>/census/vp-extraction.{md,csv}` (the rows of other datasets are kept).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from prvr.harness import progress
+from prvr.harness.io import UserError, write_text
+from prvr.methods.relations.phrases import PHIS, read_tree, verb_phrases
+from prvr.methods.relations import sbert
+from prvr.methods.relations.sbert import (PACKAGED_MODEL, THETAS, Encoder, QueryText, build_elements, element_strings,
+                                          model_id, phi_blocks, unlabelled_truth)
+from prvr.methods.relations.text_parsers import (PARSERS, RULES_VERSION, ParserChoice, benepar_parse, benepar_status,
+                                                 benepar_version, choose_parser, rules_parse)
+
+CENSUS_FIELDS = ("dataset", "split", "queries", "videos", "phi", "theta", "parser", "model", "share_with_pr",
+                 "pr_queries_per_query", "pr_videos_per_query", "precision", "recall", "base_rate")
+VP_FIELDS = ("dataset", "split", "parser", "status", "queries", "gold_vps", "extracted_vps", "matched",
+             "precision", "recall")
+
+
+# ----------------------------------------------------------------------------- where the text comes from
+@dataclass
+class TextSplit:
+    """One split of query text to take the census of."""
+
+    dataset: str
+    split: str
+    text: QueryText
+
+
+def _tvr(path: Path, report) -> list:
+    from prvr.datasets.real import annotations as ann
+
+    return ann.read_tvr_jsonl(path, report).rows
+
+
+def _activitynet(path: Path, report) -> list:
+    from prvr.datasets.real import annotations as ann
+
+    return ann.read_activitynet(path, report).rows
+
+
+def _charades(path: Path, report) -> list:
+    from prvr.datasets.real import annotations as ann
+
+    return ann.read_charades_sta(path, {}, report).rows  # durations are not needed here
+
+
+def _didemo(path: Path, report) -> list:
+    from prvr.datasets.real import didemo
+
+    return didemo.to_table(didemo.read_didemo(path, report), report).rows
+
+
+@dataclass(frozen=True)
+class RealText:
+    """A real dataset's annotation files: the folders tried under the data root (first that
+    holds files wins), the file pattern, the split a file holds, and its reader."""
+
+    folders: tuple[str, ...]
+    pattern: str
+    split: str  # regex on the file name; group 1 = split
+    read: Callable
+
+
+REAL = {
+    "tvr": RealText(("tvr/annotations", "tvr", "."), "tvr_*_release.jsonl", r"tvr_(.+)_release", _tvr),
+    "activitynet": RealText(("activitynet/annotations", "activitynet", "."), "*.json", r"(?!.*_ids$)(.+)", _activitynet),
+    "charades": RealText(("charades/annotations", "charades_sta", "charades", "."), "charades_sta_*.txt",
+                         r"charades_sta_(.+)", _charades),
+    "didemo": RealText(("didemo/annotations", "didemo", "."), "*_data.json", r"(.+)_data", _didemo),
+}
+ALIASES = {"charades-sta": "charades"}  # the VCMR name of the same text
+
+
+def real_files(name: str, root: Path) -> list[tuple[str, Path]]:
+    """(split, file) of a real dataset under the data root."""
+    spec = REAL[ALIASES.get(name, name)]
+    for folder in spec.folders:
+        found = []
+        for path in sorted((root / folder).glob(spec.pattern)) if (root / folder).is_dir() else []:
+            m = re.fullmatch(spec.split, path.stem)
+            if m and "test_public" not in path.stem:  # TVR's public test file has no timestamps, nor is it read elsewhere
+                found.append((m.group(1), path))
+        if found:
+            return found
+    tried = ", ".join(str(root / f) for f in spec.folders)
+    raise UserError(f"census --dataset {name}: no annotation files ({spec.pattern}) in {tried}; check --data-root")
+
+
+def real_splits(name: str, root: Path, only: list[str] | None) -> list[TextSplit]:
+    from prvr.datasets.real.problems import Report
+
+    out = []
+    spec = REAL[ALIASES.get(name, name)]
+    for split, path in real_files(name, root):
+        if only and split not in only:
+            continue
+        rows = spec.read(path, Report(strict=False))
+        videos = sorted({r.video for r in rows})
+        index = {v: k for k, v in enumerate(videos)}
+        text = QueryText([r.sentence for r in rows], np.array([index[r.video] for r in rows], dtype=np.int64),
+                         len(videos), moments=np.array([[r.start, r.end] for r in rows], dtype=np.float64))
+        out.append(TextSplit(name, split, text))
+    if not out:
+        raise UserError(f"census --dataset {name}: no split named {', '.join(only or [])}; "
+                        f"found {', '.join(s for s, _ in real_files(name, root))}")
+    return out
+
+
+def sim_splits(name: str, only: list[str] | None) -> list[TextSplit]:
+    from prvr.harness.build import load_data
+    from prvr.harness.config import resolve
+
+    data = load_data(resolve("baseline", name, 0, []))
+    missing = [s for s in only or [] if s not in data.splits]
+    if missing:
+        raise UserError(f"census --dataset {name}: no split {', '.join(missing)}; it has {', '.join(data.splits)}")
+    return [TextSplit(name, s, QueryText.of_split(data[s])) for s in (only or ["train"])]
+
+
+def text_splits(name: str, data_root: str | None, only: list[str] | None) -> list[TextSplit]:
+    from prvr.harness.registry import DATASETS
+
+    if ALIASES.get(name, name) in REAL:
+        if not data_root:
+            raise UserError(f"census --dataset {name} reads the annotation text under a data root: pass --data-root DIR")
+        return real_splits(name, Path(data_root).expanduser(), only)
+    if name in DATASETS and DATASETS.get(name).simulated:
+        return sim_splits(name, only)
+    sims = [n for n in DATASETS.names() if DATASETS.get(n).simulated]
+    raise UserError(f"census --dataset {name!r}: give one of {', '.join([*REAL, *ALIASES, *sims])}")
+
+
+# ----------------------------------------------------------------------------- the census
+class MemoEncoder:
+    """Encodes each distinct string once across calls (one encoding for every Phi)."""
+
+    def __init__(self, encoder: Encoder) -> None:
+        self.encoder, self.name, self.seen = encoder, encoder.name, {}
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        new = [t for t in dict.fromkeys(texts) if t not in self.seen]
+        if new:
+            self.seen.update(zip(new, self.encoder.encode(new)))
+        return np.stack([self.seen[t] for t in texts]) if texts else np.zeros((0, 0), dtype=np.float32)
+
+
+def census_split(ts: TextSplit, encoder: MemoEncoder, phis: list[str], thetas: list[float], parser: str,
+                 device: torch.device, memory_mb: int = 512) -> tuple[list[dict], ParserChoice]:
+    """The census rows of one split (one per Phi and theta), and the parser used."""
+    text = ts.text
+    choice, parses = ParserChoice("none", "none"), None
+    if any(p != "sent" for p in phis):
+        choice, parse = choose_parser(parser, text.parses, where="--parser")
+        parses = parse(text.texts)
+    per_phi = {phi: element_strings(text, parses, phi)[0] for phi in phis}
+    distinct = sorted({s for strings in per_phi.values() for q in strings for s in q})
+    progress.log(f"census: encoding {len(distinct)} distinct strings with {model_id(encoder.name)}")
+    encoder.encode(distinct)  # all at once, in the encoder's batches
+    truth = unlabelled_truth(text)
+    rows = []
+    for phi in phis:
+        el = build_elements(per_phi[phi], encoder, device)
+        counts = {t: np.zeros(len(text.texts), dtype=np.int64) for t in thetas}
+        video_pairs = {t: [] for t in thetas}
+        for i, j, score, _ in phi_blocks(el, text.query_video, min(thetas), memory_mb):
+            for t in thetas:
+                keep = score >= t
+                counts[t] += np.bincount(i[keep], minlength=len(text.texts))
+                video_pairs[t].append(np.unique(i[keep] * text.num_videos + text.query_video[j[keep]]))
+        for t in thetas:
+            keys = np.concatenate(video_pairs[t]) if video_pairs[t] else np.zeros(0, dtype=np.int64)
+            used = choice if phi != "sent" else ParserChoice("none", "none")  # Phi_sent reads no parse
+            rows.append(_row(ts, phi, t, used, encoder.name, counts[t], keys, truth))
+    return rows, choice
+
+
+def _row(ts: TextSplit, phi: str, theta: float, choice: ParserChoice, model: str, counts: np.ndarray,
+         keys: np.ndarray, truth: np.ndarray | None) -> dict:
+    n, v = len(ts.text.texts), ts.text.num_videos
+    row = {"dataset": ts.dataset, "split": ts.split, "queries": n, "videos": v, "phi": phi, "theta": theta,
+           "parser": choice.name + (" (fallback)" if choice.fallback else ""), "model": model_id(model),
+           "share_with_pr": float(np.mean(counts > 0)) if n else None,
+           "pr_queries_per_query": float(counts.mean()) if n else None, "pr_videos_per_query": len(keys) / max(1, n),
+           "precision": None, "recall": None, "base_rate": None}
+    if truth is not None:
+        hits = int(np.isin(keys, truth).sum())
+        row.update(precision=hits / len(keys) if len(keys) else None, recall=hits / len(truth) if len(truth) else None,
+                   base_rate=len(truth) / max(1, n * (v - 1)))
+    return row
+
+
+# ----------------------------------------------------------------------------- verb phrases per parser
+def vp_counts(gold: list[str], predicted: list[str]) -> dict:
+    """Precision / recall of predicted verb phrases against gold ones, query by query: a VP
+    matches when its words, lower-cased and single-spaced, equal a gold VP's (each gold VP
+    matched at most once)."""
+    matched = n_gold = n_pred = 0
+    for g, p in zip(gold, predicted):
+        gv, pv = Counter(_norm(verb_phrases(read_tree(g)))), Counter(_norm(verb_phrases(read_tree(p))))
+        matched, n_gold, n_pred = matched + sum((gv & pv).values()), n_gold + sum(gv.values()), n_pred + sum(pv.values())
+    return {"queries": len(gold), "gold_vps": n_gold, "extracted_vps": n_pred, "matched": matched,
+            "precision": matched / n_pred if n_pred else None, "recall": matched / n_gold if n_gold else None}
+
+
+def _norm(phrases: list[str]) -> list[str]:
+    return [" ".join(p.lower().split()) for p in phrases]
+
+
+def vp_rows(ts: TextSplit) -> list[dict]:
+    """One row per parser for a split with gold parses: gold (the reference), benepar, rules."""
+    gold = ts.text.parses
+    base = {"dataset": ts.dataset, "split": ts.split}
+    rows = [{**base, "parser": "gold", "status": "reference (the dataset's parses)", **vp_counts(gold, gold)}]
+    ok, why = benepar_status()
+    if ok:
+        rows.append({**base, "parser": "benepar", "status": benepar_version(),
+                     **vp_counts(gold, benepar_parse(ts.text.texts))})
+    else:
+        rows.append({**base, "parser": "benepar", "status": f"unavailable: {why}"})
+    rows.append({**base, "parser": "rules", "status": f"rules-{RULES_VERSION} (the fallback)",
+                 **vp_counts(gold, rules_parse(ts.text.texts))})
+    return rows
+
+
+# ----------------------------------------------------------------------------- tables
+def _fmt(v) -> str:
+    if v is None or (isinstance(v, float) and not np.isfinite(v)):
+        return ""
+    if isinstance(v, float):
+        return f"{v:.4f}" if abs(v) < 10 else f"{v:.1f}"
+    return str(v)
+
+
+def _csv(rows: list[dict], fields: tuple[str, ...]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: ("" if r.get(k) is None else f"{r[k]:.6g}" if isinstance(r.get(k), float) else r[k])
+                    for k in fields})
+    return buf.getvalue()
+
+
+def _md_table(rows: list[dict], fields: tuple[str, ...]) -> list[str]:
+    return ["| " + " | ".join(fields) + " |", "|" + "---|" * len(fields),
+            *("| " + " | ".join(_fmt(r.get(k)) for k in fields) + " |" for r in rows)]
+
+
+def write_census(out: Path, dataset: str, rows: list[dict], command: str, notes: list[str]) -> Path:
+    fields = CENSUS_FIELDS if any(r["precision"] is not None for r in rows) else CENSUS_FIELDS[:-3]
+    md = [f"# Census of the query text of {dataset}", "",
+          "The SBERT detector (`relations=sbert`, docs/methods/sbert-pr.md) over every query of each split: "
+          "`share_with_pr` = share of queries with at least one potentially relevant query in another video "
+          "(Phi = 1 at theta), `pr_queries_per_query` = mean number of such queries per query, "
+          "`pr_videos_per_query` = mean number of videos they are in. On simulated data, `precision` / `recall` "
+          "of the detected (query, video) pairs against the truly relevant pairs the labels miss, and "
+          "`base_rate` = the precision of a random guess among the unlabelled pairs.", "",
+          f"Written by `{command}`.", "", *notes, *([""] if notes else []), *_md_table(rows, fields)]
+    path = out / "census" / f"{dataset}.md"
+    write_text(path, "\n".join(md) + "\n")
+    write_text(path.with_suffix(".csv"), _csv(rows, fields))
+    return path
+
+
+def update_vp_table(out: Path, rows: list[dict], command: str) -> Path:
+    """Merge a dataset's rows into vp-extraction.csv (other datasets' rows kept) and rewrite the md."""
+    path = out / "census" / "vp-extraction.csv"
+    kept = []
+    if path.is_file():
+        with open(path, newline="", encoding="utf-8") as f:
+            kept = [r for r in csv.DictReader(f) if r.get("dataset") not in {x["dataset"] for x in rows}]
+    merged = sorted([*kept, *rows], key=lambda r: (r["dataset"], r["split"]))
+    write_text(path, _csv([{k: _number(v) for k, v in r.items()} for r in merged], VP_FIELDS))
+    md = ["# Verb-phrase extraction per parser", "",
+          "Verb phrases of each parser against the gold parses a simulated world ships, query by query: a VP matches "
+          "when its words, lower-cased and single-spaced, equal a gold VP's (each gold VP matched at most once); "
+          "precision = matched / extracted, recall = matched / gold. The simulated text is templated English, "
+          "easier than real captions: read these figures as an upper bound of each parser's quality on real text.",
+          "", f"Last written by `{command}` (each dataset's rows come from its own census).", "",
+          *_md_table([{k: _number(v) for k, v in r.items()} for r in merged], VP_FIELDS)]
+    write_text(path.with_suffix(".md"), "\n".join(md) + "\n")
+    return path.with_suffix(".md")
+
+
+def _number(v):
+    """A csv cell back as a number where it is one (rows read from the csv are strings)."""
+    if not isinstance(v, str) or v == "":
+        return None if v == "" else v
+    try:
+        return int(v)
+    except ValueError:
+        try:
+            return float(v)
+        except ValueError:
+            return v
+
+
+# ----------------------------------------------------------------------------- the command
+def add_commands(sub) -> None:
+    p = sub.add_parser("census", help="potentially relevant query pairs in a dataset's text, per Phi and theta "
+                                      "(the SBERT detector); writes OUT/census/<dataset>.{md,csv}")
+    p.add_argument("--dataset", required=True,
+                   help=f"a real dataset ({', '.join([*REAL, *ALIASES])}: needs --data-root) or a simulated one (sim-*)")
+    p.add_argument("--data-root", default=None, metavar="DIR",
+                   help="folder holding the real datasets' annotation files (e.g. DIR/tvr/tvr_val_release.jsonl)")
+    p.add_argument("--split", nargs="+", default=None,
+                   help="splits to count (default: every annotation file of a real dataset; train of a simulated one)")
+    p.add_argument("--phi", nargs="+", default=list(PHIS), choices=PHIS)
+    p.add_argument("--theta", nargs="+", type=float, default=list(THETAS))
+    p.add_argument("--model", default=PACKAGED_MODEL, help="sentence-transformers model folder (default: the packaged "
+                                                           "all-MiniLM-L6-v2)")
+    p.add_argument("--parser", default="auto", choices=PARSERS)
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--batch-size", type=int, default=256, help="sentences per encoder batch")
+    p.add_argument("--memory-mb", type=int, default=512, help="bound on one block of cosines")
+    p.add_argument("--out", default="results")
+    p.set_defaults(func=cmd_census)
+
+
+def cmd_census(args: argparse.Namespace) -> None:
+    from prvr.harness.config import check_device
+    from prvr.harness.trainer import pick_device
+
+    check_device(args.device, "--device", "--device cpu (or auto)")
+    if not all(-1 <= t <= 1 for t in args.theta):
+        raise UserError(f"--theta takes cosines in [-1, 1], got {' '.join(map(str, args.theta))}")
+    splits = text_splits(args.dataset, args.data_root, args.split)
+    device = pick_device(args.device)
+    encoder = MemoEncoder(sbert.make_encoder(args.model, str(device), args.batch_size))  # tests inject a fake here
+    rows, notes, vp = [], [], []
+    for ts in splits:
+        progress.log(f"census: {ts.dataset} {ts.split}, {len(ts.text.texts)} queries")
+        split_rows, choice = census_split(ts, encoder, args.phi, sorted(args.theta), args.parser, device, args.memory_mb)
+        rows += split_rows
+        if choice.fallback:
+            notes.append(f"**Parser: `{choice.name}`, a fallback** for {ts.split} ({choice.fallback}).")
+        if ts.text.parses is not None:
+            vp += vp_rows(ts)
+    out = Path(args.out)
+    path = write_census(out, args.dataset, rows, _command(args), notes)
+    progress.log(f"wrote {path} and {path.with_suffix('.csv')}")
+    if vp:
+        progress.log(f"wrote {update_vp_table(out, vp, _command(args))}")
+
+
+def _command(args: argparse.Namespace) -> str:
+    """The command as stored in the tables; a data root is written as DIR (no machine path)."""
+    parts = ["prvr-bench", "census", "--dataset", args.dataset]
+    if args.data_root:
+        parts += ["--data-root", "DIR"]
+    for flag, value, default in (("--split", args.split, None), ("--phi", args.phi, list(PHIS)),
+                                 ("--theta", args.theta, list(THETAS)), ("--parser", args.parser, "auto"),
+                                 ("--out", args.out, "results")):
+        if value != default and value is not None:
+            parts += [flag, *(map(str, value) if isinstance(value, list) else [str(value)])]
+    if args.model != PACKAGED_MODEL:
+        parts += ["--model", model_id(args.model)]
+    return " ".join(parts)
