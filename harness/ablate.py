@@ -7,23 +7,72 @@ the table from the records: results/ablations/<dataset>/<method>_table<name>.{md
 `--tag X` adds `_X` to every row's run name and to the table's file name (the same names as
 `prvr-bench run --tag <row>_X`), so a variant of a whole table, e.g. `--tag e30 --set
 train.epochs=30`, keeps its own records and its own table.
+
+The columns follow the metrics: R@1/5/10/100 and SumR, Δ SumR; where the records or the paper's
+figures of the table hold VCMR / SVMR figures (a backbone that localizes, e.g. the SBERT-PR
+tables), the moment columns of the leaderboard (harness/leaderboard.py `moment_columns`) and
+Δ VCMR SumR instead. The paper's figures (`reported`, or the rows of methods/reported.yaml that
+`reported_from` names) follow under the table, each beside the label of the row it stands for.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from prvr.harness import progress
 from prvr.harness.io import UserError, ensure_dir, write_text
-from prvr.harness.leaderboard import fmt
+from prvr.harness.leaderboard import (COLUMNS, MOMENT_SUM, REPORTED_FILE, Column, _get, fmt, is_metric_key,
+                                      moment_columns, paper_figures)
 from prvr.harness.names import check_name, check_tag, inside
 from prvr.methods.recipes import TABLES, AblationRow, AblationTable
 
 METRICS = ("R@1", "R@5", "R@10", "R@100", "SumR")
+PRVR_COLUMNS = tuple(c for c in COLUMNS if c.name in METRICS)
+
+
+@dataclass(frozen=True)
+class PaperRow:
+    """One row of the paper's figures under an ablation table: its label (one of the table's row
+    labels where it stands for that row), its figures by metric key, and a note."""
+
+    label: str
+    figures: dict[str, float] = field(default_factory=dict)
+    note: str = ""
+
+
+def paper_rows(table: AblationTable, path: str | Path | None = None) -> tuple[str, list[PaperRow]]:
+    """Where the table's paper figures come from (one phrase) and the rows: the PRVR shorthand
+    `reported` in the table's row order, then the rows of the reported figures (methods/
+    reported.yaml, or `path`) whose `source` is in `reported_from`, in the file's order."""
+    rows = [PaperRow(label, dict(zip(METRICS, table.reported[label])))
+            for label in (r.label for r in table.rows) if label in table.reported]
+    sources = [table.reported_source] if rows else []
+    if table.reported_from:
+        found = [r for r in paper_figures(path) if r["source"] in table.reported_from]
+        if missing := sorted(set(table.reported_from) - {r["source"] for r in found}):
+            raise UserError(f"{REPORTED_FILE} has no rows with source {', '.join(map(repr, missing))}, which ablation "
+                            f"table {table.method} {table.name} names in reported_from; add them or fix the name")
+        rows += [PaperRow(str(r.get("label", r.get("condition", r["method"]))),
+                          {k: float(v) for k, v in r.items() if is_metric_key(k)}, str(r.get("note", "")))
+                 for r in found]
+        sources += [describe_source([r for r in found if r["source"] == s]) for s in table.reported_from]
+    return "; ".join(sources), rows
+
+
+def describe_source(rows: list[dict[str, Any]]) -> str:
+    """"<source>, <dataset> <split>[, Phi <phi>, theta <theta>], <features>" of one paper table's
+    rows (Phi and theta where every row that names them names the same)."""
+    first = rows[0]
+    settings = {(r["phi"], r.get("theta")) for r in rows if "phi" in r}
+    detector = [f"Phi {phi}, theta {theta}" for phi, theta in settings] if len(settings) == 1 else []
+    return ", ".join([first["source"], " ".join(str(first[k]) for k in ("dataset", "split") if k in first),
+                      *detector, first["features"]])
 
 
 def get_table(method: str, name: str) -> AblationTable:
@@ -86,7 +135,7 @@ def report(table: AblationTable, out: str, dataset: str, plan, extra_tag: str = 
     from prvr.harness.records import load_record, record_path
     from prvr.harness.runner import run_name
 
-    rows, mismatched = [], []
+    measured, mismatched = [], []
     for row in table.rows:
         cfgs = [c for r, c in plan if r is row]  # one per seed
         name = run_name(cfgs[0], _tag(row, extra_tag))
@@ -97,31 +146,34 @@ def report(table: AblationTable, out: str, dataset: str, plan, extra_tag: str = 
                 recs.append(load_record(path))
                 if diff := settings_diff(cfg, recs[-1], source=f"run record {path} key 'config'"):
                     mismatched.append(f"{path}: {diff}")
-        cells = {m: [r["metrics"]["test"][m] for r in recs] for m in METRICS}
-        rows.append((row, name, len(recs), cells, {r["seed"]: r["metrics"]["test"]["SumR"] for r in recs}))
+        measured.append((row, name, recs))
+    source, paper = paper_rows(table)
+    moments = moment_columns([*(r["metrics"].get("test", {}) for _, _, recs in measured for r in recs),
+                              *(p.figures for p in paper)])
+    columns, headline = (moments, MOMENT_SUM) if moments else (PRVR_COLUMNS, PRVR_COLUMNS[-1])
+    rows = [(row, name, len(recs), {c.name: _cells(recs, c) for c in (*columns, headline)},
+             {r["seed"]: v for r in recs if (v := _get(r["metrics"].get("test", {}), headline.path)) is not None})
+            for row, name, recs in measured]
     reference = next((r for r in rows if r[0].label == table.reference), rows[0])
-    header = ["", *table.columns, *METRICS, f"Δ SumR vs {reference[0].label}", "seeds", "run"]
+    header = ["", *table.columns, *(c.name for c in columns), f"Δ {headline.name} vs {reference[0].label}", "seeds",
+              "run"]
     command = " ".join([f"prvr-bench ablate --method {table.method} --table {table.name} --dataset {dataset}",
                         *([f"--tag {extra_tag}"] if extra_tag else []), *(f"--set {o}" for o in overrides)])
     md = [f"# {table.title} on {dataset}" + (f" ({extra_tag})" if extra_tag else ""), "",
           f"Test split, mean ± std over seeds; from the run records under {out}/runs/{dataset}/ "
           f"(`{command}`).", "",
           "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    csv = [",".join(["row", *table.columns, *(f"{m} mean,{m} std" for m in METRICS), "delta SumR,p,paired seeds",
-                     "seeds", "run"])]
+    csv = [",".join(["row", *table.columns, *(f"{c.name} mean,{c.name} std" for c in columns),
+                     f"delta {headline.name},p,paired seeds", "seeds", "run"])]
     for row, name, n, cells, by_seed in rows:
         delta = paired_delta(by_seed, reference[4]) if row is not reference[0] else None
-        md.append("| " + " | ".join([row.label, *row.marks, *(fmt(cells[m]) for m in METRICS), _fmt_delta(delta),
-                                     str(n), name]) + " |")
-        csv.append(",".join([row.label, *row.marks, *(_csv(cells[m]) for m in METRICS),
+        md.append("| " + " | ".join([row.label, *row.marks, *(fmt(cells[c.name], c.decimals) for c in columns),
+                                     _fmt_delta(delta, headline.decimals), str(n), name]) + " |")
+        csv.append(",".join([row.label, *row.marks, *(_csv(cells[c.name]) for c in columns),
                              *(("", "", "") if delta is None else
                                (f"{delta[0]:.3f}", "" if delta[1] is None else f"{delta[1]:.4f}", str(delta[2]))),
                              str(n), name]))
-    if table.reported:
-        md += ["", f"Reported in the paper ({table.reported_source}; not reproduced here, another dataset and "
-               "protocol):", "", "| | " + " | ".join(METRICS) + " |", "|" + "---|" * (len(METRICS) + 1)]
-        md += ["| " + " | ".join([label, *(f"{v:.1f}" for v in table.reported[label])]) + " |"
-               for label in (r.label for r in table.rows) if label in table.reported]
+    md += reported_lines(source, paper, columns)
     if mismatched:
         md += ["", "Records trained with other settings than this command asks (record: key stored / asked):", "",
                *(f"- {m}" for m in mismatched)]
@@ -138,6 +190,28 @@ def report(table: AblationTable, out: str, dataset: str, plan, extra_tag: str = 
     return path
 
 
+def _cells(recs: list[dict], column: Column) -> list[float]:
+    """A column's values over the seeds' records: all of them, or none (an empty cell, never a
+    mean over the seeds that happen to have it)."""
+    values = [v for r in recs if (v := _get(r["metrics"].get("test", {}), column.path)) is not None]
+    return values if len(values) == len(recs) else []
+
+
+def reported_lines(source: str, paper: list[PaperRow], columns: tuple[Column, ...]) -> list[str]:
+    """The paper's rows under the table, in its columns (a figure the paper does not give: an
+    empty cell), with a note column where a row has a note."""
+    if not paper:
+        return []
+    notes = any(p.note for p in paper)
+    lines = ["", f"Reported in the paper ({source}; not reproduced here, another dataset and protocol):", "",
+             "| | " + " | ".join(c.name for c in columns) + (" | note |" if notes else " |"),
+             "|" + "---|" * (len(columns) + 1 + notes)]
+    for p in paper:
+        cells = [f"{p.figures[c.path[0]]:.{c.decimals}f}" if c.path[0] in p.figures else "" for c in columns]
+        lines.append("| " + " | ".join([p.label, *cells, *([p.note] if notes else [])]) + " |")
+    return lines
+
+
 def paired_delta(a: dict[int, float], b: dict[int, float]) -> tuple[float, float | None, int] | None:
     """Mean SumR difference a - b over the seeds both have, the paired t-test's p (None under
     two seeds), and how many seeds were paired; None without a shared seed."""
@@ -151,11 +225,11 @@ def paired_delta(a: dict[int, float], b: dict[int, float]) -> tuple[float, float
     return delta, p, len(shared)
 
 
-def _fmt_delta(delta: tuple[float, float | None, int] | None) -> str:
+def _fmt_delta(delta: tuple[float, float | None, int] | None, decimals: int = 1) -> str:
     if delta is None:
         return ""
     d, p, n = delta
-    return f"{d:+.1f} ({n} seed{'s' if n > 1 else ''}" + (f", p={p:.3f})" if p is not None else ")")
+    return f"{d:+.{decimals}f} ({n} seed{'s' if n > 1 else ''}" + (f", p={p:.3f})" if p is not None else ")")
 
 
 def settings_diff(cfg, record: dict, shown: int = 3, source: str = "stored config") -> str:

@@ -9,6 +9,12 @@ record marked `nonfinite`) never enters a row: it is listed under the table inst
 Where records carry noise robustness curves, the noise figures and tables are rebuilt too
 (`<out>/noise/<dataset>.{png,md}`, harness/noise.py), and so are the M/V bucket charts of the
 runs on their dataset's protocol (`<out>/buckets/<dataset>.{png,md}`, harness/buckets.py).
+
+The columns follow the metrics the records carry: where the runs of a dataset localize (their
+records carry VCMR / SVMR figures, harness/vcmr.py), a second table shows them (VCMR, SVMR and
+VR R@K, two decimals as the SBERT-PR paper gives them), with Δ VCMR SumR to the dataset's `xml`
+row; a dataset without them is shown as before. The papers' figures (methods/reported.yaml)
+follow in their own rows: the PRVR ones in the PRVR columns, the moment ones in the moment columns.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 from scipy import stats
@@ -32,6 +38,7 @@ class Column:
     name: str  # header
     path: tuple[str, ...]  # where in metrics.test
     higher_is_better: bool = True
+    decimals: int = 1  # shown with this many decimals
 
 
 COLUMNS = (
@@ -44,11 +51,62 @@ COLUMNS = (
 KEY_COLUMNS = ("dataset", "method", "backbone", "relations", "tag")
 BASELINE = "baseline"
 RECORD_NAME = re.compile(r"seed-?\d+\.json")
-REPORTED_KEYS = ("method", "dataset", "features", "source", "R@1", "R@5", "R@10", "R@100", "SumR")
+
+# Moment retrieval (harness/vcmr.py): the keys its evaluation pass writes, `VCMR-<tIoU> R@<k>` and
+# `SVMR-<tIoU> R@<k>`, and the ks and tIoUs it writes by default (vcmr.VCMR_KS, vcmr.SVMR_KS,
+# EvalConfig.vcmr_tious; tests/test_reported_vcmr.py holds them equal). Kept here so that the
+# tables never import the evaluator (and torch).
+MOMENT_KEY = re.compile(r"(VCMR|SVMR)-(\d+(?:\.\d+)?) R@(\d+)")
+MOMENT_DEFAULTS = {"VCMR": (1, 10, 100), "SVMR": (1, 5)}
+MOMENT_TIOUS = (0.5, 0.7)
+MOMENT_DECIMALS = 2  # as the SBERT-PR paper gives them (VCMR R@1 on Charades-STA is below 1 %)
+MOMENT_SUM = Column("VCMR SumR", ("VCMR SumR",), decimals=MOMENT_DECIMALS)
+MOMENT_BASELINE = "xml"  # the row the moment table's Δ VCMR SumR compares with (the SBERT-PR paper's XML)
+VR_KEYS = ("R@1", "R@5", "R@10", "R@100")
+PRVR_KEYS = (*VR_KEYS, "SumR")
+
+# The papers' figures (methods/reported.yaml): the keys every row has, the optional ones, and the
+# metric keys (PRVR_KEYS or MOMENT_KEY). An entry is a row or a group of rows (`rows:`) whose other
+# keys its rows share; `columns` + `figures` give metric keys and values in the paper's order.
+REPORTED_KEYS = ("method", "dataset", "features", "source")
+REPORTED_OPTIONAL = ("table", "split", "condition", "phi", "theta", "terms", "label", "note", "leaderboard")
+REPORTED_FILE = "methods/reported.yaml"
 
 
-def reported_rows(path: str | Path | None = None) -> list[dict[str, Any]]:
-    """The papers' figures (methods/reported.yaml): separate rows, never mixed into means."""
+def is_moment_key(key: object) -> bool:
+    return isinstance(key, str) and MOMENT_KEY.fullmatch(key) is not None
+
+
+def is_metric_key(key: object) -> bool:
+    return key in PRVR_KEYS or is_moment_key(key)
+
+
+def carries_moments(block: dict[str, Any]) -> bool:
+    """Whether a metrics block (or a reported row) holds VCMR / SVMR figures."""
+    return isinstance(block, dict) and any(is_moment_key(k) for k in block)
+
+
+def _moment_order(key: str) -> tuple[int, float, int]:
+    task, tiou, k = MOMENT_KEY.fullmatch(key).groups()
+    return (0 if task == "VCMR" else 1, float(tiou), int(k))
+
+
+def moment_columns(blocks: Iterable[dict[str, Any]]) -> tuple[Column, ...]:
+    """The moment columns of a table whose metric blocks (records' `metrics.test`, reported rows)
+    are `blocks`: none when no block holds VCMR / SVMR figures, else VCMR R@{1, 10, 100} and SVMR
+    R@{1, 5} at each default tIoU, any other VCMR / SVMR key a block holds, then VR R@1/5/10/100."""
+    found = {k for b in blocks if isinstance(b, dict) for k in b if is_moment_key(k)}
+    if not found:
+        return ()
+    keys = found | {f"{task}-{t:g} R@{k}" for task, ks in MOMENT_DEFAULTS.items() for t in MOMENT_TIOUS for k in ks}
+    return (*(Column(k, (k,), decimals=MOMENT_DECIMALS) for k in sorted(keys, key=_moment_order)),
+            *(Column(f"VR {k}", (k,), decimals=MOMENT_DECIMALS) for k in VR_KEYS))
+
+
+def paper_figures(path: str | Path | None = None) -> list[dict[str, Any]]:
+    """Every row of the papers' figures (methods/reported.yaml), groups flattened: each row a dict
+    of its (and its group's) keys, metric keys included. Checked: a row names method, dataset,
+    features and source, holds the five PRVR figures or VCMR / SVMR figures, and no other key."""
     import yaml
 
     if path is None:
@@ -60,14 +118,67 @@ def reported_rows(path: str | Path | None = None) -> list[dict[str, Any]]:
         items = yaml.safe_load(path.read_text(encoding="utf-8")) or []
     except (OSError, yaml.YAMLError) as e:
         raise UserError(f"cannot read the reported figures {path}: {e}") from None
+    if not isinstance(items, list):
+        raise UserError(f"{path} holds {type(items).__name__}; it must be a list of rows and groups of rows")
     rows = []
     for i, item in enumerate(items):
-        missing = [k for k in REPORTED_KEYS if not isinstance(item, dict) or k not in item]
-        if missing:
-            raise UserError(f"{path}: entry {i + 1} lacks {', '.join(missing)}; every entry needs "
-                            f"{', '.join(REPORTED_KEYS)}")
-        rows.append({k: item[k] for k in REPORTED_KEYS})
+        if isinstance(item, dict) and "rows" in item:
+            shared = {k: v for k, v in item.items() if k != "rows"}
+            if not isinstance(item["rows"], list):
+                raise UserError(f"{path}: entry {i + 1} key 'rows' must be a list of rows")
+            rows += [_reported_row({**shared, **r} if isinstance(r, dict) else r, f"entry {i + 1} row {j + 1}", path)
+                     for j, r in enumerate(item["rows"])]
+        else:
+            rows.append(_reported_row(item, f"entry {i + 1}", path))
     return rows
+
+
+def _reported_row(item: Any, where: str, path: Path) -> dict[str, Any]:
+    """One checked row: `columns` and `figures` turned into metric keys."""
+    if not isinstance(item, dict):
+        raise UserError(f"{path}: {where} is {type(item).__name__}, not a mapping of keys")
+    row = dict(item)
+    columns, figures = row.pop("columns", []), row.pop("figures", [])
+    if not isinstance(columns, list) or not isinstance(figures, list) or len(columns) != len(figures):
+        raise UserError(f"{path}: {where} has {len(figures) if isinstance(figures, list) else 'no list of'} figures "
+                        f"for {len(columns) if isinstance(columns, list) else 'no list of'} columns; give one figure "
+                        "per column, in the columns' order")
+    for key, value in zip(columns, figures):
+        if key in row:
+            raise UserError(f"{path}: {where} gives '{key}' twice (a key and a column); keep one")
+        row[key] = value
+    unknown = [str(k) for k in row if k not in REPORTED_KEYS + REPORTED_OPTIONAL and not is_metric_key(k)]
+    if unknown:
+        raise UserError(f"{path}: {where} has unknown key(s) {', '.join(unknown)}; a row's keys are "
+                        f"{', '.join(REPORTED_KEYS + REPORTED_OPTIONAL)} and metric keys {', '.join(PRVR_KEYS)}, "
+                        "VCMR-<tIoU> R@<k>, SVMR-<tIoU> R@<k>")
+    missing = [k for k in REPORTED_KEYS if k not in row] + \
+        ([] if carries_moments(row) else [k for k in PRVR_KEYS if k not in row])
+    if missing:
+        raise UserError(f"{path}: {where} lacks {', '.join(missing)}; every entry needs "
+                        f"{', '.join(REPORTED_KEYS)} and either {', '.join(PRVR_KEYS)} or VCMR / SVMR figures")
+    bad = [k for k in row if is_metric_key(k) and (isinstance(row[k], bool) or not isinstance(row[k], (int, float)))]
+    if bad:
+        raise UserError(f"{path}: {where} figure(s) {', '.join(bad)} are not numbers; write them as the paper does, "
+                        "e.g. 0.3")
+    return row
+
+
+def _on_leaderboard(row: dict[str, Any]) -> bool:
+    return row.get("leaderboard", True) is not False
+
+
+def reported_rows(path: str | Path | None = None) -> list[dict[str, Any]]:
+    """The papers' PRVR figures the leaderboard shows: separate rows, never mixed into means; each
+    holds R@1, R@5, R@10, R@100 and SumR."""
+    return [r for r in paper_figures(path) if _on_leaderboard(r) and not carries_moments(r)]
+
+
+def reported_moment_rows(path: str | Path | None = None) -> list[dict[str, Any]]:
+    """The papers' moment retrieval figures the leaderboard shows (SBERT-PR Tables 5-6): rows with
+    VCMR / SVMR figures, from groups not marked `leaderboard: false` (those are the ablation
+    tables', `prvr-bench ablate`)."""
+    return [r for r in paper_figures(path) if _on_leaderboard(r) and carries_moments(r)]
 
 
 def collect(root: str | Path, skip_bad: bool = False) -> list[dict[str, Any]]:
@@ -130,7 +241,10 @@ def build_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     average together, and a row off its dataset's protocol is marked and gets no Δ. Diverged
     runs (`diverged`) enter no row."""
     groups: dict[tuple[str, str, str], list[dict]] = {}
-    for r in (r for r in records if not diverged(r)):
+    kept = [r for r in records if not diverged(r)]
+    moments = moment_columns(r["metrics"].get("test", {}) for r in kept)
+    columns = (*COLUMNS, *moments, *((MOMENT_SUM,) if moments else ()))
+    for r in kept:
         groups.setdefault((dataset_label(r), r.get("run_name", r["method"]), budget_label(record_protocol(r))),
                           []).append(r)
     rows = []
@@ -146,11 +260,13 @@ def build_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                "best_epochs": [(r.get("best_epoch"), r.get("epochs_run")) for r in recs],
                "near_cap": [c for r in recs if (c := near_cap(r)) is not None],
                "commands": sorted({r.get("command", "") for r in recs} - {""})}
-        for col in COLUMNS:
+        for col in columns:
             values = [v for r in recs if (v := _get(r["metrics"].get("test", {}), col.path)) is not None]
             row[col.name] = values if len(values) == len(recs) else []  # empty cell, not a partial mean
+        row["localizes"] = any(carries_moments(r["metrics"].get("test", {})) for r in recs)
         rows.append(row)
     _add_significance(rows)
+    _add_moment_significance(rows)
     return rows
 
 
@@ -165,6 +281,19 @@ def _add_significance(rows: list[dict[str, Any]]) -> None:
         r["p"] = _p_value(dict(zip(r["seeds"], r["SumR"])), dict(zip(b["seeds"], b["SumR"])))
 
 
+def _add_moment_significance(rows: list[dict[str, Any]]) -> None:
+    """Δ VCMR SumR (`vcmr_delta`, `vcmr_p`) of each row of a dataset whose runs localize, against
+    the dataset's `xml` row, as `_add_significance` does for SumR."""
+    base = {r["dataset"]: r for r in rows if r["run"] == MOMENT_BASELINE and r["on_protocol"] and r.get("localizes")}
+    for r in rows:
+        b = base.get(r["dataset"])
+        r["vcmr_delta"], r["vcmr_p"] = None, None
+        if b is None or r is b or not r["on_protocol"] or not r.get(MOMENT_SUM.name) or not b.get(MOMENT_SUM.name):
+            continue
+        r["vcmr_delta"] = float(np.mean(r[MOMENT_SUM.name]) - np.mean(b[MOMENT_SUM.name]))
+        r["vcmr_p"] = _p_value(dict(zip(r["seeds"], r[MOMENT_SUM.name])), dict(zip(b["seeds"], b[MOMENT_SUM.name])))
+
+
 def _p_value(a: dict[int, float], b: dict[int, float]) -> float | None:
     shared = sorted(set(a) & set(b))
     if len(shared) >= 2:
@@ -177,46 +306,57 @@ def _p_value(a: dict[int, float], b: dict[int, float]) -> float | None:
     return None
 
 
-def fmt(values: list[float]) -> str:
+def fmt(values: list[float], decimals: int = 1) -> str:
     if not values:
         return ""
     if len(values) == 1:
-        return f"{values[0]:.1f}"
-    return f"{np.mean(values):.1f} ± {np.std(values, ddof=1):.1f}"
+        return f"{values[0]:.{decimals}f}"
+    return f"{np.mean(values):.{decimals}f} ± {np.std(values, ddof=1):.{decimals}f}"
 
 
-def fmt_delta(row: dict[str, Any]) -> str:
+def fmt_delta(row: dict[str, Any], decimals: int = 1) -> str:
     if row.get("delta") is None:
         return ""
     p = row.get("p")
     star = "*" if p is not None and p < 0.05 else ""
     p_text = f" (p={p:.3f}){star}" if p is not None and not math.isnan(p) else ""
-    return f"{row['delta']:+.1f}{p_text}"
+    return f"{row['delta']:+.{decimals}f}{p_text}"
 
 
 def to_csv(rows: list[dict[str, Any]], reported: list[dict[str, Any]] | None = None) -> str:
+    """The leaderboard as CSV; where runs or reported rows hold moment figures, their columns
+    (VCMR / SVMR keys and VCMR SumR, mean and std) and Δ VCMR SumR follow the PRVR ones."""
+    reported = reported or []
+    moments = [c for c in moment_columns([*rows, *reported]) if not c.name.startswith("VR ")]
+    moments += [MOMENT_SUM] if moments else []
     header = ["dataset", "run", "budget", "on_protocol", "method", "backbone", "relations", "tag", "n_seeds", "seeds",
               "best/run epochs"]
-    for col in COLUMNS:
+    for col in (*COLUMNS, *moments):
         header += [f"{col.name} mean", f"{col.name} std"]
-    header += ["delta SumR vs baseline", "p", "source"]
-    lines = [",".join(header)]
+    header += ["delta SumR vs baseline", "p"]
+    header += [f"delta VCMR SumR vs {MOMENT_BASELINE}", "p (VCMR SumR)"] if moments else []
+    lines = [",".join([*header, "source"])]
     for r in rows:
         cells = [r["dataset"], r["run"], r["budget"], str(r["on_protocol"]).lower(), r["method"], r["backbone"],
                  r["relations"], r["tag"], str(r["n"]), " ".join(map(str, r["seeds"])), epochs_cell(r)]
-        for col in COLUMNS:
-            v = r[col.name]
+        for col in (*COLUMNS, *moments):
+            v = r.get(col.name) or []
             cells += [f"{np.mean(v):.3f}" if v else "", f"{np.std(v, ddof=1):.3f}" if len(v) > 1 else ""]
-        cells += ["" if r["delta"] is None else f"{r['delta']:.3f}", "" if r["p"] is None else f"{r['p']:.4f}", ""]
-        lines.append(",".join(_csv_cell(c) for c in cells))
-    for r in reported or []:
-        cells = [r["dataset"], f"{r['method']} (reported)", "", "", r["method"], "", "reported", r["features"], "0", "",
-                 ""]
-        for col in COLUMNS:
+        for delta, p in (("delta", "p"), *((("vcmr_delta", "vcmr_p"),) if moments else ())):
+            cells += ["" if r.get(delta) is None else f"{r[delta]:.3f}", "" if r.get(p) is None else f"{r[p]:.4f}"]
+        lines.append(",".join(_csv_cell(c) for c in [*cells, ""]))
+    for r in reported:
+        cells = [r["dataset"], reported_name(r), "", "", r["method"], "", "reported", r["features"], "0", "", ""]
+        for col in (*COLUMNS, *moments):
             cells += [f"{float(r[col.name]):.3f}" if col.name in r else "", ""]
-        cells += ["", "", r["source"]]
+        cells += ["", "", *(["", ""] if moments else []), r["source"]]
         lines.append(",".join(_csv_cell(str(c)) for c in cells))
     return "\n".join(lines) + "\n"
+
+
+def reported_name(r: dict[str, Any]) -> str:
+    """A reported row's run cell: the method, marked reported (and its condition, where given)."""
+    return f"{r['method']} (reported, {r['condition']})" if r.get("condition") else f"{r['method']} (reported)"
 
 
 def _csv_cell(text: str) -> str:
@@ -304,14 +444,61 @@ def to_markdown(rows: list[dict[str, Any]], reported: list[dict[str, Any]] | Non
                   "the test queries (compared by content: datasets/selection.py), as the published MS-SL family "
                   "figures appear to; `--set data.val_from_train=N` selects on N held-out training videos instead, "
                   "and such rows never average with these."]
-    if reported:
+    lines += moment_table(rows)
+    prvr = [r for r in reported or [] if not carries_moments(r)]
+    moments = [r for r in reported or [] if carries_moments(r)]
+    if prvr or moments:
+        lines += ["", "## Reported in the papers", ""]
+    if prvr:
         head = ["dataset", "method", "features", "R@1", "R@5", "R@10", "R@100", "SumR", "source"]
-        lines += ["", "## Reported in the papers", "",
-                  "Not reproduced here: the figures the papers report on the real datasets (from "
+        lines += ["Not reproduced here: the figures the papers report on the real datasets (from "
                   "`methods/reported.yaml`), for comparison with runs on `tvr` / `activitynet`.", "",
                   "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        lines += ["| " + " | ".join(str(r[k]) for k in head) + " |" for r in reported]
+        lines += ["| " + " | ".join(str(r[k]) for k in head) + " |" for r in prvr]
+    lines += reported_moment_table(moments, after_prvr=bool(prvr))
     return "\n".join(lines) + "\n"
+
+
+def moment_table(rows: list[dict[str, Any]]) -> list[str]:
+    """The moment retrieval table: every row of each dataset whose runs localize; [] when none do."""
+    datasets = {r["dataset"] for r in rows if r.get("localizes")}
+    if not datasets:
+        return []
+    columns = (*moment_columns(rows), MOMENT_SUM)
+    head = ["dataset", "run", "budget", "seeds", *(c.name for c in columns), f"Δ VCMR SumR vs {MOMENT_BASELINE}"]
+    lines = ["", "## Moment retrieval", "",
+             "The rows of the datasets whose runs localize (VCMR / SVMR: `harness/vcmr.py`, docs/evaluation.md, "
+             "\"Moment retrieval\"): test split, percent, mean ± sample std over seeds, two decimals. VR R@K are the "
+             "video ranks of the table above; VCMR SumR sums the VCMR R@K over k and tIoU (the SBERT-PR paper picks "
+             f"its conditions by this sum). Δ: difference of mean VCMR SumR to the `{MOMENT_BASELINE}` row of the "
+             "same dataset (p: paired t-test over shared seeds; * p < 0.05). An empty cell: a figure that not every "
+             "seed of the row has (a backbone that does not localize has no VCMR / SVMR).", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in (r for r in rows if r["dataset"] in datasets):
+        delta = fmt_delta({"delta": r.get("vcmr_delta"), "p": r.get("vcmr_p")}, MOMENT_DECIMALS)
+        lines.append("| " + " | ".join([r["dataset"], r["run"], budget_cell(r), str(r["n"]),
+                                        *(fmt(r.get(c.name) or [], c.decimals) for c in columns), delta]) + " |")
+    return lines
+
+
+def reported_moment_table(reported: list[dict[str, Any]], after_prvr: bool = False) -> list[str]:
+    """The papers' moment retrieval rows, in the moment columns that any of them fills."""
+    if not reported:
+        return []
+    columns = [c for c in moment_columns(reported) if any(c.path[0] in r for r in reported)]
+    head = ["dataset", "method", "condition", "split", "features", *(c.name for c in columns), "source"]
+    datasets = " / ".join(f"`{d}`" for d in dict.fromkeys(r["dataset"] for r in reported))
+    lines = [*([""] if after_prvr else []),
+             "Moment retrieval, not reproduced here either (from `methods/reported.yaml`): the figures the papers "
+             f"report for the conditions, for comparison with runs on {datasets}; the figures of their ablation "
+             "tables are shown under the tables `prvr-bench ablate` writes. VR R@K: video ranks; an empty cell: a "
+             "figure the paper does not give.", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in reported:
+        cells = [r["dataset"], r["method"], str(r.get("condition", "")), str(r.get("split", "")), r["features"]]
+        cells += [f"{float(r[c.path[0]]):.{c.decimals}f}" if c.path[0] in r else "" for c in columns]
+        lines.append("| " + " | ".join([*cells, r["source"]]) + " |")
+    return lines
 
 
 def write(root: str | Path, rows: list[dict[str, Any]], reported: list[dict[str, Any]] | None = None,
@@ -338,7 +525,7 @@ def terminal_rows(rows: list[dict[str, Any]],
              fmt_delta(r)], False) for r in rows]
     datasets = {r["dataset"] for r in rows}
     for r in reported or []:
-        if r["dataset"] in datasets:
+        if r["dataset"] in datasets and not carries_moments(r):  # the moment figures: the markdown's own table
             out.append(([r["dataset"], f"{r['method']} (reported, {r['features']})", "", "",
                          *[f"{float(r[c]):.1f}" if c in r else "" for c in TERMINAL_COLUMNS], ""], True))
     return out
@@ -397,7 +584,7 @@ def rebuild(root: str | Path, skip_bad: bool = False, show: bool = True) -> list
     check_results_folder(Path(root))
     records = collect(root, skip_bad)
     rows, left_out = build_rows(records), diverged_runs(records)
-    reported = reported_rows()
+    reported = reported_rows() + reported_moment_rows()
     csv_path, md_path = write(root, rows, reported, left_out)
     from prvr.harness import buckets, noise
 

@@ -71,6 +71,10 @@ class AblationTable:
     # the paper's figures per row label: (R@1, R@5, R@10, R@100, SumR), shown under the table
     reported: dict[str, tuple[float, ...]] = field(default_factory=dict)
     reported_source: str = ""  # where they come from, e.g. "RAL paper Table 2, TVR, ResNet+I3D+RoBERTa"
+    # the paper's figures with any metric keys (e.g. VCMR / SVMR): the rows of methods/reported.yaml
+    # whose `source` is one of these, e.g. ("SBERT-PR Table 7",), shown under the table in the file's
+    # order; a row whose `label` is one of this table's row labels stands for that row
+    reported_from: tuple[str, ...] = ()
 
 
 TABLES: dict[tuple[str, str], AblationTable] = {}

@@ -11,7 +11,8 @@ lambda_tl = 0.01 throughout: `xml` (Lei et al.: L^vr_pos>neg and NLL_1), `sl` (+
 `pr` (+ the potentially relevant pairs' terms L^vr_rel>neg, L^vr_pos>=rel, NLL_2) and `sl_pr`
 (both, and L^vcmr_rel>neg, L^vcmr_pos>=rel). Recipes: `xml`, `xml-sl`, `xml-pr`, `xml-sl-pr`;
 `loss.unit_confidence` fixes C = 1 (the "(C = 1)" rows of Tables 5-8) and `loss.leave_out` drops
-a group of the PR terms (appendix B, Tables 7-8: `prvr-bench ablate --method xml-pr --table 7`).
+a group of the PR terms (appendix B, Tables 7-8: `prvr-bench ablate --method xml-pr --table 7`); Tables 1-4
+vary Phi x theta (`prvr-bench ablate --method xml-pr --table 1`, `--method xml-sl-pr --table 2`).
 
 The potentially relevant pairs are any detector's ambiguous pairs with their confidence (and,
 for NLL_2 and L_vcmr, the moment a pair carries, `Relations.moments`; a pair without one is
@@ -33,6 +34,8 @@ from prvr.methods.backbones.api import Scores
 from prvr.methods.objectives.xml import (pos_at_least_rel, pos_over_neg, rel_over_neg, sample_hard_negatives,
                                          segment_rows, span_nll, vcmr_relevance)
 from prvr.methods.recipes import PRESETS, AblationRow, AblationTable, MethodSpec, register_table
+from prvr.methods.relations.phrases import PHIS
+from prvr.methods.relations.sbert import THETAS
 
 # condition -> (segment-level loss L_vcmr, potentially relevant pairs): paper Section 5.1
 CONDITIONS = {"xml": (False, False), "sl": (True, False), "pr": (False, True), "sl_pr": (True, True)}
@@ -223,13 +226,33 @@ _recipe("xml-pr", XMLPRLossConfig, "sbert",
 _recipe("xml-sl-pr", XMLSLPRLossConfig, "sbert", "XML +SL+PR: segment-level and multi-level ranking (SBERT-PR)")
 
 
+# The paper's tables as `prvr-bench ablate --method M --table N`, each with the paper's figures
+# under it (methods/reported.yaml, `reported_from`; a paper row stands beside the row of ours with
+# its label). Two tables with the same rows (1 and 3, 2 and 4, 7 and 8) differ in the paper's
+# dataset only: their rows are the same runs on the dataset `--dataset` names.
+PAPER_DATASETS = {1: "Charades-STA, test", 2: "Charades-STA, test", 3: "DiDeMo, val", 4: "DiDeMo, val",
+                  7: "Charades-STA, test", 8: "DiDeMo, test"}
+
+
+def _detector_rows() -> tuple[AblationRow, ...]:
+    """Tables 1-4: XML (the condition `xml` of the same recipe, without a detector), then Phi x
+    theta. Every row sets Phi and theta itself, so no row depends on the dataset's preset
+    (DiDeMo's vp / 0.5)."""
+    xml = AblationRow("XML", "xml", ("loss.condition=xml", "relations.name=none"), ("—", "—"))
+    return (xml, *(AblationRow(f"{phi} {theta:g}", f"{phi}_{theta:g}",
+                               (f"relations.sbert.phi={phi}", f"relations.sbert.theta={theta:g}"), (phi, f"{theta:g}"))
+                   for phi in PHIS for theta in THETAS))
+
+
 # Appendix B, Tables 7 (Charades-STA) and 8 (DiDeMo): each group of the PR terms left out, with
 # C from the detector and with C = 1, in the +PR and the +SL+PR condition. The paper's check
-# marks per row are lost in our copy of the text; the rows here are named by what they leave out.
+# marks per row are lost in our copy of the text; the rows here are named by what they leave out
+# (the paper's rows that can be named, by their figures, carry the same labels: "+PR",
+# "+PR (C = 1)", "+SL+PR", "+SL+PR (C = 1)").
 COLUMNS = ("L^vr_rel>neg", "L^vr_pos>=rel", "L_nll,2", "L^vcmr_rel>neg", "L^vcmr_pos>=rel", "C = 1")
 
 
-def _ablation_rows(groups: tuple[str, ...]) -> tuple[AblationRow, ...]:
+def _ablation_rows(condition: str, groups: tuple[str, ...]) -> tuple[AblationRow, ...]:
     marks = {"vr_rank": (0, 1), "nll2": (2,), "vcmr_rank": (3, 4)}
     rows = []
     for left in ("", *groups):
@@ -237,12 +260,23 @@ def _ablation_rows(groups: tuple[str, ...]) -> tuple[AblationRow, ...]:
             cells = ["✓" if any(g != left and i in marks[g] for g in groups) else "" for i in range(5)]
             tag = "_".join(t for t in (f"no_{left}" if left else "", "c1" if unit else "") if t)
             overrides = (*((f"loss.leave_out=[{left}]",) if left else ()), f"loss.unit_confidence={str(unit).lower()}")
-            label = (f"without {left}" if left else "all terms") + (", C = 1" if unit else "")
+            label = condition + (f" without {left}" if left else "") + (" (C = 1)" if unit else "")
             rows.append(AblationRow(label, tag, overrides, (*cells, "✓" if unit else "")))
     return tuple(rows)
 
 
-register_table(AblationTable("xml-pr", "7", "SBERT-PR Tables 7-8: +PR with each PR term group left out", COLUMNS,
-                             _ablation_rows(("vr_rank", "nll2"))))
-register_table(AblationTable("xml-sl-pr", "7", "SBERT-PR Tables 7-8: +SL+PR with each PR term group left out",
-                             COLUMNS, _ablation_rows(("vr_rank", "nll2", "vcmr_rank"))))
+def _register_paper_tables() -> None:
+    for n, method, condition in ((1, "xml-pr", "+PR"), (2, "xml-sl-pr", "+SL+PR"), (3, "xml-pr", "+PR"),
+                                 (4, "xml-sl-pr", "+SL+PR")):
+        register_table(AblationTable(method, str(n), f"SBERT-PR Table {n} ({PAPER_DATASETS[n]}): Phi x theta under "
+                                     f"{condition}", ("Phi", "theta"), _detector_rows(), reference="XML",
+                                     reported_from=(f"SBERT-PR Table {n}",)))
+    for n in (7, 8):
+        for method, condition, groups in (("xml-pr", "+PR", ("vr_rank", "nll2")),
+                                          ("xml-sl-pr", "+SL+PR", ("vr_rank", "nll2", "vcmr_rank"))):
+            register_table(AblationTable(method, str(n), f"SBERT-PR Table {n} ({PAPER_DATASETS[n]}): {condition} "
+                                         "with each PR term group left out", COLUMNS,
+                                         _ablation_rows(condition, groups), reported_from=(f"SBERT-PR Table {n}",)))
+
+
+_register_paper_tables()
