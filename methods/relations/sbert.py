@@ -207,7 +207,7 @@ def phi_blocks(el: Elements, query_video: np.ndarray, floor: float, memory_mb: i
     owner = torch.as_tensor(el.owner, device=device)
     video = torch.as_tensor(query_video, device=device)
     sentences = el.sentences
-    budget = max(1, (memory_mb << 20) // (4 * (n_el + n_q)))  # element rows per block: cosines + their reduction
+    budget = max(1, (memory_mb << 20) // (4 * (n_el + 2 * n_q)))  # element rows per block: cosines, reduction, psi
     start = 0
     while start < n_q:
         stop = int(np.searchsorted(el.offsets, el.offsets[start] + budget, side="right")) - 1
@@ -232,7 +232,9 @@ def _block(emb, owner, video, sentences, offsets, a: int, b: int, floor: float):
     best.masked_fill_(video[a:b, None] == video[None], -torch.inf)  # pairs across videos only
     ii, jj = torch.nonzero(best >= floor, as_tuple=True)
     score = best[ii, jj]
-    psi = (sentences[a + ii] * sentences[jj]).sum(1).clamp_min(0)  # Eq. 8
+    # Eq. 8 from one [b - a, Q] product: gathering two sentence rows per pair would hold
+    # pairs x d floats, gigabytes where short repetitive captions pass theta by the million
+    psi = (sentences[a:b] @ sentences.T)[ii, jj].clamp_min(0)
     return ((ii + a).cpu().numpy(), jj.cpu().numpy(), score.float().cpu().numpy(), psi.float().cpu().numpy())
 
 
