@@ -128,6 +128,16 @@ class OracleConfig:
     mode: str = param("positive", OneOf(ORACLE_MODES))
 
 
+def find_pairs(keys: np.ndarray, num_videos: int, queries: np.ndarray, videos: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Look (query, video) pairs up in sorted keys q * num_videos + v: ([Q, B] found, [Q, B] index
+    into the keys, valid where found)."""
+    want = np.asarray(queries, dtype=np.int64)[:, None] * num_videos + np.asarray(videos, dtype=np.int64)[None]
+    at = np.clip(np.searchsorted(keys, want), 0, max(len(keys) - 1, 0))
+    found = (keys[at] == want) if len(keys) else np.zeros(want.shape, dtype=bool)
+    return found, at
+
+
 class PairMoments:
     """The truly relevant moment of every relevant (query, video) pair of a simulated split
     (datasets/sim/world.py `relevant_moments`; of a video with several matching events, the
@@ -151,14 +161,11 @@ class PairMoments:
 
     def lookup(self, batch) -> torch.Tensor:
         """[Q, B, 2] seconds of each (batch query, batch video) pair, NaN where not relevant."""
-        q = batch.queries.query_index.cpu().numpy().astype(np.int64)
-        v = batch.videos.video_index.cpu().numpy().astype(np.int64)
-        want = (q[:, None] * self.num_videos + v[None, :]).ravel()
-        at = np.clip(np.searchsorted(self.keys, want), 0, max(len(self.keys) - 1, 0))
-        found = (self.keys[at] == want) if len(self.keys) else np.zeros(len(want), dtype=bool)
-        out = np.full((len(want), 2), np.nan)
+        q, v = batch.queries.query_index.cpu().numpy(), batch.videos.video_index.cpu().numpy()
+        found, at = find_pairs(self.keys, self.num_videos, q, v)
+        out = np.full((*found.shape, 2), np.nan)
         out[found] = self.spans[at[found]]
-        return torch.from_numpy(out.reshape(len(q), len(v), 2)).float().to(batch.queries.query_index.device)
+        return torch.from_numpy(out).float().to(batch.queries.query_index.device)
 
 
 @DETECTORS.register("oracle", "simulated ground truth: truly relevant unlabelled pairs are not negatives (upper bound)")

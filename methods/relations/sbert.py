@@ -33,7 +33,7 @@ from prvr.harness import progress
 from prvr.harness.checks import Free, OneOf, Range, at_least, param
 from prvr.harness.io import UserError, atomic_path
 from prvr.harness.registry import DETECTORS
-from prvr.methods.relations.base import Detector, DetectorState, Relations
+from prvr.methods.relations.base import Detector, DetectorState, Relations, find_pairs
 from prvr.methods.relations.phrases import PHIS, elements
 from prvr.methods.relations.text_parsers import PARSERS, ParserChoice, choose_parser
 
@@ -290,12 +290,9 @@ class VideoPairs:
     def lookup(self, queries: np.ndarray, videos: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """For a batch (query indices [Q], video indices [B]): found [Q, B] bool, confidence
         [Q, B] (0 where not found), source query [Q, B] (-1 where not found)."""
-        want = np.asarray(queries, dtype=np.int64)[:, None] * self.num_videos + np.asarray(videos, dtype=np.int64)[None]
-        keys = self.keys
-        at = np.clip(np.searchsorted(keys, want), 0, max(len(keys) - 1, 0))
-        found = (keys[at] == want) if len(keys) else np.zeros(want.shape, dtype=bool)
-        confidence = np.where(found, self.confidence[at] if len(keys) else 0.0, 0.0).astype(np.float32)
-        source = np.where(found, self.source[at] if len(keys) else -1, -1)
+        found, at = find_pairs(self.keys, self.num_videos, queries, videos)
+        confidence = np.where(found, self.confidence[at] if len(self.keys) else 0.0, 0.0).astype(np.float32)
+        source = np.where(found, self.source[at] if len(self.keys) else -1, -1)
         return found, confidence, source
 
     def save(self, path: Path, meta: dict) -> None:
