@@ -16,6 +16,11 @@ against the gold ones (results/census/vp-extraction.md).
 
 Writes `<out>/census/<dataset>.{md,csv}` and, for simulated data, updates
 `<out>/census/vp-extraction.{md,csv}` (the rows of other datasets are kept).
+
+Which world knobs give a real dataset's shares: a simulated world can be remade with
+`--set KEY=VALUE` (fixed, e.g. `sim.val_videos=2179` for TVR val's pool) and `--sweep
+KEY=V1,V2,...` (every combination), one census per world, all in one table
+`<out>/census/<dataset>~<tag>.{md,csv}` with a `world` column naming the knob values.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import itertools
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -41,7 +47,7 @@ from prvr.methods.relations.sbert import (PACKAGED_MODEL, THETAS, Encoder, Query
 from prvr.methods.relations.text_parsers import (PARSERS, RULES_VERSION, ParserChoice, benepar_parse, benepar_status,
                                                  benepar_version, choose_parser, rules_parse)
 
-CENSUS_FIELDS = ("dataset", "split", "queries", "videos", "phi", "theta", "parser", "model", "share_with_pr",
+CENSUS_FIELDS = ("dataset", "world", "split", "queries", "videos", "phi", "theta", "parser", "model", "share_with_pr",
                  "pr_queries_per_query", "pr_videos_per_query", "precision", "recall", "base_rate")
 VP_FIELDS = ("dataset", "split", "parser", "status", "queries", "gold_vps", "extracted_vps", "matched",
              "precision", "recall")
@@ -55,6 +61,7 @@ class TextSplit:
     dataset: str
     split: str
     text: QueryText
+    world: str = ""  # the knob values that remade a simulated world (--set / --sweep), "" = its preset
 
 
 def _tvr(path: Path, report) -> list:
@@ -137,11 +144,12 @@ def real_splits(name: str, root: Path, only: list[str] | None) -> list[TextSplit
     return out
 
 
-def sim_splits(name: str, only: list[str] | None) -> list[TextSplit]:
+def sim_splits(name: str, only: list[str] | None, overrides: list[str] | None = None) -> list[TextSplit]:
+    """The text of a simulated world; `overrides` (--set KEY=VALUE) remake the world first."""
     from prvr.harness.build import load_data
     from prvr.harness.config import resolve
 
-    data = load_data(resolve("baseline", name, 0, []))
+    data = load_data(resolve("baseline", name, 0, list(overrides or [])))
     missing = [s for s in only or [] if s not in data.splits]
     if missing:
         raise UserError(f"census --dataset {name}: no split {', '.join(missing)}; it has {', '.join(data.splits)}")
@@ -159,6 +167,31 @@ def text_splits(name: str, data_root: str | None, only: list[str] | None) -> lis
         return sim_splits(name, only)
     sims = [n for n in DATASETS.names() if DATASETS.get(n).simulated]
     raise UserError(f"census --dataset {name!r}: give one of {', '.join([*REAL, *ALIASES, *sims])}")
+
+
+def world_grid(dataset: str, sets: list[str], sweeps: list[str]) -> list[list[str]]:
+    """The worlds of a knob census: the fixed `--set` items plus one value of each `--sweep
+    KEY=V1,V2,...`, every combination in the order given. Only simulated worlds have knobs."""
+    from prvr.harness.config import parse_set
+    from prvr.harness.registry import DATASETS
+
+    if not (sets or sweeps):
+        return [[]]
+    if not (dataset in DATASETS and DATASETS.get(dataset).simulated):
+        raise UserError(f"census --dataset {dataset}: --set and --sweep remake a simulated world; "
+                        f"real text has no knobs (drop them, or give a sim-* dataset)")
+    axes = []
+    for item in sweeps:
+        key, values = parse_set(item)
+        vals = [v.strip() for v in values.split(",") if v.strip()]
+        if not vals:
+            raise UserError(f"--sweep {item}: give KEY=V1,V2,... (e.g. --sweep sim.repeat_prob=0.1,0.45)")
+        axes.append([f"{key}={v}" for v in vals])
+    keys = [parse_set(x)[0] for x in sets] + [parse_set(a[0])[0] for a in axes]
+    dup = sorted({k for k in keys if keys.count(k) > 1})
+    if dup:
+        raise UserError(f"census: {', '.join(dup)} given more than once in --set / --sweep; give each key once")
+    return [[*sets, *combo] for combo in itertools.product(*axes)]
 
 
 # ----------------------------------------------------------------------------- the census
@@ -208,8 +241,8 @@ def census_split(ts: TextSplit, encoder: MemoEncoder, phis: list[str], thetas: l
 def _row(ts: TextSplit, phi: str, theta: float, choice: ParserChoice, model: str, counts: np.ndarray,
          keys: np.ndarray, truth: np.ndarray | None) -> dict:
     n, v = len(ts.text.texts), ts.text.num_videos
-    row = {"dataset": ts.dataset, "split": ts.split, "queries": n, "videos": v, "phi": phi, "theta": theta,
-           "parser": choice.name + (" (fallback)" if choice.fallback else ""), "model": model_id(model),
+    row = {"dataset": ts.dataset, "world": ts.world, "split": ts.split, "queries": n, "videos": v, "phi": phi,
+           "theta": theta, "parser": choice.name + (" (fallback)" if choice.fallback else ""), "model": model_id(model),
            "share_with_pr": float(np.mean(counts > 0)) if n else None,
            "pr_queries_per_query": float(counts.mean()) if n else None, "pr_videos_per_query": len(keys) / max(1, n),
            "precision": None, "recall": None, "base_rate": None}
@@ -277,8 +310,10 @@ def _md_table(rows: list[dict], fields: tuple[str, ...]) -> list[str]:
             *("| " + " | ".join(_fmt(r.get(k)) for k in fields) + " |" for r in rows)]
 
 
-def write_census(out: Path, dataset: str, rows: list[dict], command: str, notes: list[str]) -> Path:
+def write_census(out: Path, dataset: str, rows: list[dict], command: str, notes: list[str], tag: str = "") -> Path:
     fields = CENSUS_FIELDS if any(r["precision"] is not None for r in rows) else CENSUS_FIELDS[:-3]
+    if not any(r.get("world") for r in rows):
+        fields = tuple(f for f in fields if f != "world")
     md = [f"# Census of the query text of {dataset}", "",
           "The SBERT detector (`relations=sbert`, docs/methods/sbert-pr.md) over every query of each split: "
           "`share_with_pr` = share of queries with at least one potentially relevant query in another video "
@@ -287,7 +322,7 @@ def write_census(out: Path, dataset: str, rows: list[dict], command: str, notes:
           "of the detected (query, video) pairs against the truly relevant pairs the labels miss, and "
           "`base_rate` = the precision of a random guess among the unlabelled pairs.", "",
           f"Written by `{command}`.", "", *notes, *([""] if notes else []), *_md_table(rows, fields)]
-    path = out / "census" / f"{dataset}.md"
+    path = out / "census" / f"{dataset}{'~' + tag if tag else ''}.md"
     write_text(path, "\n".join(md) + "\n")
     write_text(path.with_suffix(".csv"), _csv(rows, fields))
     return path
@@ -345,6 +380,13 @@ def add_commands(sub) -> None:
     p.add_argument("--batch-size", type=int, default=256, help="sentences per encoder batch")
     p.add_argument("--memory-mb", type=int, default=512, help="bound on one block of cosines")
     p.add_argument("--out", default="results")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="simulated worlds only: a knob of the world (e.g. sim.val_videos=2179), repeatable")
+    p.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2,...",
+                   help="simulated worlds only: one census per value (several --sweep: every combination), all in "
+                        "OUT/census/<dataset>~<tag>.{md,csv}")
+    p.add_argument("--tag", default=None,
+                   help="name of a knob census's table (default: knobs); only with --set / --sweep")
     p.set_defaults(func=cmd_census)
 
 
@@ -355,20 +397,34 @@ def cmd_census(args: argparse.Namespace) -> None:
     check_device(args.device, "--device", "--device cpu (or auto)")
     if not all(-1 <= t <= 1 for t in args.theta):
         raise UserError(f"--theta takes cosines in [-1, 1], got {' '.join(map(str, args.theta))}")
-    splits = text_splits(args.dataset, args.data_root, args.split)
+    worlds = world_grid(args.dataset, args.sets, args.sweep)
+    if args.tag is not None and worlds == [[]]:
+        raise UserError("census --tag names a knob census: give it with --set / --sweep, or drop it")
+    if args.tag is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", args.tag):
+        raise UserError(f"census --tag {args.tag!r}: use letters, digits, '.', '_' or '-' (it names a file)")
+    tag = (args.tag or "knobs") if worlds != [[]] else ""
+    if worlds == [[]]:
+        splits = text_splits(args.dataset, args.data_root, args.split)
+    else:  # every world is made (its knobs checked) before any encoding
+        splits = []
+        for world in worlds:
+            name = " ".join(world)
+            splits += [TextSplit(ts.dataset, ts.split, ts.text, name)
+                       for ts in sim_splits(args.dataset, args.split, world)]
     device = pick_device(args.device)
     encoder = MemoEncoder(sbert.make_encoder(args.model, str(device), args.batch_size))  # tests inject a fake here
     rows, notes, vp = [], [], []
     for ts in splits:
-        progress.log(f"census: {ts.dataset} {ts.split}, {len(ts.text.texts)} queries")
+        progress.log(f"census: {ts.dataset} {ts.split}{' (' + ts.world + ')' if ts.world else ''}, "
+                     f"{len(ts.text.texts)} queries")
         split_rows, choice = census_split(ts, encoder, args.phi, sorted(args.theta), args.parser, device, args.memory_mb)
         rows += split_rows
         if choice.fallback:
             notes.append(f"**Parser: `{choice.name}`, a fallback** for {ts.split} ({choice.fallback}).")
-        if ts.text.parses is not None:
+        if ts.text.parses is not None and not ts.world:  # the VP table measures the preset worlds
             vp += vp_rows(ts)
     out = Path(args.out)
-    path = write_census(out, args.dataset, rows, _command(args), notes)
+    path = write_census(out, args.dataset, rows, _command(args), notes, tag)
     progress.log(f"wrote {path} and {path.with_suffix('.csv')}")
     if vp:
         progress.log(f"wrote {update_vp_table(out, vp, _command(args))}")
@@ -386,4 +442,7 @@ def _command(args: argparse.Namespace) -> str:
             parts += [flag, *(map(str, value) if isinstance(value, list) else [str(value)])]
     if args.model != PACKAGED_MODEL:
         parts += ["--model", model_id(args.model)]
+    parts += [x for s in args.sets for x in ("--set", s)] + [x for s in args.sweep for x in ("--sweep", s)]
+    if args.tag:
+        parts += ["--tag", args.tag]
     return " ".join(parts)

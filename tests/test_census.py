@@ -134,3 +134,34 @@ def test_vp_counts_by_hand():
                  "(S (NP (NN man)) (VP (VBZ is) (VBG sitting)) (VP (VBG sitting) (RP down)))"]  # 'is sitting' matches
     assert census.vp_counts(gold, predicted) == {"queries": 2, "gold_vps": 3, "extracted_vps": 3, "matched": 2,
                                                  "precision": 2 / 3, "recall": 2 / 3}
+
+
+def test_a_knob_census_remakes_the_simulated_world_once_per_combination(tmp_path, fakes):
+    out = tmp_path / "results"
+    assert main(["census", "--dataset", "sim-tiny", "--phi", "sent", "--theta", "0.8", "--set", "sim.vague_prob=0",
+                 "--sweep", "sim.repeat_prob=0,0.9", "--sweep", "sim.train_videos=20,30", "--out", str(out)]) == 0
+    rows = read_csv(out / "census" / "sim-tiny~knobs.csv")
+    assert [r["world"] for r in rows] == [f"sim.vague_prob=0 sim.repeat_prob={p} sim.train_videos={n}"
+                                          for p in ("0", "0.9") for n in ("20", "30")]
+    assert [int(r["videos"]) for r in rows] == [20, 30, 20, 30] and all(r["base_rate"] for r in rows)
+    # a knob census leaves the preset world's tables alone
+    assert not (out / "census" / "sim-tiny.csv").exists() and not (out / "census" / "vp-extraction.csv").exists()
+    md = (out / "census" / "sim-tiny~knobs.md").read_text()
+    assert "--set sim.vague_prob=0 --sweep sim.repeat_prob=0,0.9 --sweep sim.train_videos=20,30" in md
+    assert main(["census", "--dataset", "sim-tiny", "--phi", "sent", "--theta", "0.8", "--set", "sim.train_videos=20",
+                 "--tag", "small", "--out", str(out)]) == 0
+    assert [r["world"] for r in read_csv(out / "census" / "sim-tiny~small.csv")] == ["sim.train_videos=20"]
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--dataset", "tvr", "--data-root", "x", "--sweep", "sim.repeat_prob=0,1"], "real text has no knobs"),
+    (["--dataset", "sim-tiny", "--set", "sim.repeat_prob=0", "--sweep", "sim.repeat_prob=0,1"],
+     "sim.repeat_prob given more than once"),
+    (["--dataset", "sim-tiny", "--sweep", "sim.repeat_prob="], "give KEY=V1,V2"),
+    (["--dataset", "sim-tiny", "--tag", "x"], "give it with --set / --sweep"),
+    (["--dataset", "sim-tiny", "--set", "sim.repeat_prob=2"], "sim.repeat_prob"),
+])
+def test_bad_knobs_are_one_line(argv, said, capsys):
+    assert main(["census", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and said in err
