@@ -294,6 +294,59 @@ def _add_moment_significance(rows: list[dict[str, Any]]) -> None:
         r["vcmr_p"] = _p_value(dict(zip(r["seeds"], r[MOMENT_SUM.name])), dict(zip(b["seeds"], b[MOMENT_SUM.name])))
 
 
+def backbone_row_name(row: dict[str, Any]) -> str | None:
+    """The run a plug-in row is compared with: the backbone's own run under the same relations
+    (`ral@msl` -> `msl`, `ral@msl+oracle` -> `msl+oracle`, `ral` on gmmformer2 -> `gmmformer2`,
+    `xml-pr~c1` -> `xml`); None where the method is its own backbone (arl, xml) or has none."""
+    method, backbone = row.get("method", ""), row.get("backbone", "")
+    if not backbone or backbone == method:
+        return None
+    relations = row.get("relations") or "none"
+    suffix = f"+{relations}" if relations != "none" and f"+{relations}" in row["run"] else ""
+    return backbone + suffix
+
+
+def backbone_comparisons(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each on-protocol plug-in row against its backbone's row (`backbone_row_name`) on the same
+    dataset and budget: mean SumR of both, Δ and the paired t-test over their shared seeds (Welch's
+    test where they share fewer than two); no row where the backbone has no run."""
+    by_name = {(r["dataset"], r["run"], r["budget"]): r for r in rows}
+    out = []
+    for r in rows:
+        name = backbone_row_name(r)
+        b = by_name.get((r["dataset"], name, r["budget"])) if name else None
+        if b is None or not r["on_protocol"] or not r["SumR"] or not b["SumR"]:
+            continue
+        a_by, b_by = dict(zip(r["seeds"], r["SumR"])), dict(zip(b["seeds"], b["SumR"]))
+        shared = sorted(set(a_by) & set(b_by))
+        out.append({"dataset": r["dataset"], "run": r["run"], "against": name, "seeds": r["seeds"],
+                    "against_seeds": b["seeds"], "shared": shared, "SumR": r["SumR"], "against_SumR": b["SumR"],
+                    "delta": float(np.mean(r["SumR"]) - np.mean(b["SumR"])), "p": _p_value(a_by, b_by),
+                    "paired_deltas": [a_by[s] - b_by[s] for s in shared]})
+    return out
+
+
+def backbone_table(rows: list[dict[str, Any]]) -> list[str]:
+    comps = backbone_comparisons(rows)
+    if not comps:
+        return []
+    head = ["dataset", "run", "against", "seeds / against seeds", "SumR", "against SumR", "Δ SumR",
+            "per shared seed"]
+    lines = ["", "## Against the backbone", "",
+             "Each method run on another method's backbone (RAL on MS-SL, +PR on XML, ...) against that backbone's "
+             "own row under the same relations and budget: Δ of mean test SumR (p: paired t-test over the shared "
+             "seeds, Welch's test where fewer than two are shared; * p < 0.05), and the difference per shared seed.",
+             "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for c in comps:
+        mark = "" if c["p"] is None else f" (p={c['p']:.3f})" + ("*" if c["p"] < 0.05 else "")
+        lines.append("| " + " | ".join([
+            c["dataset"], c["run"], c["against"], f"{' '.join(map(str, c['seeds']))} / "
+            f"{' '.join(map(str, c['against_seeds']))}", fmt(c["SumR"]), fmt(c["against_SumR"]),
+            f"{c['delta']:+.1f}{mark}",
+            " ".join(f"{s}: {d:+.1f}" for s, d in zip(c["shared"], c["paired_deltas"])) or "none shared"]) + " |")
+    return lines
+
+
 def _p_value(a: dict[int, float], b: dict[int, float]) -> float | None:
     shared = sorted(set(a) & set(b))
     if len(shared) >= 2:
@@ -444,6 +497,7 @@ def to_markdown(rows: list[dict[str, Any]], reported: list[dict[str, Any]] | Non
                   "the test queries (compared by content: datasets/selection.py), as the published MS-SL family "
                   "figures appear to; `--set data.val_from_train=N` selects on N held-out training videos instead, "
                   "and such rows never average with these."]
+    lines += backbone_table(rows)
     lines += moment_table(rows)
     prvr = [r for r in reported or [] if not carries_moments(r)]
     moments = [r for r in reported or [] if carries_moments(r)]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from prvr.harness import leaderboard
 from prvr.harness.io import UserError, atomic_path, write_json
@@ -173,3 +174,25 @@ def test_convergence_note_lists_runs_selected_near_the_cap(tmp_path):
     leaderboard.rebuild(tmp_path, show=False)
     assert "each of the 2 runs above selected an epoch before the last `patience` epochs" in (
         tmp_path / "leaderboard.md").read_text()
+
+
+def test_plug_in_rows_are_compared_with_their_backbones_row(tmp_path):
+    def plug(seed, sumr, run_name, method, backbone, relations="none"):
+        return {**fake_record(seed, sumr, method=method, run_name=run_name, relations=relations), "backbone": backbone}
+
+    for seed, (b, r, ro) in enumerate([(240.0, 250.0, 251.0), (241.0, 253.0, 250.0), (238.0, 249.0, 252.0)]):
+        store(tmp_path, plug(seed, b, "msl", "msl", "msl"))
+        store(tmp_path, plug(seed, r, "ral@msl", "ral", "msl"))
+        store(tmp_path, plug(seed, ro, "ral@msl+oracle", "ral", "msl", "oracle"))  # no msl+oracle row: no comparison
+    store(tmp_path, plug(0, 100.0, "arl", "arl", "arl"))  # its own backbone: no comparison
+    rows = leaderboard.rebuild(tmp_path, show=False)
+    (comp,) = leaderboard.backbone_comparisons(rows)
+    assert (comp["run"], comp["against"], comp["shared"]) == ("ral@msl", "msl", [0, 1, 2])
+    assert comp["delta"] == pytest.approx(11.0) and comp["paired_deltas"] == [10.0, 12.0, 11.0]
+    assert comp["p"] == pytest.approx(float(stats.ttest_rel([250, 253, 249], [240, 241, 238]).pvalue))
+    md = (tmp_path / "leaderboard.md").read_text()
+    assert "| sim-x | ral@msl | msl | 0 1 2 / 0 1 2 |" in md and "0: +10.0 1: +12.0 2: +11.0" in md
+    assert leaderboard.backbone_row_name({"method": "ral", "backbone": "msl", "relations": "oracle",
+                                          "run": "ral@msl+oracle"}) == "msl+oracle"
+    assert leaderboard.backbone_row_name({"method": "xml-pr", "backbone": "xml", "relations": "sbert",
+                                          "run": "xml-pr~c1"}) == "xml"
