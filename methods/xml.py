@@ -55,8 +55,10 @@ class XMLLossConfig:
     hard_pool: int = param(20, at_least(1))  # N_pool = 20 from hard_negative_epoch on (appendix A; --hard_pool_size)
     # appendix A: N_pool = 20 after the first 20 epochs (XML --hard_negtiave_start_epoch 20); -1 = never
     hard_negative_epoch: int = param(20, at_least(-1, "-1 = never"))
-    # N_pool before it: 1, the hardest negative (appendix A as written); XML's code draws from all negatives (0)
-    early_pool: int = param(1, at_least(0, "0 = any negative"))
+    # N_pool before it: 0 = any negative, as XML's code draws before its hard-negative epoch; appendix A
+    # writes "N_pool is set to 1" (the hardest negative, `--set loss.early_pool=1`), under which the PR
+    # conditions stayed at chance on sim-charades (docs/methods/sbert-pr.md, "Open choices of the loss")
+    early_pool: int = param(0, at_least(0, "0 = any negative"))
     # alpha of R_vcmr (Eq. 14): the alpha of s_vcmr (Eq. 3, eval.vcmr_alpha), 20 (appendix A; XML --q2c_alpha)
     alpha: float = param(20.0, NON_NEGATIVE)
     lambda_tl: float = param(0.01, NON_NEGATIVE)  # Eq. 9: 0.01 (Section 5.1; XML --lw_st_ed 0.01), every condition

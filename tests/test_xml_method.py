@@ -87,11 +87,21 @@ def test_the_recipes_and_their_conditions():
         assert (spec.loss_cls().condition, spec.relations, spec.backbone) == (condition, relations, "xml")
 
 
-def test_hard_negatives_from_the_top_20_after_epoch_20_the_hardest_before():
+def test_hard_negatives_from_the_top_20_after_epoch_20_any_negative_before():
     cfg = XMLLossConfig()
-    assert [negative_pool(cfg, e) for e in (0, 19, 20, 99)] == [1, 1, 20, 20]  # appendix A
-    assert negative_pool(XMLLossConfig(early_pool=0), 0) is None  # XML's code: any negative first
-    assert negative_pool(XMLLossConfig(hard_negative_epoch=-1), 99) == 1
+    assert [negative_pool(cfg, e) for e in (0, 19, 20, 99)] == [None, None, 20, 20]  # XML's code
+    paper = XMLLossConfig(early_pool=1)  # appendix A as written: the hardest negative first
+    assert [negative_pool(paper, e) for e in (0, 19, 20)] == [1, 1, 20]
+    assert negative_pool(XMLLossConfig(hard_negative_epoch=-1, early_pool=1), 99) == 1
+
+
+@pytest.mark.parametrize("dataset, epoch", [("sim-charades", 12), ("sim-didemo", 12), ("sim-tvr", 6)])
+def test_the_hard_negative_epoch_scales_with_the_datasets_budget(dataset, epoch):
+    from prvr.harness.config import resolve
+
+    cfg = resolve("xml-pr", dataset, 0, [])
+    assert cfg.loss.hard_negative_epoch == epoch and cfg.loss.early_pool == 0
+    assert cfg.train.epochs == (60 if epoch == 12 else 30)  # XML's 20 of 100, scaled
 
 
 def test_tables_7_8_leave_out_each_group_with_and_without_unit_confidence():
