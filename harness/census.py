@@ -398,19 +398,16 @@ def cmd_census(args: argparse.Namespace) -> None:
     if not all(-1 <= t <= 1 for t in args.theta):
         raise UserError(f"--theta takes cosines in [-1, 1], got {' '.join(map(str, args.theta))}")
     worlds = world_grid(args.dataset, args.sets, args.sweep)
-    if args.tag is not None and worlds == [[]]:
+    knobs = worlds != [[]]
+    if args.tag is not None and not knobs:
         raise UserError("census --tag names a knob census: give it with --set / --sweep, or drop it")
     if args.tag is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", args.tag):
         raise UserError(f"census --tag {args.tag!r}: use letters, digits, '.', '_' or '-' (it names a file)")
-    tag = (args.tag or "knobs") if worlds != [[]] else ""
-    if worlds == [[]]:
+    if knobs:  # every world is made (its knobs checked) before any encoding
+        splits = [TextSplit(ts.dataset, ts.split, ts.text, " ".join(world))
+                  for world in worlds for ts in sim_splits(args.dataset, args.split, world)]
+    else:
         splits = text_splits(args.dataset, args.data_root, args.split)
-    else:  # every world is made (its knobs checked) before any encoding
-        splits = []
-        for world in worlds:
-            name = " ".join(world)
-            splits += [TextSplit(ts.dataset, ts.split, ts.text, name)
-                       for ts in sim_splits(args.dataset, args.split, world)]
     device = pick_device(args.device)
     encoder = MemoEncoder(sbert.make_encoder(args.model, str(device), args.batch_size))  # tests inject a fake here
     rows, notes, vp = [], [], []
@@ -424,6 +421,7 @@ def cmd_census(args: argparse.Namespace) -> None:
         if ts.text.parses is not None and not ts.world:  # the VP table measures the preset worlds
             vp += vp_rows(ts)
     out = Path(args.out)
+    tag = (args.tag or "knobs") if knobs else ""
     path = write_census(out, args.dataset, rows, _command(args), notes, tag)
     progress.log(f"wrote {path} and {path.with_suffix('.csv')}")
     if vp:

@@ -277,8 +277,13 @@ def _add_significance(rows: list[dict[str, Any]]) -> None:
         r["delta"], r["p"] = None, None
         if b is None or r is b or not r["on_protocol"] or not r["SumR"] or not b["SumR"]:
             continue
-        r["delta"] = float(np.mean(r["SumR"]) - np.mean(b["SumR"]))
-        r["p"] = _p_value(dict(zip(r["seeds"], r["SumR"])), dict(zip(b["seeds"], b["SumR"])))
+        r["delta"], r["p"] = compare(r, b, "SumR")
+
+
+def compare(row: dict[str, Any], other: dict[str, Any], key: str) -> tuple[float, float | None]:
+    """Δ of the mean of `key` (row minus other) and its p-value over the seeds (`_p_value`)."""
+    return (float(np.mean(row[key]) - np.mean(other[key])),
+            _p_value(dict(zip(row["seeds"], row[key])), dict(zip(other["seeds"], other[key]))))
 
 
 def _add_moment_significance(rows: list[dict[str, Any]]) -> None:
@@ -290,8 +295,7 @@ def _add_moment_significance(rows: list[dict[str, Any]]) -> None:
         r["vcmr_delta"], r["vcmr_p"] = None, None
         if b is None or r is b or not r["on_protocol"] or not r.get(MOMENT_SUM.name) or not b.get(MOMENT_SUM.name):
             continue
-        r["vcmr_delta"] = float(np.mean(r[MOMENT_SUM.name]) - np.mean(b[MOMENT_SUM.name]))
-        r["vcmr_p"] = _p_value(dict(zip(r["seeds"], r[MOMENT_SUM.name])), dict(zip(b["seeds"], b[MOMENT_SUM.name])))
+        r["vcmr_delta"], r["vcmr_p"] = compare(r, b, MOMENT_SUM.name)
 
 
 def backbone_row_name(row: dict[str, Any]) -> str | None:
@@ -319,10 +323,10 @@ def backbone_comparisons(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         a_by, b_by = dict(zip(r["seeds"], r["SumR"])), dict(zip(b["seeds"], b["SumR"]))
         shared = sorted(set(a_by) & set(b_by))
+        delta, p = compare(r, b, "SumR")
         out.append({"dataset": r["dataset"], "run": r["run"], "against": name, "seeds": r["seeds"],
                     "against_seeds": b["seeds"], "shared": shared, "SumR": r["SumR"], "against_SumR": b["SumR"],
-                    "delta": float(np.mean(r["SumR"]) - np.mean(b["SumR"])), "p": _p_value(a_by, b_by),
-                    "paired_deltas": [a_by[s] - b_by[s] for s in shared]})
+                    "delta": delta, "p": p, "paired_deltas": [a_by[s] - b_by[s] for s in shared]})
     return out
 
 
