@@ -28,6 +28,8 @@ from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS, unkno
 ON_BAD_ROWS = ("error", "skip")
 ON_NONFINITE = ("stop", "continue")  # train.on_nonfinite, read by harness/trainer.py
 SPLITS = ("train", "val", "test")
+# train.select_on: the validation figure that selects the tested epoch and drives early stopping
+SELECT_ON = {"vr": "SumR", "vcmr": "VCMR SumR"}
 
 
 def dataset_scales(cfg: Any) -> tuple[str, ...]:
@@ -138,9 +140,14 @@ class TrainConfig:
     decay: str = param("cosine", OneOf(_decays))
     # gradient-norm bound, 0 = none: adamw clips the global norm, bertadam each parameter's
     grad_clip: float = param(5.0, Range(0, note="0 = no clipping"))
-    # early stop after this many epochs without val SumR gain (MS-SL: 10 of 100 epochs)
+    # early stop after this many epochs without a gain of the val figure of select_on (MS-SL: 10 of 100)
     patience: int = param(5, at_least(1))
     eval_every: int = param(1, at_least(1))
+    # the val figure that picks the tested epoch and counts toward the early stop: "vr" (VR SumR,
+    # as the PRVR papers) | "vcmr" (VCMR SumR, as XML's code: TVRetrieval --stop_task VCMR); a
+    # backbone that does not localize is selected on VR SumR under "vcmr", and its record says so.
+    # A dataset setting (its preset), like the budget: docs/protocol.md
+    select_on: str = param("vr", OneOf(tuple(SELECT_ON)))
     # batch-building worker processes; -1: 4 with CUDA (keeps a GPU fed), 0 on CPU
     num_workers: int = param(-1, at_least(-1, "-1 = auto"))
     device: str = param("auto", Device())  # "auto" (CUDA when present) | "cpu" | "cuda" | "cuda:1" ...

@@ -215,9 +215,20 @@ def dataset_label(record: dict[str, Any]) -> str:
 
 
 def record_protocol(record: dict[str, Any]) -> dict[str, Any]:
-    """The run's budget, judged against its dataset's protocol as the presets state it now."""
+    """The run's budget, judged against its dataset's protocol as the presets state it now; a run
+    whose test metrics hold VCMR figures had moments to select on."""
     data = record.get("provenance", {}).get("data", {}) if isinstance(record.get("provenance"), dict) else {}
-    return run_protocol(record.get("config", {}), record["dataset"], data.get("selection"))
+    test = (record.get("metrics") or {}).get("test") or {}
+    return run_protocol(record.get("config", {}), record["dataset"], data.get("selection"),
+                        localizes="VCMR SumR" in test)
+
+
+def protocol_sentence(protocol: dict[str, Any]) -> str:
+    """A dataset protocol (records.dataset_protocol) in words, for the note above the table."""
+    figure = protocol["selection"]
+    fallback = " (val SumR for a backbone that does not localize)" if protocol.get("select_on") == "vcmr" else ""
+    return (f"at most {protocol['epochs']} epochs, early stop after {protocol['patience']} epochs without a "
+            f"{figure} gain{fallback}, the best {figure} epoch tested")
 
 
 def diverged(record: dict[str, Any]) -> bool:
@@ -253,7 +264,7 @@ def build_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         recs = sorted(recs, key=lambda r: r["seed"])
         protocol = record_protocol(recs[0])
         row = {"dataset": dataset, "run": name, "budget": budget, "on_protocol": protocol["follows_protocol"],
-               "protocol": budget_label(protocol["dataset_protocol"]),
+               "protocol": budget_label(protocol["dataset_protocol"]), "dataset_protocol": protocol["dataset_protocol"],
                "method": recs[0]["method"], "backbone": recs[0].get("backbone", ""),
                "relations": recs[0].get("relations", ""), "tag": recs[0].get("tag", ""),
                "seeds": [r["seed"] for r in recs], "n": len(recs),
@@ -479,14 +490,13 @@ def to_markdown(rows: list[dict[str, Any]], reported: list[dict[str, Any]] | Non
              "Test split, percent; mean ± sample std over seeds. Δ: difference of mean SumR to the `baseline` row "
              "of the same dataset (p: paired t-test over shared seeds; * p < 0.05). oracle SumR counts a hit when "
              "any truly relevant video is in the top K (simulated data only). best / run epochs: per seed, the "
-             "epoch selected on validation SumR (1-based) / the epochs trained before early stopping or the cap.", ""]
-    protocols = sorted({(r["dataset"], r["protocol"]) for r in rows})
+             "epoch selected on validation (by the figure the protocol names; 1-based) / the epochs trained "
+             "before early stopping or the cap.", ""]
+    protocols = sorted({(r["dataset"], r["protocol"]): r["dataset_protocol"] for r in rows}.items())
     if protocols:
         lines += ["Protocol (every row of a dataset; the `budget` column shows each row's own, and a row "
                   "off its dataset's protocol is marked and gets no Δ): "
-                  + "; ".join(f"{d}: at most {p.replace(' ep / stop ', ' epochs, early stop after ')} epochs "
-                              "without a val SumR gain, the best val SumR epoch tested" for d, p in protocols)
-                  + ".", ""]
+                  + "; ".join(f"{d}: {protocol_sentence(p)}" for (d, _), p in protocols) + ".", ""]
     if commands:
         lines += ["Produced by (`nox -s bench -- ARGS` runs `prvr-bench bench ARGS`):", "", "```", *commands, "```", ""]
     lines += ["| " + " | ".join(TABLE_HEADER) + " |", "|" + "---|" * len(TABLE_HEADER)]

@@ -39,7 +39,15 @@ def run_tag(method: str, relations: str, default_relations: str, backbone: str, 
     return name
 
 
-SELECTION = "val SumR"  # the model-selection rule of every run: the epoch with the best validation SumR
+SELECTION = "val SumR"  # the default selection rule: the epoch with the best validation (VR) SumR
+
+
+def selection_metric(select_on: str, localizes: bool = True) -> str:
+    """The val metric key a run selects on (harness/trainer.py): `train.select_on` "vcmr" is the
+    VCMR SumR for a backbone that localizes, the VR SumR for one that does not."""
+    from prvr.harness.config import SELECT_ON
+
+    return SELECT_ON["vcmr"] if select_on == "vcmr" and localizes else SELECT_ON["vr"]
 
 
 def dataset_protocol(dataset: str) -> dict[str, Any]:
@@ -48,36 +56,45 @@ def dataset_protocol(dataset: str) -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=None)
 def _dataset_protocol(dataset: str) -> dict[str, Any]:
-    """The training budget every row of `dataset` follows: its preset's `train.epochs` and
-    `train.patience` (dataclass defaults where the preset is silent) and the selection rule."""
+    """The training budget every row of `dataset` follows: its preset's `train.epochs`,
+    `train.patience` and `train.select_on` (dataclass defaults where the preset is silent), and
+    the selection rule they make."""
     from prvr.harness.config import TrainConfig, load_yaml
     from prvr.harness.registry import DATASETS
 
     train = (load_yaml(DATASETS.get(dataset).preset).get("train") or {}) if dataset in DATASETS else {}
+    select_on = str(train.get("select_on", TrainConfig.select_on))
     return {"epochs": int(train.get("epochs", TrainConfig.epochs)),
-            "patience": int(train.get("patience", TrainConfig.patience)), "selection": SELECTION}
+            "patience": int(train.get("patience", TrainConfig.patience)), "select_on": select_on,
+            "selection": f"val {selection_metric(select_on)}"}
 
 
-def selection_rule(config: dict[str, Any], selection: dict[str, Any] | None) -> str:
-    """The selection rule with the split it used: the dataset's val, N held-out training videos
-    (data.val_from_train), or a val split that holds the test queries (datasets/selection.py)."""
-    n = (config.get("data") or {}).get("val_from_train", 0) if isinstance(config, dict) else 0
+def selection_rule(config: dict[str, Any], selection: dict[str, Any] | None, localizes: bool = True) -> str:
+    """The selection rule with the split it used: the val figure (`selection_metric`) on the
+    dataset's val, N held-out training videos (data.val_from_train), or a val split that holds
+    the test queries (datasets/selection.py)."""
+    config = config if isinstance(config, dict) else {}
+    rule = f"val {selection_metric((config.get('train') or {}).get('select_on', 'vr'), localizes)}"
+    n = (config.get("data") or {}).get("val_from_train", 0)
     if n:
-        return f"{SELECTION} on {n} held-out train videos"
+        return f"{rule} on {n} held-out train videos"
     if selection and selection.get("val_is_test"):
-        return f"{SELECTION} on val = test queries"
-    return SELECTION
+        return f"{rule} on val = test queries"
+    return rule
 
 
-def run_protocol(config: dict[str, Any], dataset: str, selection: dict[str, Any] | None = None) -> dict[str, Any]:
+def run_protocol(config: dict[str, Any], dataset: str, selection: dict[str, Any] | None = None,
+                 localizes: bool = True) -> dict[str, Any]:
     """The budget a run was trained under (from its resolved config and, for the selection
-    split, its data facts) and whether it is the dataset's protocol."""
+    split, its data facts; `localizes`: whether its backbone gives moments to select on) and
+    whether it is the dataset's protocol."""
     train = config.get("train", {}) if isinstance(config, dict) else {}
-    own = {"epochs": train.get("epochs"), "patience": train.get("patience"), "selection": selection_rule(config, selection)}
+    own = {"epochs": train.get("epochs"), "patience": train.get("patience"),
+           "select_on": train.get("select_on", "vr"), "selection": selection_rule(config, selection, localizes)}
     expected = dataset_protocol(dataset)
     # A val split that holds the test queries still follows the budget; the rule says so, and
     # the label keeps such rows apart from rows selected on held-out data.
-    follows = own["epochs"] == expected["epochs"] and own["patience"] == expected["patience"]
+    follows = all(own[k] == expected[k] for k in ("epochs", "patience", "select_on"))
     return {**own, "dataset_protocol": expected, "follows_protocol": follows}
 
 

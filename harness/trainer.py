@@ -1,8 +1,9 @@
 """Training loop shared by every method.
 
 The optimizer and schedule are registered parts (harness/optim.py: `train.optimizer`
-adamw | bertadam, `train.decay`); early stopping on validation SumR
-with patience; the best checkpoint is kept and the test split is evaluated with it.
+adamw | bertadam, `train.decay`); early stopping on a validation figure with patience (VR
+SumR, or VCMR SumR for a backbone that localizes: `train.select_on`); the best checkpoint is kept
+and the test split is evaluated with it.
 Hooks run at epoch start / end and after each step: the detector's see a `DetectorState`
 (epoch, model, training split; methods/relations/base.py), the harness's own hooks (profiling,
 tests) the trainer. Checkpoints are written atomically every epoch and loaded with weights_only=True;
@@ -36,10 +37,12 @@ import torch
 
 from prvr.datasets.loader import Batcher, epoch_batches, make_loader
 from prvr.harness import progress
-from prvr.harness.config import ON_NONFINITE
+from prvr.harness import vcmr
+from prvr.harness.config import ON_NONFINITE, SELECT_ON
 from prvr.harness.evaluate import evaluate_model
 from prvr.harness.io import UserError, atomic_path
 from prvr.harness.optim import build_optimizer, lr_lambda
+from prvr.harness.records import selection_metric
 from prvr.harness.timing import Timings
 from prvr.methods.relations.base import DetectorState
 
@@ -55,8 +58,11 @@ RESUME_FREE_KEYS = frozenset({"eval.chunk", "train.num_workers", "train.device",
                               # the moment metrics' settings (harness/vcmr.py): evaluation only
                               "eval.vcmr_n_min", "eval.vcmr_n_max", "eval.vcmr_alpha", "eval.vcmr_top_videos",
                               "eval.vcmr_top_moments", "eval.vcmr_tious"})
-STATE_KEYS = ("model", "optimizer", "scheduler", "epoch", "bad_epochs", "finished", "best_sumr", "best_epoch",
-              "best_metrics", "history", "torch_rng")
+STATE_KEYS = ("model", "optimizer", "scheduler", "epoch", "bad_epochs", "finished", "best_epoch",
+              "best_metrics", "history", "torch_rng")  # and best_score (best_sumr before train.select_on)
+# settings added after checkpoints were written, with the value those checkpoints were trained
+# under: a stored config without the key resumes as if it held that value
+SETTLED_BEFORE = {"train.select_on": "vr"}
 RESUME_FIX = "run without --resume to train afresh (that overwrites it)"
 
 
@@ -116,7 +122,12 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(total, cfg.train.warmup_frac, cfg.train.decay))
         self.epoch = 0
-        self.best = {"SumR": -1.0, "epoch": -1, "metrics": None}
+        # the val figure that selects the tested epoch and drives the early stop (train.select_on)
+        self.select_key = selection_metric(cfg.train.select_on, vcmr.localizes(model))
+        if cfg.train.select_on == "vcmr" and self.select_key != SELECT_ON["vcmr"]:
+            progress.log(f"train.select_on is vcmr, but backbone {cfg.backbone!r} gives no moments: selecting "
+                         f"on val {self.select_key} (the record's protocol says so)")
+        self.best = {"score": -math.inf, "epoch": -1, "metrics": None}
         self.bad_epochs = 0
         self.history: list[dict] = []
         self.finished = False
@@ -255,16 +266,16 @@ class Trainer:
         if self.epoch % self.cfg.train.eval_every == 0 or self.epoch == self.cfg.train.epochs:
             with self.timings("eval_val"):
                 val = self.evaluate("val")
-            summary["val"] = {k: val[k] for k in ("R@1", "R@5", "R@10", "R@100", "SumR")}
-            if val["SumR"] > self.best["SumR"]:
-                self.best = {"SumR": val["SumR"], "epoch": self.epoch - 1, "metrics": val}
+            summary["val"] = {k: val[k] for k in ("R@1", "R@5", "R@10", "R@100", "SumR", SELECT_ON["vcmr"]) if k in val}
+            if val[self.select_key] > self.best["score"]:
+                self.best = {"score": val[self.select_key], "epoch": self.epoch - 1, "metrics": val}
                 self.bad_epochs = 0
                 self.save_model(self.ckpt_dir / "best.pt")
             else:
                 self.bad_epochs += 1
                 if self.bad_epochs >= self.cfg.train.patience:
                     self.finished = True
-                    stop_note = (f"early stop after epoch {self.epoch - 1}: no val SumR gain in "
+                    stop_note = (f"early stop after epoch {self.epoch - 1}: no val {self.select_key} gain in "
                                  f"{self.cfg.train.patience} epochs")
         self.history.append(summary)
         self.save_state(self.ckpt_dir / "last.pt")
@@ -292,7 +303,7 @@ class Trainer:
         state = {
             "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(), "epoch": self.epoch, "bad_epochs": self.bad_epochs,
-            "finished": self.finished, "best_sumr": self.best["SumR"], "best_epoch": self.best["epoch"],
+            "finished": self.finished, "best_score": self.best["score"], "best_epoch": self.best["epoch"],
             "best_metrics": _jsonable(self.best["metrics"]), "history": _jsonable(self.history),
             "torch_rng": torch.get_rng_state(), "config": self.cfg.to_dict(),
             "nonfinite": self.nonfinite, "resumes": self.resumes,
@@ -315,7 +326,13 @@ class Trainer:
             raise UserError(f"checkpoint {path}: its optimizer state does not fit this run's optimizer "
                             f"({_first_line(err)}); {RESUME_FIX}") from None
         self.epoch, self.bad_epochs, self.finished = state["epoch"], state["bad_epochs"], state["finished"]
-        self.best = {"SumR": state["best_sumr"], "epoch": state["best_epoch"], "metrics": state["best_metrics"]}
+        # checkpoints before train.select_on stored the best val SumR as best_sumr
+        best = state.get("best_score", state.get("best_sumr"))
+        if not isinstance(best, (int, float)):
+            raise UserError(f"checkpoint {path} stores no best validation score (key 'best_score'); {RESUME_FIX}")
+        if changed and "train.select_on" in changed:  # (--force-resume) the stored best was picked on another figure
+            best = -math.inf
+        self.best = {"score": best, "epoch": state["best_epoch"], "metrics": state["best_metrics"]}
         self.history = state["history"]
         self.nonfinite = state.get("nonfinite")
         forced = changed is None or any(k not in RESUME_FREE_KEYS for k in changed)
@@ -410,7 +427,7 @@ def resume_changes(stored: dict | None, requested: dict, path: Path, force: bool
                             "or run without --resume to train afresh")
         progress.log(f"[yellow]warning[/]: {path} stores no settings; continuing it anyway (--force-resume)")
         return None
-    old, new = _flatten(stored), _flatten(requested)
+    old, new = {**SETTLED_BEFORE, **_flatten(stored)}, _flatten(requested)
     pairs = {k: (old.get(k, _ABSENT), new.get(k, _ABSENT)) for k in sorted(old.keys() | new.keys())}
     differ = {k: (a, b) for k, (a, b) in pairs.items() if not _same(a, b)}
     refused = {k: v for k, v in differ.items() if k not in RESUME_FREE_KEYS}

@@ -106,3 +106,42 @@ def test_learning_rate_warms_up_then_decays():
     assert f(50) < 1.0 and f(99) < 0.01
     g = lr_lambda(100, 0.1, "linear")
     assert g(55) == pytest.approx(0.5)
+
+
+def _first_best(history, key):
+    """The 0-based epoch of the first maximum of val[key] in a run history."""
+    values = [h["val"][key] for h in history]
+    return values.index(max(values))
+
+
+@pytest.mark.parametrize("select_on, key, rule", [("vcmr", "VCMR SumR", "val VCMR SumR"), ("vr", "SumR", "val SumR")])
+def test_selection_follows_train_select_on(tmp_path, select_on, key, rule):
+    """XML localizes: under select_on=vcmr its tested epoch is the first best val VCMR SumR, under
+    vr the first best val SumR; the record's protocol names the rule."""
+    cfg = resolve("xml", "sim-charades", 0, ["data.scale=tiny", "train.epochs=4", "train.patience=10",
+                                               f"train.select_on={select_on}"])
+    record = run_one(cfg, tmp_path)
+    assert all("VCMR SumR" in h["val"] for h in record["history"])
+    assert record["best_epoch"] == _first_best(record["history"], key)
+    assert record["metrics"]["val"][key] == max(h["val"][key] for h in record["history"])
+    assert record["protocol"]["selection"] == rule
+    assert record["protocol"]["follows_protocol"] is False  # 4 epochs is not the dataset's budget
+
+
+def test_a_backbone_without_moments_is_selected_on_vr_sumr_under_vcmr(tmp_path):
+    cfg = resolve("baseline", "sim-charades", 0, ["data.scale=tiny", "train.epochs=3", "train.select_on=vcmr"])
+    record = run_one(cfg, tmp_path)
+    assert record["best_epoch"] == _first_best(record["history"], "SumR")
+    assert record["protocol"]["selection"] == "val SumR" and record["protocol"]["select_on"] == "vcmr"
+
+
+def test_checkpoints_from_before_select_on_resume_as_vr(tmp_path):
+    from prvr.harness.trainer import resume_changes
+
+    requested = resolve("baseline", "sim-tiny", 0, TINY).to_dict()
+    stored = json.loads(json.dumps(requested))
+    del stored["train"]["select_on"]  # a checkpoint written before the setting existed
+    assert resume_changes(stored, requested, tmp_path / "last.pt", force=False) == {}
+    requested["train"]["select_on"] = "vcmr"
+    with pytest.raises(UserError, match="train.select_on 'vr' -> 'vcmr'"):
+        resume_changes(stored, requested, tmp_path / "last.pt", force=False)
