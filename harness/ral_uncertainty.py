@@ -237,6 +237,10 @@ def report_markdown(report: dict[str, Any], png_name: str) -> str:
              "this file.", "",
              "Mean R@1 over the groups: " + ", ".join(f"{k} {v:.1f}" for k, v in report["overall"].items()
                                                      if v is not None) + ".", ""]
+    if len(report["groups"]) >= 3:
+        parts = thirds(report)
+        lines += ["Mean R@1 by thirds of the groups (least to most uncertain): "
+                  + "; ".join(f"{n} " + " / ".join(f"{v:.1f}" for v in parts[n]) for n in names) + ".", ""]
     if report["command"]:
         lines += [f"Command: `{report['command']}`", ""]
     head = ["group", "uncertainty", *(f"{n} R@1" for n in names)]
@@ -245,6 +249,14 @@ def report_markdown(report: dict[str, Any], png_name: str) -> str:
         lines.append("| " + " | ".join([str(g["index"] + 1), f"{g['uncertainty']:.4g}",
                                         *(f"{g['R@1'][n]:.1f}" for n in names)]) + " |")
     return "\n".join(lines) + "\n"
+
+
+def thirds(report: dict[str, Any]) -> dict[str, list[float]]:
+    """Per run, the mean group R@1 of the first, middle and last third of the groups in order of
+    uncertainty (np.array_split: the thirds differ by at most one group)."""
+    names = [r["run"] for r in report["runs"]]
+    parts = np.array_split(np.arange(len(report["groups"])), 3)
+    return {n: [float(np.mean([report["groups"][i]["R@1"][n] for i in part])) for part in parts] for n in names}
 
 
 def smooth(values: np.ndarray, window: int) -> np.ndarray:

@@ -193,3 +193,16 @@ def test_records_without_bucket_metrics_make_no_chart(tmp_path):
     rec = bucket_record(0)
     rec["metrics"]["test"]["buckets"] = {}
     assert write_reports(tmp_path, [rec]) == [] and not (tmp_path / "buckets").exists()
+
+
+def test_thirds_are_the_means_of_consecutive_groups():
+    from prvr.harness.ral_uncertainty import report_markdown, thirds
+
+    groups = [{"index": i, "uncertainty": 0.5 + i / 100, "R@1": {"ral": float(i), "msl": 2.0 * i}} for i in range(7)]
+    report = {"runs": [{"run": "ral", "role": "ral", "seeds": [0]}, {"run": "msl", "role": "against", "seeds": [0]}],
+              "groups": groups, "overall": {"ral": 3.0, "msl": 6.0}, "run": "ral", "dataset": "sim-x", "split": "test",
+              "bucket": "medium", "bounds": [0.2, 0.4], "queries_in_bucket": 35, "group": 5, "dropped": 0,
+              "command": ""}
+    # groups 0-2, 3-4, 5-6
+    assert thirds(report) == {"ral": [1.0, 3.5, 5.5], "msl": [2.0, 7.0, 11.0]}
+    assert "least to most uncertain): ral 1.0 / 3.5 / 5.5; msl 2.0 / 7.0 / 11.0." in report_markdown(report, "x.png")
