@@ -30,6 +30,9 @@ ON_NONFINITE = ("stop", "continue")  # train.on_nonfinite, read by harness/train
 SPLITS = ("train", "val", "test")
 # train.select_on: the validation figure that selects the tested epoch and drives early stopping
 SELECT_ON = {"vr": "SumR", "vcmr": "VCMR SumR"}
+# settings added after runs were stored, with the value those runs were trained under: a stored
+# config (checkpoint, record) without the key reads as if it held that value
+SETTLED_BEFORE = {"train.select_on": "vr"}
 
 
 def dataset_scales(cfg: Any) -> tuple[str, ...]:

@@ -220,7 +220,7 @@ def record_protocol(record: dict[str, Any]) -> dict[str, Any]:
     data = record.get("provenance", {}).get("data", {}) if isinstance(record.get("provenance"), dict) else {}
     test = (record.get("metrics") or {}).get("test") or {}
     return run_protocol(record.get("config", {}), record["dataset"], data.get("selection"),
-                        localizes="VCMR SumR" in test)
+                        localizes=MOMENT_SUM.name in test)
 
 
 def protocol_sentence(protocol: dict[str, Any]) -> str:

@@ -69,13 +69,13 @@ def _dataset_protocol(dataset: str) -> dict[str, Any]:
             "selection": f"val {selection_metric(select_on)}"}
 
 
-def selection_rule(config: dict[str, Any], selection: dict[str, Any] | None, localizes: bool = True) -> str:
+def selection_rule(config: dict[str, Any], selection: dict[str, Any] | None, select_on: str = "vr",
+                   localizes: bool = True) -> str:
     """The selection rule with the split it used: the val figure (`selection_metric`) on the
     dataset's val, N held-out training videos (data.val_from_train), or a val split that holds
     the test queries (datasets/selection.py)."""
-    config = config if isinstance(config, dict) else {}
-    rule = f"val {selection_metric((config.get('train') or {}).get('select_on', 'vr'), localizes)}"
-    n = (config.get("data") or {}).get("val_from_train", 0)
+    rule = f"val {selection_metric(select_on, localizes)}"
+    n = (config.get("data") or {}).get("val_from_train", 0) if isinstance(config, dict) else 0
     if n:
         return f"{rule} on {n} held-out train videos"
     if selection and selection.get("val_is_test"):
@@ -88,9 +88,12 @@ def run_protocol(config: dict[str, Any], dataset: str, selection: dict[str, Any]
     """The budget a run was trained under (from its resolved config and, for the selection
     split, its data facts; `localizes`: whether its backbone gives moments to select on) and
     whether it is the dataset's protocol."""
+    from prvr.harness.config import SETTLED_BEFORE
+
     train = config.get("train", {}) if isinstance(config, dict) else {}
-    own = {"epochs": train.get("epochs"), "patience": train.get("patience"),
-           "select_on": train.get("select_on", "vr"), "selection": selection_rule(config, selection, localizes)}
+    select_on = train.get("select_on", SETTLED_BEFORE["train.select_on"])
+    own = {"epochs": train.get("epochs"), "patience": train.get("patience"), "select_on": select_on,
+           "selection": selection_rule(config, selection, select_on, localizes)}
     expected = dataset_protocol(dataset)
     # A val split that holds the test queries still follows the budget; the rule says so, and
     # the label keeps such rows apart from rows selected on held-out data.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from prvr.harness import progress, vcmr
+from prvr.harness import progress
 from prvr.harness.build import build_run
 from prvr.harness.names import check_name, check_tag
 from prvr.harness.records import checkpoint_dir, provenance, record_path, run_protocol, run_tag, write_record
@@ -58,7 +58,7 @@ def run_one(cfg, out: str | Path, resume: bool = False, tag: str = "", hooks: li
         "config": cfg.to_dict(),
         "provenance": {**provenance(device_name(trainer.device)), "data": _data_facts(data)},
         "protocol": run_protocol(cfg.to_dict(), cfg.dataset, data.meta.get("selection"),
-                                 localizes=vcmr.localizes(trainer.model)),
+                                 localizes=trainer.localizes),
         "timings": timings.as_dict(),
         "best_epoch": trainer.best["epoch"], "epochs_run": trainer.epoch,
         "metrics": {"val": _keep(val), "test": _keep(test), **({"noise": noise} if noise is not None else {})},

@@ -30,15 +30,14 @@ import random
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from prvr.datasets.loader import Batcher, epoch_batches, make_loader
-from prvr.harness import progress
-from prvr.harness import vcmr
-from prvr.harness.config import ON_NONFINITE, SELECT_ON
+from prvr.harness import progress, vcmr
+from prvr.harness.config import ON_NONFINITE, SELECT_ON, SETTLED_BEFORE
 from prvr.harness.evaluate import evaluate_model
 from prvr.harness.io import UserError, atomic_path
 from prvr.harness.optim import build_optimizer, lr_lambda
@@ -60,9 +59,6 @@ RESUME_FREE_KEYS = frozenset({"eval.chunk", "train.num_workers", "train.device",
                               "eval.vcmr_top_moments", "eval.vcmr_tious"})
 STATE_KEYS = ("model", "optimizer", "scheduler", "epoch", "bad_epochs", "finished", "best_epoch",
               "best_metrics", "history", "torch_rng")  # and best_score (best_sumr before train.select_on)
-# settings added after checkpoints were written, with the value those checkpoints were trained
-# under: a stored config without the key resumes as if it held that value
-SETTLED_BEFORE = {"train.select_on": "vr"}
 RESUME_FIX = "run without --resume to train afresh (that overwrites it)"
 
 
@@ -123,7 +119,8 @@ class Trainer:
             self.optimizer, lr_lambda(total, cfg.train.warmup_frac, cfg.train.decay))
         self.epoch = 0
         # the val figure that selects the tested epoch and drives the early stop (train.select_on)
-        self.select_key = selection_metric(cfg.train.select_on, vcmr.localizes(model))
+        self.localizes = vcmr.localizes(model)  # gives start / end logits (moments to select on)
+        self.select_key = selection_metric(cfg.train.select_on, self.localizes)
         if cfg.train.select_on == "vcmr" and self.select_key != SELECT_ON["vcmr"]:
             progress.log(f"train.select_on is vcmr, but backbone {cfg.backbone!r} gives no moments: selecting "
                          f"on val {self.select_key} (the record's protocol says so)")
