@@ -82,6 +82,26 @@ def test_ral_scores_do_not_depend_on_batch_mates_or_chunking(backbone):
     assert torch.allclose(chunked.fused, both.fused, atol=1e-6)
 
 
+@pytest.mark.parametrize("backbone", RAL_BACKBONES)
+def test_clip_scores_are_the_clip_branch_of_score(backbone):
+    """RAL under CSA reads only the backbone's clip branch (`clip_scores`); it must be the
+    branch `score` gives, cosine and raw, whole and in query chunks, with and without grad."""
+    _, run = _tiny(backbone)
+    base = run.model.base.eval()
+    batcher, _ = _batch(run)
+    q = base.encode_queries(batcher.queries(np.arange(7)))
+    v = base.index_videos(base.encode_videos(batcher.videos(np.arange(5))))
+    want = base.score(q, v)
+    got = base.clip_scores(q, v)
+    assert set(got.branches) == {"clip"} and torch.equal(got.fused, got.branches["clip"])
+    assert torch.equal(got.branches["clip"], want.branches["clip"]) and torch.equal(got.raw["clip"], want.raw["clip"])
+    with torch.no_grad():
+        base.cfg.eval_budget = 1  # one query per chunk
+        chunked = base.clip_scores(q, v)
+    assert torch.allclose(chunked.fused, want.branches["clip"], atol=1e-6)
+    assert torch.allclose(chunked.raw["clip"], want.raw["clip"], atol=1e-5)
+
+
 @pytest.mark.parametrize("backbone, sets", [
     ("gmmformer2", ()),
     ("gmmformer", ()),

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from prvr.harness.checks import require
-from prvr.methods.backbones.api import Scores
+from prvr.methods.backbones.api import OnDemand, Scores
 
 PLAIN = 0.0  # a branch width of 0 means plain attention (the reference's `wid=None`)
 
@@ -332,6 +332,14 @@ def max_similarity(query: torch.Tensor, items: torch.Tensor, mask: torch.Tensor 
     if mask is not None:
         sims = sims.masked_fill(~mask[None], float("-inf"))
     return sims.max(-1).values
+
+
+def best_clip_scores(query: torch.Tensor, v: dict[str, torch.Tensor]) -> Scores:
+    """A clip branch that is the best clip's cosine ([Q, D] x v["clips"] [V, C, D] -> [Q, V];
+    fused = clip; the raw best dot product computed when read): GMMFormer's and GMMFormer
+    v2's `clip_scores`, for a wrapper with its own frame branch (RAL)."""
+    clip = max_similarity(query, unit(v, "clips"), items_unit=True)
+    return Scores(clip, {"clip": clip}, OnDemand({"clip": lambda: max_similarity(query, v["clips"], cosine=False)}))
 
 
 def score_in_chunks(fn: Callable[[dict], Scores], q: dict, per_query: int, budget: int) -> Scores:

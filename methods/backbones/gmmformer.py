@@ -24,8 +24,8 @@ from torch import nn
 from prvr.harness.checks import DROPOUT, NON_NEGATIVE, POSITIVE, PROBABILITY, ListOf, at_least, param
 from prvr.harness.registry import BACKBONES
 from prvr.methods.backbones.api import OnDemand, Scores
-from prvr.methods.backbones.blocks import (AttentionPool, GMMBlock, InputEmbedding, QueryEncoder, check_heads,
-                                           init_weights, max_similarity, unit, with_units)
+from prvr.methods.backbones.blocks import (AttentionPool, GMMBlock, InputEmbedding, QueryEncoder, best_clip_scores,
+                                           check_heads, init_weights, max_similarity, unit, with_units)
 
 
 @dataclass
@@ -89,9 +89,14 @@ class GMMFormer(nn.Module):
 
     def score(self, q: dict[str, torch.Tensor], v: dict[str, torch.Tensor]) -> Scores:
         query = q["query"]
-        clip = max_similarity(query, unit(v, "clips"), items_unit=True)
+        clips = best_clip_scores(query, v)
+        clip = clips.fused
         frame = F.normalize(query, dim=-1) @ unit(v, "frame").t()
         w = self.cfg.clip_weight
-        raw = OnDemand({"clip": lambda: max_similarity(query, v["clips"], cosine=False),  # the losses' NCE reads them
+        raw = OnDemand({"clip": lambda: clips.raw["clip"],  # the losses' NCE reads them
                         "frame": lambda: query @ v["frame"].t()})
         return Scores(w * clip + (1 - w) * frame, {"clip": clip, "frame": frame}, raw)
+
+    def clip_scores(self, q: dict[str, torch.Tensor], v: dict[str, torch.Tensor]) -> Scores:
+        """The clip branch alone (fused = clip), for a wrapper with its own frame branch."""
+        return best_clip_scores(q["query"], v)

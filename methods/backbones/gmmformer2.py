@@ -21,8 +21,8 @@ from torch import nn
 from prvr.harness.checks import DROPOUT, NON_NEGATIVE, POSITIVE, PROBABILITY, ListOf, at_least, param
 from prvr.harness.registry import BACKBONES
 from prvr.methods.backbones.api import OnDemand, Scores
-from prvr.methods.backbones.blocks import (DynamicGMMBlock, InputEmbedding, QueryEncoder, check_heads, init_weights,
-                                           max_similarity, score_in_chunks, unit, with_units)
+from prvr.methods.backbones.blocks import (DynamicGMMBlock, InputEmbedding, QueryEncoder, best_clip_scores, check_heads,
+                                           init_weights, max_similarity, score_in_chunks, unit, with_units)
 
 
 @dataclass
@@ -87,13 +87,19 @@ class GMMFormer2(nn.Module):
         return score_in_chunks(lambda chunk: self._score(chunk, v), q, per_query, self.cfg.eval_budget)
 
     def _score(self, q: dict[str, torch.Tensor], v: dict[str, torch.Tensor]) -> Scores:
-        query, clips, frames, mask = q["query"], v["clips"], v["frames"], v["frame_mask"]
-        clip = max_similarity(query, unit(v, "clips"), items_unit=True)
+        query, frames, mask = q["query"], v["frames"], v["frame_mask"]
+        clips = best_clip_scores(query, v)
+        clip = clips.fused
         frame = max_similarity(query, unit(v, "frames"), mask, items_unit=True)
         w = self.cfg.clip_weight
-        raw = OnDemand({"clip": lambda: max_similarity(query, clips, cosine=False),  # the losses' NCE reads them
+        raw = OnDemand({"clip": lambda: clips.raw["clip"],  # the losses' NCE reads them
                         "frame": lambda: max_similarity(query, frames, mask, cosine=False)})
         return Scores(w * clip + (1 - w) * frame, {"clip": clip, "frame": frame}, raw)
+
+    def clip_scores(self, q: dict[str, torch.Tensor], v: dict[str, torch.Tensor]) -> Scores:
+        """The clip branch alone (fused = clip), for a wrapper with its own frame branch."""
+        per_query = v["clips"].shape[0] * v["clips"].shape[1]
+        return score_in_chunks(lambda chunk: best_clip_scores(chunk["query"], v), q, per_query, self.cfg.eval_budget)
 
     def frame_views(self) -> list[tuple[str, str, str]]:
         """(branch, query key, frames key): the frame branch (best cosine over frames), for the ARL detector."""

@@ -129,17 +129,31 @@ def key_clip_guided(query: torch.Tensor, key_clip: torch.Tensor, side: VideoSide
     return cosine, dots
 
 
-def msl_scores(query: torch.Tensor, side: VideoSide, budget: int, clip_weight: float) -> Scores:
-    """Clip-scale (best proposal) and frame-scale (key-clip guided) scores, cosine (branches,
-    fused with `clip_weight`) and raw dot products (raw), each [Q, V]."""
+def clip_scale(query: torch.Tensor, side: VideoSide, budget: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """MS-SL's clip scale for every (query, video): the best proposal's cosine, the best raw dot
+    product (each [Q, V]) and the index of the best proposal by cosine [Q, V]."""
     clip_dots = torch.einsum("qd,vcd->qvc", query, side.clips)
     by_cos, by_dot = best_proposals(clip_dots, side.pool, side.norms, budget)
     video = torch.arange(side.clips.shape[0], device=query.device)[None]
     q_norm = query.norm(dim=-1).clamp_min(1e-12)[:, None]
     clip = (clip_dots * side.pool[by_cos]).sum(-1) / (q_norm * side.norms[video, by_cos])
+    return clip, (clip_dots * side.pool[by_dot]).sum(-1), by_cos
+
+
+def msl_scores(query: torch.Tensor, side: VideoSide, budget: int, clip_weight: float) -> Scores:
+    """Clip-scale (best proposal) and frame-scale (key-clip guided) scores, cosine (branches,
+    fused with `clip_weight`) and raw dot products (raw), each [Q, V]."""
+    clip, clip_raw, by_cos = clip_scale(query, side, budget)
     frame, frame_raw = key_clip_guided(query, side.pool[by_cos], side)
     return Scores(clip_weight * clip + (1 - clip_weight) * frame, {"clip": clip, "frame": frame},
-                  {"clip": (clip_dots * side.pool[by_dot]).sum(-1), "frame": frame_raw})
+                  {"clip": clip_raw, "frame": frame_raw})
+
+
+def msl_clip_scores(query: torch.Tensor, side: VideoSide, budget: int) -> Scores:
+    """The clip scale alone (fused = clip), without the key-clip guided frame attention: for a
+    wrapper that scores the frame branch its own way (RAL)."""
+    clip, clip_raw, _ = clip_scale(query, side, budget)
+    return Scores(clip, {"clip": clip}, {"clip": clip_raw})
 
 
 @BACKBONES.register("msl", "MS-SL: 528 multi-scale clip proposals + key-clip guided frame attention, fused 0.7/0.3")
@@ -186,3 +200,10 @@ class MSSL(nn.Module):
         budget = self.cfg.eval_budget
         return score_in_chunks(lambda chunk: msl_scores(chunk["query"], side, budget, self.cfg.clip_weight), q,
                                per_query, budget)
+
+    def clip_scores(self, q: dict[str, torch.Tensor], v: dict[str, torch.Tensor]) -> Scores:
+        """The clip branch alone (fused = clip), for a wrapper with its own frame branch."""
+        side = VideoSide.of(v)
+        budget = self.cfg.eval_budget
+        return score_in_chunks(lambda chunk: msl_clip_scores(chunk["query"], side, budget), q,
+                               side.clips.shape[0] * side.pool.shape[0], budget)

@@ -188,12 +188,13 @@ class RalModel(nn.Module):
         return self.base.cfg.clip_weight if w < 0 else w
 
     def score(self, q: dict[str, torch.Tensor], v: dict[str, torch.Tensor]) -> Scores:
-        s = self.base.score(q, v)
         if self.gate is None:
+            s = self.base.score(q, v)
             if self.settings.clip_weight < 0:
                 return s
             w = self.clip_weight()
             return Scores(w * s.branches["clip"] + (1 - w) * s.branches["frame"], s.branches, s.raw, s.items)
+        s = self.base.clip_scores(q, v)  # the backbone's own frame branch is replaced, so not computed
         tokens, tmask = q["ral.tokens"], q["ral.token_mask"]
         frames, fmask = unit(v, "frames"), v["frame_mask"]
         budget = self.settings.eval_budget
