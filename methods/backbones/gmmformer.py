@@ -25,7 +25,7 @@ from prvr.harness.checks import DROPOUT, NON_NEGATIVE, POSITIVE, PROBABILITY, Li
 from prvr.harness.registry import BACKBONES
 from prvr.methods.backbones.api import OnDemand, Scores
 from prvr.methods.backbones.blocks import (AttentionPool, GMMBlock, InputEmbedding, QueryEncoder, best_clip_scores,
-                                           check_heads, init_weights, max_similarity, unit, with_units)
+                                           check_heads, init_weights, unit, with_units)
 
 
 @dataclass
