@@ -18,7 +18,7 @@ from prvr.harness.profiling.flops import UncountedOpsError, count_flops, flops_p
 from prvr.harness.profiling.report import CSV_COLUMNS
 from prvr.harness.profiling.reported import REPORTED
 from prvr.harness.profiling.runtime import encode_collection, runtime_per_query
-from prvr.harness.profiling.subjects import build_model, count_params, random_queries, subjects
+from prvr.harness.profiling.subjects import build_model, count_params, default_names, random_queries, subjects
 from prvr.harness.profiling.training import peak_memory
 from prvr.harness.registry import METHODS
 
@@ -75,7 +75,18 @@ def test_an_uncounted_matrix_op_is_an_error_not_an_undercount():
         count_flops(lambda: layer(x))  # frozen + eval: the fused layer, which has no formula
 
 
-@pytest.mark.parametrize("method", METHODS.names())
+def test_the_default_subjects_are_every_method_and_ral_on_each_backbone():
+    names = default_names()
+    assert set(METHODS.names()) <= set(names) and {"ral@msl", "ral@gmmformer"} <= set(names)
+    assert names.index("ral") < names.index("ral@gmmformer") < names.index("ral@msl") < names.index("xml")
+    named = {s.method: s for s in subjects(["ral", "ral@msl", "msl"], "sim-tiny")}
+    assert {k: (s.backbone, s.cfg.method) for k, s in named.items()} == {
+        "ral": ("gmmformer2", "ral"), "ral@msl": ("msl", "ral"), "msl": ("msl", "msl")}
+    # the name wins over a --set backbone for every subject
+    assert subjects(["ral@gmmformer"], "sim-tiny", ["backbone=msl"])[0].backbone == "gmmformer"
+
+
+@pytest.mark.parametrize("method", default_names())
 def test_every_method_gets_params_flops_and_runtime(method):
     subject = subjects([method], "sim-tiny")[0]
     dims = (48, 32)

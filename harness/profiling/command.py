@@ -30,7 +30,9 @@ QUICK_SIZES = [16, 32]
 def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("profile", help="params, FLOPs, runtime per query, training throughput, evaluator speed: "
                                        "OUT/profile.{md,csv}")
-    p.add_argument("--method", nargs="+", default=None, help="default: every registered method")
+    p.add_argument("--method", nargs="+", default=None, metavar="NAME",
+                   help="methods, or METHOD@BACKBONE for a method on another backbone (e.g. ral@msl); default: "
+                        "every registered method, and RAL on each of its backbones")
     p.add_argument("--dataset", default=None,
                    help="dataset of the training epoch (default sim-tvr; --quick: sim-tiny)")
     p.add_argument("--model-dataset", default=None,

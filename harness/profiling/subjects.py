@@ -12,14 +12,18 @@ import torch.nn.functional as F
 from prvr.datasets.loader import QueryBatch, VideoBatch, pooling_matrix
 from prvr.harness.config import Config, resolve
 from prvr.harness import build
+from prvr.harness.records import run_tag
 from prvr.harness.registry import METHODS
+from prvr.methods.fit import fitting_backbones
 
 TVR_DIMS = (3072, 768)  # ResNet+I3D video features, RoBERTa token features (MS-SL release)
 
 
 @dataclass
 class Subject:
-    """One row of the profile: a method, its backbone and its resolved config."""
+    """One row of the profile: its name (the method, or `method@backbone` on another backbone
+    than the method's own, as run folders and leaderboard rows name it), the backbone and the
+    resolved config."""
 
     method: str
     backbone: str
@@ -38,12 +42,29 @@ class Subject:
         return self.cfg.data.max_query_len
 
 
+def default_names() -> list[str]:
+    """Every registered method on its own backbone, then each method that extends its
+    backbone's home method (RAL) on every other backbone it fits: `ral@msl`, `ral@gmmformer`."""
+    names = []
+    for name in METHODS.names():
+        spec = METHODS.get(name)
+        names.append(name)
+        if spec.extends_backbone:
+            names += [f"{name}@{b}" for b in fitting_backbones(spec) if b != spec.backbone]
+    return names
+
+
 def subjects(methods: list[str] | None, dataset: str, overrides: list[str] | None = None) -> list[Subject]:
-    """One subject per method (default: every registered method), configs resolved for `dataset`."""
+    """One subject per name (default: `default_names()`), configs resolved for `dataset`. A
+    name `method@backbone` builds the method on that backbone (as `--backbone`, after the
+    overrides)."""
     out = []
-    for name in methods or METHODS.names():
-        cfg = resolve(name, dataset, 0, list(overrides or []))
-        out.append(Subject(name, cfg.backbone, cfg))
+    for name in methods or default_names():
+        method, _, backbone = name.partition("@")
+        cfg = resolve(method, dataset, 0, [*(overrides or []), *([f"backbone={backbone}"] if backbone else [])])
+        spec = METHODS.get(method)
+        out.append(Subject(run_tag(method, spec.relations, spec.relations, cfg.backbone, spec.backbone), cfg.backbone,
+                           cfg))
     return out
 
 
