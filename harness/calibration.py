@@ -124,11 +124,19 @@ def evaluate(records: list[dict[str, Any]], dataset: str, reference: Any = FROM_
     # The reference rows as the leaderboard's Δ takes them (the last on-protocol baseline row).
     base = ([None] + [r for r in rows if r["run"] == BASELINE])[-1]
     oracle = next((r for r in rows if r["run"] == ORACLE_RUN), None)
-    base_records = [] if base is None else sorted(
-        (r for r in mine if r.get("run_name", r["method"]) == BASELINE and not diverged(r)
-         and budget_label(record_protocol(r)) == base["budget"]), key=lambda r: r["seed"])
+    facts_row = base or _facts_row(rows)
+    facts_records = [] if facts_row is None else sorted(
+        (r for r in mine if r.get("run_name", r["method"]) == facts_row["run"] and not diverged(r)
+         and budget_label(record_protocol(r)) == facts_row["budget"]), key=lambda r: r["seed"])
     return [_baseline_sumr(base), _oracle_sumr(base), _oracle_gap(base, oracle),
-            *_data_targets(base_records, base, reference)]
+            *_data_targets(facts_records, facts_row, reference)]
+
+
+def _facts_row(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Without baseline records, the run whose records give the test split's facts: the
+    on-protocol run with the most seeds, the first by name among equals. The facts belong
+    to the generated world, which every run of the dataset builds from the same preset."""
+    return min(rows, key=lambda r: (-len(r["seeds"]), r["run"]), default=None)
 
 
 def _row_fields(row: dict[str, Any] | None) -> dict[str, Any]:
@@ -196,8 +204,9 @@ def _p_text(p: float | None, seeds: list[int]) -> str:
 
 def _data_targets(records: list[dict[str, Any]], base: dict[str, Any] | None,
                   reference: dict[str, Any] | None) -> list[Result]:
-    """The test split's facts, from the baseline records' `provenance.data.test` (the same
-    generated world on every seed: the world's seed is fixed across run seeds)."""
+    """The test split's facts, from `provenance.data.test` of one run's records (the
+    baseline's when there are any, see `_facts_row`; the same generated world on every seed:
+    the world's seed is fixed across run seeds)."""
     prefix = "provenance.data.test."
     fields = _row_fields(base)
     fields["seeds"] = [r["seed"] for r in records]
@@ -211,7 +220,8 @@ def _data_targets(records: list[dict[str, Any]], base: dict[str, Any] | None,
         full = [prefix + k for k in keys]
         if any(g is None for g in got):
             absent = ", ".join(f"`{prefix + k}`" for k, g in zip(keys, got) if g is None)
-            return Result(target, NO_RECORDS, f"not in the `{BASELINE}` records on the protocol ({absent})", full,
+            run = base["run"] if base else BASELINE
+            return Result(target, NO_RECORDS, f"not in the `{run}` records on the protocol ({absent})", full,
                           **fields)
         ok, measured, values = measure(*got)
         return Result(target, MET if ok else NOT_MET, measured + _same_note(got), full, values=values,
@@ -272,6 +282,14 @@ def _same_note(got: list[list[Any]]) -> str:
 # ---------------------------------------------------------------------------- files
 
 
+def tally(results: list[Result]) -> str:
+    """'M of N targets met.', naming the targets judged otherwise by their status."""
+    met = sum(r.status == MET for r in results)
+    others = [f"{n} {status}" for status in (NOT_MET, NO_RECORDS, NO_REFERENCE)
+              if (n := sum(r.status == status for r in results))]
+    return f"{met} of {len(results)} targets met" + (f" ({', '.join(others)})" if others else "") + "."
+
+
 def to_markdown(dataset: str, results: list[Result], command: str = "prvr-bench leaderboard") -> str:
     commands = sorted({c for r in results for c in r.commands})
     number = {c: i + 1 for i, c in enumerate(commands)}
@@ -287,8 +305,7 @@ def to_markdown(dataset: str, results: list[Result], command: str = "prvr-bench 
                  ", ".join(f"`{k}`" for k in r.keys), " ".join(f"[{number[c]}]" for c in r.commands),
                  f"**{r.status}**"]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    met = sum(r.status == MET for r in results)
-    lines += ["", f"{met} of {len(results)} targets met."]
+    lines += ["", tally(results)]
     if commands:
         lines += ["", "The records were made by (`nox -s bench -- ARGS` runs `prvr-bench bench ARGS`):", ""]
         lines += [f"[{number[c]}] `{c}`  " for c in commands]
@@ -328,6 +345,5 @@ def write_reports(root: str | Path, records: list[dict[str, Any]], show: bool = 
         write_text(csv, to_csv(dataset, results))
         written += [md, csv]
         if show:
-            met = sum(r.status == MET for r in results)
-            progress.log(f"wrote {md} and {csv} ({met} of {len(results)} calibration targets met)")
+            progress.log(f"wrote {md} and {csv} ({tally(results).rstrip('.')})")
     return written

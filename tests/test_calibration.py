@@ -92,6 +92,22 @@ def test_missing_or_off_protocol_records_are_no_records():
     assert by_target(calibration.evaluate(recs, "sim-tvr", None))["mv"].status == NO_REFERENCE
 
 
+def test_without_baseline_records_the_facts_come_from_the_run_with_most_seeds():
+    other = dict(CALIBRATED, words_per_query=7.0)  # a fact only this run could show
+    recs = [sim_record(s, 250.0, 280.0, run_name="xml", facts=other) for s in (0, 1, 2)]
+    recs += [sim_record(0, 240.0, 270.0, run_name="arl", facts=UNCALIBRATED)]
+    got = by_target(calibration.evaluate(recs, "sim-tvr", TVR))
+    assert {got[k].status for k in ("sumr", "oracle", "gap")} == {NO_RECORDS}  # the SumR targets are the baseline's
+    assert got["multi"].status == MET and got["multi"].runs == ["xml"] and got["multi"].seeds == [0, 1, 2]
+    assert got["words"].status == NOT_MET and got["words"].measured.startswith("7.0")
+    assert calibration.tally(list(got.values())) == "3 of 7 targets met (1 not met, 3 no records)."
+    # with baseline records, theirs are read (UNCALIBRATED facts under the baseline: not met)
+    recs += [sim_record(s, 180.0, 210.0, facts=UNCALIBRATED) for s in (0, 1)]
+    with_base = by_target(calibration.evaluate(recs, "sim-tvr", TVR))
+    assert with_base["multi"].runs == ["baseline"] and with_base["multi"].status == NOT_MET
+    assert calibration.tally(list(got.values())[:1]) == "0 of 1 targets met (1 no records)."
+
+
 def test_rebuild_writes_the_report_of_each_simulated_dataset(tmp_path):
     for rec in world([180.0, 186.0, 190.0], [210.0, 214.0, 221.0], [195.0, 193.0, 201.0]):
         store(tmp_path, rec)
