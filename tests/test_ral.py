@@ -68,6 +68,28 @@ def test_ral_switched_off_is_the_backbone(backbone):
 
 
 @pytest.mark.parametrize("backbone", RAL_BACKBONES)
+def test_ral_switched_off_trains_as_the_backbones_own_method(backbone):
+    """Table 2's first row (no MSRA, no CSA, the backbone's fusion) is the backbone's own run:
+    the same losses step by step and the same weights after three steps, to the last bit."""
+    got = []
+    for name, sets in (("ral", [f"backbone={backbone}", "ral.msra=false", "ral.csa=false", "ral.clip_weight=-1"]),
+                       (backbone, [])):
+        cfg = resolve(name, "sim-tiny", 0, sets)
+        run = build_run(cfg)
+        with tempfile.TemporaryDirectory() as ckpt:
+            trainer = run.trainer(ckpt)
+            batches = epoch_batches(len(trainer.has_queries), cfg.train.batch_size, 0, 1, trainer.has_queries)
+            losses = [float(trainer.train_step(trainer.batchers["train"].train_batch(batches[s]), 1, s)["loss"])
+                      for s in range(3)]
+        model = run.model.base if isinstance(run.model, RalModel) else run.model
+        assert sum(p.numel() for p in run.model.parameters()) == sum(p.numel() for p in model.parameters())
+        got.append((losses, model.state_dict()))
+    (ral_losses, ral_state), (own_losses, own_state) = got
+    assert ral_losses == own_losses
+    assert ral_state.keys() == own_state.keys() and all(torch.equal(ral_state[k], own_state[k]) for k in own_state)
+
+
+@pytest.mark.parametrize("backbone", RAL_BACKBONES)
 def test_ral_scores_do_not_depend_on_batch_mates_or_chunking(backbone):
     cfg, run = _tiny(backbone)
     model = run.model.eval()
