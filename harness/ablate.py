@@ -102,7 +102,6 @@ def add_commands(sub) -> None:
 
 def cmd_ablate(args: argparse.Namespace) -> None:
     from prvr.harness.cli import _command_line, data_root_overrides, set_threads
-    from prvr.harness.config import resolve
     from prvr.harness.records import record_path
     from prvr.harness.runner import run_name, run_one
 
@@ -110,8 +109,8 @@ def cmd_ablate(args: argparse.Namespace) -> None:
     check_tag(args.tag)
     ensure_dir(args.out)
     set_threads(args.threads)
-    plan = [(row, resolve(args.method, args.dataset, seed,
-                          [*data_root_overrides(args), *args.overrides, *row.overrides], args.config))
+    plan = [(row, resolve_row(table, row, args.dataset, seed, [*data_root_overrides(args), *args.overrides],
+                               args.config))
             for row in table.rows for seed in args.seeds]
     start = time.perf_counter()
     for i, (row, cfg) in enumerate(plan):
@@ -124,6 +123,23 @@ def cmd_ablate(args: argparse.Namespace) -> None:
     if not args.report_only:
         progress.log(f"ablate: {len(plan)} runs in {time.perf_counter() - start:.0f} s")
     report(table, args.out, args.dataset, plan, args.tag, args.overrides)
+
+
+def resolve_row(table: AblationTable, row: AblationRow, dataset: str, seed: int, overrides: list[str],
+                 config: str | None):
+    """The config of one row: the table's method with the row's overrides, or for a `home` row
+    the plain run of the backbone's own method (the table's overrides apply to it too)."""
+    from prvr.harness.config import home_method, resolve
+
+    cfg = resolve(table.method, dataset, seed, [*overrides, *row.overrides], config)
+    if not row.home:
+        return cfg
+    home = home_method(cfg.backbone)
+    try:
+        return resolve(home, dataset, seed, overrides, config)
+    except UserError as e:
+        raise UserError(f"row '{row.label}' of {table.title} is the plain `{home}` run, which cannot take this "
+                        f"command's settings: {e}; drop the {table.method}-only --set items") from None
 
 
 def _tag(row: AblationRow, extra: str) -> str:

@@ -126,8 +126,9 @@ METHODS.add(
 
 # Paper Tables 2-4 as one command each: `prvr-bench ablate --method ral --table 2`.
 register_table(AblationTable("ral", "2", "RAL Table 2: model structure", ("MSRA", "CSA"), (
-    # the backbone alone: no RAL module, and its own score fusion
-    AblationRow("base", "base", ("ral.msra=false", "ral.csa=false", "ral.clip_weight=-1"), ("", "")),
+    # the backbone alone: no RAL module and its own score fusion, which trains exactly as the
+    # backbone's own method (tests/test_ral.py), so the row is that method's plain run
+    AblationRow("base", "", ("ral.msra=false", "ral.csa=false", "ral.clip_weight=-1"), ("", ""), home=True),
     AblationRow("msra", "msra", ("ral.csa=false",), ("✓", "")),
     AblationRow("csa", "csa", ("ral.msra=false",), ("", "✓")),
     AblationRow("full", "", (), ("✓", "✓")),

@@ -58,6 +58,10 @@ class AblationRow:
     tag: str  # run-name suffix; "" = the method's plain run
     overrides: tuple[str, ...]  # --set items
     marks: tuple[str, ...] = ()  # the table's descriptive columns (e.g. check marks)
+    # the row is the plain run of the backbone's own method (e.g. `msl` in RAL's Table 2 on MS-SL),
+    # trained or read as that method's run; for a row that a test shows to train identically
+    # to it (tests/test_ral.py), so that the same run is not trained twice under two names
+    home: bool = False
 
 
 @dataclass(frozen=True)

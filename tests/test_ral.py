@@ -169,3 +169,32 @@ def test_ablation_tables_show_the_papers_figures_under_the_measured_ones(tmp_pat
     md = (tmp_path / "ablations" / "sim-tiny" / "ral_table2.md").read_text()
     assert "Reported in the paper (RAL paper Table 2, GMMFormer v2 on TVR" in md
     assert "| full | 18.2 | 40.4 | 52.1 | 88.0 | 198.8 |" in md and "| base | 16.2 |" in md
+
+
+def test_table_2_base_row_is_the_backbones_own_run(tmp_path):
+    """The base row is trained and read as the home method's plain run (`msl` on MS-SL), never
+    as a second copy under RAL's name; a RAL-only setting for the whole table says why it
+    cannot apply to that row."""
+    from prvr.harness.ablate import resolve_row, get_table
+    from prvr.harness.cli import main
+    from prvr.harness.runner import run_name
+    from test_records_and_leaderboard import fake_record, store
+
+    table = get_table("ral", "2")
+    base = next(r for r in table.rows if r.label == "base")
+    for backbone in RAL_BACKBONES:
+        cfg = resolve_row(table, base, "sim-tiny", 1, [f"backbone={backbone}"], None)
+        assert (cfg.method, cfg.backbone, cfg.seed, run_name(cfg, "")) == (backbone, backbone, 1, backbone)
+    msra = next(r for r in table.rows if r.label == "msra")
+    assert run_name(resolve_row(table, msra, "sim-tiny", 0, ["backbone=msl"], None), msra.tag) == "ral@msl~msra"
+    with pytest.raises(UserError, match="row 'base' of RAL Table 2.*plain `msl` run.*ral-only --set"):
+        resolve_row(table, base, "sim-tiny", 0, ["backbone=msl", "ral.aggregation=local"], None)
+    for seed, sumr in ((0, 150.0), (1, 160.0)):
+        rec = fake_record(seed, sumr, method="msl", run_name="msl")
+        rec.update(dataset="sim-tiny", config=resolve("msl", "sim-tiny", seed).to_dict())
+        store(tmp_path, rec)
+    assert main(["ablate", "--method", "ral", "--backbone", "msl", "--table", "2", "--dataset", "sim-tiny",
+                 "--seeds", "0", "1", "--report-only", "--out", str(tmp_path)]) == 0
+    md = (tmp_path / "ablations" / "sim-tiny" / "ral_table2.md").read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| base |"))  # measured, above the paper's
+    assert row.endswith("| 2 | msl |") and "155.0 ± 7.1" in row

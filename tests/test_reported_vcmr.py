@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from prvr.harness import leaderboard
-from prvr.harness.ablate import paper_rows
+from prvr.harness.ablate import resolve_row, paper_rows
 from prvr.harness.cli import main
 from prvr.harness.config import EvalConfig, resolve
 from prvr.harness.io import UserError
@@ -268,14 +268,15 @@ def test_an_ablation_table_of_a_localizing_backbone_shows_the_moment_columns(tmp
 
 
 # ral_table2.{md,csv} as the code before moment columns wrote them, from the records of
-# test_a_prvr_ablation_table_is_written_as_before (OUT: the results folder).
+# test_a_prvr_ablation_table_is_written_as_before (OUT: the results folder); since then the
+# base row reads the backbone's own run (`gmmformer2`), not `ral~base`.
 RAL_TABLE2_MD = """# RAL Table 2: model structure on sim-tiny
 
 Test split, mean ± std over seeds; from the run records under OUT/runs/sim-tiny/ (`prvr-bench ablate --method ral --table 2 --dataset sim-tiny`).
 
 |  | MSRA | CSA | R@1 | R@5 | R@10 | R@100 | SumR | Δ SumR vs base | seeds | run |
 |---|---|---|---|---|---|---|---|---|---|---|
-| base |  |  | 15.2 ± 0.3 | 30.4 ± 0.6 | 45.6 ± 0.8 | 60.8 ± 1.1 | 152.0 ± 2.8 |  | 2 | ral~base |
+| base |  |  | 15.2 ± 0.3 | 30.4 ± 0.6 | 45.6 ± 0.8 | 60.8 ± 1.1 | 152.0 ± 2.8 |  | 2 | gmmformer2 |
 | msra | ✓ |  | 15.8 ± 0.3 | 31.6 ± 0.6 | 47.4 ± 0.8 | 63.2 ± 1.1 | 158.0 ± 2.8 | +6.0 (2 seeds, p=0.000) | 2 | ral~msra |
 | csa |  | ✓ |  |  |  |  |  |  | 0 | ral~csa |
 | full | ✓ | ✓ |  |  |  |  |  |  | 0 | ral |
@@ -290,7 +291,7 @@ Reported in the paper (RAL paper Table 2, GMMFormer v2 on TVR, ResNet+I3D+RoBERT
 | full | 18.2 | 40.4 | 52.1 | 88.0 | 198.8 |
 """
 RAL_TABLE2_CSV = """row,MSRA,CSA,R@1 mean,R@1 std,R@5 mean,R@5 std,R@10 mean,R@10 std,R@100 mean,R@100 std,SumR mean,SumR std,delta SumR,p,paired seeds,seeds,run
-base,,,15.200,0.283,30.400,0.566,45.600,0.849,60.800,1.131,152.000,2.828,,,,2,ral~base
+base,,,15.200,0.283,30.400,0.566,45.600,0.849,60.800,1.131,152.000,2.828,,,,2,gmmformer2
 msra,✓,,15.800,0.283,31.600,0.566,47.400,0.849,63.200,1.131,158.000,2.828,6.000,0.0000,2,2,ral~msra
 csa,,✓,,,,,,,,,,,,,,0,ral~csa
 full,✓,✓,,,,,,,,,,,,,,0,ral
@@ -304,7 +305,7 @@ def test_a_prvr_ablation_table_is_written_as_before(tmp_path):
     table = TABLES[("ral", "2")]
     for i, row in enumerate(table.rows[:2]):
         for seed in (0, 1):
-            cfg = resolve("ral", "sim-tiny", seed, list(row.overrides))
+            cfg = resolve_row(table, row, "sim-tiny", seed, [], None)  # the base row: the gmmformer2 run
             rec = fake_record("sim-tiny", "ral", seed, 150.0 + 6 * i + 4 * seed)
             rec.update(config=cfg.to_dict(), run_name=run_name(cfg, row.tag), tag=row.tag)
             write_record(record_path(tmp_path, "sim-tiny", rec["run_name"], seed), rec)
