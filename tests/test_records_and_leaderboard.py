@@ -178,7 +178,8 @@ def test_convergence_note_lists_runs_selected_near_the_cap(tmp_path):
 
 def test_plug_in_rows_are_compared_with_their_backbones_row(tmp_path):
     def plug(seed, sumr, run_name, method, backbone, relations="none"):
-        return {**fake_record(seed, sumr, method=method, run_name=run_name, relations=relations), "backbone": backbone}
+        return {**fake_record(seed, sumr, method=method, run_name=run_name, relations=relations, oracle=sumr + 30 + seed
+                              * (run_name == "ral@msl")), "backbone": backbone}
 
     for seed, (b, r, ro) in enumerate([(240.0, 250.0, 251.0), (241.0, 253.0, 250.0), (238.0, 249.0, 252.0)]):
         store(tmp_path, plug(seed, b, "msl", "msl", "msl"))
@@ -190,8 +191,12 @@ def test_plug_in_rows_are_compared_with_their_backbones_row(tmp_path):
     assert (comp["run"], comp["against"], comp["shared"]) == ("ral@msl", "msl", [0, 1, 2])
     assert comp["delta"] == pytest.approx(11.0) and comp["paired_deltas"] == [10.0, 12.0, 11.0]
     assert comp["p"] == pytest.approx(float(stats.ttest_rel([250, 253, 249], [240, 241, 238]).pvalue))
+    # oracle SumR: RAL's is SumR + 30 + seed, MS-SL's SumR + 30: +10, +13, +13
+    assert comp["oracle_delta"] == pytest.approx(12.0)
+    assert comp["oracle_p"] == pytest.approx(float(stats.ttest_rel([280, 284, 281], [270, 271, 268]).pvalue))
     md = (tmp_path / "leaderboard.md").read_text()
     assert "| sim-x | ral@msl | msl | 0 1 2 / 0 1 2 |" in md and "0: +10.0 1: +12.0 2: +11.0" in md
+    assert f"| +12.0 (p={comp['oracle_p']:.3f})* |" in md
     assert leaderboard.backbone_row_name({"method": "ral", "backbone": "msl", "relations": "oracle",
                                           "run": "ral@msl+oracle"}) == "msl+oracle"
     assert leaderboard.backbone_row_name({"method": "xml-pr", "backbone": "xml", "relations": "sbert",
