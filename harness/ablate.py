@@ -30,6 +30,7 @@ from prvr.harness.io import UserError, ensure_dir, write_text
 from prvr.harness.leaderboard import (COLUMNS, MOMENT_SUM, REPORTED_FILE, Column, _get, fmt, is_metric_key,
                                       moment_columns, paper_figures)
 from prvr.harness.names import check_name, check_tag, inside
+from prvr.harness.registry import METHODS
 from prvr.methods.recipes import TABLES, AblationRow, AblationTable
 
 METRICS = ("R@1", "R@5", "R@10", "R@100", "SumR")
@@ -147,7 +148,9 @@ def _tag(row: AblationRow, extra: str) -> str:
 
 
 def report(table: AblationTable, out: str, dataset: str, plan, extra_tag: str = "", overrides: list[str] = ()) -> Path:
-    """Write and print the table from the stored records (missing runs are empty cells)."""
+    """Write and print the table from the stored records (missing runs are empty cells). With
+    another backbone than the method's own, the file is named after the method's run on it
+    (`ral@msl_table2.md`), so tables on several backbones sit side by side."""
     from prvr.harness.records import load_record, record_path
     from prvr.harness.runner import run_name
 
@@ -173,7 +176,10 @@ def report(table: AblationTable, out: str, dataset: str, plan, extra_tag: str = 
     reference = next((r for r in rows if r[0].label == table.reference), rows[0])
     header = ["", *table.columns, *(c.name for c in columns), f"Δ {headline.name} vs {reference[0].label}", "seeds",
               "run"]
-    command = " ".join([f"prvr-bench ablate --method {table.method} --table {table.name} --dataset {dataset}",
+    backbone = next((c.backbone for r, c in plan if not r.home), None)  # the rows' backbone: --backbone or --set
+    backbone = None if backbone == METHODS.get(table.method).backbone else backbone
+    command = " ".join([f"prvr-bench ablate --method {table.method}", *([f"--backbone {backbone}"] if backbone else []),
+                        f"--table {table.name} --dataset {dataset}",
                         *([f"--tag {extra_tag}"] if extra_tag else []), *(f"--set {o}" for o in overrides)])
     md = [f"# {table.title} on {dataset}" + (f" ({extra_tag})" if extra_tag else ""), "",
           f"Test split, mean ± std over seeds; from the run records under {out}/runs/{dataset}/ "
@@ -195,7 +201,8 @@ def report(table: AblationTable, out: str, dataset: str, plan, extra_tag: str = 
                *(f"- {m}" for m in mismatched)]
         for m in mismatched:
             progress.log(f"warning: {m}")
-    stem = check_name(f"{table.method}_table{table.name}{'_' + extra_tag if extra_tag else ''}", "ablation table name",
+    on = f"{table.method}@{backbone}" if backbone else table.method
+    stem = check_name(f"{on}_table{table.name}{'_' + extra_tag if extra_tag else ''}", "ablation table name",
                       "use a shorter --tag")
     path = inside(Path(out) / "ablations" / check_name(dataset, "dataset name", "pick a registered dataset")
                   / f"{stem}.md", out, "ablation table")
