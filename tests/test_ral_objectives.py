@@ -2,6 +2,7 @@
 hand-computed values."""
 
 import math
+import os
 
 import pytest
 import torch
@@ -149,6 +150,31 @@ def test_csa_gradients_flow_to_tokens_weights_and_frames():
     assert tokens.grad.abs().sum() > 0 and frames.grad.abs().sum() > 0 and logits.grad.abs().sum() > 0
 
 
+@pytest.mark.parametrize("cosine", [True, False])
+@pytest.mark.parametrize("budget", [1, 50, 1 << 24])
+def test_csa_gradients_equal_autograd_through_the_reference(cosine, budget):
+    """The sparse backward of `_BestFrame` against autograd through the definition, with an
+    upstream gradient that differs per (query, video), over chunk sizes that split both passes."""
+    tokens, token_mask, weights, frames, frame_mask = _csa_inputs(seed=6)
+    upstream = torch.randn(3, 5, generator=torch.Generator().manual_seed(7))
+    grads = []
+    for score in (lambda *a: csa_scores(*a, budget=budget, cosine=cosine), lambda *a: csa_reference(*a, cosine=cosine)):
+        t, w, f = (x.clone().requires_grad_(True) for x in (tokens, weights, frames))
+        (score(t, token_mask, w, f, frame_mask) * upstream).sum().backward()
+        grads.append((t.grad, w.grad, f.grad))
+    for got, want in zip(*grads):
+        assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_csa_backward_passes_gradcheck():
+    tokens, token_mask, weights, frames, frame_mask = (x.double() if x.is_floating_point() else x
+                                                       for x in _csa_inputs(seed=8))
+    tokens.requires_grad_(True)
+    frames.requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda t, f: csa_scores(t, token_mask, weights, f, frame_mask, budget=30),
+                                    (tokens, frames))
+
+
 def test_proxy_matching_pairs_texts_with_their_video_rows():
     """One distribution per query (Table 4, X^q = Q): queries 0 and 1 share video 0; the
     result equals stacking video rows per query only in the paper reading's numerator, so check
@@ -164,3 +190,49 @@ def test_proxy_matching_pairs_texts_with_their_video_rows():
     assert got.item() == pytest.approx(want.item(), abs=1e-6)
     assert proxy_matching(t[[0, 2]], v, 0.5, "paper").item() == pytest.approx(
         proxy_matching(t[[0, 2]], v, 0.5, "paper", torch.tensor([0, 1])).item())
+
+
+# ----------------------------------------------------------------------------- CSA training-step benchmark
+# One training step's CSA (forward + backward) at sim-tvr's batch: 128 videos with 5 queries
+# each, 30 words, 80 frames (the longest video of a batch), d = 384. Scaled down for CI; the
+# full shape with PRVR_CSA_BENCH_FULL=1. Measure with
+#     pytest tests/test_ral_objectives.py -k benchmark --benchmark-enable --benchmark-group-by=group
+CSA_SHAPE = (640, 128, 30, 80, 384) if os.environ.get("PRVR_CSA_BENCH_FULL") else (160, 32, 30, 80, 384)
+
+
+def csa_dense_autograd(tokens, token_mask, weights, frames, frame_mask):
+    """Eq. 11-12 in one piece, differentiated by autograd: the dense [Q, V, L, T] path the
+    sparse backward replaces (benchmark baseline and a second reference)."""
+    sims = torch.einsum("qld,vtd->qvlt", F.normalize(tokens, dim=-1), F.normalize(frames, dim=-1))
+    best = sims.masked_fill(~frame_mask[None, :, None], float("-inf")).max(-1).values
+    return (best.masked_fill(~token_mask[:, None], 0.0) * weights[:, None]).sum(-1)
+
+
+@pytest.fixture(scope="module")
+def csa_step_inputs():
+    q, v, length, t, d = CSA_SHAPE
+    gen = torch.Generator().manual_seed(0)
+    token_mask = torch.arange(length)[None] < torch.randint(8, length + 1, (q, 1), generator=gen)
+    frame_mask = torch.arange(t)[None] < torch.randint(30, t + 1, (v, 1), generator=gen)
+    weights = word_confidences(torch.randn(q, length, generator=gen), token_mask)
+    return (torch.randn(q, length, d, generator=gen), token_mask, weights, torch.randn(v, t, d, generator=gen),
+            frame_mask)
+
+
+def _csa_step(score, tokens, token_mask, weights, frames, frame_mask):
+    t, f = tokens.clone().requires_grad_(True), frames.clone().requires_grad_(True)
+    score(t, token_mask, weights, f, frame_mask).sum().backward()
+    return t.grad, f.grad
+
+
+@pytest.mark.benchmark(group="csa-training-step")
+def test_benchmark_csa_step_sparse_backward(benchmark, csa_step_inputs):
+    got = benchmark(_csa_step, csa_scores, *csa_step_inputs)
+    want = _csa_step(csa_dense_autograd, *csa_step_inputs)
+    assert all(torch.allclose(g, w, atol=1e-5) for g, w in zip(got, want))
+
+
+@pytest.mark.benchmark(group="csa-training-step")
+def test_benchmark_csa_step_dense_autograd(benchmark, csa_step_inputs):
+    grads = benchmark(_csa_step, csa_dense_autograd, *csa_step_inputs)
+    assert all(g.abs().sum() > 0 for g in grads)
