@@ -41,6 +41,10 @@ class RalConfig:
     msra: bool = param(True, FLAG)  # Gaussian heads + L_DA + L_PM (Table 2)
     csa: bool = param(True, FLAG)  # confidence-gated word-frame score in the frame branch (Table 2)
     aggregation: str = param("both", OneOf(AGGREGATIONS))  # Eq. 6-7; Table 4: local or global only
+    # RAL's token encoder uses the base query encoder's learned positions and their LayerNorm
+    # (the reference shares query_pos_embed between its two query encoders; the paper is silent);
+    # false: its own, so that nothing of RAL's frame branch reaches the clip branch's queries
+    share_positions: bool = param(True, FLAG)
     # ranked score = w clip + (1 - w) frame; -1 = the backbone's own model.clip_weight. The code
     # fuses 0.5 / 0.5 on TVR and 0.6 / 0.4 on ActivityNet (the preset's values); the paper says
     # "summed" (appendix A)

@@ -152,6 +152,30 @@ def test_ral_trains_two_steps(backbone, sets):
     assert all(g is not None and torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads)
 
 
+@pytest.mark.parametrize("backbone", RAL_BACKBONES)
+def test_token_encoder_shares_the_base_positions_unless_told_not_to(backbone):
+    """`ral.share_positions` (the reference: shared): with it the token encoder reads the base
+    query encoder's positions and their LayerNorm, which then take RAL's gradients; without it
+    it owns a copy, and nothing of RAL's frame branch reaches the base query encoder."""
+    tokens, mask = torch.randn(2, 5, 768), torch.ones(2, 5, dtype=torch.bool)
+    counts = {}
+    for share in (True, False):
+        model = build_model(resolve("ral", "tvr", 0, [f"backbone={backbone}", f"ral.share_positions={share}"]),
+                            3072, 768).eval()
+        counts[share] = sum(p.numel() for p in model.parameters())
+        embed = model.base.query_encoder.embed
+        before = model.tokens(tokens, mask)
+        with torch.no_grad():
+            embed.positions.weight.add_(1.0)
+            embed.norm.bias.add_(1.0)
+        moved = not torch.allclose(model.tokens(tokens, mask), before)
+        assert moved == share
+        model.tokens(tokens, mask).sum().backward()
+        assert (embed.positions.weight.grad is not None) == share
+    hidden, max_len = embed.positions.weight.shape[1], embed.positions.weight.shape[0]
+    assert counts[False] - counts[True] == max_len * hidden + 2 * hidden
+
+
 def test_ral_model_is_a_backbone_wrapper():
     cfg, run = _tiny("gmmformer2")
     assert isinstance(run.model, RalModel) and run.model.base.keep_frames

@@ -113,25 +113,40 @@ def support_sets(tokens: torch.Tensor, mask: torch.Tensor, video_of_query: torch
 
 
 # ----------------------------------------------------------------------------- RAL on a backbone
+class Positions(nn.Module):
+    """Learned positions, their LayerNorm and dropout: the part of the MS-SL family's input layer
+    (`blocks.InputEmbedding`) that RAL's token encoder takes from the base query encoder, or
+    owns with `ral.share_positions=false`."""
+
+    def __init__(self, max_len: int, hidden: int, dropout: float) -> None:
+        super().__init__()
+        self.positions = nn.Embedding(max_len, hidden)
+        self.norm = nn.LayerNorm(hidden)
+        self.drop = nn.Dropout(dropout)
+
+
 class TokenEncoder(nn.Module):
     """RAL's query encoder for the frame branch (appendix A: the reference gives the frame
     branch its own query encoder with token-level output): its own input map and attention
-    layer on the query tokens, with the base query encoder's learned positions (the reference
-    shares `query_pos_embed` between its two query encoders)."""
+    layer on the query tokens, with the base query encoder's learned positions and their
+    LayerNorm (the reference shares `query_pos_embed` between its two query encoders) or, when
+    `positions` is None, its own."""
 
-    def __init__(self, positions: nn.Module, query_dim: int, hidden: int, heads: int, input_dropout: float,
-                 dropout: float, ffn_mult: int = 0) -> None:
+    def __init__(self, positions: nn.Module | None, query_dim: int, hidden: int, heads: int, input_dropout: float,
+                 dropout: float, ffn_mult: int = 0, max_len: int = 0) -> None:
         super().__init__()
-        self._positions = (positions,)  # shared, not owned: counted and saved once, in the base
+        # shared: not owned, so counted and saved once, in the base
+        self._positions = (positions,) if positions is not None else ()
+        self.own_positions = Positions(max_len, hidden, input_dropout) if positions is None else None
         self.in_norm = nn.LayerNorm(query_dim)
         self.in_drop = nn.Dropout(input_dropout)
         self.linear = nn.Linear(query_dim, hidden)
         self.layer = GMMBlock(hidden, heads, [PLAIN], dropout, ffn_mult)
 
     def forward(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        shared = self._positions[0]
+        pos = self._positions[0] if self._positions else self.own_positions
         h = rowwise(lambda r: F.relu(self.linear(self.in_drop(self.in_norm(r)))), tokens, mask)
-        h = shared.drop(shared.norm(h + shared.positions.weight[: tokens.shape[1]]))
+        h = pos.drop(pos.norm(h + pos.positions.weight[: tokens.shape[1]]))
         return self.layer(h, mask)
 
 
@@ -151,8 +166,10 @@ class RalModel(nn.Module):
         self.config_cls = type(bc)
         self.tokens = None
         if settings.msra or settings.csa:
-            self.tokens = TokenEncoder(base.query_encoder.embed, query_dim, bc.hidden, bc.heads, bc.input_dropout,
-                                       bc.dropout, getattr(bc, "ffn_mult", 0))
+            embed = base.query_encoder.embed
+            self.tokens = TokenEncoder(embed if settings.share_positions else None, query_dim, bc.hidden, bc.heads,
+                                       bc.input_dropout, bc.dropout, getattr(bc, "ffn_mult", 0),
+                                       embed.positions.num_embeddings)
         self.gate = ConfidenceGate(bc.hidden) if settings.csa else None
         self.text_head = GaussianHead(bc.hidden, settings.aggregation) if settings.msra else None
         self.video_head = GaussianHead(bc.hidden, settings.aggregation) if settings.msra else None
