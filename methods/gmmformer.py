@@ -21,6 +21,9 @@ class GMMFormerLossConfig:
     margin: float = param(0.1, NON_NEGATIVE)  # Configs/tvr.py margin (ActivityNet, Charades 0.2 in the preset)
     clip_nce_weight: float = param(0.05, NON_NEGATIVE)  # loss_factor[0] (TVR)
     frame_nce_weight: float = param(0.04, NON_NEGATIVE)  # loss_factor[1] (TVR)
+    # ours: the reference weighs the frame triplet 1; 0 together with frame_nce_weight=0 trains
+    # the query vector on the clip branch alone (a diagnostic: docs/methods/ral.md)
+    frame_triplet_weight: float = param(1.0, NON_NEGATIVE)
     diversity_weight: float = param(0.001, NON_NEGATIVE)  # loss_factor[2] (TVR)
     diversity_margin: float = param(0.15, FINITE)  # neg_factor[0] (TVR)
     diversity_alpha: float = param(32.0, POSITIVE)  # neg_factor[1]
@@ -36,7 +39,7 @@ def gmmformer_objective(cfg: GMMFormerLossConfig, scores: Scores, relations, con
     out["diversity"] = query_diversity(context.outputs["queries"]["query"], pairs, cfg.diversity_margin,
                                        cfg.diversity_alpha)
     out["loss"] = (cfg.clip_nce_weight * out["clip_nce"] + out["clip_triplet"]
-                   + cfg.frame_nce_weight * out["frame_nce"] + out["frame_triplet"]
+                   + cfg.frame_nce_weight * out["frame_nce"] + cfg.frame_triplet_weight * out["frame_triplet"]
                    + cfg.diversity_weight * out["diversity"])
     return out
 

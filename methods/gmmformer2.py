@@ -23,6 +23,9 @@ class GMMFormer2LossConfig:
     margin: float = param(0.1, NON_NEGATIVE)  # Configs/tvr.py margin (ActivityNet, Charades 0.2 in the preset)
     clip_nce_weight: float = param(0.05, NON_NEGATIVE)  # loss_factor[0] (TVR)
     frame_nce_weight: float = param(0.04, NON_NEGATIVE)  # loss_factor[1] (TVR)
+    # ours: the reference weighs the frame triplet 1; 0 together with frame_nce_weight=0 trains
+    # the query vector on the clip branch alone (a diagnostic: docs/methods/ral.md)
+    frame_triplet_weight: float = param(1.0, NON_NEGATIVE)
     diversity_weight: float = param(8e-5, NON_NEGATIVE)  # loss_factor[2] (TVR)
     matching_weight: float = param(0.09, NON_NEGATIVE)  # loss_factor[3] (TVR): Hungarian query-clip matching
     diversity_margin: float = param(0.15, FINITE)  # neg_factor[0] (TVR)
@@ -41,7 +44,7 @@ def gmmformer2_objective(cfg: GMMFormer2LossConfig, scores: Scores, relations, c
                                              cfg.diversity_alpha, cfg.diversity_gamma)
     out["matching"] = hungarian_matching(queries, context.outputs["videos"]["clips"], relations.positive)
     out["loss"] = (cfg.clip_nce_weight * out["clip_nce"] + out["clip_triplet"]
-                   + cfg.frame_nce_weight * out["frame_nce"] + out["frame_triplet"]
+                   + cfg.frame_nce_weight * out["frame_nce"] + cfg.frame_triplet_weight * out["frame_triplet"]
                    + cfg.diversity_weight * out["diversity"] + cfg.matching_weight * out["matching"])
     return out
 

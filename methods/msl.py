@@ -21,6 +21,9 @@ class MSLLossConfig:
     margin: float = param(0.2, NON_NEGATIVE)  # ms-sl config.py --margin (ActivityNet, Charades); do_tvr.sh: 0.1
     clip_nce_weight: float = param(0.02, NON_NEGATIVE)  # ms-sl model.py forward: 0.02 * clip_nce
     frame_nce_weight: float = param(0.04, NON_NEGATIVE)  # ms-sl model.py forward: 0.04 * frame_nce
+    # ours: the reference weighs the frame triplet 1; 0 together with frame_nce_weight=0 trains
+    # the query vector on the clip branch alone (a diagnostic: docs/methods/ral.md)
+    frame_triplet_weight: float = param(1.0, NON_NEGATIVE)
     # --hard_negative_start_epoch (of 100 epochs); -1 = never
     hard_negative_epoch: int = param(20, at_least(-1, "-1 = never"))
     hard_pool: int = param(20, at_least(1))  # --hard_pool_size
@@ -30,7 +33,7 @@ def msl_objective(cfg: MSLLossConfig, scores: Scores, relations, context) -> dic
     hard = hard_pool_at(context.epoch, cfg.hard_negative_epoch, cfg.hard_pool)
     out = two_branch_ranking(scores, relations.positive, relations.negative, cfg.margin, hard, context.generator)
     out["loss"] = (cfg.clip_nce_weight * out["clip_nce"] + out["clip_triplet"]
-                   + cfg.frame_nce_weight * out["frame_nce"] + out["frame_triplet"])
+                   + cfg.frame_nce_weight * out["frame_nce"] + cfg.frame_triplet_weight * out["frame_triplet"])
     return out
 
 

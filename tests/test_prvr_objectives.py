@@ -173,3 +173,33 @@ def test_method_trains_one_epoch_on_sim_tiny(method, tmp_path):
     history = record["history"][0]
     assert math.isfinite(history["loss"]) and history["clip_triplet"] >= 0
     assert record["metrics"]["test"]["SumR"] > 0
+
+
+@pytest.mark.parametrize("method", ["msl", "gmmformer", "gmmformer2"])
+def test_frame_branch_losses_can_be_weighed_out(method):
+    """loss.frame_nce_weight=0 and loss.frame_triplet_weight=0 leave the loss without the frame
+    branch's terms (the clip-branch-only diagnostic); the default weighs the triplet 1."""
+    from types import SimpleNamespace
+
+    from prvr.harness.registry import METHODS, load_all
+
+    load_all()
+    spec = METHODS.get(method)
+    g = torch.Generator().manual_seed(0)
+    raw = {b: torch.randn(4, 2, generator=g, requires_grad=True) for b in ("clip", "frame")}
+    scores = Scores(raw["clip"].tanh(), {b: r.tanh() for b, r in raw.items()}, raw)
+    rel = one_to_one(torch.tensor([0, 0, 1, 1]))
+    queries = torch.randn(4, 3, generator=g)
+    outputs = {"queries": {"query": queries}, "videos": {"clips": torch.randn(2, 5, 3, generator=g)}}
+
+    def context():  # the same random negatives in both calls
+        return SimpleNamespace(epoch=0, generator=torch.Generator().manual_seed(1), model=None, outputs=outputs)
+
+    full_cfg, clip_cfg = spec.loss_cls(), spec.loss_cls(frame_nce_weight=0.0, frame_triplet_weight=0.0)
+    full = spec.objective(full_cfg, scores, rel, context())
+    clip_only = spec.objective(clip_cfg, scores, rel, context())
+    expected = full["loss"] - full_cfg.frame_nce_weight * full["frame_nce"] - full["frame_triplet"]
+    assert clip_only["loss"].item() == pytest.approx(expected.item())
+    clip_only["loss"].backward()
+    assert raw["frame"].grad is None or not raw["frame"].grad.any()
+    assert raw["clip"].grad.abs().sum() > 0
