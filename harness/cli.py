@@ -17,7 +17,8 @@ from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS, OBJEC
 DEFAULT_DATASET = "sim-tvr"
 # Modules that add subcommands: each has add_commands(subparsers) and sets `func` on its parsers.
 PLUGIN_COMMANDS: list[str] = ["prvr.harness.ablate", "prvr.harness.reevaluate", "prvr.harness.profiling.command", "prvr.harness.data_cli",
-                              "prvr.harness.detection", "prvr.harness.ral_uncertainty", "prvr.harness.census"]
+                              "prvr.harness.detection", "prvr.harness.ral_uncertainty", "prvr.harness.census",
+                              "prvr.harness.parity"]
 
 
 def data_root_overrides(args: argparse.Namespace) -> list[str]:

@@ -1,0 +1,102 @@
+"""`prvr-bench parity`: reading the official MS-SL family log, the side-by-side report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from prvr.harness.cli import main
+from prvr.harness.io import UserError
+from prvr.harness.parity import read_official_log, shown_command
+
+# The shape of the official code family's log.txt (timestamps and the logger's prefix), written
+# here by hand: per evaluation three branch recall sums (clip, frame, fused), then the epoch block.
+LOG = """\
+2026-01-01 00:00:00,000 - INFO - Loading Model ......
+2026-01-01 00:01:00,000 - INFO -  * recall sum: 90.6
+2026-01-01 00:01:00,000 - INFO -  * recall sum: 112.2
+2026-01-01 00:01:00,000 - INFO -  * recall sum: 107.1
+2026-01-01 00:01:00,000 - INFO - Epoch:  0    New Best Model !!!
+2026-01-01 00:01:00,000 - INFO - Average Loss: 2.7884
+2026-01-01 00:01:00,000 - INFO - Rsum: 107.1
+2026-01-01 00:01:00,000 - INFO - Best: R@1: 2.2 R@5: 10.8 R@10: 17.4 R@100: 76.7 Rsum: 107.1
+2026-01-01 00:02:00,000 - INFO -  * recall sum: 150.0
+2026-01-01 00:02:00,000 - INFO -  * recall sum: 160.0
+2026-01-01 00:02:00,000 - INFO -  * recall sum: 170.5
+2026-01-01 00:02:00,000 - INFO - Epoch:  1    New Best Model !!!
+2026-01-01 00:02:00,000 - INFO - Rsum: 170.5
+2026-01-01 00:02:00,000 - INFO - Best: R@1: 9.0 R@5: 20.0 R@10: 30.0 R@100: 90.0 Rsum: 170.5
+2026-01-01 00:03:00,000 - INFO - Testing from: results/best.ckpt
+2026-01-01 00:03:00,000 - INFO -  * recall sum: 140.0
+2026-01-01 00:03:00,000 - INFO -  * recall sum: 150.0
+2026-01-01 00:03:00,000 - INFO -  * recall sum: 161.0
+2026-01-01 00:03:00,000 - INFO - Rsum: 161.0
+"""
+
+
+def test_official_log_epochs_parts_and_test_block(tmp_path):
+    log = tmp_path / "log.txt"
+    log.write_text(LOG)
+    out = read_official_log(log)
+    assert [(v["epoch"], v["SumR"]) for v in out["val"]] == [(0, 107.1), (1, 170.5)]
+    assert out["val"][0]["parts"] == {"clip": 90.6, "frame": 112.2, "fused": 107.1}
+    assert out["test"] == {"SumR": 161.0, "parts": {"clip": 140.0, "frame": 150.0, "fused": 161.0}}
+
+
+def test_named_branch_lines_are_read_as_parts(tmp_path):
+    log = tmp_path / "log.txt"
+    log.write_text(" * clip_scale R@1/5/10/100: [1, 2, 3, 4] rsum: 10.0\n"
+                   " * frame_scale R@1/5/10/100: [1, 2, 3, 4] rsum: 20.0\n"
+                   " * combined(0.7*clip+0.3*frame) R@1/5/10/100: [1, 2, 3, 4] rsum: 30.0\n"
+                   "Epoch:  0    New Best Model !!!\nRsum: 30.0\n")
+    assert read_official_log(log)["val"][0]["parts"] == {"clip": 10.0, "frame": 20.0, "fused": 30.0}
+
+
+def test_a_log_without_epoch_blocks_is_one_clear_error(tmp_path):
+    log = tmp_path / "train.log.txt"
+    log.write_text("2026 [Epoch] 000 [Loss] clip_nce_loss 1.0\n")
+    with pytest.raises(UserError, match=r"train\.log\.txt has no epoch block"):
+        read_official_log(log)
+    log.write_text("Rsum: 12.0\n")
+    with pytest.raises(UserError, match=r"line 1: a validation 'Rsum:' before any 'Epoch: N'"):
+        read_official_log(log)
+
+
+def test_shown_command_hides_this_machines_paths():
+    assert (shown_command("prvr-bench run --method ral --dataset tvr --data-root /data/x/export --out /tmp/o --seed 0")
+            == "prvr-bench run --method ral --dataset tvr --data-root EXPORT_DIR --out OUT --seed 0")
+
+
+def _record(path, val_sums, test_sum):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    metrics = {"val": {"SumR": max(val_sums)}, "test": {"SumR": test_sum}}
+    path.write_text(json.dumps({
+        "method": "ral", "dataset": "tvr", "seed": 0, "run_name": "ral", "config": {},
+        "provenance": {"git_revision": "abc1234def"},
+        "command": "prvr-bench run --method ral --dataset tvr --data-root /somewhere/export --seed 0 --out /elsewhere",
+        "metrics": metrics, "history": [{"epoch": e, "val": {"SumR": s}} for e, s in enumerate(val_sums)]}))
+
+
+def test_report_side_by_side_with_the_verdict(tmp_path):
+    log = tmp_path / "log.txt"
+    log.write_text(LOG)
+    rec = tmp_path / "o" / "runs" / "tvr" / "ral" / "seed0.json"
+    _record(rec, [100.0, 171.5], 160.0)
+    assert main(["parity", "--official-log", str(log), "--record", str(rec), "--name", "ral-e2",
+                 "--out", str(tmp_path / "res")]) == 0
+    text = (tmp_path / "res" / "parity" / "ral-e2.md").read_text()
+    assert "| 0 | 107.1 | 100.0 | -7.1 | 90.6 | 112.2 | 107.1 |" in text
+    assert "| 1 | 170.5 | 171.5 | +1.0 | 150.0 | 160.0 | 170.5 |" in text
+    assert "ours 171.5 (epoch 1): Δ +1.0, within the 2 SumR tolerance." in text
+    assert "official 161.0, ours 160.0 (official parts: clip 140.0, frame 150.0, fused 161.0)" in text
+    assert "/somewhere" not in text and "/elsewhere" not in text and "--data-root EXPORT_DIR" in text
+    _record(rec, [100.0, 174.0], 160.0)
+    main(["parity", "--official-log", str(log), "--record", str(rec), "--name", "ral-e2",
+          "--out", str(tmp_path / "res")])
+    assert "Δ +3.5, outside the 2 SumR tolerance." in (tmp_path / "res" / "parity" / "ral-e2.md").read_text()
+
+
+def test_bad_name_is_refused(tmp_path, capsys):
+    assert main(["parity", "--official-log", "x", "--record", "y", "--name", "../up"]) == 2
+    assert "--name '../up'" in capsys.readouterr().err
