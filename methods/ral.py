@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from prvr.harness.checks import FLAG, NON_NEGATIVE, POSITIVE, OneOf, Range, at_least, param
 from prvr.harness.registry import METHODS
 from prvr.methods.backbones.api import Scores
-from prvr.methods.backbones.ral import AGGREGATIONS, RalModel, support_sets
+from prvr.methods.backbones.ral import AGGREGATIONS, PADDED_FRAMES, RalModel, support_sets
 from prvr.methods.objectives.ral import PM_READINGS, distribution_alignment, proxy_matching, sample_proxies
 from prvr.methods.recipes import PRESETS, AblationRow, AblationTable, MethodSpec, register_table
 
@@ -49,6 +49,11 @@ class RalConfig:
     # fuses 0.5 / 0.5 on TVR and 0.6 / 0.4 on ActivityNet (the preset's values); the paper says
     # "summed" (appendix A)
     clip_weight: float = param(-1.0, Range(-1, 1, note="-1 = the backbone's own"))
+    # padded frames in CSA's max over frames: exclude (Eq. 11, the max over a video's real frames)
+    # or zero (the reference's: each video's encoded frames are padded to 128 with zero vectors
+    # that take part in the max, so in a video shorter than the backbone's model.max_frames every
+    # word scores at least 0, in the cosine score and in the raw one)
+    padded_frames: str = param("exclude", OneOf(PADDED_FRAMES))
     # [queries, videos, words, frames] elements scored at once in evaluation (memory only)
     eval_budget: int = param(1 << 24, at_least(1))
 

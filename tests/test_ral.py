@@ -224,3 +224,30 @@ def test_table_2_base_row_is_the_backbones_own_run(tmp_path):
     assert "(`prvr-bench ablate --method ral --backbone msl --table 2 --dataset sim-tiny`)" in md
     row = next(line for line in md.splitlines() if line.startswith("| base |"))  # measured, above the paper's
     assert row.endswith("| 2 | msl |") and "155.0 ± 7.1" in row
+
+
+def test_zero_padded_frames_floor_the_csa_score_of_short_videos():
+    """ral.padded_frames=zero (the reference's zero frames in the max): the frame branch of a video
+    shorter than model.max_frames is the floored CSA score, in the cosine and the raw score; a
+    video at full length is scored as with exclude."""
+    from prvr.methods.objectives.ral import csa_scores, word_confidences
+
+    cfg, run = _tiny("gmmformer2", "ral.padded_frames=zero")
+    model = run.model.eval()
+    batcher, _ = _batch(run)
+    with torch.no_grad():
+        q = model.encode_queries(batcher.queries(np.arange(4)))
+        v = model.index_videos(model.encode_videos(batcher.videos(np.arange(3))))
+        got = model.score(q, v)
+        lengths = v["frame_mask"].sum(1)
+        assert (lengths < cfg.model.max_frames).all()  # sim-tiny's videos are all short
+        tokens, tmask = q["ral.tokens"], q["ral.token_mask"]
+        for cosine, value in ((True, got.branches["frame"]), (False, got.raw["frame"])):
+            t = torch.nn.functional.normalize(tokens, dim=-1) if cosine else tokens
+            want = csa_scores(t, tmask, word_confidences(model.gate(t), tmask), v["frames"], v["frame_mask"],
+                              cosine=cosine, floor=torch.ones(3, dtype=torch.bool))
+            assert torch.allclose(value, want, atol=1e-5)
+        model.base.cfg.max_frames = int(lengths.min())  # now the shortest video is at full length
+        full = model.score(q, v).branches["frame"][:, lengths == lengths.min()]
+        model.settings.padded_frames = "exclude"
+        assert torch.allclose(full, model.score(q, v).branches["frame"][:, lengths == lengths.min()], atol=1e-6)

@@ -150,15 +150,34 @@ def test_csa_gradients_flow_to_tokens_weights_and_frames():
     assert tokens.grad.abs().sum() > 0 and frames.grad.abs().sum() > 0 and logits.grad.abs().sum() > 0
 
 
+def test_csa_zero_padded_frames_floor_each_word_at_zero():
+    """ral.padded_frames=zero: in a floored video every word's best frame scores at least 0 (the
+    reference's zero frames take part in the max); other videos are unchanged."""
+    tokens, token_mask, weights, frames, frame_mask = _csa_inputs(seed=9)
+    floor = torch.tensor([True, False, True, False, True])
+    got = csa_scores(tokens, token_mask, weights, frames, frame_mask, floor=floor)
+    sims = torch.einsum("qld,vtd->qvlt", F.normalize(tokens, dim=-1), F.normalize(frames, dim=-1))
+    best = sims.masked_fill(~frame_mask[None, :, None], float("-inf")).max(-1).values  # [Q, V, L]
+    assert (best < 0).any()  # the inputs have words whose best frame is negative
+    best = torch.where(floor[None, :, None], best.clamp_min(0), best).masked_fill(~token_mask[:, None], 0)
+    assert torch.allclose(got, (best * weights[:, None]).sum(-1), atol=1e-6)
+    plain = csa_scores(tokens, token_mask, weights, frames, frame_mask)
+    assert torch.equal(got[:, ~floor], plain[:, ~floor]) and (got[:, floor] >= plain[:, floor]).all()
+    assert torch.allclose(got, csa_reference(tokens, token_mask, weights, frames, frame_mask, floor=floor), atol=1e-6)
+
+
+@pytest.mark.parametrize("floor", [None, torch.tensor([True, False, True, False, True])])
 @pytest.mark.parametrize("cosine", [True, False])
 @pytest.mark.parametrize("budget", [1, 50, 1 << 24])
-def test_csa_gradients_equal_autograd_through_the_reference(cosine, budget):
+def test_csa_gradients_equal_autograd_through_the_reference(cosine, budget, floor):
     """The sparse backward of `_BestFrame` against autograd through the definition, with an
-    upstream gradient that differs per (query, video), over chunk sizes that split both passes."""
+    upstream gradient that differs per (query, video), over chunk sizes that split both passes
+    (and with the reference's zero-padded frames: a word floored at 0 sends no gradient)."""
     tokens, token_mask, weights, frames, frame_mask = _csa_inputs(seed=6)
     upstream = torch.randn(3, 5, generator=torch.Generator().manual_seed(7))
     grads = []
-    for score in (lambda *a: csa_scores(*a, budget=budget, cosine=cosine), lambda *a: csa_reference(*a, cosine=cosine)):
+    for score in (lambda *a: csa_scores(*a, budget=budget, cosine=cosine, floor=floor),
+                  lambda *a: csa_reference(*a, cosine=cosine, floor=floor)):
         t, w, f = (x.clone().requires_grad_(True) for x in (tokens, weights, frames))
         (score(t, token_mask, w, f, frame_mask) * upstream).sum().backward()
         grads.append((t.grad, w.grad, f.grad))

@@ -18,6 +18,7 @@ from prvr.methods.backbones.blocks import PLAIN, UNIT, GMMBlock, init_weights, r
 from prvr.methods.objectives.ral import csa_scores, word_confidences
 
 AGGREGATIONS = ("both", "local", "global")  # Table 4: g = LN(x^g + x^l), local only, global only
+PADDED_FRAMES = ("exclude", "zero")  # ral.padded_frames: CSA's max over real frames, or with a zero frame
 
 
 class GatedAttentionPool(nn.Module):
@@ -215,15 +216,19 @@ class RalModel(nn.Module):
         tokens, tmask = q["ral.tokens"], q["ral.token_mask"]
         frames, fmask = unit(v, "frames"), v["frame_mask"]
         budget = self.settings.eval_budget
+        floor = None
+        if self.settings.padded_frames == "zero":  # the reference's zero-padded frames take part in the max
+            floor = fmask.sum(1) < self.base.cfg.max_frames
         # the reference weighs the cosine score by the gate of the normalised words and the raw
         # score (for NCE) by the gate of the raw words
         unit_tokens = F.normalize(tokens, dim=-1)
-        frame = csa_scores(unit_tokens, tmask, word_confidences(self.gate(unit_tokens), tmask), frames, fmask, budget)
+        frame = csa_scores(unit_tokens, tmask, word_confidences(self.gate(unit_tokens), tmask), frames, fmask, budget,
+                           floor=floor)
         raw_frames = v["frames"]
         raw = OnDemand({
             "clip": lambda: s.raw["clip"],
             "frame": lambda: csa_scores(tokens, tmask, word_confidences(self.gate(tokens), tmask), raw_frames, fmask,
-                                        budget, cosine=False),
+                                        budget, cosine=False, floor=floor),
         })
         w = self.clip_weight()
         branches = {"clip": s.branches["clip"], "frame": frame}

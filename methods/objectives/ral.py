@@ -130,7 +130,8 @@ class _BestFrame(torch.autograd.Function):
 
 
 def csa_scores(tokens: torch.Tensor, token_mask: torch.Tensor, weights: torch.Tensor, frames: torch.Tensor,
-               frame_mask: torch.Tensor, budget: int = 1 << 24, cosine: bool = True) -> torch.Tensor:
+               frame_mask: torch.Tensor, budget: int = 1 << 24, cosine: bool = True,
+               floor: torch.Tensor | None = None) -> torch.Tensor:
     """Eq. 11-12: S(q, v) = sum_i g_i max_j sim(q_i, v_j) over real words i and real frames j.
 
     tokens [Q, L, d], token_mask [Q, L], weights [Q, L] (zero on padding), frames [V, T, d],
@@ -138,7 +139,11 @@ def csa_scores(tokens: torch.Tensor, token_mask: torch.Tensor, weights: torch.Te
     reference's unnormalised score for NCE). Computed over chunks of videos so that the
     [Q, chunk, L, T] similarities stay within `budget` elements; with gradients each chunk keeps
     only the index of each word's best frame (`_BestFrame`), not the similarities, and the
-    backward costs Q V L d instead of 2 Q V L T d."""
+    backward costs Q V L d instead of 2 Q V L T d.
+
+    `floor` [V] bool: videos whose every word scores at least 0, as if a zero frame were among
+    their frames (the reference pads each video's encoded frames to 128 with zero vectors, which
+    take part in the max: `ral.padded_frames=zero`)."""
     if cosine:
         tokens, frames = F.normalize(tokens, dim=-1), F.normalize(frames, dim=-1)
     q, length = tokens.shape[:2]
@@ -147,13 +152,15 @@ def csa_scores(tokens: torch.Tensor, token_mask: torch.Tensor, weights: torch.Te
     parts = []
     for s in range(0, v, step):
         best = _BestFrame.apply(tokens, frames[s : s + step], frame_mask[s : s + step])  # [Q, chunk, L]
+        if floor is not None:
+            best = torch.where(floor[None, s : s + step, None], best.clamp_min(0.0), best)
         best = best.masked_fill(~token_mask[:, None, :], 0.0)  # a video without frames never reaches here
         parts.append((best * weights[:, None, :]).sum(-1))
     return torch.cat(parts, 1) if parts else tokens.new_zeros((q, 0))
 
 
 def csa_reference(tokens: torch.Tensor, token_mask: torch.Tensor, weights: torch.Tensor, frames: torch.Tensor,
-                  frame_mask: torch.Tensor, cosine: bool = True) -> torch.Tensor:
+                  frame_mask: torch.Tensor, cosine: bool = True, floor: torch.Tensor | None = None) -> torch.Tensor:
     """The definition, one pair at a time, differentiated by autograd (tests only)."""
     unit = (lambda x: F.normalize(x, dim=-1)) if cosine else (lambda x: x)
     out = tokens.new_zeros((tokens.shape[0], frames.shape[0]))
@@ -161,5 +168,7 @@ def csa_reference(tokens: torch.Tensor, token_mask: torch.Tensor, weights: torch
         words = unit(tokens[i][token_mask[i]])
         for j in range(frames.shape[0]):
             fr = unit(frames[j][frame_mask[j]])
+            if floor is not None and floor[j]:  # one zero frame among the real ones
+                fr = torch.cat([fr, fr.new_zeros((1, fr.shape[1]))])
             out[i, j] = (weights[i][token_mask[i]] * (words @ fr.t()).max(1).values).sum()
     return out
