@@ -26,13 +26,12 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from prvr.harness.io import UserError, write_text
+from prvr.harness.io import UserError, ensure_dir, write_text
 
 TOLERANCE = 2.0  # SumR: the suite's rule for a faithful re-implementation
 
 _EPOCH = re.compile(r"Epoch:\s*(\d+)\b")
 _RSUM = re.compile(r"\bRsum:\s*([-\d.]+)")
-_TESTING = re.compile(r"Testing from:")
 _RECALL_SUM = re.compile(r"\* recall sum:\s*([-\d.]+)")
 _NAMED_PART = re.compile(r"\* (clip|frame|combined)\w*\b.*\brsum:\s*([-\d.]+)")
 PARTS = ("clip", "frame", "fused")
@@ -46,7 +45,7 @@ def read_official_log(path: str | Path) -> dict[str, Any]:
         lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
     except FileNotFoundError:
         raise UserError(f"official log not found: {path}") from None
-    val: list[dict[str, Any]] = []
+    val: dict[int, dict[str, Any]] = {}  # by epoch: a later block of the same epoch replaces it
     test = None
     parts: list[float] = []
     named: dict[str, float] = {}
@@ -59,7 +58,7 @@ def read_official_log(path: str | Path) -> dict[str, Any]:
         if m := _RECALL_SUM.search(line):
             parts.append(float(m.group(1)))
             continue
-        if _TESTING.search(line):
+        if "Testing from:" in line:
             testing, epoch = True, None
             continue
         if m := _EPOCH.search(line):
@@ -76,12 +75,12 @@ def read_official_log(path: str | Path) -> dict[str, Any]:
                 raise UserError(f"{path} line {number}: a validation 'Rsum:' before any 'Epoch: N' line; "
                                 "pass the log the official training script wrote (its log.txt)")
             else:
-                val = [v for v in val if v["epoch"] != epoch] + [{"epoch": epoch, **entry}]
+                val[epoch] = {"epoch": epoch, **entry}
             parts, named, epoch = [], {}, None
     if not val:
         raise UserError(f"{path} has no epoch block ('Epoch: N' followed by 'Rsum: X'); pass the log.txt that "
                         "the official training script of the MS-SL code family writes")
-    return {"val": sorted(val, key=lambda v: v["epoch"]), "test": test}
+    return {"val": [val[e] for e in sorted(val)], "test": test}
 
 
 def our_run(record_file: str | Path) -> dict[str, Any]:
@@ -120,9 +119,8 @@ def report(official: dict[str, Any], ours: dict[str, Any], name: str, note: str,
     epochs = sorted(set(by_epoch) | set(ours_by_epoch))
     has_parts = any(v["parts"] for v in official["val"])
     best_official = max(official["val"], key=lambda v: v["SumR"])
-    best_ours_epoch = max(ours["val"], key=lambda v: v["SumR"])
-    gap = best_ours_epoch["SumR"] - best_official["SumR"]
-    agree = abs(gap) <= tolerance
+    best_ours = max(ours["val"], key=lambda v: v["SumR"])
+    gap = best_ours["SumR"] - best_official["SumR"]
     lines = [f"# Parity: {name}", "",
              f"Our `{record.get('run_name')}` (seed {record.get('seed')}, commit "
              f"{str((record.get('provenance') or {}).get('git_revision', ''))[:7]}) against the official code's run on "
@@ -145,8 +143,8 @@ def report(official: dict[str, Any], ours: dict[str, Any], name: str, note: str,
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["",
               f"- Best validation SumR: official {best_official['SumR']:.1f} (epoch {best_official['epoch']}), ours "
-              f"{best_ours_epoch['SumR']:.1f} (epoch {best_ours_epoch['epoch']}): Δ {gap:+.1f}, "
-              + f"{'within' if agree else 'outside'} the {tolerance:g} SumR tolerance."]
+              f"{best_ours['SumR']:.1f} (epoch {best_ours['epoch']}): Δ {gap:+.1f}, "
+              f"{'within' if abs(gap) <= tolerance else 'outside'} the {tolerance:g} SumR tolerance."]
     test = official.get("test")
     if test is not None or ours.get("test") is not None:
         off_test = test["SumR"] if test else None
@@ -172,8 +170,7 @@ def cmd_parity(args: argparse.Namespace) -> None:
     official = read_official_log(args.official_log)
     ours = our_run(args.record)
     text = report(official, ours, args.name, args.note, Path(args.official_log).name, args.tolerance)
-    out = Path(args.out) / "parity" / f"{args.name}.md"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = ensure_dir(Path(args.out) / "parity") / f"{args.name}.md"
     write_text(out, text)
     print(f"wrote {out}")
 

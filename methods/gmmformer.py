@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from prvr.harness.checks import FINITE, NON_NEGATIVE, POSITIVE, at_least, param
 from prvr.harness.registry import METHODS
 from prvr.methods.backbones.api import Scores
-from prvr.methods.objectives.prvr import hard_pool_at, query_diversity, same_video_pairs, two_branch_ranking
+from prvr.methods.objectives.prvr import (hard_pool_at, query_diversity, same_video_pairs, two_branch_ranking,
+                                          two_branch_sum)
 from prvr.methods.recipes import PRESETS, MethodSpec
 
 
@@ -38,9 +39,7 @@ def gmmformer_objective(cfg: GMMFormerLossConfig, scores: Scores, relations, con
     pairs = same_video_pairs(relations.positive)
     out["diversity"] = query_diversity(context.outputs["queries"]["query"], pairs, cfg.diversity_margin,
                                        cfg.diversity_alpha)
-    out["loss"] = (cfg.clip_nce_weight * out["clip_nce"] + out["clip_triplet"]
-                   + cfg.frame_nce_weight * out["frame_nce"] + cfg.frame_triplet_weight * out["frame_triplet"]
-                   + cfg.diversity_weight * out["diversity"])
+    out["loss"] = two_branch_sum(cfg, out) + cfg.diversity_weight * out["diversity"]
     return out
 
 

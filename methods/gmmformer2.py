@@ -14,7 +14,7 @@ from prvr.harness.checks import FINITE, NON_NEGATIVE, POSITIVE, at_least, param
 from prvr.harness.registry import METHODS
 from prvr.methods.backbones.api import Scores
 from prvr.methods.objectives.prvr import (focal_query_diversity, hard_pool_at, hungarian_matching,
-                                          same_video_pairs, two_branch_ranking)
+                                          same_video_pairs, two_branch_ranking, two_branch_sum)
 from prvr.methods.recipes import PRESETS, MethodSpec
 
 
@@ -43,9 +43,8 @@ def gmmformer2_objective(cfg: GMMFormer2LossConfig, scores: Scores, relations, c
     out["diversity"] = focal_query_diversity(queries, same_video_pairs(relations.positive), cfg.diversity_margin,
                                              cfg.diversity_alpha, cfg.diversity_gamma)
     out["matching"] = hungarian_matching(queries, context.outputs["videos"]["clips"], relations.positive)
-    out["loss"] = (cfg.clip_nce_weight * out["clip_nce"] + out["clip_triplet"]
-                   + cfg.frame_nce_weight * out["frame_nce"] + cfg.frame_triplet_weight * out["frame_triplet"]
-                   + cfg.diversity_weight * out["diversity"] + cfg.matching_weight * out["matching"])
+    out["loss"] = (two_branch_sum(cfg, out) + cfg.diversity_weight * out["diversity"]
+                   + cfg.matching_weight * out["matching"])
     return out
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from prvr.harness.checks import NON_NEGATIVE, at_least, param
 from prvr.harness.registry import METHODS
 from prvr.methods.backbones.api import Scores
-from prvr.methods.objectives.prvr import hard_pool_at, two_branch_ranking
+from prvr.methods.objectives.prvr import hard_pool_at, two_branch_ranking, two_branch_sum
 from prvr.methods.recipes import PRESETS, MethodSpec
 
 
@@ -32,8 +32,7 @@ class MSLLossConfig:
 def msl_objective(cfg: MSLLossConfig, scores: Scores, relations, context) -> dict:
     hard = hard_pool_at(context.epoch, cfg.hard_negative_epoch, cfg.hard_pool)
     out = two_branch_ranking(scores, relations.positive, relations.negative, cfg.margin, hard, context.generator)
-    out["loss"] = (cfg.clip_nce_weight * out["clip_nce"] + out["clip_triplet"]
-                   + cfg.frame_nce_weight * out["frame_nce"] + cfg.frame_triplet_weight * out["frame_triplet"])
+    out["loss"] = two_branch_sum(cfg, out)
     return out
 
 

@@ -76,6 +76,14 @@ def two_branch_ranking(scores: Scores, positive: torch.Tensor, negative: torch.T
     return out
 
 
+def two_branch_sum(cfg, parts: dict[str, torch.Tensor]) -> torch.Tensor:
+    """w_c clip_nce + clip_triplet + w_f frame_nce + w_ft frame_triplet: the weighted ranking
+    parts of `two_branch_ranking`, with the weights of a loss config of the MS-SL family
+    (`clip_nce_weight`, `frame_nce_weight`, `frame_triplet_weight`)."""
+    return (cfg.clip_nce_weight * parts["clip_nce"] + parts["clip_triplet"]
+            + cfg.frame_nce_weight * parts["frame_nce"] + cfg.frame_triplet_weight * parts["frame_triplet"])
+
+
 def same_video_pairs(positive: torch.Tensor) -> torch.Tensor:
     """[Q, Q] bool: distinct queries that share a positive video (one-to-one labels: the
     queries labelled with the same video)."""
