@@ -8,6 +8,9 @@ record's resolved config, load `<out>/checkpoints/<dataset>/<run>/seed<S>/best.p
   and frame branches of the MS-SL family, ARL's two models theta and Phi);
 - `--ensemble`: the mean of the fused scores of all given runs (e.g. two seeds of the
   baseline, to compare with ARL, whose prediction averages two models).
+- `--fusion-weights`: the branch weights of every dynamic GMM block (GMMFormer v2 and RAL on
+  it) over the split's videos: the mean weight each Gaussian branch gets over all real
+  positions, and the mean of the largest weight at a position (1 / branches when uniform).
 - `--noise-levels P...`: the run's noise robustness curve (harness/noise.py): the split ranked
   once per level with a segment of p x each video's length inserted at its start (and at
   p = 0), stored beside each record as `seed<S>.noise-<source>.json` for the leaderboard's
@@ -127,6 +130,56 @@ def evaluate_runs(record_files: list[str | Path], split_name: str = "test", part
     return rows
 
 
+def fusion_weight_rows(record_files: list[str | Path], split_name: str = "test", device: str = "auto",
+                       data_root: str | None = None) -> list[dict[str, Any]]:
+    """Rows {run, record, block, widths, mean, max_mean, positions} for each dynamic GMM block
+    (`blocks.DynamicGMMBlock`) of each run, read while the split's videos are encoded from the
+    best checkpoint: `mean[b]` is branch b's weight averaged over every real position of every
+    video, `max_mean` the largest weight at a position, averaged."""
+    from prvr.harness.evaluate import encode_split
+    from prvr.methods.backbones.blocks import DynamicGMMBlock
+
+    rows: list[dict[str, Any]] = []
+    datasets: dict[str, Any] = {}
+    for run in (StoredRun(f, device, data_root) for f in record_files):
+        data = _data_of(run, split_name, datasets)
+        model = run.model(data)
+        blocks = {name: m for name, m in model.named_modules() if isinstance(m, DynamicGMMBlock)}
+        if not blocks:
+            raise UserError(f"{run.path}: its model ({run.record.get('method')}) has no dynamic GMM block, so no "
+                            "branch weights; --fusion-weights is for GMMFormer v2 and RAL on it")
+        seen: dict[str, list[torch.Tensor]] = {name: [] for name in blocks}
+        for name, block in blocks.items():
+            block.branch_weights = _recording(block.branch_weights, seen[name])  # instance attribute, this model only
+        progress.log(f"evaluate {run.name}: branch weights of {', '.join(blocks)} on {split_name}")
+        with torch.no_grad():
+            encode_split(model, data[split_name], Batcher(data[split_name], run.cfg.data), run.device)
+        for name, block in blocks.items():
+            w = torch.cat(seen[name], dim=1).double()  # [branches, real positions]
+            rows.append({"run": run.name, "record": str(run.path), "block": name,
+                         "widths": list(block.branches.widths), "positions": w.shape[1],
+                         "mean": w.mean(1).tolist(), "max_mean": w.max(0).values.mean().item()})
+    return rows
+
+
+def _recording(fn, store: list[torch.Tensor]):
+    def wrapped(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        store.append(out.detach().cpu())
+        return out
+    return wrapped
+
+
+def format_fusion_rows(rows: list[dict[str, Any]]) -> str:
+    lines = ["| run | block | positions | mean weight per branch (width) | mean largest weight | uniform |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        per = ", ".join(f"{m:.3f} ({'plain' if w == 0 else f'{w:g}'})" for w, m in zip(r["widths"], r["mean"]))
+        lines.append(f"| {r['run']} | {r['block']} | {r['positions']} | {per} | {r['max_mean']:.3f} | "
+                     f"{1 / len(r['widths']):.3f} |")
+    return "\n".join(lines)
+
+
 def noise_rows(record_files: list[str | Path], levels: list[float], source: str = "other", split_name: str = "test",
                device: str = "auto", data_root: str | None = None, store: bool = True) -> list[dict[str, Any]]:
     """Rows {run, record, score, source, level, metrics} of each run's noise curve (harness/noise.py)
@@ -230,11 +283,24 @@ def add_commands(sub) -> None:
     p.add_argument("--noise-source", default="other", metavar="SOURCE",
                    help="where inserted rows come from: other (a run of another test video, default) | gaussian")
     p.add_argument("--no-store", action="store_true", help="with --noise-levels: print only, store no curve files")
+    p.add_argument("--fusion-weights", action="store_true",
+                   help="instead: the branch weights of each dynamic GMM block (GMMFormer v2, RAL on it) over the "
+                        "split's videos")
     p.set_defaults(func=cmd_evaluate)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
     root = args.data_root or os.environ.get("PRVR_DATA")
+    if args.fusion_weights:
+        if args.parts or args.ensemble or args.noise_levels is not None:
+            raise UserError("--fusion-weights reads the models' branch weights; leave out --parts, --ensemble and "
+                            "--noise-levels")
+        rows = fusion_weight_rows(args.records, args.split, args.device, root)
+        print(format_fusion_rows(rows))
+        if args.json:
+            write_json(args.json, {"split": args.split, "rows": rows})
+            progress.log(f"wrote {args.json}")
+        return
     if args.noise_levels is not None:
         if args.parts or args.ensemble:
             raise UserError("--noise-levels ranks each run's fused score; leave out --parts and --ensemble")

@@ -84,3 +84,55 @@ def test_records_and_checkpoints_of_an_earlier_version_re_evaluate_to_their_metr
     (row,) = evaluate_runs([record], "test", device="cpu")
     for key in ("R@1", "R@5", "R@10", "R@100", "SumR", "median_rank"):
         assert row["metrics"][key] == pytest.approx(stored[key], abs=1e-9), key
+
+
+@pytest.fixture(scope="module")
+def v2_run(tmp_path_factory):
+    from prvr.harness.config import resolve
+
+    out = tmp_path_factory.mktemp("v2")
+    rec = run_one(resolve("gmmformer2", "sim-tiny", 0, ["train.epochs=1"]), out)
+    return record_path(out, "sim-tiny", rec["run_name"], 0)
+
+
+def test_fusion_weights_equal_the_blocks_weights_recomputed_from_their_inputs(v2_run):
+    """The weights read while encoding equal a naive recomputation: each dynamic block's own
+    branches and weight head applied again to the inputs it was given."""
+    import torch
+
+    from prvr.datasets.loader import Batcher
+    from prvr.harness.evaluate import encode_split
+    from prvr.harness.reevaluate import StoredRun, _data_of, fusion_weight_rows
+    from prvr.methods.backbones.blocks import DynamicGMMBlock, full_mask
+
+    rows = fusion_weight_rows([v2_run])
+    assert {r["block"] for r in rows} == {"clip_block", "frame_block"}
+    run = StoredRun(v2_run)
+    data = _data_of(run, "test", {})
+    model = run.model(data)
+    inputs: dict[str, list] = {}
+    for name, m in model.named_modules():
+        if isinstance(m, DynamicGMMBlock):
+            m.register_forward_pre_hook(lambda mod, args, name=name: inputs.setdefault(name, []).append(
+                (args[0], full_mask(args[0]) if args[1] is None else args[1], args[2])))
+    with torch.no_grad():
+        encode_split(model, data["test"], Batcher(data["test"], run.cfg.data), run.device)
+        for r in rows:
+            block = dict(model.named_modules())[r["block"]]
+            w = torch.cat([DynamicGMMBlock.branch_weights(block, block.branches(x, mask), mask, token.reshape(-1))
+                           for x, mask, token in inputs[r["block"]]], dim=1).double()
+            assert r["positions"] == w.shape[1] == sum(int(a[1].sum()) for a in inputs[r["block"]])
+            assert r["mean"] == pytest.approx(w.mean(1).tolist(), abs=1e-12)
+            assert r["max_mean"] == pytest.approx(w.max(0).values.mean().item(), abs=1e-12)
+            assert sum(r["mean"]) == pytest.approx(1.0)
+            assert len(r["mean"]) == len(r["widths"]) == 8
+
+
+def test_fusion_weights_command_and_its_errors(v2_run, two_runs, capsys):
+    assert main(["evaluate", str(v2_run), "--fusion-weights"]) == 0
+    printed = capsys.readouterr().out
+    assert "| gmmformer2 seed 0 | frame_block |" in printed and "(plain)" in printed and "| 0.125 |" in printed
+    assert main(["evaluate", str(two_runs[1][0]), "--fusion-weights"]) == 2
+    assert "no dynamic GMM block" in capsys.readouterr().err
+    assert main(["evaluate", str(v2_run), "--fusion-weights", "--parts"]) == 2
+    assert "leave out --parts" in capsys.readouterr().err
