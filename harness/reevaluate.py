@@ -136,7 +136,7 @@ def fusion_weight_rows(record_files: list[str | Path], split_name: str = "test",
     (`blocks.DynamicGMMBlock`) of each run, read while the split's videos are encoded from the
     best checkpoint: `mean[b]` is branch b's weight averaged over every real position of every
     video, `max_mean` the largest weight at a position, averaged."""
-    from prvr.harness.evaluate import encode_split
+    from prvr.harness.evaluate import VIDEO_BATCH, encode_all
     from prvr.methods.backbones.blocks import DynamicGMMBlock
 
     rows: list[dict[str, Any]] = []
@@ -152,8 +152,10 @@ def fusion_weight_rows(record_files: list[str | Path], split_name: str = "test",
         for name, block in blocks.items():
             block.branch_weights = _recording(block.branch_weights, seen[name])  # instance attribute, this model only
         progress.log(f"evaluate {run.name}: branch weights of {', '.join(blocks)} on {split_name}")
-        with torch.no_grad():
-            encode_split(model, data[split_name], Batcher(data[split_name], run.cfg.data), run.device)
+        split = data[split_name]
+        with torch.no_grad():  # the videos only: the weights are the video encoders'
+            encode_all(model.encode_videos, Batcher(split, run.cfg.data).videos, split.num_videos, VIDEO_BATCH,
+                       run.device)
         for name, block in blocks.items():
             w = torch.cat(seen[name], dim=1).double()  # [branches, real positions]
             rows.append({"run": run.name, "record": str(run.path), "block": name,
@@ -297,9 +299,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
                             "--noise-levels")
         rows = fusion_weight_rows(args.records, args.split, args.device, root)
         print(format_fusion_rows(rows))
-        if args.json:
-            write_json(args.json, {"split": args.split, "rows": rows})
-            progress.log(f"wrote {args.json}")
+        _write_json(args, rows)
         return
     if args.noise_levels is not None:
         if args.parts or args.ensemble:
@@ -307,13 +307,16 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         rows = noise_rows(args.records, args.noise_levels, args.noise_source, args.split, args.device, root,
                           store=not args.no_store)
         print(format_noise_rows(rows))
-        if args.json:
-            write_json(args.json, {"split": args.split, "noise_source": args.noise_source, "rows": rows})
-            progress.log(f"wrote {args.json}")
+        _write_json(args, rows, noise_source=args.noise_source)
         return
     rows = evaluate_runs(args.records, args.split, args.parts, args.ensemble, args.device, root)
     print(format_rows(rows))
+    _write_json(args, rows)
+
+
+def _write_json(args: argparse.Namespace, rows: list[dict[str, Any]], **extra: Any) -> None:
+    """`--json FILE`: the split, any extra keys and the rows, written atomically."""
     if args.json:
-        write_json(args.json, {"split": args.split, "rows": rows})
+        write_json(args.json, {"split": args.split, **extra, "rows": rows})
         progress.log(f"wrote {args.json}")
 
