@@ -153,13 +153,44 @@ def record_layout(path: str | Path) -> tuple[Path, str, str, int]:
 def provenance(device: str) -> dict[str, Any]:
     return {
         "git_revision": _git("rev-parse", "HEAD"),
-        "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        # the code, not the results: a record written into a checkout's results/ does not make
+        # the next run there "dirty"
+        "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no", "--", ":(top)", ":(top,exclude)results")),
         "packages": {p: _version(p) for p in PACKAGES},
         "python": sys.version.split()[0],
         "platform": platform.platform(),
+        "cpu": cpu_facts(),
         "device": device,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def cpu_facts(cpuinfo: str | Path = "/proc/cpuinfo") -> dict[str, str]:
+    """The processor a run was made on: its model (name, family and model numbers, from
+    `cpuinfo` where the system has one) and the vector instructions torch's kernels use. Two
+    machines that differ here round floats differently in the first epoch, and a retrained record
+    then agrees with the committed one to about 1e-6 in the first losses, not to the last digit
+    of the final metrics (docs/records.md, "Retraining a record")."""
+    import torch
+
+    facts = {"machine": platform.machine(), "capability": str(torch.backends.cpu.get_cpu_capability())}
+    try:
+        text = Path(cpuinfo).read_text(errors="replace")
+    except OSError:
+        return facts
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            break  # the first processor's block is enough
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    parts = [fields.get("model name", "")]
+    if fields.get("cpu family") and fields.get("model"):
+        parts.append(f"(family {fields['cpu family']}, model {fields['model']})")
+    model = " ".join(p for p in parts if p)
+    if model:
+        facts["model"] = model
+    return facts
 
 
 def _git(*args: str) -> str:

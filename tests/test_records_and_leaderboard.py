@@ -12,7 +12,7 @@ from scipy import stats
 
 from prvr.harness import leaderboard
 from prvr.harness.io import UserError, atomic_path, write_json
-from prvr.harness.records import load_record, record_path, write_record
+from prvr.harness.records import cpu_facts, load_record, provenance, record_path, write_record
 
 DATA = Path(__file__).parent / "data"
 
@@ -56,6 +56,19 @@ def test_records_from_older_versions_keep_loading():
     assert rec["metrics"]["test"]["SumR"] == 161.0 and rec["metrics"]["val"]["R@1"] == 10.0
     assert rec["metrics"]["test"]["buckets"] == {} and rec["run_name"] == "baseline"
     assert leaderboard.build_rows([rec])[0]["SumR"] == [161.0]
+
+
+def test_provenance_names_the_processor(tmp_path):
+    """Records made on two processors round floats differently, so each names its own: the
+    first processor block of cpuinfo (name, family, model) and torch's vector capability."""
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+                    "model name\t: AMD EPYC 9654\n\nprocessor\t: 1\nmodel name\t: other\n")
+    facts = cpu_facts(info)
+    assert facts["model"] == "AMD EPYC 9654 (family 25, model 17)"
+    assert facts["capability"] and facts["machine"]
+    assert "model" not in cpu_facts(tmp_path / "absent")  # no cpuinfo: the rest still there
+    assert set(provenance("cpu")["cpu"]) >= {"machine", "capability"}
 
 
 @pytest.mark.parametrize("content, message", [
