@@ -161,8 +161,13 @@ def provenance(device: str) -> dict[str, Any]:
         "platform": platform.platform(),
         "cpu": cpu_facts(),
         "device": device,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created": provenance_time(),
     }
+
+
+def provenance_time() -> str:
+    """Now, as records write it (UTC, to the second)."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def cpu_facts(cpuinfo: str | Path = "/proc/cpuinfo") -> dict[str, str]:

@@ -8,7 +8,8 @@ from typing import Any
 from prvr.harness import progress
 from prvr.harness.build import build_run
 from prvr.harness.names import check_name, check_tag
-from prvr.harness.records import checkpoint_dir, provenance, record_path, run_protocol, run_tag, write_record
+from prvr.harness.records import (checkpoint_dir, provenance, provenance_time, record_path, run_protocol, run_tag,
+                                  write_record)
 from prvr.harness.registry import METHODS
 from prvr.harness.timing import Timings
 from prvr.harness.trainer import device_name
@@ -39,6 +40,9 @@ def run_one(cfg, out: str | Path, resume: bool = False, tag: str = "", hooks: li
     trainer = run.trainer(ckpt_dir, hooks)
     progress.log(f"[bold]{name}[/] on {cfg.dataset}, seed {cfg.seed}: {run.parameters / 1e6:.2f}M "
                  f"parameters, {trainer.device}")
+    # the code that trains is the code checked out now: a checkout changed while the run goes on
+    # (another commit, edited files) must not be what its record names
+    started = provenance(device_name(trainer.device))
     trainer.fit(resume=resume or force_resume, force_resume=force_resume)
     trainer.load_model(ckpt_dir / "best.pt")
     with timings("eval_test"):
@@ -56,7 +60,7 @@ def run_one(cfg, out: str | Path, resume: bool = False, tag: str = "", hooks: li
         "method": cfg.method, "dataset": cfg.dataset, "seed": cfg.seed, "backbone": cfg.backbone,
         "relations": cfg.relations.name, "run_name": name, "tag": tag, "command": command,
         "config": cfg.to_dict(),
-        "provenance": {**provenance(device_name(trainer.device)), "data": _data_facts(data)},
+        "provenance": {**started, "created": provenance_time(), "data": _data_facts(data)},
         "protocol": run_protocol(cfg.to_dict(), cfg.dataset, data.meta.get("selection"),
                                  localizes=trainer.localizes),
         "timings": timings.as_dict(),

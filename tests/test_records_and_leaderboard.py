@@ -214,3 +214,26 @@ def test_plug_in_rows_are_compared_with_their_backbones_row(tmp_path):
                                           "run": "ral@msl+oracle"}) == "msl+oracle"
     assert leaderboard.backbone_row_name({"method": "xml-pr", "backbone": "xml", "relations": "sbert",
                                           "run": "xml-pr~c1"}) == "xml"
+
+
+def test_a_record_names_the_code_its_run_started_with(tmp_path, monkeypatch):
+    """A checkout that changes while a run trains (another commit checked out in that folder)
+    must not become the revision its record names: provenance is taken before training."""
+    from prvr.harness import runner
+    from prvr.harness.config import resolve
+    from prvr.harness.trainer import Trainer
+
+    checkout = {"rev": "started-with"}
+    monkeypatch.setattr(runner, "provenance", lambda device: {"git_revision": checkout["rev"], "device": device})
+    fit = Trainer.fit
+
+    def fit_then_check_out_another_commit(self, *args, **kwargs):
+        result = fit(self, *args, **kwargs)
+        checkout["rev"] = "checked-out-later"
+        return result
+
+    monkeypatch.setattr(Trainer, "fit", fit_then_check_out_another_commit)
+    record = runner.run_one(resolve("baseline", "sim-tiny", 0, ["train.epochs=1"]), tmp_path)
+    stored = load_record(record_path(tmp_path, "sim-tiny", record["run_name"], 0))
+    assert stored["provenance"]["git_revision"] == "started-with"
+    assert stored["provenance"]["created"]  # the time the record was written
