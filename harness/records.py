@@ -172,10 +172,10 @@ def provenance_time() -> str:
 
 def cpu_facts(cpuinfo: str | Path = "/proc/cpuinfo") -> dict[str, str]:
     """The processor a run was made on: its model (name, family and model numbers, from
-    `cpuinfo` where the system has one) and the vector instructions torch's kernels use. Two
-    machines that differ here round floats differently in the first epoch, and a retrained record
-    then agrees with the committed one to about 1e-6 in the first losses, not to the last digit
-    of the final metrics (docs/records.md, "Retraining a record")."""
+    `cpuinfo` where the system has one) and the vector instructions torch's kernels use. A run
+    retrained on another machine agreed with its record to about 1e-6 in the first losses, not
+    to the last digit of the final metrics (docs/records.md, "Retraining a record"); these facts
+    are what tells such machines apart."""
     import torch
 
     facts = {"machine": platform.machine(), "capability": str(torch.backends.cpu.get_cpu_capability())}
