@@ -189,10 +189,9 @@ def cpu_facts(cpuinfo: str | Path = "/proc/cpuinfo") -> dict[str, str]:
             break  # the first processor's block is enough
         key, _, value = line.partition(":")
         fields.setdefault(key.strip(), value.strip())
-    parts = [fields.get("model name", "")]
+    model = fields.get("model name", "")
     if fields.get("cpu family") and fields.get("model"):
-        parts.append(f"(family {fields['cpu family']}, model {fields['model']})")
-    model = " ".join(p for p in parts if p)
+        model = f"{model} (family {fields['cpu family']}, model {fields['model']})".strip()
     if model:
         facts["model"] = model
     return facts

@@ -20,7 +20,7 @@ from prvr.harness.profiling.reported import reported_for
 from prvr.harness.profiling.runtime import runtime_per_query
 from prvr.harness.profiling.subjects import TVR_DIMS, Subject, build_model, count_params, subjects
 from prvr.harness.profiling.training import profile_epoch_isolated
-from prvr.harness.records import provenance
+from prvr.harness.records import cpu_facts, provenance
 from prvr.harness.trainer import device_name, pick_device
 
 PAPER_SIZES = [500, 1000, 1500, 2000, 2500]  # ARL Table 4, RAL Table 7
@@ -154,25 +154,16 @@ def _free(device: torch.device) -> None:
 
 
 def describe_device(device: torch.device) -> str:
-    """The trainer's device name, with the CPU model on a CPU."""
+    """The trainer's device name, with the CPU model on a CPU (the one run records store in
+    `provenance.cpu`)."""
     name = device_name(device)
     if device.type == "cpu":
-        model = _cpu_model()
+        import platform
+
+        model = cpu_facts().get("model") or platform.processor()
         if model:
             name = f"{name}, {model}"
     return name
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor()
 
 
 def _command_line() -> str:
