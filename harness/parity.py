@@ -34,12 +34,14 @@ _EPOCH = re.compile(r"Epoch:\s*(\d+)\b")
 _RSUM = re.compile(r"\bRsum:\s*([-\d.]+)")
 _RECALL_SUM = re.compile(r"\* recall sum:\s*([-\d.]+)")
 _NAMED_PART = re.compile(r"\* (clip|frame|combined)\w*\b.*\brsum:\s*([-\d.]+)")
+_SEED = re.compile(r"\bset seed:\s*(-?\d+)")
 PARTS = ("clip", "frame", "fused")
 
 
 def read_official_log(path: str | Path) -> dict[str, Any]:
-    """{'val': [{'epoch', 'SumR', 'parts'}...], 'test': {'SumR', 'parts'} | None} from an MS-SL
-    family log. The branch sums logged just before an epoch's (or the test's) block are its parts."""
+    """{'val': [{'epoch', 'SumR', 'parts'}...], 'test': {'SumR', 'parts'} | None, 'seed': int | None}
+    from an MS-SL family log. The branch sums logged just before an epoch's (or the test's) block
+    are its parts; the seed is the training script's `set seed: N` line, where it logs one."""
     path = Path(path)
     try:
         lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
@@ -51,7 +53,11 @@ def read_official_log(path: str | Path) -> dict[str, Any]:
     named: dict[str, float] = {}
     epoch = None
     testing = False
+    seed = None
     for number, line in enumerate(lines, 1):
+        if seed is None and (m := _SEED.search(line)):
+            seed = int(m.group(1))
+            continue
         if m := _NAMED_PART.search(line):
             named["fused" if m.group(1) == "combined" else m.group(1)] = float(m.group(2))
             continue
@@ -80,7 +86,7 @@ def read_official_log(path: str | Path) -> dict[str, Any]:
     if not val:
         raise UserError(f"{path} has no epoch block ('Epoch: N' followed by 'Rsum: X'); pass the log.txt that "
                         "the official training script of the MS-SL code family writes")
-    return {"val": [val[e] for e in sorted(val)], "test": test}
+    return {"val": [val[e] for e in sorted(val)], "test": test, "seed": seed}
 
 
 def our_run(record_file: str | Path) -> dict[str, Any]:
@@ -123,8 +129,9 @@ def report(official: dict[str, Any], ours: dict[str, Any], name: str, note: str,
     gap = best_ours["SumR"] - best_official["SumR"]
     lines = [f"# Parity: {name}", "",
              f"Our `{record.get('run_name')}` (seed {record.get('seed')}, commit "
-             f"{str((record.get('provenance') or {}).get('git_revision', ''))[:7]}) against the official code's run on "
-             f"the same exported data, validation SumR per epoch. Written by `prvr-bench parity` "
+             f"{str((record.get('provenance') or {}).get('git_revision', ''))[:7]}) against the official code's run"
+             + (f" (seed {official['seed']}, from its log)" if official.get("seed") is not None else "")
+             + f" on the same exported data, validation SumR per epoch. Written by `prvr-bench parity` "
              f"(harness/parity.py) from the official log `{log_name}` and our run record.", ""]
     if note:
         lines += [note, ""]

@@ -13,6 +13,7 @@ from prvr.harness.parity import read_official_log, shown_command
 # The shape of the official code family's log.txt (timestamps and the logger's prefix), written
 # here by hand: per evaluation three branch recall sums (clip, frame, fused), then the epoch block.
 LOG = """\
+2026-01-01 00:00:00,000 - INFO - set seed: 1
 2026-01-01 00:00:00,000 - INFO - Loading Model ......
 2026-01-01 00:01:00,000 - INFO -  * recall sum: 90.6
 2026-01-01 00:01:00,000 - INFO -  * recall sum: 112.2
@@ -42,6 +43,7 @@ def test_official_log_epochs_parts_and_test_block(tmp_path):
     assert [(v["epoch"], v["SumR"]) for v in out["val"]] == [(0, 107.1), (1, 170.5)]
     assert out["val"][0]["parts"] == {"clip": 90.6, "frame": 112.2, "fused": 107.1}
     assert out["test"] == {"SumR": 161.0, "parts": {"clip": 140.0, "frame": 150.0, "fused": 161.0}}
+    assert out["seed"] == 1
 
 
 def test_named_branch_lines_are_read_as_parts(tmp_path):
@@ -50,7 +52,9 @@ def test_named_branch_lines_are_read_as_parts(tmp_path):
                    " * frame_scale R@1/5/10/100: [1, 2, 3, 4] rsum: 20.0\n"
                    " * combined(0.7*clip+0.3*frame) R@1/5/10/100: [1, 2, 3, 4] rsum: 30.0\n"
                    "Epoch:  0    New Best Model !!!\nRsum: 30.0\n")
-    assert read_official_log(log)["val"][0]["parts"] == {"clip": 10.0, "frame": 20.0, "fused": 30.0}
+    out = read_official_log(log)
+    assert out["val"][0]["parts"] == {"clip": 10.0, "frame": 20.0, "fused": 30.0}
+    assert out["seed"] is None  # a log without the `set seed:` line
 
 
 def test_a_log_without_epoch_blocks_is_one_clear_error(tmp_path):
@@ -86,6 +90,7 @@ def test_report_side_by_side_with_the_verdict(tmp_path):
     assert main(["parity", "--official-log", str(log), "--record", str(rec), "--name", "ral-e2",
                  "--out", str(tmp_path / "res")]) == 0
     text = (tmp_path / "res" / "parity" / "ral-e2.md").read_text()
+    assert "against the official code's run (seed 1, from its log) on the same exported data" in text
     assert "| 0 | 107.1 | 100.0 | -7.1 | 90.6 | 112.2 | 107.1 |" in text
     assert "| 1 | 170.5 | 171.5 | +1.0 | 150.0 | 160.0 | 170.5 |" in text
     assert "ours 171.5 (epoch 1): Δ +1.0, within the 2 SumR tolerance." in text
