@@ -149,8 +149,9 @@ def _tag(row: AblationRow, extra: str) -> str:
 
 def report(table: AblationTable, out: str, dataset: str, plan, extra_tag: str = "", overrides: list[str] = ()) -> Path:
     """Write and print the table from the stored records (missing runs are empty cells). With
-    another backbone than the method's own, the file is named after the method's run on it
-    (`ral@msl_table2.md`), so tables on several backbones sit side by side."""
+    another backbone than the method's own, or another detector, the file is named after the
+    method's run with them (`ral@msl_table2.md`, `ral+oracle@msl_table2.md`), so tables on
+    several backbones and detectors sit side by side."""
     from prvr.harness.records import load_record, record_path
     from prvr.harness.runner import run_name
 
@@ -201,7 +202,13 @@ def report(table: AblationTable, out: str, dataset: str, plan, extra_tag: str = 
                *(f"- {m}" for m in mismatched)]
         for m in mismatched:
             progress.log(f"warning: {m}")
-    on = f"{table.method}@{backbone}" if backbone else table.method
+    # a detector the command sets (`--set relations=oracle`) names the file too, as it names the
+    # runs: the labelled table and the oracle one sit side by side, never over each other
+    detectors = {c.relations.name for r, c in plan
+                 if not r.home and not any(o.startswith("relations") for o in r.overrides)}
+    detector = next(iter(detectors)) if len(detectors) == 1 else None
+    detector = None if detector == METHODS.get(table.method).relations else detector
+    on = table.method + (f"+{detector}" if detector else "") + (f"@{backbone}" if backbone else "")
     stem = check_name(f"{on}_table{table.name}{'_' + extra_tag if extra_tag else ''}", "ablation table name",
                       "use a shorter --tag")
     path = inside(Path(out) / "ablations" / check_name(dataset, "dataset name", "pick a registered dataset")

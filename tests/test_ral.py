@@ -224,6 +224,19 @@ def test_table_2_base_row_is_the_backbones_own_run(tmp_path):
     assert "(`prvr-bench ablate --method ral --backbone msl --table 2 --dataset sim-tiny`)" in md
     row = next(line for line in md.splitlines() if line.startswith("| base |"))  # measured, above the paper's
     assert row.endswith("| 2 | msl |") and "155.0 ± 7.1" in row
+    # with the oracle detector for every row: its own file, the base row the oracle run of MS-SL
+    for seed, sumr in ((0, 170.0), (1, 180.0)):
+        rec = fake_record(seed, sumr, method="msl", run_name="msl+oracle")
+        rec.update(dataset="sim-tiny", config=resolve("msl", "sim-tiny", seed, ["relations=oracle"]).to_dict())
+        store(tmp_path, rec)
+    assert main(["ablate", "--method", "ral", "--backbone", "msl", "--table", "2", "--dataset", "sim-tiny",
+                 "--seeds", "0", "1", "--report-only", "--set", "relations=oracle", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "ablations" / "sim-tiny" / "ral@msl_table2.md").read_text() == md  # left as it was
+    oracle = (tmp_path / "ablations" / "sim-tiny" / "ral+oracle@msl_table2.md").read_text()
+    assert "--set relations=oracle" in oracle
+    row = next(line for line in oracle.splitlines() if line.startswith("| base |"))
+    assert row.endswith("| 2 | msl+oracle |") and "175.0 ± 7.1" in row
+    assert next(line for line in oracle.splitlines() if line.startswith("| full |")).endswith("| 0 | ral+oracle@msl |")
 
 
 def test_zero_padded_frames_floor_the_csa_score_of_short_videos():
