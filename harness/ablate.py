@@ -152,7 +152,7 @@ def report(table: AblationTable, out: str, dataset: str, plan, extra_tag: str = 
     another backbone than the method's own, or another detector, the file is named after the
     method's run with them (`ral@msl_table2.md`, `ral+oracle@msl_table2.md`), so tables on
     several backbones and detectors sit side by side."""
-    from prvr.harness.records import load_record, record_path
+    from prvr.harness.records import load_record, record_path, run_tag
     from prvr.harness.runner import run_name
 
     measured, mismatched = [], []
@@ -202,13 +202,13 @@ def report(table: AblationTable, out: str, dataset: str, plan, extra_tag: str = 
                *(f"- {m}" for m in mismatched)]
         for m in mismatched:
             progress.log(f"warning: {m}")
-    # a detector the command sets (`--set relations=oracle`) names the file too, as it names the
-    # runs: the labelled table and the oracle one sit side by side, never over each other
+    # the file is named as the runs are (run_tag), with a detector the command sets for every row
+    # (`--set relations=oracle`): the labelled table and the oracle one never overwrite each other
+    spec = METHODS.get(table.method)
     detectors = {c.relations.name for r, c in plan
                  if not r.home and not any(o.startswith("relations") for o in r.overrides)}
-    detector = next(iter(detectors)) if len(detectors) == 1 else None
-    detector = None if detector == METHODS.get(table.method).relations else detector
-    on = table.method + (f"+{detector}" if detector else "") + (f"@{backbone}" if backbone else "")
+    on = run_tag(table.method, detectors.pop() if len(detectors) == 1 else spec.relations, spec.relations,
+                 backbone or spec.backbone, spec.backbone)
     stem = check_name(f"{on}_table{table.name}{'_' + extra_tag if extra_tag else ''}", "ablation table name",
                       "use a shorter --tag")
     path = inside(Path(out) / "ablations" / check_name(dataset, "dataset name", "pick a registered dataset")
