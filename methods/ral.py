@@ -27,8 +27,9 @@ import torch.nn.functional as F
 from prvr.harness.checks import FLAG, NON_NEGATIVE, POSITIVE, OneOf, Range, at_least, param
 from prvr.harness.registry import METHODS
 from prvr.methods.backbones.api import Scores
-from prvr.methods.backbones.ral import AGGREGATIONS, PADDED_FRAMES, RalModel, support_sets
-from prvr.methods.objectives.ral import PM_READINGS, distribution_alignment, proxy_matching, sample_proxies
+from prvr.methods.backbones.ral import AGGREGATIONS, HEADS, PADDED_FRAMES, POOL_PADDINGS, RalModel, support_sets
+from prvr.methods.objectives.ral import (KL_READINGS, PM_READINGS, distribution_alignment, proxy_matching,
+                                         sample_proxies)
 from prvr.methods.recipes import PRESETS, AblationRow, AblationTable, MethodSpec, register_table
 
 TEXT_SOURCES = ("support", "query")  # Table 4: X^q = Q_s (Eq. 5) or the query alone
@@ -54,6 +55,17 @@ class RalConfig:
     # that take part in the max, so in a video shorter than the backbone's model.max_frames every
     # word scores at least 0, in the cosine score and in the raw one)
     padded_frames: str = param("exclude", OneOf(PADDED_FRAMES))
+    # parity switches (docs/parity.md), each the reference's form of an MSRA part:
+    # the Gaussian heads: paper (Eq. 3-7: mu and log sigma linear heads on LN(FC(mean) + local))
+    # or code (its PIENet / uncertainty-module pair: mu = LN(pooled + sigmoid(FC(attention))),
+    # the video's pooled vector the normalised mean of normalised frames; backbones.ral.CodeGaussianHead)
+    heads: str = param("paper", OneOf(HEADS))
+    # the heads' attention poolings: masked (over real rows) or code (the reference's unmasked
+    # poolings over its padded tensors: a video's frames padded with zeros to model.max_frames,
+    # a support set made of each query's whole padded token matrix, zero-padded to
+    # support_capacity queries)
+    pool_padding: str = param("masked", OneOf(POOL_PADDINGS))
+    support_capacity: int = param(26, at_least(1))  # the reference's hard-coded 26 (pool_padding=code only)
     # [queries, videos, words, frames] elements scored at once in evaluation (memory only)
     eval_budget: int = param(1 << 24, at_least(1))
 
@@ -76,6 +88,10 @@ class RalLossConfig:
     text_source: str = param("support", OneOf(TEXT_SOURCES))  # Table 4 "X^q = Q"
     # the code L2-normalises the means before sampling and in the KLs; the paper says nothing
     normalize_mean: bool = param(True, FLAG)
+    # L_DA's reading of sigma: std (exp(log sigma) a standard deviation in both KLs, the KLs at
+    # mu; Eq. 9 fixes it) or code (the reference's, for parity runs: a variance in the prior KL,
+    # a standard deviation in the cross-modal one, both at the mean of the K sampled proxies)
+    kl_reading: str = param("std", OneOf(KL_READINGS))
 
 
 def wrap(base, cfg, video_dim: int, query_dim: int) -> RalModel:
@@ -88,13 +104,25 @@ def distributions(model: RalModel, cfg: RalLossConfig, outputs: dict, video_of_q
     q, v = outputs["queries"], outputs["videos"]
     tokens, tmask = q["ral.tokens"], q["ral.token_mask"]
     frames, fmask = v["frames"], v["frame_mask"]
-    if cfg.text_source == "support":
-        x_t, m_t = support_sets(tokens, tmask, video_of_query, frames.shape[0])
-        video_of_text = torch.arange(frames.shape[0], device=frames.device)
+    num_videos = frames.shape[0]
+    support = cfg.text_source == "support"
+    video_of_text = torch.arange(num_videos, device=frames.device) if support else video_of_query
+    attend_t = zeros_t = zeros_v = None  # masked poolings: attention over the real rows only
+    if model.settings.pool_padding == "masked":
+        x_t, real_t = support_sets(tokens, tmask, video_of_query, num_videos) if support else (tokens, tmask)
     else:
-        x_t, m_t, video_of_text = tokens, tmask, video_of_query
-    mu_t, ls_t = model.text_head(x_t, m_t)
-    mu_v, ls_v = model.video_head(frames, fmask)
+        # the reference's padded rows: every token row of a query (its padding too) is attended
+        # to while the mean stays over real tokens; the support set is zero-padded to the
+        # capacity and a video's frames to max_frames, and those zero rows join the softmax
+        every = torch.ones_like(tmask)
+        x_t, attend_t, real_t = tokens, every, tmask
+        if support:
+            x_t, attend_t = support_sets(tokens, every, video_of_query, num_videos)
+            real_t = support_sets(tmask[..., None].to(tokens.dtype), every, video_of_query, num_videos)[0][..., 0] > 0
+            zeros_t = (model.settings.support_capacity * tokens.shape[1] - attend_t.sum(1)).clamp_min(0)
+        zeros_v = (model.base.cfg.max_frames - fmask.sum(1)).clamp_min(0)
+    mu_t, ls_t = model.text_head(x_t, real_t, attend_t, zeros_t)
+    mu_v, ls_v = model.video_head(frames, fmask, None, zeros_v)
     if cfg.normalize_mean:
         mu_t, mu_v = F.normalize(mu_t, dim=-1), F.normalize(mu_v, dim=-1)
     return mu_t, ls_t, mu_v, ls_v, video_of_text
@@ -107,17 +135,22 @@ def ral_objective(cfg, scores: Scores, relations, context, base) -> dict:
     if getattr(model, "text_head", None) is None or not (cfg.use_da or cfg.use_pm):
         return out
     mu_t, ls_t, mu_v, ls_v, video_of_text = distributions(model, cfg, context.outputs, context.video_of_query)
+    # the proxies (Eq. 9), text then video from the step's generator: L_PM's, and under the
+    # code's KL reading also L_DA's means
+    sample_means = cfg.kl_reading == "code" and cfg.proxies > 0
+    if cfg.use_pm or (cfg.use_da and sample_means):
+        z_t = sample_proxies(mu_t, ls_t, cfg.proxies, context.generator)
+        z_v = sample_proxies(mu_v, ls_v, cfg.proxies, context.generator)
     # the geometric mean of sigma over the batch, text and video: the epoch's uncertainty in the
     # run's history (appendix B.1, Fig. 10: it falls as training goes on); not part of the loss
     out["ral_sigma_text"] = ls_t.detach().mean().exp()
     out["ral_sigma_video"] = ls_v.detach().mean().exp()
     loss = out["loss"]
     if cfg.use_da:
-        out["ral_da"] = distribution_alignment(mu_t, ls_t, mu_v[video_of_text], ls_v[video_of_text])
+        m_t, m_v = (z_t.mean(1), z_v.mean(1)) if sample_means else (mu_t, mu_v)
+        out["ral_da"] = distribution_alignment(m_t, ls_t, m_v[video_of_text], ls_v[video_of_text], cfg.kl_reading)
         loss = loss + cfg.lambda_da * out["ral_da"]
     if cfg.use_pm:
-        z_t = sample_proxies(mu_t, ls_t, cfg.proxies, context.generator)
-        z_v = sample_proxies(mu_v, ls_v, cfg.proxies, context.generator)
         out["ral_pm"] = proxy_matching(z_t, z_v, cfg.pm_temperature, cfg.pm_reading, video_of_text)
         loss = loss + cfg.lambda_pm * out["ral_pm"]
     out["loss"] = loss

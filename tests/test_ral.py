@@ -134,6 +134,8 @@ def test_clip_scores_are_the_clip_branch_of_score(backbone):
     ("gmmformer2", ("ral.csa=false",)),
     ("gmmformer2", ("relations=oracle",)),
     ("gmmformer2", ("relations=arl",)),  # ARL's detector on v2's frame branch feeds v2's base losses
+    ("gmmformer2", ("ral.heads=code", "ral.pool_padding=code", "loss.kl_reading=code")),  # the parity switches
+    ("msl", ("ral.pool_padding=code", "loss.text_source=query", "loss.use_pm=false", "loss.kl_reading=code")),
 ])
 def test_ral_trains_two_steps(backbone, sets):
     cfg, run = _tiny(backbone, *sets)
@@ -148,7 +150,8 @@ def test_ral_trains_two_steps(backbone, sets):
         assert run.detector.active and run.detector.stats  # it detected on v2's frame branch
     assert ("ral_pm" in out) == cfg.loss.use_pm and ("ral_da" in out) == cfg.loss.use_da
     assert float(out["ral_sigma_text"]) > 0 and float(out["ral_sigma_video"]) > 0  # the history's uncertainty (Fig. 10)
-    grads = [p.grad for p in run.model.text_head.mu.parameters()]  # MSRA's heads learn from L_DA / L_PM
+    head = run.model.text_head  # MSRA's heads learn from L_DA / L_PM
+    grads = [p.grad for p in (head.mu if hasattr(head, "mu") else head.mean_fc).parameters()]
     assert all(g is not None and torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads)
 
 
@@ -264,3 +267,38 @@ def test_zero_padded_frames_floor_the_csa_score_of_short_videos():
         full = model.score(q, v).branches["frame"][:, lengths == lengths.min()]
         model.settings.padded_frames = "exclude"
         assert torch.allclose(full, model.score(q, v).branches["frame"][:, lengths == lengths.min()], atol=1e-6)
+
+
+def test_code_pool_padding_attends_like_the_reference_padded_tensors():
+    """ral.pool_padding=code: the text head attends over each query's whole padded token
+    matrix, zero-padded to support_capacity queries, and the video head over frames zero-padded
+    to max_frames, while the means stay over real rows: distributions() against the explicitly
+    padded tensors built by hand."""
+    from types import SimpleNamespace
+
+    from prvr.methods.backbones.ral import CodeGaussianHead
+    from prvr.methods.ral import RalLossConfig, distributions
+
+    torch.manual_seed(0)
+    d, length, capacity, max_frames = 4, 3, 3, 6
+    settings = SimpleNamespace(pool_padding="code", support_capacity=capacity)
+    model = SimpleNamespace(settings=settings, base=SimpleNamespace(cfg=SimpleNamespace(max_frames=max_frames)),
+                            text_head=CodeGaussianHead(d), video_head=CodeGaussianHead(d, unit_pool=True))
+    tokens, tmask = torch.randn(3, length, d), torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1]], dtype=torch.bool)
+    frames, fmask = torch.randn(2, 4, d), torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.bool)
+    video_of_query = torch.tensor([0, 1, 0])
+    outputs = {"queries": {"ral.tokens": tokens, "ral.token_mask": tmask},
+               "videos": {"frames": frames, "frame_mask": fmask}}
+    mu_t, ls_t, mu_v, ls_v, _ = distributions(model, RalLossConfig(normalize_mean=False), outputs, video_of_query)
+    # by hand: video 0's set is query 0's three rows, query 2's three rows, then three zero rows
+    x0 = torch.cat([tokens[0], tokens[2], torch.zeros(length, d)])[None]
+    real0 = torch.cat([tmask[0], tmask[2], torch.zeros(length, dtype=torch.bool)])[None]
+    want_mu, want_ls = model.text_head(x0, real0, torch.ones_like(real0))
+    assert torch.allclose(mu_t[0], want_mu[0], atol=1e-6) and torch.allclose(ls_t[0], want_ls[0], atol=1e-6)
+    # video 0: three real frames, then three zero frames up to max_frames (its padded row is zeroed, as the reference)
+    xv = torch.cat([frames[0, :3], torch.zeros(3, d)])[None]
+    want_mu, want_ls = model.video_head(xv, torch.tensor([[1, 1, 1, 0, 0, 0]], dtype=torch.bool),
+                                        torch.ones(1, 6, dtype=torch.bool))
+    assert torch.allclose(mu_v[0], want_mu[0], atol=1e-6) and torch.allclose(ls_v[0], want_ls[0], atol=1e-6)
+    settings.pool_padding = "masked"  # the default attends over real rows only, so it differs
+    assert not torch.allclose(distributions(model, RalLossConfig(normalize_mean=False), outputs, video_of_query)[0], mu_t)

@@ -3,8 +3,11 @@ the reference's parameter counts."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from prvr.methods.backbones.ral import AGGREGATIONS, Aggregator, ConfidenceGate, GaussianHead, masked_mean, support_sets
+from prvr.harness.io import UserError
+from prvr.methods.backbones.ral import (AGGREGATIONS, Aggregator, CodeGaussianHead, ConfidenceGate, GatedAttentionPool,
+                                        GaussianHead, gaussian_heads, masked_mean, support_sets)
 
 
 def _padded(x, mask, extra=3, value=7.0):
@@ -70,4 +73,55 @@ def test_parameter_counts_match_the_reference_at_d384():
     text_weight_fc 148,225 (counted from the public code's model built outside this repository)."""
     count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
     assert count(GaussianHead(384)) == 592_128
+    assert count(CodeGaussianHead(384)) == count(CodeGaussianHead(384, unit_pool=True)) == 592_128  # ral.heads=code
     assert count(ConfidenceGate(384)) == 148_225
+
+
+@pytest.mark.parametrize("unit_pool", [False, True])
+def test_code_gaussian_head_ignores_padding(unit_pool):
+    torch.manual_seed(0)
+    head = CodeGaussianHead(8, unit_pool).eval()
+    x, mask = torch.randn(3, 5, 8), torch.ones(3, 5, dtype=torch.bool)
+    mask[1, 2:] = False
+    mu, ls = head(x, mask)
+    mu_p, ls_p = head(*_padded(x, mask))
+    assert torch.allclose(mu, mu_p, atol=1e-6) and torch.allclose(ls, ls_p, atol=1e-6)
+
+
+def test_code_gaussian_head_by_hand():
+    """mu = LN(p + sigmoid(FC(A(X)))), log sigma = FC(A'(X)) + FC'(p); with the FCs' weights at 0
+    only their biases and p remain; p is the mean, or on the video side the normalised mean of
+    the normalised rows."""
+    x, mask = torch.tensor([[[3.0, 4.0], [0.0, 2.0], [9.0, 9.0]]]), torch.tensor([[True, True, False]])
+    for unit_pool, pooled in ((False, torch.tensor([1.5, 3.0])), (True, None)):
+        head = CodeGaussianHead(2, unit_pool)
+        with torch.no_grad():
+            for fc, bias in ((head.mean_fc, 0.0), (head.sigma_fc, 0.5), (head.sigma_pooled_fc, 0.0)):
+                fc.weight.zero_()
+                fc.bias.fill_(bias)
+            head.sigma_pooled_fc.weight.copy_(torch.eye(2))
+        if unit_pool:
+            pooled = F.normalize((torch.tensor([0.6, 0.8]) + torch.tensor([0.0, 1.0])) / 2, dim=0)
+        mu, ls = head(x, mask)
+        assert torch.allclose(mu[0], F.layer_norm(pooled + 0.5, (2,)), atol=1e-6)  # sigmoid(0) = 0.5
+        assert torch.allclose(ls[0], pooled + 0.5, atol=1e-6)
+
+
+def test_zero_rows_in_the_attention_pool_are_zero_vectors_in_the_softmax():
+    """pool_padding=code: n zero rows counted in the softmax give what n explicit zero rows give."""
+    torch.manual_seed(0)
+    pool = GatedAttentionPool(4, 2)
+    x, mask = torch.randn(2, 3, 4), torch.tensor([[True, True, False], [True, True, True]])
+    x[0, 2] = 0.0
+    zeros = torch.tensor([2, 0])
+    explicit = torch.cat([x, torch.zeros(2, 2, 4)], 1)
+    emask = torch.cat([mask, torch.tensor([[True, True], [False, False]])], 1)
+    assert torch.allclose(pool(x, mask, zeros), pool(explicit, emask), atol=1e-6)
+    assert torch.allclose(pool(x, mask, torch.zeros(2, dtype=torch.long)), pool(x, mask), atol=1e-6)
+
+
+def test_code_heads_have_no_table_4_aggregation():
+    text, video = gaussian_heads(8, "code", "both")
+    assert isinstance(text, CodeGaussianHead) and not text.unit_pool and video.unit_pool
+    with pytest.raises(UserError, match="ral.aggregation' is 'local'.*ral.heads=paper"):
+        gaussian_heads(8, "code", "local")

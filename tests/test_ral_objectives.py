@@ -48,6 +48,24 @@ def test_distribution_alignment_is_cross_plus_both_priors_averaged_over_pairs():
     assert cross[0].item() == pytest.approx(0.5)
 
 
+def test_distribution_alignment_code_reading_reads_the_prior_sigma_as_a_variance():
+    """reading=code: the cross-modal KL as in std, each prior KL 1/2 sum(exp(ls) + mu^2 - 1 - ls)
+    (exp(log sigma) a variance), written out by hand for one pair."""
+    mu_t, ls_t = torch.tensor([[0.5, -1.0]]), torch.tensor([[0.2, -0.4]])
+    mu_v, ls_v = torch.tensor([[0.1, 0.3]]), torch.tensor([[-0.3, 0.6]])
+    prior = lambda mu, ls: 0.5 * sum(math.exp(s) + m * m - 1 - s for m, s in zip(mu, ls))  # noqa: E731
+    want = (gaussian_kl(mu_t, ls_t, mu_v, ls_v).item() + prior([0.5, -1.0], [0.2, -0.4])
+            + prior([0.1, 0.3], [-0.3, 0.6]))
+    assert distribution_alignment(mu_t, ls_t, mu_v, ls_v, "code").item() == pytest.approx(want, abs=1e-6)
+    # against torch's KL of N(mu, exp(ls)) (variance) to N(0, 1)
+    var_prior = torch.distributions.kl_divergence(torch.distributions.Normal(mu_t, (0.5 * ls_t).exp()),
+                                                  torch.distributions.Normal(0.0, 1.0)).sum()
+    assert var_prior.item() == pytest.approx(prior([0.5, -1.0], [0.2, -0.4]), abs=1e-6)
+    assert distribution_alignment(mu_t, ls_t, mu_v, ls_v, "std").item() != pytest.approx(want)
+    with pytest.raises(ValueError, match="reading must be one of std, code"):
+        distribution_alignment(mu_t, ls_t, mu_v, ls_v, "variance")
+
+
 def test_proxies_are_mu_plus_sigma_eps_from_the_generator():
     mu, ls = torch.tensor([[1.0, -2.0]]), torch.tensor([[math.log(0.5), math.log(3.0)]])
     assert torch.equal(sample_proxies(mu, ls, 0, torch.Generator()), mu[:, None])  # K = 0: the mean only

@@ -13,24 +13,36 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from prvr.harness.io import UserError
 from prvr.methods.backbones.api import OnDemand, Scores
 from prvr.methods.backbones.blocks import PLAIN, UNIT, GMMBlock, init_weights, rowwise, unit
 from prvr.methods.objectives.ral import csa_scores, word_confidences
 
 AGGREGATIONS = ("both", "local", "global")  # Table 4: g = LN(x^g + x^l), local only, global only
 PADDED_FRAMES = ("exclude", "zero")  # ral.padded_frames: CSA's max over real frames, or with a zero frame
+HEADS = ("paper", "code")  # ral.heads: Eq. 3-7 as printed, or the reference's PIENet-style pair
+POOL_PADDINGS = ("masked", "code")  # ral.pool_padding: attention over real rows, or the reference's padded rows
 
 
 class GatedAttentionPool(nn.Module):
-    """Eq. 6, local: x^l = softmax(w2 tanh(W1 X)) X over the real rows, W1 in R^{d x d}, w2 in R^d."""
+    """Eq. 6, local: x^l = softmax(w2 tanh(W1 X)) X over the real rows, W1 in R^{width x d}
+    (width d in the paper's reading, d / 2 in the reference's), w2 in R^width.
 
-    def __init__(self, hidden: int) -> None:
+    `zero_rows` [B] (optional) counts zero vectors that take part in the softmax besides the
+    rows of `mask`: each has logit w2 tanh(0) = 0 and adds nothing to the sum, so they only
+    shrink the weights of the others (the reference pools, unmasked, over rows padded with zeros)."""
+
+    def __init__(self, hidden: int, width: int = 0) -> None:
         super().__init__()
-        self.w1 = nn.Linear(hidden, hidden, bias=False)
-        self.w2 = nn.Linear(hidden, 1, bias=False)
+        width = width or hidden
+        self.w1 = nn.Linear(hidden, width, bias=False)
+        self.w2 = nn.Linear(width, 1, bias=False)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, zero_rows: torch.Tensor | None = None) -> torch.Tensor:
         logits = self.w2(torch.tanh(self.w1(x))).squeeze(-1).masked_fill(~mask, float("-inf"))
+        if zero_rows is not None:  # one extra column of logit log(n) stands for n rows of logit 0
+            extra = torch.log(zero_rows.to(logits.dtype))[:, None]
+            return torch.einsum("bl,bld->bd", torch.cat([logits, extra], 1).softmax(-1)[:, :-1], x)
         return torch.einsum("bl,bld->bd", logits.softmax(-1), x)
 
 
@@ -53,12 +65,15 @@ class Aggregator(nn.Module):
         self.local = GatedAttentionPool(hidden)
         self.norm = nn.LayerNorm(hidden)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, attend: torch.Tensor | None = None,
+                zero_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """`mask`: the real rows (the mean); `attend` (default `mask`) and `zero_rows`: what the
+        attention pooling sees (`GatedAttentionPool`)."""
         parts = []
         if self.mode in ("both", "global"):
             parts.append(self.fc(masked_mean(x, mask)))
         if self.mode in ("both", "local"):
-            parts.append(self.local(x, mask))
+            parts.append(self.local(x, mask if attend is None else attend, zero_rows))
         return self.norm(sum(parts))
 
 
@@ -71,9 +86,55 @@ class GaussianHead(nn.Module):
         self.mu = nn.Linear(hidden, hidden)
         self.log_sigma = nn.Linear(hidden, hidden)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        g = self.aggregate(x, mask)
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, attend: torch.Tensor | None = None,
+                zero_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        g = self.aggregate(x, mask, attend, zero_rows)
         return self.mu(g), self.log_sigma(g)
+
+
+class CodeGaussianHead(nn.Module):
+    """The reference's Gaussian head (RAL-PRVR: a PIENet for the mean, an uncertainty module
+    for log sigma), for parity runs (`ral.heads=code`); the same parameter count as
+    `GaussianHead` at every d (592,128 at d = 384):
+
+        p     = MeanPool(X) (the text side), or unit(MeanPool(unit(X))) (the video side: the
+                mean of the L2-normalised frames, normalised; `unit_pool`)
+        mu    = LayerNorm(p + sigmoid(FC(A_mu(X))))
+        log s = FC(A_s(X)) + FC'(p)
+
+    A_mu, A_s: gated attention poolings of width d / 2, each its own. No linear map stands
+    between the aggregate and mu, so the proxies of L_PM are the pooled features themselves,
+    shifted by a bounded residual and normalised."""
+
+    def __init__(self, hidden: int, unit_pool: bool = False) -> None:
+        super().__init__()
+        self.unit_pool = unit_pool
+        self.mean_pool = GatedAttentionPool(hidden, hidden // 2)
+        self.mean_fc = nn.Linear(hidden, hidden)
+        self.norm = nn.LayerNorm(hidden)
+        self.sigma_pool = GatedAttentionPool(hidden, hidden // 2)
+        self.sigma_fc = nn.Linear(hidden, hidden)
+        self.sigma_pooled_fc = nn.Linear(hidden, hidden)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, attend: torch.Tensor | None = None,
+                zero_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        attend = mask if attend is None else attend
+        pooled = F.normalize(masked_mean(F.normalize(x, dim=-1), mask), dim=-1) if self.unit_pool else masked_mean(x, mask)
+        mu = self.norm(pooled + torch.sigmoid(self.mean_fc(self.mean_pool(x, attend, zero_rows))))
+        log_sigma = self.sigma_fc(self.sigma_pool(x, attend, zero_rows)) + self.sigma_pooled_fc(pooled)
+        return mu, log_sigma
+
+
+def gaussian_heads(hidden: int, heads: str, aggregation: str) -> tuple[nn.Module, nn.Module]:
+    """(text head, video head) of `ral.heads`: the paper's Eq. 3-7 or the reference's form."""
+    if heads not in HEADS:
+        raise ValueError(f"heads must be one of {', '.join(HEADS)}, got {heads!r}")
+    if heads == "paper":
+        return GaussianHead(hidden, aggregation), GaussianHead(hidden, aggregation)
+    if aggregation != "both":
+        raise UserError(f"config key 'ral.aggregation' is '{aggregation}', which only the paper's heads have; "
+                        "use ral.heads=paper with it, or ral.aggregation=both with ral.heads=code")
+    return CodeGaussianHead(hidden), CodeGaussianHead(hidden, unit_pool=True)
 
 
 class ConfidenceGate(nn.Module):
@@ -172,8 +233,9 @@ class RalModel(nn.Module):
                                        bc.input_dropout, bc.dropout, getattr(bc, "ffn_mult", 0),
                                        embed.positions.num_embeddings)
         self.gate = ConfidenceGate(bc.hidden) if settings.csa else None
-        self.text_head = GaussianHead(bc.hidden, settings.aggregation) if settings.msra else None
-        self.video_head = GaussianHead(bc.hidden, settings.aggregation) if settings.msra else None
+        self.text_head = self.video_head = None
+        if settings.msra:
+            self.text_head, self.video_head = gaussian_heads(bc.hidden, settings.heads, settings.aggregation)
         for part in (self.tokens, self.gate, self.text_head, self.video_head):
             if part is not None:
                 init_weights(part, bc.init_std)  # the reference re-initialises every new layer N(0, 0.02)

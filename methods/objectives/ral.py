@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from prvr.harness.registry import OBJECTIVES
 
 PM_READINGS = ("paper", "code")
+KL_READINGS = ("std", "code")  # L_DA: sigma a standard deviation in both KLs, or the reference's mix
 
 
 def gaussian_kl(mu_p: torch.Tensor, log_sigma_p: torch.Tensor, mu_q: torch.Tensor,
@@ -43,10 +44,18 @@ def kl_to_standard(mu: torch.Tensor, log_sigma: torch.Tensor) -> torch.Tensor:
 @OBJECTIVES.register("ral-distribution-alignment",
                      "RAL Eq. 8: KL(text || video) + KL of each to N(0, I), mean over pairs")
 def distribution_alignment(mu_t: torch.Tensor, log_sigma_t: torch.Tensor, mu_v: torch.Tensor,
-                           log_sigma_v: torch.Tensor) -> torch.Tensor:
-    """L_DA over matched rows (row i of the text side is paired with row i of the video side)."""
+                           log_sigma_v: torch.Tensor, reading: str = "std") -> torch.Tensor:
+    """L_DA over matched rows (row i of the text side is paired with row i of the video side).
+
+    reading std: sigma = exp(log sigma) a standard deviation in every term. reading code (the
+    reference's, for parity runs): the same cross-modal KL, but the prior KLs read exp(log sigma)
+    as a variance, i.e. as N(mu, exp(log sigma) I), whose standard deviation is exp(log sigma / 2).
+    Which means are passed (mu, or the mean of the sampled proxies as the reference) is the caller's."""
+    if reading not in KL_READINGS:
+        raise ValueError(f"reading must be one of {', '.join(KL_READINGS)}, got {reading!r}")
     cross = gaussian_kl(mu_t, log_sigma_t, mu_v, log_sigma_v)
-    prior = kl_to_standard(mu_t, log_sigma_t) + kl_to_standard(mu_v, log_sigma_v)
+    scale = 1.0 if reading == "std" else 0.5
+    prior = kl_to_standard(mu_t, scale * log_sigma_t) + kl_to_standard(mu_v, scale * log_sigma_v)
     return (cross + prior).mean()
 
 
