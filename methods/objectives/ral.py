@@ -4,7 +4,8 @@ Distributions are diagonal Gaussians given by (mu, log sigma), sigma = exp(log s
 standard deviation everywhere (sampling, both KL terms). The reference code reads
 exp(log sigma) as a variance in the prior KL and as a standard deviation in the cross-modal
 KL and in the sampling; one reading has to hold for all three, and Eq. 9 (mu + sigma * eps)
-fixes it as the standard deviation.
+fixes it as the standard deviation. `distribution_alignment(..., reading="code")` gives the
+reference's mix, for parity runs only (`loss.kl_reading`).
 
 - `gaussian_kl`, `kl_to_standard`, `distribution_alignment` (Eq. 8, L_DA);
 - `sample_proxies` (Eq. 9, reparameterisation, from a given torch.Generator);
