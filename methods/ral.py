@@ -116,9 +116,10 @@ def distributions(model: RalModel, cfg: RalLossConfig, outputs: dict, video_of_q
         # capacity and a video's frames to max_frames, and those zero rows join the softmax
         every = torch.ones_like(tmask)
         x_t, attend_t, real_t = tokens, every, tmask
-        if support:
-            x_t, attend_t = support_sets(tokens, every, video_of_query, num_videos)
-            real_t = support_sets(tmask[..., None].to(tokens.dtype), every, video_of_query, num_videos)[0][..., 0] > 0
+        if support:  # the real-token mask rides along as one more channel, so the sets are laid out once
+            packed = torch.cat([tokens, tmask[..., None].to(tokens.dtype)], -1)
+            packed, attend_t = support_sets(packed, every, video_of_query, num_videos)
+            x_t, real_t = packed[..., :-1], packed[..., -1] > 0
             zeros_t = (model.settings.support_capacity * tokens.shape[1] - attend_t.sum(1)).clamp_min(0)
         zeros_v = (model.base.cfg.max_frames - fmask.sum(1)).clamp_min(0)
     mu_t, ls_t = model.text_head(x_t, real_t, attend_t, zeros_t)
