@@ -66,11 +66,16 @@ def check_ral_record(path: str | Path) -> dict[str, Any]:
 @torch.no_grad()
 def query_log_uncertainty(model, queries: dict[str, torch.Tensor], batch: int = 512) -> np.ndarray:
     """Per query, log u_q = the mean over d of log sigma^q, sigma^q from the query alone: its
-    token-encoder features (`ral.tokens`, from `encode_queries`) through `model.text_head`."""
+    token-encoder features (`ral.tokens`, from `encode_queries`) through `model.text_head`,
+    pooled as the run was trained: over the real tokens, or (`ral.pool_padding=code`) over every
+    padded token row, as the reference's unmasked poolings of a lone query see it."""
     tokens, mask = queries["ral.tokens"], queries["ral.token_mask"]
+    every_row = model.settings.pool_padding == "code"
     out = []
     for start in range(0, tokens.shape[0], batch):
-        _, log_sigma = model.text_head(tokens[start : start + batch], mask[start : start + batch])
+        part = mask[start : start + batch]
+        attend = torch.ones_like(part) if every_row else None
+        _, log_sigma = model.text_head(tokens[start : start + batch], part, attend)
         out.append(log_sigma.float().mean(-1).cpu())
     return torch.cat(out).numpy().astype(np.float64) if out else np.zeros(0)
 

@@ -139,6 +139,29 @@ def test_a_ral_run_given_as_against_and_as_run_is_refused(runs, capsys):
     assert "is a seed of the --run run ral itself" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("padding", ["masked", "code"])
+def test_query_uncertainty_pools_as_the_run_was_trained(padding):
+    """sigma^q of a run trained with ral.pool_padding=code attends over every padded token row
+    (the reference's unmasked pooling of a lone query); the default over the real tokens only."""
+    from types import SimpleNamespace
+
+    from prvr.harness.ral_uncertainty import query_log_uncertainty
+    from prvr.methods.backbones.ral import GaussianHead
+
+    torch.manual_seed(0)
+    head = GaussianHead(8)
+    tokens, mask = torch.randn(5, 6, 8), torch.arange(6)[None, :] < torch.tensor([[2], [6], [3], [1], [4]])
+    model = SimpleNamespace(settings=SimpleNamespace(pool_padding=padding), text_head=head)
+    got = query_log_uncertainty(model, {"ral.tokens": tokens, "ral.token_mask": mask}, batch=2)
+    with torch.no_grad():
+        masked = np.array([float(head(tokens[i : i + 1, : int(mask[i].sum())], mask[i : i + 1, : int(mask[i].sum())])[1].mean())
+                           for i in range(5)])  # each query alone, its padding cut off
+        every = head(tokens, mask, torch.ones_like(mask))[1].mean(-1).numpy()
+    want, other = (masked, every) if padding == "masked" else (every, masked)
+    assert got == pytest.approx(want, abs=1e-5)
+    assert not np.allclose(got, other, atol=1e-3)  # the two readings differ on padded queries
+
+
 def test_groups_sort_ascending_and_drop_the_last_partial_group():
     log_u = np.array([5.0, 0.0, 3.0, 1.0, 4.0, 2.0, 9.0])
     groups, dropped = make_groups(log_u, np.array([0, 1, 2, 3, 4, 5]), 4)
