@@ -11,6 +11,10 @@ record's resolved config, load `<out>/checkpoints/<dataset>/<run>/seed<S>/best.p
 - `--fusion-weights`: the branch weights of every dynamic GMM block (GMMFormer v2 and RAL on
   it) over the split's videos: the mean weight each Gaussian branch gets over all real
   positions, and the mean of the largest weight at a position (1 / branches when uniform).
+- `--score-levels`: where each score sits over the split: the mean over the labelled pairs,
+  the mean, std, min and max over all pairs (with `--parts`, every score part). A model whose
+  loss is lowered by moving every score down together shows it here: all pairs at one level,
+  the labelled ones no higher (docs/methods/sbert-pr.md, "the confidence on a log-scale score").
 - `--noise-levels P...`: the run's noise robustness curve (harness/noise.py): the split ranked
   once per level with a segment of p x each video's length inserted at its start (and at
   p = 0), stored beside each record as `seed<S>.noise-<source>.json` for the leaderboard's
@@ -128,6 +132,37 @@ def evaluate_runs(record_files: list[str | Path], split_name: str = "test", part
                      "metrics": split_metrics(torch.stack(fused).mean(0), datasets[_world(first)][split_name],
                                               first.cfg.eval.chunk)})
     return rows
+
+
+def score_level_rows(record_files: list[str | Path], split_name: str = "test", parts: bool = False,
+                     device: str = "auto", data_root: str | None = None) -> list[dict[str, Any]]:
+    """Rows {run, record, score, labelled, mean, std, min, max, pairs} for each run's fused score
+    (and every part with `parts`): `labelled` is the mean score of the split's labelled
+    (query, video) pairs, the others are over all of its [queries, videos] pairs."""
+    rows: list[dict[str, Any]] = []
+    datasets: dict[str, Any] = {}
+    for run in (StoredRun(f, device, data_root) for f in record_files):
+        data = _data_of(run, split_name, datasets)
+        split = data[split_name]
+        model = run.model(data)
+        progress.log(f"evaluate {run.name}: score levels on {split_name}")
+        scores = score_matrices(model, split, Batcher(split, run.cfg.data), run.device, run.cfg.eval.chunk,
+                                None if parts else ["fused"])
+        labelled = (torch.arange(split.num_queries), torch.as_tensor(split.query_video))
+        for k, matrix in scores.items():
+            m = matrix.double()
+            rows.append({"run": run.name, "record": str(run.path), "score": k,
+                         "labelled": m[labelled].mean().item(),
+                         "mean": m.mean().item(), "std": m.std().item(), "min": m.min().item(),
+                         "max": m.max().item(), "pairs": m.numel()})
+    return rows
+
+
+def format_score_level_rows(rows: list[dict[str, Any]]) -> str:
+    lines = ["| run | score | labelled pairs' mean | mean | std | min | max |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['run']} | {r['score']} | {r['labelled']:.3f} | {r['mean']:.3f} | {r['std']:.3f} | "
+              f"{r['min']:.3f} | {r['max']:.3f} |" for r in rows]
+    return "\n".join(lines)
 
 
 def fusion_weight_rows(record_files: list[str | Path], split_name: str = "test", device: str = "auto",
@@ -285,6 +320,9 @@ def add_commands(sub) -> None:
     p.add_argument("--noise-source", default="other", metavar="SOURCE",
                    help="where inserted rows come from: other (a run of another test video, default) | gaussian")
     p.add_argument("--no-store", action="store_true", help="with --noise-levels: print only, store no curve files")
+    p.add_argument("--score-levels", action="store_true",
+                   help="instead: each score's level over the split (mean of the labelled pairs; mean, std, min, max "
+                        "over all pairs), with --parts every part's")
     p.add_argument("--fusion-weights", action="store_true",
                    help="instead: the branch weights of each dynamic GMM block (GMMFormer v2, RAL on it) over the "
                         "split's videos")
@@ -294,11 +332,18 @@ def add_commands(sub) -> None:
 def cmd_evaluate(args: argparse.Namespace) -> None:
     root = args.data_root or os.environ.get("PRVR_DATA")
     if args.fusion_weights:
-        if args.parts or args.ensemble or args.noise_levels is not None:
-            raise UserError("--fusion-weights reads the models' branch weights; leave out --parts, --ensemble and "
-                            "--noise-levels")
+        if args.parts or args.ensemble or args.noise_levels is not None or args.score_levels:
+            raise UserError("--fusion-weights reads the models' branch weights; leave out --parts, --ensemble, "
+                            "--noise-levels and --score-levels")
         rows = fusion_weight_rows(args.records, args.split, args.device, root)
         print(format_fusion_rows(rows))
+        _write_json(args, rows)
+        return
+    if args.score_levels:
+        if args.ensemble or args.noise_levels is not None:
+            raise UserError("--score-levels reads each run's own scores; leave out --ensemble and --noise-levels")
+        rows = score_level_rows(args.records, args.split, args.parts, args.device, root)
+        print(format_score_level_rows(rows))
         _write_json(args, rows)
         return
     if args.noise_levels is not None:

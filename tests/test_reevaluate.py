@@ -136,3 +136,33 @@ def test_fusion_weights_command_and_its_errors(v2_run, two_runs, capsys):
     assert "no dynamic GMM block" in capsys.readouterr().err
     assert main(["evaluate", str(v2_run), "--fusion-weights", "--parts"]) == 2
     assert "leave out --parts" in capsys.readouterr().err
+
+
+def test_score_levels_are_the_matrices_statistics(two_runs, tmp_path, capsys):
+    """--score-levels: per score, the labelled pairs' mean and the mean / std / min / max over
+    all pairs of the matrix the evaluator ranks, recomputed here from score_matrices."""
+    import numpy as np
+
+    from prvr.datasets.loader import Batcher
+    from prvr.harness.evaluate import score_matrices
+    from prvr.harness.reevaluate import StoredRun, score_level_rows
+    from prvr.harness.registry import DATASETS
+
+    _, paths = two_runs
+    rows = score_level_rows([paths[0]], parts=True)
+    run = StoredRun(paths[0], "cpu")
+    data = DATASETS.get(run.cfg.dataset).load(run.cfg)
+    split = data["test"]
+    want = score_matrices(run.model(data), split, Batcher(split, run.cfg.data), run.device, run.cfg.eval.chunk)
+    assert {r["score"] for r in rows} == set(want) >= {"clip", "frame", "fused"}
+    for r in rows:
+        m = want[r["score"]].double().numpy()
+        assert r["labelled"] == pytest.approx(np.mean([m[q, v] for q, v in enumerate(split.query_video)]))
+        assert (r["mean"], r["min"], r["max"]) == pytest.approx((m.mean(), m.min(), m.max()))
+        assert r["std"] == pytest.approx(m.std(ddof=1)) and r["pairs"] == m.size
+    assert main(["evaluate", str(paths[0]), "--score-levels", "--json", str(tmp_path / "levels.json")]) == 0
+    printed = capsys.readouterr().out
+    assert "| baseline seed 0 | fused |" in printed and "| baseline seed 0 | clip |" not in printed
+    assert json.loads((tmp_path / "levels.json").read_text())["rows"][0]["score"] == "fused"
+    assert main(["evaluate", str(paths[0]), "--score-levels", "--ensemble"]) == 2
+    assert "leave out --ensemble" in capsys.readouterr().err

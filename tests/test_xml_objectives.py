@@ -92,6 +92,32 @@ def test_pos_at_least_rel_hand_computed():
     assert pos_at_least_rel(s, pos, amb, conf).item() == pytest.approx(0.6)
 
 
+def test_with_c_below_one_the_pr_terms_fall_as_every_score_moves_down_together():
+    """Eq. 11-12 scale a score by C, a discount only for a score >= 0. Moving every score down
+    by the same M (a log-scale R_vcmr can fall without bound) leaves L_pos>neg as it is, but
+    lowers [margin + R_neg - C R_rel]_+ and [R_rel - C R_pos]_+ by (1 - C) M each until they
+    reach zero: with C < 1 the PR terms reward a model that ranks nothing (the collapse of
+    +SL+PR measured in docs/methods/sbert-pr.md). With C = 1 they are shift-invariant."""
+    half, one = CONF, torch.ones_like(CONF)
+    for shift in (1.0, 3.0):
+        down = SampledNegatives(HARDEST.query - shift, HARDEST.query_ok, HARDEST.video - shift, HARDEST.video_ok)
+        assert pos_over_neg(S - shift, POS, down, 0.3).item() == pytest.approx(
+            pos_over_neg(S, POS, HARDEST, 0.3).item(), abs=1e-6)
+        assert rel_over_neg(S - shift, AMB, one, down, 0.3).item() == pytest.approx(
+            rel_over_neg(S, AMB, one, HARDEST, 0.3).item(), abs=1e-6)
+        # C = 0.5 on (q0, v2): each of rel>neg's two hinges drops by 0.5 * shift (0.4, 0.5 at shift 0)
+        assert rel_over_neg(S - shift, AMB, half, down, 0.3).item() == pytest.approx(
+            max(0.4 - 0.5 * shift, 0) + max(0.5 - 0.5 * shift, 0), abs=1e-6)
+    # pos>=rel, C = 1 at a level where it is active: unchanged by any shift
+    s = torch.tensor([[0.5, 0.1, 0.8, 0.0], [0.2, 0.7, 0.6, 0.4]])
+    for shift in (1.0, 3.0):
+        assert pos_at_least_rel(s - shift, POS, AMB, one).item() == pytest.approx(
+            pos_at_least_rel(s, POS, AMB, one).item(), abs=1e-6)
+        # C = 0.5: [0.8 - s - 0.5 (0.5 - s)]+ = [0.55 - 0.5 s]+
+        assert pos_at_least_rel(s - shift, POS, AMB, half).item() == pytest.approx(
+            max(0.55 - 0.5 * shift, 0), abs=1e-6)
+
+
 def test_normalised_by_the_number_of_potentially_relevant_pairs():
     amb = AMB.clone()
     amb[1, 3] = True  # (q1, v3), C = 0.5: [0.3 + 0.6 - 0.2]+ = 0.7 and [0.3 + v3's 0.4 - 0.2]+ = 0.5
