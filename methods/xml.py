@@ -31,8 +31,8 @@ from prvr.datasets.loader import moment_rows
 from prvr.harness.checks import FLAG, NON_NEGATIVE, ListOf, OneOf, at_least, param, require
 from prvr.harness.registry import METHODS
 from prvr.methods.backbones.api import Scores
-from prvr.methods.objectives.xml import (pos_at_least_rel, pos_over_neg, rel_over_neg, sample_hard_negatives,
-                                         segment_rows, span_nll, vcmr_relevance)
+from prvr.methods.objectives.xml import (CONFIDENCE_ON, pos_at_least_rel, pos_over_neg, rel_over_neg,
+                                         sample_hard_negatives, segment_rows, span_nll, vcmr_relevance)
 from prvr.methods.recipes import PRESETS, AblationRow, AblationTable, MethodSpec, register_table
 from prvr.methods.relations.phrases import PHIS
 from prvr.methods.relations.sbert import THETAS
@@ -51,6 +51,11 @@ class XMLLossConfig:
     # appendix B: PR terms left out, by group: vr_rank (L^vr_rel>neg with L^vr_pos>=rel), nll2, vcmr_rank
     leave_out: list[str] = param([], ListOf(OneOf(PR_GROUPS), min_length=0, distinct=True))
     unit_confidence: bool = param(False, FLAG)  # C = 1 on every potentially relevant pair (Tables 5-8)
+    # where C acts in the ranking terms: `score` = C R inside the hinge, as Eq. 11-12 write it;
+    # `hinge` (a deviation, not the paper's) = C times the hinge of the unscaled scores, which no
+    # common shift of the scores can lower (docs/methods/sbert-pr.md, "The confidence on a score
+    # that can be negative")
+    confidence_on: str = param("score", OneOf(CONFIDENCE_ON))
     margin: float = param(0.1, NON_NEGATIVE)  # Delta = 0.1 (appendix A; XML --margin 0.1)
     hard_pool: int = param(20, at_least(1))  # N_pool = 20 from hard_negative_epoch on (appendix A; --hard_pool_size)
     # appendix A: N_pool = 20 after the first 20 epochs (XML --hard_negtiave_start_epoch 20); -1 = never
@@ -74,6 +79,9 @@ class XMLLossConfig:
         require(relevant or not (self.leave_out or self.unit_confidence),
                 f"config keys '{key}.leave_out' and '{key}.unit_confidence' act on the potentially relevant pairs' "
                 f"terms, which condition '{self.condition}' has none of; use {key}.condition=pr or sl_pr")
+        require(relevant or self.confidence_on == "score",
+                f"config key '{key}.confidence_on' acts on the potentially relevant pairs' ranking terms, which "
+                f"condition '{self.condition}' has none of; use {key}.condition=pr or sl_pr")
         require(segment or "vcmr_rank" not in self.leave_out,
                 f"config key '{key}.leave_out' names vcmr_rank, which condition '{self.condition}' does not train; "
                 f"use {key}.condition=sl_pr")
@@ -121,17 +129,18 @@ class Weights:
 
 def multi_level_ranking(name: str, scores: torch.Tensor, positive: torch.Tensor, ambiguous: torch.Tensor,
                         negative: torch.Tensor, confidence: torch.Tensor, margin: float, pool: int | None,
-                        generator: torch.Generator, w_rel_neg: float, w_pos_rel: float) -> dict[str, torch.Tensor]:
+                        generator: torch.Generator, w_rel_neg: float, w_pos_rel: float,
+                        confidence_on: str = "score") -> dict[str, torch.Tensor]:
     """Eq. 13 / 15 on one relevance matrix: its parts `<name>_pos_neg` (and `_rel_neg`, `_pos_rel`
     where weighted) and their weighted sum `<name>`."""
     negatives = sample_hard_negatives(scores, negative, pool, generator)
     out = {f"{name}_pos_neg": pos_over_neg(scores, positive, negatives, margin)}
     total = out[f"{name}_pos_neg"]
     if w_rel_neg > 0:
-        out[f"{name}_rel_neg"] = rel_over_neg(scores, ambiguous, confidence, negatives, margin)
+        out[f"{name}_rel_neg"] = rel_over_neg(scores, ambiguous, confidence, negatives, margin, confidence_on)
         total = total + w_rel_neg * out[f"{name}_rel_neg"]
     if w_pos_rel > 0:
-        out[f"{name}_pos_rel"] = pos_at_least_rel(scores, positive, ambiguous, confidence)
+        out[f"{name}_pos_rel"] = pos_at_least_rel(scores, positive, ambiguous, confidence, confidence_on)
         total = total + w_pos_rel * out[f"{name}_pos_rel"]
     return {**out, name: total}
 
@@ -186,7 +195,7 @@ def localization_terms(cfg: XMLLossConfig, w: Weights, s_vr: torch.Tensor, relat
         r = vcmr_relevance(start, end, seg.rows, s_vr, cfg.alpha)
         positive = relations.positive & (seg.labelled | seg.own)
         out.update(multi_level_ranking("vcmr", r, positive, amb, relations.negative & known, confidence, cfg.margin,
-                                       pool, context.generator, w.rel_neg_vcmr, w.pos_rel_vcmr))
+                                       pool, context.generator, w.rel_neg_vcmr, w.pos_rel_vcmr, cfg.confidence_on))
     return out
 
 
@@ -205,7 +214,7 @@ def xml_objective(cfg: XMLLossConfig, scores: Scores, relations, context) -> dic
     confidence = torch.ones_like(relations.confidence) if cfg.unit_confidence else relations.confidence
     s_vr = scores.fused
     out = multi_level_ranking("vr", s_vr, relations.positive, relations.ambiguous, relations.negative, confidence,
-                              cfg.margin, pool, context.generator, w.rel_neg_vr, w.pos_rel_vr)
+                              cfg.margin, pool, context.generator, w.rel_neg_vr, w.pos_rel_vr, cfg.confidence_on)
     out.update(localization_terms(cfg, w, s_vr, relations, confidence, pool, context))
     tl = out["nll1"] + w.tl2 * out.get("nll2", 0.0)
     out["loss"] = out["vr"] + w.tl * tl + w.vcmr * out.get("vcmr", 0.0)

@@ -15,8 +15,8 @@ from prvr.harness.build import build_run
 from prvr.harness.config import resolve
 from prvr.harness.io import UserError
 from prvr.harness.registry import DATASETS, METHODS
-from prvr.methods.objectives.xml import (pos_over_neg, sample_hard_negatives, segment_rows, span_nll,
-                                         vcmr_relevance)
+from prvr.methods.objectives.xml import (pos_at_least_rel, pos_over_neg, rel_over_neg, sample_hard_negatives,
+                                         segment_rows, span_nll, vcmr_relevance)
 from prvr.methods.recipes import TABLES
 from prvr.methods.relations.base import Relations
 from prvr.methods.xml import Weights, XMLLossConfig, negative_pool, xml_objective
@@ -71,6 +71,7 @@ def test_each_condition_switches_its_terms_on():
 
 @pytest.mark.parametrize("sets, message", [
     (["loss.unit_confidence=true"], "condition 'xml' has none of"),
+    (["loss.condition=sl", "loss.confidence_on=hinge"], "'loss.confidence_on' acts on .* condition 'sl' has none of"),
     (["loss.condition=sl", "loss.leave_out=[nll2]"], "condition 'sl' has none of"),
     (["loss.condition=pr", "loss.leave_out=[vcmr_rank]"], "names vcmr_rank, which condition 'pr' does not train"),
 ])
@@ -115,7 +116,7 @@ def test_tables_7_8_leave_out_each_group_with_and_without_unit_confidence():
 
 
 # ----------------------------------------------------------------------------- one step, term by term
-def _step(condition: str, unit_confidence: bool = False, pair_moments: bool = True):
+def _step(condition: str, unit_confidence: bool = False, pair_moments: bool = True, confidence_on: str = "score"):
     """The XML backbone on 4 queries x 3 videos (q0, q3 -> v0; q1 -> v1; q2 -> v2) with durations
     and moments; (q0, v2) and (q1, v0) potentially relevant with C = 0.6 and 0.3, (q0, v2) with a
     moment of its own when `pair_moments`."""
@@ -136,7 +137,7 @@ def _step(condition: str, unit_confidence: bool = False, pair_moments: bool = Tr
     batch = SimpleNamespace(moments=moments, videos=vb, query_item=labels)
     ctx = SimpleNamespace(epoch=0, step=0, generator=torch.Generator().manual_seed(3), batch=batch,
                           outputs={"queries": q, "videos": v, "scores": scores}, model=model, video_of_query=labels)
-    cfg = XMLLossConfig(condition=condition, unit_confidence=unit_confidence, margin=0.2)
+    cfg = XMLLossConfig(condition=condition, unit_confidence=unit_confidence, margin=0.2, confidence_on=confidence_on)
     return cfg, xml_objective(cfg, scores, rel, ctx), model, q, v, scores, rel, moments, vb
 
 
@@ -171,6 +172,21 @@ def test_one_step_of_sl_pr_is_the_sum_of_the_pure_terms(unit_confidence):
     total = out["vr"] + 0.01 * (out["nll1"] + out["nll2"]) + out["vcmr"]
     assert out["loss"].item() == pytest.approx(total.item(), rel=1e-6)
     assert out["vr"].item() == pytest.approx((out["vr_pos_neg"] + out["vr_rel_neg"] + out["vr_pos_rel"]).item())
+
+
+@pytest.mark.parametrize("on", ["score", "hinge"])
+def test_the_ranking_terms_of_a_step_take_the_confidence_where_the_config_puts_it(on):
+    """loss.confidence_on reaches both levels' rel>neg and pos>=rel (the VR ones checked against
+    the pure terms with the step's first draw); NLL_2 weighs by C either way."""
+    cfg, out, *_, scores, rel, moments, vb = _step("sl_pr", confidence_on=on)
+    negatives = sample_hard_negatives(scores.fused, rel.negative, 1, torch.Generator().manual_seed(3))
+    for got, want in ((out["vr_rel_neg"], rel_over_neg(scores.fused, rel.ambiguous, rel.confidence, negatives, 0.2, on)),
+                      (out["vr_pos_rel"], pos_at_least_rel(scores.fused, rel.positive, rel.ambiguous, rel.confidence, on))):
+        assert got.item() == pytest.approx(want.item(), rel=1e-5)
+    _, paper, *_ = _step("sl_pr")
+    assert out["nll2"].item() == pytest.approx(paper["nll2"].item())
+    if on == "hinge":  # C < 1 on (q0, v2) and (q1, v0): another loss
+        assert out["vr"].item() != pytest.approx(paper["vr"].item())
 
 
 def test_a_potentially_relevant_pair_without_a_moment_leaves_nll_2_and_the_segment_terms():

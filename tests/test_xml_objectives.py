@@ -118,6 +118,26 @@ def test_with_c_below_one_the_pr_terms_fall_as_every_score_moves_down_together()
             max(0.55 - 0.5 * shift, 0), abs=1e-6)
 
 
+def test_confidence_on_the_hinge_hand_computed_and_shift_invariant():
+    """loss.confidence_on=hinge: C [margin + R(neg) - R(rel)]_+ and C [R(rel) - R(pos)]_+, which
+    no common shift of the scores changes; with C = 1 the two forms are one."""
+    # rel>neg, (q0, v2), C = 0.5: 0.5 [0.3 + 0.5 - 0.8]+ + 0.5 [0.3 + 0.6 - 0.8]+ = 0 + 0.05
+    assert rel_over_neg(S, AMB, CONF, HARDEST, 0.3, "hinge").item() == pytest.approx(0.05)
+    # pos>=rel: 0.5 [0.8 - 0.9]+ = 0; with R(q0, v0) = 0.5: 0.5 [0.8 - 0.5]+ = 0.15
+    s = torch.tensor([[0.5, 0.1, 0.8, 0.0], [0.2, 0.7, 0.6, 0.4]])
+    assert pos_at_least_rel(S, POS, AMB, CONF, "hinge").item() == 0.0
+    assert pos_at_least_rel(s, POS, AMB, CONF, "hinge").item() == pytest.approx(0.15)
+    one = torch.ones_like(CONF)
+    assert rel_over_neg(S, AMB, one, HARDEST, 0.3, "hinge").item() == rel_over_neg(S, AMB, one, HARDEST, 0.3).item()
+    assert pos_at_least_rel(s, POS, AMB, one, "hinge").item() == pos_at_least_rel(s, POS, AMB, one).item()
+    for shift in (1.0, 3.0):
+        down = SampledNegatives(HARDEST.query - shift, HARDEST.query_ok, HARDEST.video - shift, HARDEST.video_ok)
+        assert rel_over_neg(S - shift, AMB, CONF, down, 0.3, "hinge").item() == pytest.approx(0.05, abs=1e-6)
+        assert pos_at_least_rel(s - shift, POS, AMB, CONF, "hinge").item() == pytest.approx(0.15, abs=1e-6)
+    with pytest.raises(ValueError, match="on must be one of score, hinge"):
+        rel_over_neg(S, AMB, CONF, HARDEST, 0.3, "both")
+
+
 def test_normalised_by_the_number_of_potentially_relevant_pairs():
     amb = AMB.clone()
     amb[1, 3] = True  # (q1, v3), C = 0.5: [0.3 + 0.6 - 0.2]+ = 0.7 and [0.3 + v3's 0.4 - 0.2]+ = 0.5

@@ -117,35 +117,52 @@ def pos_over_neg(scores: torch.Tensor, positive: torch.Tensor, negatives: Sample
 
 @OBJECTIVES.register("xml-rel-neg", "SBERT-PR Eq. 11: [margin + R(hard negative) - C R(potentially relevant)]_+")
 def rel_over_neg(scores: torch.Tensor, ambiguous: torch.Tensor, confidence: torch.Tensor,
-                 negatives: SampledNegatives, margin: float) -> torch.Tensor:
+                 negatives: SampledNegatives, margin: float, on: str = "score") -> torch.Tensor:
     """L_rel>neg (Eq. 11): (1/N_pairs) sum over the potentially relevant pairs (q_i, v_j) of
     [margin + R(i, i-) - C_ij R(i, j)]_+ + [margin + R(j-, j) - C_ij R(i, j)]_+ (the negatives
-    of Eq. 10). C -> 1: the pair must beat the negatives like a positive; C -> 0: no pull up."""
+    of Eq. 10). C -> 1: the pair must beat the negatives like a positive; C -> 0: no pull up.
+    `on="hinge"` (a deviation, `loss.confidence_on`): C_ij [margin + R(neg) - R(i, j)]_+ instead,
+    unchanged when every score moves by the same amount."""
     i, j = ambiguous.nonzero(as_tuple=True)
     if len(i) == 0:
         return _zero(scores)
-    weighted = confidence[i, j] * scores[i, j]
-    t2v = (margin + negatives.query[i] - weighted).clamp(min=0) * negatives.query_ok[i]
-    v2t = (margin + negatives.video[j] - weighted).clamp(min=0) * negatives.video_ok[j]
+    c, rel = _confidence_on(on, confidence[i, j], scores[i, j])
+    t2v = c * (margin + negatives.query[i] - rel).clamp(min=0) * negatives.query_ok[i]
+    v2t = c * (margin + negatives.video[j] - rel).clamp(min=0) * negatives.video_ok[j]
     return (t2v.sum() + v2t.sum()) / len(i)
+
+
+CONFIDENCE_ON = ("score", "hinge")
+
+
+def _confidence_on(on: str, c: torch.Tensor, score: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight of the hinge, the score inside it): (1, C R) as Eq. 11-12 write it, or (C, R)."""
+    if on == "score":
+        return torch.ones_like(c), c * score
+    if on == "hinge":
+        return c, score
+    raise ValueError(f"on must be one of {', '.join(CONFIDENCE_ON)}, got {on!r}")
 
 
 @OBJECTIVES.register("xml-pos-rel", "SBERT-PR Eq. 12: [R(potentially relevant) - C R(positive)]_+ both ways")
 def pos_at_least_rel(scores: torch.Tensor, positive: torch.Tensor, ambiguous: torch.Tensor,
-                     confidence: torch.Tensor) -> torch.Tensor:
+                     confidence: torch.Tensor, on: str = "score") -> torch.Tensor:
     """L_pos>=rel (Eq. 12): (1/N_pairs) sum over the potentially relevant pairs (q_i, v_j) of
     [R(i, j) - C_ij R(i, i)]_+ + [R(i, j) - C_ij R(j, j)]_+, no margin. R(i, i): q_i's positive
     score; R(j, j): v_j's, the mean over v_j's positive queries where a batch video holds several
-    (one item is a video with all its queries); a side without a positive adds nothing."""
+    (one item is a video with all its queries); a side without a positive adds nothing.
+    `on="hinge"` (a deviation, `loss.confidence_on`): C_ij [R(i, j) - R(pos)]_+ instead."""
     i, j = ambiguous.nonzero(as_tuple=True)
     if len(i) == 0:
         return _zero(scores)
     pos = positive.to(scores.dtype)
     of_query = (scores * pos).sum(1) / pos.sum(1).clamp(min=1)
     of_video = (scores * pos).sum(0) / pos.sum(0).clamp(min=1)
-    rel, c = scores[i, j], confidence[i, j]
-    t2v = (rel - c * of_query[i]).clamp(min=0) * positive.any(1)[i]
-    v2t = (rel - c * of_video[j]).clamp(min=0) * positive.any(0)[j]
+    rel = scores[i, j]
+    w, pos_q = _confidence_on(on, confidence[i, j], of_query[i])
+    _, pos_v = _confidence_on(on, confidence[i, j], of_video[j])
+    t2v = w * (rel - pos_q).clamp(min=0) * positive.any(1)[i]
+    v2t = w * (rel - pos_v).clamp(min=0) * positive.any(0)[j]
     return (t2v.sum() + v2t.sum()) / len(i)
 
 
