@@ -14,7 +14,7 @@ record's resolved config, load `<out>/checkpoints/<dataset>/<run>/seed<S>/best.p
 - `--score-levels`: where each score sits over the split: the mean over the labelled pairs,
   the mean, std, min and max over all pairs (with `--parts`, every score part). A model whose
   loss is lowered by moving every score down together shows it here: all pairs at one level,
-  the labelled ones no higher (docs/methods/sbert-pr.md, "the confidence on a log-scale score").
+  the labelled ones no higher (docs/methods/sbert-pr.md, "The confidence on a score that can be negative").
 - `--noise-levels P...`: the run's noise robustness curve (harness/noise.py): the split ranked
   once per level with a segment of p x each video's length inserted at its start (and at
   p = 0), stored beside each record as `seed<S>.noise-<source>.json` for the leaderboard's

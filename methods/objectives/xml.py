@@ -115,6 +115,18 @@ def pos_over_neg(scores: torch.Tensor, positive: torch.Tensor, negatives: Sample
     return (t2v.sum() + v2t.sum()) / len(i)
 
 
+CONFIDENCE_ON = ("score", "hinge")
+
+
+def _confidence_on(on: str, c: torch.Tensor, score: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight of the hinge, the score inside it): (1, C R) as Eq. 11-12 write it, or (C, R)."""
+    if on == "score":
+        return torch.ones_like(c), c * score
+    if on == "hinge":
+        return c, score
+    raise ValueError(f"on must be one of {', '.join(CONFIDENCE_ON)}, got {on!r}")
+
+
 @OBJECTIVES.register("xml-rel-neg", "SBERT-PR Eq. 11: [margin + R(hard negative) - C R(potentially relevant)]_+")
 def rel_over_neg(scores: torch.Tensor, ambiguous: torch.Tensor, confidence: torch.Tensor,
                  negatives: SampledNegatives, margin: float, on: str = "score") -> torch.Tensor:
@@ -130,18 +142,6 @@ def rel_over_neg(scores: torch.Tensor, ambiguous: torch.Tensor, confidence: torc
     t2v = c * (margin + negatives.query[i] - rel).clamp(min=0) * negatives.query_ok[i]
     v2t = c * (margin + negatives.video[j] - rel).clamp(min=0) * negatives.video_ok[j]
     return (t2v.sum() + v2t.sum()) / len(i)
-
-
-CONFIDENCE_ON = ("score", "hinge")
-
-
-def _confidence_on(on: str, c: torch.Tensor, score: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weight of the hinge, the score inside it): (1, C R) as Eq. 11-12 write it, or (C, R)."""
-    if on == "score":
-        return torch.ones_like(c), c * score
-    if on == "hinge":
-        return c, score
-    raise ValueError(f"on must be one of {', '.join(CONFIDENCE_ON)}, got {on!r}")
 
 
 @OBJECTIVES.register("xml-pos-rel", "SBERT-PR Eq. 12: [R(potentially relevant) - C R(positive)]_+ both ways")
