@@ -118,12 +118,12 @@ def pos_over_neg(scores: torch.Tensor, positive: torch.Tensor, negatives: Sample
 CONFIDENCE_ON = ("score", "hinge")
 
 
-def _confidence_on(on: str, c: torch.Tensor, score: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weight of the hinge, the score inside it): (1, C R) as Eq. 11-12 write it, or (C, R)."""
+def _confidence_on(on: str, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight of the hinge, factor of the score inside it): (1, C) as Eq. 11-12 write it, or (C, 1)."""
     if on == "score":
-        return torch.ones_like(c), c * score
+        return torch.ones_like(c), c
     if on == "hinge":
-        return c, score
+        return c, torch.ones_like(c)
     raise ValueError(f"on must be one of {', '.join(CONFIDENCE_ON)}, got {on!r}")
 
 
@@ -138,9 +138,10 @@ def rel_over_neg(scores: torch.Tensor, ambiguous: torch.Tensor, confidence: torc
     i, j = ambiguous.nonzero(as_tuple=True)
     if len(i) == 0:
         return _zero(scores)
-    c, rel = _confidence_on(on, confidence[i, j], scores[i, j])
-    t2v = c * (margin + negatives.query[i] - rel).clamp(min=0) * negatives.query_ok[i]
-    v2t = c * (margin + negatives.video[j] - rel).clamp(min=0) * negatives.video_ok[j]
+    w, k = _confidence_on(on, confidence[i, j])
+    rel = k * scores[i, j]
+    t2v = w * (margin + negatives.query[i] - rel).clamp(min=0) * negatives.query_ok[i]
+    v2t = w * (margin + negatives.video[j] - rel).clamp(min=0) * negatives.video_ok[j]
     return (t2v.sum() + v2t.sum()) / len(i)
 
 
@@ -159,10 +160,9 @@ def pos_at_least_rel(scores: torch.Tensor, positive: torch.Tensor, ambiguous: to
     of_query = (scores * pos).sum(1) / pos.sum(1).clamp(min=1)
     of_video = (scores * pos).sum(0) / pos.sum(0).clamp(min=1)
     rel = scores[i, j]
-    w, pos_q = _confidence_on(on, confidence[i, j], of_query[i])
-    _, pos_v = _confidence_on(on, confidence[i, j], of_video[j])
-    t2v = w * (rel - pos_q).clamp(min=0) * positive.any(1)[i]
-    v2t = w * (rel - pos_v).clamp(min=0) * positive.any(0)[j]
+    w, k = _confidence_on(on, confidence[i, j])
+    t2v = w * (rel - k * of_query[i]).clamp(min=0) * positive.any(1)[i]
+    v2t = w * (rel - k * of_video[j]).clamp(min=0) * positive.any(0)[j]
     return (t2v.sum() + v2t.sum()) / len(i)
 
 
