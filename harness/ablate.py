@@ -132,7 +132,11 @@ def resolve_row(table: AblationTable, row: AblationRow, dataset: str, seed: int,
     the plain run of the backbone's own method (the table's overrides apply to it too)."""
     from prvr.harness.config import home_method, resolve
 
-    cfg = resolve(table.method, dataset, seed, [*overrides, *row.overrides], config)
+    try:
+        cfg = resolve(table.method, dataset, seed, [*overrides, *row.overrides], config)
+    except UserError as e:
+        raise UserError(f"row '{row.label}' of {table.title} (its settings {' '.join(row.overrides) or 'none'} "
+                        f"after this command's): {e}") from None
     if not row.home:
         return cfg
     home = home_method(cfg.backbone)

@@ -234,6 +234,41 @@ def test_each_sbert_table_is_registered_with_the_papers_rows_beside_ours():
             assert len(paper) == 14 and "Phi " in source  # the whole paper table, its detector setting named
 
 
+@pytest.mark.parametrize("method,name", [("xml-pr", "1"), ("xml-sl-pr", "2"), ("xml-pr", "3"), ("xml-sl-pr", "4")])
+def test_the_xml_row_of_tables_1_to_4_is_the_plain_xml_run(tmp_path, method, name):
+    """The XML row is a home row: its own overrides (condition `xml`, no detector) give `xml`'s
+    config on every dataset but for the method's name, with the same objective and model, so the
+    row is trained and read as the plain `xml` run (the leaderboard's), never again as a copy."""
+    from prvr.harness.registry import METHODS
+
+    load_all()
+    table = TABLES[(method, name)]
+    row = table.rows[0]
+    assert row.label == "XML" and row.home
+    for dataset in ("sim-charades", "sim-didemo", "sim-tiny"):
+        own = resolve(method, dataset, 0, list(row.overrides)).to_dict()
+        plain = resolve("xml", dataset, 0).to_dict()
+        assert own.pop("method") == method and plain.pop("method") == "xml"
+        assert own == plain
+    a, b = METHODS.get(method), METHODS.get("xml")
+    assert (a.objective, a.backbone, a.needs, a.wrap) == (b.objective, b.backbone, b.needs, b.wrap)
+    cfg = resolve_row(table, row, "sim-tiny", 2, [], None)
+    assert (cfg.method, cfg.seed, run_name(cfg, row.tag)) == ("xml", 2, "xml")
+    with pytest.raises(UserError, match=r"row 'XML' of SBERT-PR Table .*relations.name=none after this command's.*'relations.sbert'"):
+        resolve_row(table, row, "sim-tiny", 0, ["relations.sbert.theta=0.6"], None)
+    detector = resolve_row(table, table.rows[1], "sim-tiny", 2, [], None)
+    assert (detector.method, run_name(detector, table.rows[1].tag)) == (method, f"{method}~sent_0.5")
+    # the table reads the stored `xml` records for its XML row
+    for seed, sumr in ((0, 150.0), (1, 170.0)):
+        rec = fake_record("sim-tiny", "xml", seed, sumr, moment=1.0)
+        rec.update(config=resolve("xml", "sim-tiny", seed).to_dict())
+        store(tmp_path, rec)
+    assert main(["ablate", "--method", method, "--table", name, "--dataset", "sim-tiny", "--seeds", "0", "1",
+                 "--report-only", "--out", str(tmp_path), "--quiet"]) == 0
+    md = (tmp_path / "ablations" / "sim-tiny" / f"{method}_table{name}.md").read_text()
+    assert next(line for line in md.splitlines() if line.startswith("| XML |")).endswith("| 2 | xml |")
+
+
 def _records_for(out: Path, table, dataset: str, values: dict[int, dict[int, float]]) -> None:
     """Fake records of a table's first rows: each moment key = values[row][seed]."""
     for i, row in enumerate(table.rows[:2]):
