@@ -51,6 +51,7 @@ CENSUS_FIELDS = ("dataset", "world", "split", "queries", "videos", "phi", "theta
                  "pr_queries_per_query", "pr_videos_per_query", "precision", "recall", "base_rate")
 VP_FIELDS = ("dataset", "split", "parser", "status", "queries", "gold_vps", "extracted_vps", "matched",
              "precision", "recall")
+VP_RATES = frozenset({"precision", "recall"})
 
 
 # ----------------------------------------------------------------------------- where the text comes from
@@ -336,22 +337,29 @@ def update_vp_table(out: Path, rows: list[dict], command: str) -> Path:
         with open(path, newline="", encoding="utf-8") as f:
             kept = [r for r in csv.DictReader(f) if r.get("dataset") not in {x["dataset"] for x in rows}]
     merged = sorted([*kept, *rows], key=lambda r: (r["dataset"], r["split"]))
-    write_text(path, _csv([{k: _number(v) for k, v in r.items()} for r in merged], VP_FIELDS))
+    merged = [{k: _number(v, as_float=k in VP_RATES) for k, v in r.items()} for r in merged]
+    write_text(path, _csv(merged, VP_FIELDS))
     md = ["# Verb-phrase extraction per parser", "",
           "Verb phrases of each parser against the gold parses a simulated world ships, query by query: a VP matches "
           "when its words, lower-cased and single-spaced, equal a gold VP's (each gold VP matched at most once); "
           "precision = matched / extracted, recall = matched / gold. The simulated text is templated English, "
           "easier than real captions: read these figures as an upper bound of each parser's quality on real text.",
           "", f"Last written by `{command}` (each dataset's rows come from its own census).", "",
-          *_md_table([{k: _number(v) for k, v in r.items()} for r in merged], VP_FIELDS)]
+          *_md_table(merged, VP_FIELDS)]
     write_text(path.with_suffix(".md"), "\n".join(md) + "\n")
     return path.with_suffix(".md")
 
 
-def _number(v):
-    """A csv cell back as a number where it is one (rows read from the csv are strings)."""
+def _number(v, as_float: bool = False):
+    """A csv cell back as a number where it is one (rows read from the csv are strings); a rate
+    column (`as_float`) stays a float, so a stored "1" is shown as 1.0000 like a fresh row's 1.0."""
     if not isinstance(v, str) or v == "":
         return None if v == "" else v
+    if as_float:
+        try:
+            return float(v)
+        except ValueError:
+            return v
     try:
         return int(v)
     except ValueError:

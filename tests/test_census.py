@@ -125,6 +125,11 @@ def test_the_vp_table_keeps_the_rows_of_other_datasets(tmp_path):
     census.update_vp_table(tmp_path, [{**row, "dataset": "sim-a", "recall": 0.75}], "cmd")
     rows = read_csv(tmp_path / "census" / "vp-extraction.csv")
     assert [(r["dataset"], r["recall"]) for r in rows] == [("sim-a", "0.75"), ("sim-b", "0.5")]
+    # a kept row's rates read back from the csv are shown as a fresh row's are (1 -> 1.0000)
+    census.update_vp_table(tmp_path, [{**row, "dataset": "sim-c", "precision": 1.0}], "cmd")
+    census.update_vp_table(tmp_path, [{**row, "dataset": "sim-d"}], "cmd")
+    md = (tmp_path / "census" / "vp-extraction.md").read_text()
+    assert "| sim-c | train | rules | x | 1 | 2 | 2 | 1 | 1.0000 | 0.5000 |" in md
 
 
 def test_vp_counts_by_hand():
