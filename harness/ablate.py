@@ -87,7 +87,7 @@ def get_table(method: str, name: str) -> AblationTable:
 
 
 def add_commands(sub) -> None:
-    from prvr.harness.cli import _common
+    from prvr.harness.cli import _common, add_jobs_argument
 
     p = sub.add_parser("ablate", help="train and tabulate a method's ablation table (e.g. --method arl --table 5)")
     p.add_argument("--method", required=True)
@@ -97,33 +97,39 @@ def add_commands(sub) -> None:
     p.add_argument("--out", default="results")
     p.add_argument("--skip-existing", action="store_true", help="keep runs whose record already exists")
     p.add_argument("--report-only", action="store_true", help="train nothing; tabulate the existing records")
+    add_jobs_argument(p)
     _common(p)
     p.set_defaults(func=cmd_ablate)
 
 
-def cmd_ablate(args: argparse.Namespace) -> None:
-    from prvr.harness.cli import _command_line, data_root_overrides, set_threads
-    from prvr.harness.records import record_path
-    from prvr.harness.runner import run_name, run_one
+@dataclass(frozen=True)
+class PlannedRun:
+    """One row x seed of a table: its config, and the run that trains it (`prvr-bench run --method
+    <method> --set <overrides> --tag <tag>`). A row whose settings leave the method's plain run as it
+    is (e.g. Phi np-vp, theta 0.7 of SBERT-PR Table 1 on a dataset whose preset is that) is that plain
+    run, read and trained under the plain run's name, never again under a second one."""
 
-    table = get_table(args.method, args.table)
-    check_tag(args.tag)
-    ensure_dir(args.out)
-    set_threads(args.threads)
-    plan = [(row, resolve_row(table, row, args.dataset, seed, [*data_root_overrides(args), *args.overrides],
-                               args.config))
-            for row in table.rows for seed in args.seeds]
-    start = time.perf_counter()
-    for i, (row, cfg) in enumerate(plan):
-        tag = _tag(row, args.tag)
-        path = record_path(args.out, cfg.dataset, run_name(cfg, tag), cfg.seed)
-        if args.report_only or (args.skip_existing and path.exists()):
-            continue
-        progress.log(f"[{i + 1}/{len(plan)}] {table.title} {row.label}: {run_name(cfg, tag)}, seed {cfg.seed}")
-        run_one(cfg, args.out, resume=args.resume, tag=tag, command=_command_line(), force_resume=args.force_resume)
-    if not args.report_only:
-        progress.log(f"ablate: {len(plan)} runs in {time.perf_counter() - start:.0f} s")
-    report(table, args.out, args.dataset, plan, args.tag, args.overrides)
+    row: AblationRow
+    cfg: Any
+    method: str
+    overrides: tuple[str, ...]  # the row's --set items after the command's (the command's alone for a plain run)
+    tag: str
+
+
+def plan_runs(table: AblationTable, dataset: str, seeds: list[int], overrides: list[str], config: str | None,
+              extra_tag: str = "") -> list[PlannedRun]:
+    """Every row x seed, resolved up front so that a bad key fails before any training."""
+    plan = []
+    for row in table.rows:
+        for seed in seeds:
+            cfg = resolve_row(table, row, dataset, seed, overrides, config)
+            if row.home:
+                plan.append(PlannedRun(row, cfg, cfg.method, tuple(overrides), extra_tag))
+            elif row.tag and _is_plain(table, cfg, dataset, seed, overrides, config):
+                plan.append(PlannedRun(row, cfg, table.method, tuple(overrides), extra_tag))
+            else:
+                plan.append(PlannedRun(row, cfg, table.method, (*overrides, *row.overrides), _tag(row, extra_tag)))
+    return plan
 
 
 def resolve_row(table: AblationTable, row: AblationRow, dataset: str, seed: int, overrides: list[str],
@@ -147,6 +153,74 @@ def resolve_row(table: AblationTable, row: AblationRow, dataset: str, seed: int,
                         f"command's settings: {e}; drop the {table.method}-only --set items") from None
 
 
+def _is_plain(table: AblationTable, cfg, dataset: str, seed: int, overrides: list[str], config: str | None) -> bool:
+    from prvr.harness.config import resolve
+
+    return cfg.to_dict() == resolve(table.method, dataset, seed, overrides, config).to_dict()
+
+
+def cmd_ablate(args: argparse.Namespace) -> None:
+    from prvr.harness.cli import data_root_overrides, set_threads
+    from prvr.harness.jobs import parse_jobs
+
+    table = get_table(args.method, args.table)
+    check_tag(args.tag)
+    ensure_dir(args.out)
+    workers = parse_jobs(args.jobs)
+    set_threads(args.threads)
+    plan = plan_runs(table, args.dataset, args.seeds, [*data_root_overrides(args), *args.overrides], args.config,
+                     args.tag)
+    start = time.perf_counter()
+    if not args.report_only:
+        todo = _to_train(plan, args.out, args.skip_existing)
+        if workers > 1:
+            _train_in_processes(args, todo, workers)
+        else:
+            _train_here(args, table, todo, len(plan))
+        progress.log(f"ablate: {len(plan)} runs planned, {len(todo)} made, in {time.perf_counter() - start:.0f} s")
+    report(table, args.out, args.dataset, plan, args.tag, args.overrides)
+
+
+def _to_train(plan: list[PlannedRun], out: str, skip_existing: bool) -> list[PlannedRun]:
+    """The planned runs to train: each run once (rows that are the same run share it), without
+    those whose record exists under --skip-existing."""
+    from prvr.harness.records import record_path
+    from prvr.harness.runner import run_name
+
+    todo, seen = [], set()
+    for p in plan:
+        path = record_path(out, p.cfg.dataset, run_name(p.cfg, p.tag), p.cfg.seed)
+        if path in seen or (skip_existing and path.exists()):
+            continue
+        seen.add(path)
+        todo.append(p)
+    return todo
+
+
+def _train_here(args: argparse.Namespace, table: AblationTable, todo: list[PlannedRun], planned: int) -> None:
+    from prvr.harness.cli import _command_line
+    from prvr.harness.runner import run_name, run_one
+
+    for i, p in enumerate(todo):
+        progress.log(f"[{i + 1}/{len(todo)} of {planned} planned] {table.title} {p.row.label}: "
+                     f"{run_name(p.cfg, p.tag)}, seed {p.cfg.seed}")
+        run_one(p.cfg, args.out, resume=args.resume, tag=p.tag, command=_command_line(),
+                force_resume=args.force_resume)
+
+
+def _train_in_processes(args: argparse.Namespace, todo: list[PlannedRun], workers: int) -> None:
+    """ablate --jobs N: each run as the `prvr-bench run` that trains it alone (--data-root and
+    --backbone travel as the --set items they resolve to)."""
+    from prvr.harness.cli import _run_args, run_in_processes
+    from prvr.harness.runner import run_name
+
+    runs = [(p.cfg, run_name(p.cfg, p.tag),
+             _run_args(argparse.Namespace(**{**vars(args), "tag": p.tag, "data_root": None}), p.method, args.dataset,
+                       p.cfg.seed, list(p.overrides)))
+            for p in todo]
+    run_in_processes(args.out, runs, workers, args.threads)
+
+
 def _tag(row: AblationRow, extra: str) -> str:
     return "_".join(t for t in (row.tag, extra) if t)
 
@@ -161,10 +235,10 @@ def report(table: AblationTable, out: str, dataset: str, plan, extra_tag: str = 
 
     measured, mismatched = [], []
     for row in table.rows:
-        cfgs = [c for r, c in plan if r is row]  # one per seed
-        name = run_name(cfgs[0], _tag(row, extra_tag))
+        runs = [p for p in plan if p.row is row]  # one per seed
+        name = run_name(runs[0].cfg, runs[0].tag)
         recs = []
-        for cfg in cfgs:
+        for cfg in (p.cfg for p in runs):
             path = record_path(out, dataset, name, cfg.seed)
             if path.exists():
                 recs.append(load_record(path))
@@ -181,7 +255,7 @@ def report(table: AblationTable, out: str, dataset: str, plan, extra_tag: str = 
     reference = next((r for r in rows if r[0].label == table.reference), rows[0])
     header = ["", *table.columns, *(c.name for c in columns), f"Δ {headline.name} vs {reference[0].label}", "seeds",
               "run"]
-    backbone = next((c.backbone for r, c in plan if not r.home), None)  # the rows' backbone: --backbone or --set
+    backbone = next((p.cfg.backbone for p in plan if not p.row.home), None)  # the rows' backbone: --backbone or --set
     backbone = None if backbone == METHODS.get(table.method).backbone else backbone
     command = " ".join([f"prvr-bench ablate --method {table.method}", *([f"--backbone {backbone}"] if backbone else []),
                         f"--table {table.name} --dataset {dataset}",
@@ -209,8 +283,8 @@ def report(table: AblationTable, out: str, dataset: str, plan, extra_tag: str = 
     # the file is named as the runs are (run_tag), with a detector the command sets for every row
     # (`--set relations=oracle`): the labelled table and the oracle one never overwrite each other
     spec = METHODS.get(table.method)
-    detectors = {c.relations.name for r, c in plan
-                 if not r.home and not any(o.startswith("relations") for o in r.overrides)}
+    detectors = {p.cfg.relations.name for p in plan
+                 if not p.row.home and not any(o.startswith("relations") for o in p.row.overrides)}
     on = run_tag(table.method, detectors.pop() if len(detectors) == 1 else spec.relations, spec.relations,
                  backbone or spec.backbone, spec.backbone)
     stem = check_name(f"{on}_table{table.name}{'_' + extra_tag if extra_tag else ''}", "ablation table name",

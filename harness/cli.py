@@ -29,6 +29,12 @@ def data_root_overrides(args: argparse.Namespace) -> list[str]:
     return [*([f"data.data_root={root}"] if root else []), *([f"backbone={backbone}"] if backbone else [])]
 
 
+def add_jobs_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--jobs", default="1", metavar="N",
+                   help="runs at a time, each in its own process with its output in OUT/logs/ (default 1: "
+                        "one after another in this process; auto: one per CPU core, 1 when CUDA trains)")
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backbone", default=None, metavar="NAME",
                    help="train the method's objective on another backbone (default: the method's own; "
@@ -69,9 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--oracle", action=argparse.BooleanOptionalAction, default=False,
                        help="also run each method with the oracle detector on simulated data (default: off)")
     bench.add_argument("--skip-existing", action="store_true", help="keep runs whose record already exists")
-    bench.add_argument("--jobs", default="1", metavar="N",
-                       help="runs at a time, each in its own process with its output in OUT/logs/ (default 1: "
-                            "one after another in this process; auto: one per CPU core, 1 when CUDA trains)")
+    add_jobs_argument(bench)
     _common(bench)
 
     board = sub.add_parser("leaderboard", help="rebuild results/leaderboard.{csv,md} from the run records")
@@ -184,18 +188,25 @@ def _bench_here(args: argparse.Namespace, todo: list[tuple]) -> None:
 
 
 def _bench_in_processes(args: argparse.Namespace, todo: list[tuple], workers: int) -> None:
-    from prvr.harness.jobs import Job, expected_seconds, run_jobs, threads_per_job
-    from prvr.harness.records import log_path
     from prvr.harness.runner import run_name
 
-    threads = threads_per_job(workers, args.threads)
+    run_in_processes(args.out, [(cfg, run_name(cfg, args.tag), run_args) for cfg, _, run_args in todo], workers,
+                     args.threads)
+
+
+def run_in_processes(out, todo: list[tuple], workers: int, threads: int | None) -> None:
+    """Planned runs (config, run name, `prvr-bench run` arguments), `workers` at a time, each in its own
+    process with its output in OUT/logs/ (bench --jobs, ablate --jobs)."""
+    from prvr.harness.jobs import Job, expected_seconds, run_jobs, threads_per_job
+    from prvr.harness.records import log_path, record_path
+
+    threads = threads_per_job(workers, threads)
     jobs = []
-    for cfg, path, run_args in todo:
-        name = run_name(cfg, args.tag)
-        log = log_path(args.out, cfg.dataset, name, cfg.seed)
+    for cfg, name, run_args in todo:
+        path, log = record_path(out, cfg.dataset, name, cfg.seed), log_path(out, cfg.dataset, name, cfg.seed)
         jobs.append(Job([*run_args, "--threads", str(threads)], f"{name} on {cfg.dataset}, seed {cfg.seed}", path,
                         log, expected_seconds(path)))
-    progress.log(f"bench: {len(jobs)} runs, {min(workers, len(jobs))} at a time, {threads} torch thread"
+    progress.log(f"{len(jobs)} runs, {min(workers, len(jobs))} at a time, {threads} torch thread"
                  f"{'s' if threads > 1 else ''} each")
     run_jobs(jobs, workers)
 

@@ -80,3 +80,43 @@ def test_longest_expected_run_first(tmp_path):
 def test_threads_is_checked_by_every_training_command(capsys, tmp_path, command):
     code = main([*command, "--dataset", "sim-tiny", "--out", str(tmp_path), "--threads", "0", "--quiet"])
     assert code == 2 and "--threads must be at least 1, got 0" in capsys.readouterr().err
+
+
+def _as_run(run_args):
+    """The config and run name that `prvr-bench run ARGS` would train (as cmd_run resolves them)."""
+    from prvr.harness.cli import build_parser, data_root_overrides
+    from prvr.harness.config import resolve
+    from prvr.harness.runner import run_name
+
+    a = build_parser().parse_args(["run", *run_args])
+    cfg = resolve(a.method, a.dataset, a.seed, [*data_root_overrides(a), *a.overrides], a.config)
+    return cfg, run_name(cfg, a.tag)
+
+
+@pytest.mark.parametrize("method, table, extra", [
+    ("ral", "2", ["--backbone", "msl"]),  # a home row (msl) and rows on another backbone
+    ("xml-pr", "1", ["--set", "train.epochs=3", "--tag", "e3"]),  # a row that is the plain run; --set and --tag
+])
+def test_ablate_jobs_start_each_row_as_the_run_that_trains_it_alone(monkeypatch, tmp_path, method, table, extra):
+    """`ablate --jobs N` hands every planned row x seed to `prvr-bench run` processes: each one's
+    arguments resolve to the row's own config and run name, each run once."""
+    from prvr.harness import ablate, cli
+
+    started = []
+    monkeypatch.setattr(cli, "run_in_processes", lambda out, runs, workers, threads: started.append((runs, workers, threads)))
+    assert main(["ablate", "--method", method, "--table", table, "--dataset", "sim-tiny", "--seeds", "0", "1",
+                 "--out", str(tmp_path), "--jobs", "2", "--threads", "1", "--quiet", *extra]) == 0
+    (runs, workers, threads), = started
+    assert (workers, threads) == (2, 1)
+    table_ = ablate.get_table(method, table)
+    names = [name for _, name, _ in runs]
+    assert len({(name, cfg.seed) for cfg, name, _ in runs}) == len(runs) and {cfg.seed for cfg, _, _ in runs} == {0, 1}
+    for cfg, name, run_args in runs:
+        assert run_args[run_args.index("--out") + 1] == str(tmp_path)
+        got, got_name = _as_run(run_args)
+        assert got_name == name and got.to_dict() == cfg.to_dict()
+    if method == "xml-pr":  # the np-vp 0.7 row of sim-tiny is the plain xml-pr run, the XML row the plain xml run
+        assert sorted(set(names)) == sorted({"xml~e3", "xml-pr~e3", *(f"xml-pr~{r.tag}_e3" for r in table_.rows[1:]
+                                                                       if r.tag != "np-vp_0.7")})
+    else:
+        assert {"msl", "ral@msl~msra", "ral@msl~csa", "ral@msl"} == set(names)

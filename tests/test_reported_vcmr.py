@@ -269,6 +269,38 @@ def test_the_xml_row_of_tables_1_to_4_is_the_plain_xml_run(tmp_path, method, nam
     assert next(line for line in md.splitlines() if line.startswith("| XML |")).endswith("| 2 | xml |")
 
 
+@pytest.mark.parametrize("method,name", [("xml-pr", "1"), ("xml-sl-pr", "4")])
+def test_the_phi_theta_row_of_the_datasets_preset_is_the_plain_run(tmp_path, method, name):
+    """A Phi x theta row whose settings are the dataset's preset (np-vp 0.7 on sim-charades, vp 0.5
+    on sim-didemo) changes nothing of the plain recipe, so the table reads and trains it as the plain
+    run (`xml-pr`), never again as `xml-pr~np-vp_0.7`; every other row keeps its own run."""
+    from prvr.harness.ablate import plan_runs
+
+    load_all()
+    table = TABLES[(method, name)]
+    for dataset, plain in (("sim-charades", "np-vp 0.7"), ("sim-didemo", "vp 0.5")):
+        plan = plan_runs(table, dataset, [0], [], None)
+        names = {p.row.label: run_name(p.cfg, p.tag) for p in plan}
+        assert names[plain] == method and names["XML"] == "xml"
+        assert all(n == f"{method}~{r.tag}" for r in table.rows[1:] if (n := names[r.label]) and r.label != plain)
+        assert len(set(names.values())) == len(table.rows)
+        row = next(p for p in plan if p.row.label == plain)
+        assert row.cfg.to_dict() == resolve(method, dataset, 0).to_dict() and row.overrides == ()
+    # with --tag the plain row is the plain run of that tag; its records fill the row
+    plan = plan_runs(table, "sim-charades", [0, 1], [], None, "x")
+    assert {run_name(p.cfg, p.tag) for p in plan if p.row.label == "np-vp 0.7"} == {f"{method}~x"}
+    for seed, v in ((0, 1.0), (1, 3.0)):
+        rec = fake_record("sim-charades", method, seed, 150.0, moment=v)
+        rec.update(config=resolve(method, "sim-charades", seed).to_dict())
+        store(tmp_path, rec)
+    assert main(["ablate", "--method", method, "--table", name, "--dataset", "sim-charades", "--seeds", "0", "1",
+                 "--report-only", "--out", str(tmp_path), "--quiet"]) == 0
+    md = (tmp_path / "ablations" / "sim-charades" / f"{method}_table{name}.md").read_text()
+    line = next(line for line in md.splitlines() if line.startswith("| np-vp 0.7 |"))
+    assert line.startswith("| np-vp 0.7 | np-vp | 0.7 | 2.00 ± 1.41 |") and line.endswith(f"| 2 | {method} |")
+    assert "Records trained with other settings" not in md
+
+
 def _records_for(out: Path, table, dataset: str, values: dict[int, dict[int, float]]) -> None:
     """Fake records of a table's first rows: each moment key = values[row][seed]."""
     for i, row in enumerate(table.rows[:2]):
