@@ -276,6 +276,76 @@ def test_auto_without_parses_falls_back_loudly_and_the_record_says_so(tmp_path, 
     assert with_gold.facts["parser"] == "gold" and with_gold.facts["parser_fallback"] == "" and len(said) == 1
 
 
+def _fake_benepar(monkeypatch, trees: dict[tuple, str] | None, version: str = "0.2.0"):
+    """A stand-in `benepar` module (its English model cannot be downloaded here): `Parser(name)`
+    gives the tree of each `InputSentence(words=...)` from `trees`, printed over several indented
+    lines as nltk prints a tree; with trees=None its model is missing (LookupError, as benepar)."""
+    import sys
+    import types
+
+    module = types.ModuleType("benepar")
+    seen = []
+
+    class InputSentence:
+        def __init__(self, words):
+            self.words = list(words)
+
+    class Parser:
+        def __init__(self, name):
+            if trees is None:
+                raise LookupError(f"Resource {name} not found.")
+            self.name = name
+
+        def parse_sents(self, sentences):
+            for sentence in sentences:
+                seen.append(tuple(sentence.words))
+                yield _Printed(trees[tuple(sentence.words)])
+
+    class _Printed:
+        def __init__(self, ptb):
+            self.ptb = ptb
+
+        def __str__(self):  # nltk's layout: a line per constituent, indented
+            return self.ptb.replace(" (", "\n  (")
+
+    module.InputSentence, module.Parser = InputSentence, Parser
+    monkeypatch.setitem(sys.modules, "benepar", module)
+    monkeypatch.setattr(text_parsers, "_BENEPAR", None)
+    monkeypatch.setattr(text_parsers, "benepar_version", lambda: f"benepar-{version}-{text_parsers.BENEPAR_MODEL}")
+    return seen
+
+
+def test_benepar_when_installed_parses_our_tokens_and_feeds_the_detector(tmp_path, monkeypatch):
+    """With benepar and its model installed, `auto` without gold parses takes it (no fallback
+    line), hands it our own tokens (no tokenizer model), and its trees, one line each, give the
+    same pairs as the same trees given as gold parses."""
+    said = []
+    monkeypatch.setattr(text_parsers, "warn", said.append)
+    monkeypatch.setattr(sbert, "make_encoder", lambda model, device="cpu", batch_size=256: TableEncoder(TABLE))
+    seen = _fake_benepar(monkeypatch, {tuple(text_parsers.tokenize(t)): p for t, p in zip(TEXTS, PARSES)})
+    assert text_parsers.benepar_status() == (True, "")
+    assert text_parsers.benepar_parse(TEXTS[:1]) == [PARSES[0]]
+    det = sbert.detect_split(hand_text(parses=None), SbertConfig(phi="vp", theta=0.7, parser="auto"), tmp_path,
+                             "real", CPU)
+    assert (det.facts["parser"], det.facts["parser_fallback"], said) == ("benepar", "", [])
+    assert ("A", "man", "opens", "the", "door", ".") in seen
+    gold = sbert.detect_split(hand_text(), SbertConfig(phi="vp", theta=0.7, parser="gold"), tmp_path / "g", "sim", CPU)
+    assert len(det.pairs.query) == 5 and all(np.array_equal(getattr(det.pairs, k), getattr(gold.pairs, k))
+                                              for k in ("query", "video", "source", "confidence"))
+
+
+def test_benepar_without_its_model_falls_back_loudly(tmp_path, monkeypatch):
+    said = []
+    monkeypatch.setattr(text_parsers, "warn", said.append)
+    _fake_benepar(monkeypatch, None)
+    ok, why = text_parsers.benepar_status()
+    assert not ok and why == "its model benepar_en3 is not installed (LookupError)"
+    choice, _ = text_parsers.choose_parser("auto", None)
+    assert (choice.name, choice.fallback) == ("rules", f"benepar unavailable: {why}") and len(said) == 1
+    with pytest.raises(UserError, match=r"parser=benepar cannot be used: its model benepar_en3 is not installed"):
+        text_parsers.choose_parser("benepar", None)
+
+
 def test_a_parser_that_cannot_be_had_is_a_one_line_error(monkeypatch):
     monkeypatch.setattr(text_parsers, "benepar_status", lambda: (False, "the benepar package is not installed"))
     with pytest.raises(UserError, match=r"relations.sbert.parser=gold needs the dataset's own parses"):
