@@ -34,6 +34,7 @@ from prvr.harness.registry import METHODS
 from prvr.methods.recipes import TABLES, AblationRow, AblationTable
 
 METRICS = ("R@1", "R@5", "R@10", "R@100", "SumR")
+DEFAULT_SEEDS = [0, 1, 2]
 PRVR_COLUMNS = tuple(c for c in COLUMNS if c.name in METRICS)
 
 
@@ -93,7 +94,7 @@ def add_commands(sub) -> None:
     p.add_argument("--method", required=True)
     p.add_argument("--table", required=True, help="table name, e.g. 5 or 6 for ARL")
     p.add_argument("--dataset", default="sim-tvr")
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--seeds", nargs="+", type=int, default=DEFAULT_SEEDS)
     p.add_argument("--out", default="results")
     p.add_argument("--skip-existing", action="store_true", help="keep runs whose record already exists")
     p.add_argument("--report-only", action="store_true", help="train nothing; tabulate the existing records")
@@ -257,8 +258,10 @@ def report(table: AblationTable, out: str, dataset: str, plan, extra_tag: str = 
               "run"]
     backbone = next((p.cfg.backbone for p in plan if not p.row.home), None)  # the rows' backbone: --backbone or --set
     backbone = None if backbone == METHODS.get(table.method).backbone else backbone
+    seeds = sorted({p.cfg.seed for p in plan})
     command = " ".join([f"prvr-bench ablate --method {table.method}", *([f"--backbone {backbone}"] if backbone else []),
                         f"--table {table.name} --dataset {dataset}",
+                        *([f"--seeds {' '.join(map(str, seeds))}"] if seeds != DEFAULT_SEEDS else []),
                         *([f"--tag {extra_tag}"] if extra_tag else []), *(f"--set {o}" for o in overrides)])
     md = [f"# {table.title} on {dataset}" + (f" ({extra_tag})" if extra_tag else ""), "",
           f"Test split, mean ± std over seeds; from the run records under {out}/runs/{dataset}/ "

@@ -224,7 +224,7 @@ def test_table_2_base_row_is_the_backbones_own_run(tmp_path):
                  "--seeds", "0", "1", "--report-only", "--out", str(tmp_path)]) == 0
     assert not (tmp_path / "ablations" / "sim-tiny" / "ral_table2.md").exists()  # that name is RAL on its own v2
     md = (tmp_path / "ablations" / "sim-tiny" / "ral@msl_table2.md").read_text()
-    assert "(`prvr-bench ablate --method ral --backbone msl --table 2 --dataset sim-tiny`)" in md
+    assert "(`prvr-bench ablate --method ral --backbone msl --table 2 --dataset sim-tiny --seeds 0 1`)" in md
     row = next(line for line in md.splitlines() if line.startswith("| base |"))  # measured, above the paper's
     assert row.endswith("| 2 | msl |") and "155.0 ± 7.1" in row
     # with the oracle detector for every row: its own file, the base row the oracle run of MS-SL

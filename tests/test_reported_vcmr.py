@@ -299,6 +299,12 @@ def test_the_phi_theta_row_of_the_datasets_preset_is_the_plain_run(tmp_path, met
     line = next(line for line in md.splitlines() if line.startswith("| np-vp 0.7 |"))
     assert line.startswith("| np-vp 0.7 | np-vp | 0.7 | 2.00 ± 1.41 |") and line.endswith(f"| 2 | {method} |")
     assert "Records trained with other settings" not in md
+    assert f"(`prvr-bench ablate --method {method} --table {name} --dataset sim-charades --seeds 0 1`)" in md
+    assert main(["ablate", "--method", method, "--table", name, "--dataset", "sim-charades", "--seeds", "0",
+                 "--report-only", "--out", str(tmp_path), "--quiet"]) == 0  # the seeds, where not the default
+    md = (tmp_path / "ablations" / "sim-charades" / f"{method}_table{name}.md").read_text()
+    assert f"(`prvr-bench ablate --method {method} --table {name} --dataset sim-charades --seeds 0`)" in md
+    assert next(line for line in md.splitlines() if line.startswith("| np-vp 0.7 |")).endswith(f"| 1 | {method} |")
 
 
 def _records_for(out: Path, table, dataset: str, values: dict[int, dict[int, float]]) -> None:
@@ -336,10 +342,11 @@ def test_an_ablation_table_of_a_localizing_backbone_shows_the_moment_columns(tmp
 
 # ral_table2.{md,csv} as the code before moment columns wrote them, from the records of
 # test_a_prvr_ablation_table_is_written_as_before (OUT: the results folder); since then the
-# base row reads the backbone's own run (`gmmformer2`), not `ral~base`.
+# base row reads the backbone's own run (`gmmformer2`), not `ral~base`, and the command names
+# its seeds where they are not the default 0 1 2.
 RAL_TABLE2_MD = """# RAL Table 2: model structure on sim-tiny
 
-Test split, mean ± std over seeds; from the run records under OUT/runs/sim-tiny/ (`prvr-bench ablate --method ral --table 2 --dataset sim-tiny`).
+Test split, mean ± std over seeds; from the run records under OUT/runs/sim-tiny/ (`prvr-bench ablate --method ral --table 2 --dataset sim-tiny --seeds 0 1`).
 
 |  | MSRA | CSA | R@1 | R@5 | R@10 | R@100 | SumR | Δ SumR vs base | seeds | run |
 |---|---|---|---|---|---|---|---|---|---|---|
