@@ -120,14 +120,15 @@ class PlannedRun:
 def plan_runs(table: AblationTable, dataset: str, seeds: list[int], overrides: list[str], config: str | None,
               extra_tag: str = "") -> list[PlannedRun]:
     """Every row x seed, resolved up front so that a bad key fails before any training."""
+    from prvr.harness.config import resolve
+
+    plain = {seed: resolve(table.method, dataset, seed, overrides, config).to_dict() for seed in seeds}
     plan = []
     for row in table.rows:
         for seed in seeds:
             cfg = resolve_row(table, row, dataset, seed, overrides, config)
-            if row.home:
+            if row.home or (row.tag and cfg.to_dict() == plain[seed]):  # trained as a plain run
                 plan.append(PlannedRun(row, cfg, cfg.method, tuple(overrides), extra_tag))
-            elif row.tag and _is_plain(table, cfg, dataset, seed, overrides, config):
-                plan.append(PlannedRun(row, cfg, table.method, tuple(overrides), extra_tag))
             else:
                 plan.append(PlannedRun(row, cfg, table.method, (*overrides, *row.overrides), _tag(row, extra_tag)))
     return plan
@@ -152,12 +153,6 @@ def resolve_row(table: AblationTable, row: AblationRow, dataset: str, seed: int,
     except UserError as e:
         raise UserError(f"row '{row.label}' of {table.title} is the plain `{home}` run, which cannot take this "
                         f"command's settings: {e}; drop the {table.method}-only --set items") from None
-
-
-def _is_plain(table: AblationTable, cfg, dataset: str, seed: int, overrides: list[str], config: str | None) -> bool:
-    from prvr.harness.config import resolve
-
-    return cfg.to_dict() == resolve(table.method, dataset, seed, overrides, config).to_dict()
 
 
 def cmd_ablate(args: argparse.Namespace) -> None:
