@@ -33,6 +33,12 @@ from prvr.methods.objectives.ral import (KL_READINGS, PM_READINGS, distribution_
 from prvr.methods.recipes import PRESETS, AblationRow, AblationTable, MethodSpec, register_table
 
 TEXT_SOURCES = ("support", "query")  # Table 4: X^q = Q_s (Eq. 5) or the query alone
+# which encoders L_DA and L_PM train besides MSRA's own heads (a diagnostic: docs/methods/ral.md,
+# "Why full RAL falls below its parts on v2"): both (the paper, the code), text (the token
+# encoder only: the heads read the backbone's frames detached), video (the frame encoder only:
+# the heads read RAL's words detached), neither (the heads alone; the ranked score is then
+# CSA's, trained by the base losses only)
+MSRA_GRADS = ("both", "text", "video", "neither")
 
 
 @dataclass
@@ -92,6 +98,8 @@ class RalLossConfig:
     # mu; Eq. 9 fixes it) or code (the reference's, for parity runs: a variance in the prior KL,
     # a standard deviation in the cross-modal one, both at the mean of the K sampled proxies)
     kl_reading: str = param("std", OneOf(KL_READINGS))
+    # the encoders L_DA and L_PM reach (MSRA_GRADS above); both: the paper's and the code's
+    msra_grad: str = param("both", OneOf(MSRA_GRADS))
 
 
 def wrap(base, cfg, video_dim: int, query_dim: int) -> RalModel:
@@ -104,6 +112,10 @@ def distributions(model: RalModel, cfg: RalLossConfig, outputs: dict, video_of_q
     q, v = outputs["queries"], outputs["videos"]
     tokens, tmask = q["ral.tokens"], q["ral.token_mask"]
     frames, fmask = v["frames"], v["frame_mask"]
+    if cfg.msra_grad in ("video", "neither"):
+        tokens = tokens.detach()
+    if cfg.msra_grad in ("text", "neither"):
+        frames = frames.detach()
     num_videos = frames.shape[0]
     support = cfg.text_source == "support"
     video_of_text = torch.arange(num_videos, device=frames.device) if support else video_of_query

@@ -302,3 +302,32 @@ def test_code_pool_padding_attends_like_the_reference_padded_tensors():
     assert torch.allclose(mu_v[0], want_mu[0], atol=1e-6) and torch.allclose(ls_v[0], want_ls[0], atol=1e-6)
     settings.pool_padding = "masked"  # the default attends over real rows only, so it differs
     assert not torch.allclose(distributions(model, RalLossConfig(normalize_mean=False), outputs, video_of_query)[0], mu_t)
+
+
+@pytest.mark.parametrize("backbone", RAL_BACKBONES)
+def test_msra_grad_picks_the_encoders_that_l_da_and_l_pm_reach(backbone):
+    """`loss.msra_grad` (the diagnostic of docs/methods/ral.md): L_DA and L_PM keep their values
+    and always train MSRA's heads; they reach RAL's words, the backbone's frames, both or neither."""
+    from types import SimpleNamespace
+
+    from prvr.methods.ral import MSRA_GRADS, ral_objective
+
+    values = {}
+    for reach in MSRA_GRADS:
+        cfg, run = _tiny(backbone, f"loss.msra_grad={reach}")
+        model = run.model.train()
+        _, batch = _batch(run)
+        torch.manual_seed(0)
+        q, v = model.encode_queries(batch.queries), model.encode_videos(batch.videos)
+        q["ral.tokens"].retain_grad()
+        v["frames"].retain_grad()
+        ctx = SimpleNamespace(model=model, outputs={"queries": q, "videos": v}, generator=torch.Generator().manual_seed(0),
+                              video_of_query=batch.query_item)
+        out = ral_objective(cfg.loss, None, None, ctx, lambda *a: {"loss": torch.zeros(())})
+        out["loss"].backward()
+        values[reach] = (out["ral_da"].item(), out["ral_pm"].item())
+        assert (q["ral.tokens"].grad is not None) == (reach in ("both", "text")), reach
+        assert (v["frames"].grad is not None) == (reach in ("both", "video")), reach
+        head = model.text_head.mu if hasattr(model.text_head, "mu") else model.text_head.mean_fc
+        assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in head.parameters())
+    assert len(set(values.values())) == 1  # detaching changes no value
