@@ -77,8 +77,37 @@ class StoredRun:
         model = build_model(self.cfg, data.video_dim, data.query_dim)
         fix = f"re-run the run of {self.path} (`prvr-bench run` with the record's command) to write it again"
         state = read_checkpoint(self.checkpoint, ("model",), fix, self.device)
+        check_checkpoint_of_record(self.checkpoint, state, self.path, self.record, fix)
         load_weights(model, state["model"], self.checkpoint, fix)
         return model.to(self.device).eval()
+
+
+def check_checkpoint_of_record(checkpoint: Path, state: dict[str, Any], record_file: Path, record: dict[str, Any],
+                               fix: str) -> None:
+    """A best checkpoint is the one its record's training selected: same best epoch, same val
+    figure of the selection key. Another training of the same run (an interrupted re-run, a run
+    trained again with other settings) writes the same path, and evaluating it would report
+    that training's model under the record's name. Checkpoints written before `best` was stored
+    are checked against the run state beside them (`last.pt`: its best epoch and score), when
+    it is there; with neither, nothing can be checked."""
+    from prvr.harness.trainer import read_checkpoint
+
+    best, by = state.get("best"), ""
+    if not isinstance(best, dict):
+        last = checkpoint.with_name("last.pt")
+        if not last.exists():
+            return
+        run_state = read_checkpoint(last, ("best_epoch", "best_score"), fix, mmap=True)
+        best, by = {"epoch": run_state["best_epoch"], "score": run_state["best_score"]}, f" (by its run state {last.name})"
+    score = best.get("score")
+    want = (record.get("metrics") or {}).get("val", {}).get(best.get("select", "SumR"))
+    same_epoch = best.get("epoch") == record.get("best_epoch")
+    same_score = want is None or score is None or abs(float(score) - float(want)) <= 1e-6 * max(1.0, abs(float(want)))
+    if not (same_epoch and same_score):
+        shown = f"{float(score):.2f}" if score is not None else "?"
+        raise UserError(f"checkpoint {checkpoint}{by} is from another training of this run than record {record_file}: "
+                        f"best epoch {best.get('epoch')} (val {best.get('select', 'SumR')} {shown}) against the "
+                        f"record's {record.get('best_epoch')} ({want}); {fix}")
 
 
 def _check_names_match(path: Path, record: dict[str, Any], dataset: str, run: str, seed: int) -> None:

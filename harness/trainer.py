@@ -288,8 +288,12 @@ class Trainer:
 
     # --------------------------------------------------------------- checkpoints
     def save_model(self, path: Path) -> None:
+        """The best checkpoint: the weights and which selection they won (`best`: epoch, the
+        selection key and its val figure), so that a record is never re-evaluated from the
+        checkpoint of another training of its run (`reevaluate.check_checkpoint_of_record`)."""
+        best = {"epoch": self.best["epoch"], "select": self.select_key, "score": float(self.best["score"])}
         with atomic_path(path) as tmp:
-            torch.save({"model": self.model.state_dict()}, tmp)
+            torch.save({"model": self.model.state_dict(), "best": best}, tmp)
         self.written.add(Path(path))
 
     def load_model(self, path: Path, fix: str = "train the run again without --resume") -> None:
@@ -340,14 +344,15 @@ class Trainer:
 
 
 def read_checkpoint(path: str | Path, keys: tuple[str, ...], fix: str,
-                    map_location: str | torch.device = "cpu") -> dict:
-    """A checkpoint this harness wrote, loaded weights-only; a missing, empty, truncated or
-    foreign file, or one without `keys`, is one line naming the file and `fix`."""
+                    map_location: str | torch.device = "cpu", mmap: bool = False) -> dict:
+    """A checkpoint this harness wrote, loaded weights-only (`mmap`: its tensors mapped, not
+    read, for a look at its small entries); a missing, empty, truncated or foreign file, or
+    one without `keys`, is one line naming the file and `fix`."""
     path = Path(path)
     try:
         with warnings.catch_warnings():  # torch warns about a foreign pickle's protocol before refusing it
             warnings.simplefilter("ignore")
-            state = torch.load(path, map_location=map_location, weights_only=True)
+            state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except FileNotFoundError:
         raise UserError(f"checkpoint {path} does not exist; {fix}") from None
     except Exception as err:  # a damaged file fails in torch.load with no common exception type

@@ -166,3 +166,39 @@ def test_score_levels_are_the_matrices_statistics(two_runs, tmp_path, capsys):
     assert json.loads((tmp_path / "levels.json").read_text())["rows"][0]["score"] == "fused"
     assert main(["evaluate", str(paths[0]), "--score-levels", "--ensemble"]) == 2
     assert "leave out --ensemble" in capsys.readouterr().err
+
+
+def test_a_checkpoint_of_another_training_of_the_run_is_refused(two_runs, tmp_path):
+    """An interrupted re-run writes the run's best.pt again: evaluating the record from it would
+    report that training's model under the record's name. The best checkpoint names the epoch
+    and val figure it won; one written before that is checked against last.pt beside it."""
+    import shutil
+
+    import torch
+
+    out, paths = two_runs
+    shutil.copytree(out, tmp_path / "out")
+    record = tmp_path / "out" / paths[0].relative_to(out)
+    best = tmp_path / "out" / "checkpoints" / "sim-tiny" / "baseline" / "seed0" / "best.pt"
+    state = torch.load(best, weights_only=True)
+    kept = json.loads(record.read_text())
+    assert state["best"]["epoch"] == kept["best_epoch"] and state["best"]["select"] == "SumR"
+    assert state["best"]["score"] == pytest.approx(kept["metrics"]["val"]["SumR"])
+    assert evaluate_runs([record])[0]["metrics"]["SumR"] == kept["metrics"]["test"]["SumR"]
+
+    torch.save({**state, "best": {**state["best"], "epoch": 3, "score": 12.5}}, best)
+    with pytest.raises(UserError, match=r"checkpoint .*best\.pt is from another training of this run than record "
+                                        r".*seed0\.json: best epoch 3 \(val SumR 12\.50\).*re-run the run"):
+        evaluate_runs([record])
+
+    # written before the stamp: the run state beside it decides
+    torch.save({"model": state["model"]}, best)
+    last = best.with_name("last.pt")
+    run_state = torch.load(last, weights_only=True)
+    torch.save({**run_state, "best_epoch": run_state["best_epoch"] + 1}, last)
+    with pytest.raises(UserError, match=r"best\.pt \(by its run state last\.pt\) is from another training"):
+        evaluate_runs([record])
+    torch.save(run_state, last)
+    assert evaluate_runs([record])[0]["metrics"]["SumR"] == kept["metrics"]["test"]["SumR"]
+    last.unlink()  # nothing to check against: evaluated as before the stamp existed
+    assert evaluate_runs([record])[0]["metrics"]["SumR"] == kept["metrics"]["test"]["SumR"]
