@@ -214,7 +214,7 @@ def _train_in_processes(args: argparse.Namespace, todo: list[PlannedRun], worker
              _run_args(argparse.Namespace(**{**vars(args), "tag": p.tag, "data_root": None}), p.method, args.dataset,
                        p.cfg.seed, list(p.overrides)))
             for p in todo]
-    run_in_processes(args.out, runs, workers, args.threads)
+    run_in_processes(args.out, runs, workers, args.threads, "ablate")
 
 
 def _tag(row: AblationRow, extra: str) -> str:

@@ -194,7 +194,7 @@ def _bench_in_processes(args: argparse.Namespace, todo: list[tuple], workers: in
                      args.threads)
 
 
-def run_in_processes(out, todo: list[tuple], workers: int, threads: int | None) -> None:
+def run_in_processes(out, todo: list[tuple], workers: int, threads: int | None, command: str = "bench") -> None:
     """Planned runs (config, run name, `prvr-bench run` arguments), `workers` at a time, each in its own
     process with its output in OUT/logs/ (bench --jobs, ablate --jobs)."""
     from prvr.harness.jobs import Job, expected_seconds, run_jobs, threads_per_job
@@ -208,7 +208,7 @@ def run_in_processes(out, todo: list[tuple], workers: int, threads: int | None) 
                         log, expected_seconds(path)))
     progress.log(f"{len(jobs)} runs, {min(workers, len(jobs))} at a time, {threads} torch thread"
                  f"{'s' if threads > 1 else ''} each")
-    run_jobs(jobs, workers)
+    run_jobs(jobs, workers, command)
 
 
 def cmd_leaderboard(args: argparse.Namespace) -> None:

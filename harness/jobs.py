@@ -1,4 +1,4 @@
-"""`bench --jobs N`: the planned runs as N concurrent `prvr-bench run` processes.
+"""`bench --jobs N`, `ablate --jobs N`: the planned runs as N concurrent `prvr-bench run` processes.
 
 On a CPU machine, training runs of this size use their cores better side by side (one
 torch thread each) than one after another with every core on one run: a thread's matrix
@@ -86,11 +86,12 @@ def schedule(jobs: list[Job]) -> list[Job]:
     return sorted(jobs, key=lambda j: -j.expected_s)
 
 
-def run_jobs(jobs: list[Job], workers: int) -> None:
-    """Run every job, `workers` at a time; raise UserError naming each failed run and its log."""
+def run_jobs(jobs: list[Job], workers: int, command: str = "bench") -> None:
+    """Run every job, `workers` at a time; raise UserError naming each failed run and its log
+    (`command`: the prvr-bench command that planned them, for the progress lines)."""
     pending, running, failed = schedule(jobs), [], []
     start = time.perf_counter()
-    with progress.task(f"bench ({workers} jobs)", total=len(jobs)) as advance:
+    with progress.task(f"{command} ({workers} jobs)", total=len(jobs)) as advance:
         try:
             while pending or running:
                 while pending and len(running) < workers:
@@ -108,7 +109,7 @@ def run_jobs(jobs: list[Job], workers: int) -> None:
             for proc, _ in running:
                 proc.wait()
             raise
-    progress.log(f"bench: {len(jobs)} runs in {time.perf_counter() - start:.0f} s, {workers} at a time")
+    progress.log(f"{command}: {len(jobs)} runs in {time.perf_counter() - start:.0f} s, {workers} at a time")
     if failed:
         lines = "; ".join(f"{j.label}: {_last_line(j.log)} (log: {j.log})" for j in failed)
         raise UserError(f"{len(failed)} of {len(jobs)} runs failed: {lines}")

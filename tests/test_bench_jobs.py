@@ -103,11 +103,12 @@ def test_ablate_jobs_start_each_row_as_the_run_that_trains_it_alone(monkeypatch,
     from prvr.harness import ablate, cli
 
     started = []
-    monkeypatch.setattr(cli, "run_in_processes", lambda out, runs, workers, threads: started.append((runs, workers, threads)))
+    monkeypatch.setattr(cli, "run_in_processes", lambda out, runs, workers, threads, command: started.append(
+        (runs, workers, threads, command)))
     assert main(["ablate", "--method", method, "--table", table, "--dataset", "sim-tiny", "--seeds", "0", "1",
                  "--out", str(tmp_path), "--jobs", "2", "--threads", "1", "--quiet", *extra]) == 0
-    (runs, workers, threads), = started
-    assert (workers, threads) == (2, 1)
+    (runs, workers, threads, command), = started
+    assert (workers, threads, command) == (2, 1, "ablate")  # its progress lines say ablate, not bench
     table_ = ablate.get_table(method, table)
     names = [name for _, name, _ in runs]
     assert len({(name, cfg.seed) for cfg, name, _ in runs}) == len(runs) and {cfg.seed for cfg, _, _ in runs} == {0, 1}
