@@ -88,8 +88,8 @@ def check_checkpoint_of_record(checkpoint: Path, state: dict[str, Any], record_f
     figure of the selection key. Another training of the same run (an interrupted re-run, a run
     trained again with other settings) writes the same path, and evaluating it would report
     that training's model under the record's name. Checkpoints written before `best` was stored
-    are checked against the run state beside them (`last.pt`: its best epoch and score), when
-    it is there; with neither, nothing can be checked."""
+    are checked against the run state beside them (`last.pt`: its best epoch; its best score
+    does not name its metric), when it is there; with neither, nothing can be checked."""
     from prvr.harness.trainer import read_checkpoint
 
     best, by = state.get("best"), ""
@@ -98,16 +98,17 @@ def check_checkpoint_of_record(checkpoint: Path, state: dict[str, Any], record_f
         if not last.exists():
             return
         run_state = read_checkpoint(last, ("best_epoch", "best_score"), fix, mmap=True)
-        best, by = {"epoch": run_state["best_epoch"], "score": run_state["best_score"]}, f" (by its run state {last.name})"
-    score = best.get("score")
-    want = (record.get("metrics") or {}).get("val", {}).get(best.get("select", "SumR"))
+        best, by = {"epoch": run_state["best_epoch"]}, f" (by its run state {last.name})"
+    key, score = best.get("select"), best.get("score")
+    want = (record.get("metrics") or {}).get("val", {}).get(key) if key else None
     same_epoch = best.get("epoch") == record.get("best_epoch")
     same_score = want is None or score is None or abs(float(score) - float(want)) <= 1e-6 * max(1.0, abs(float(want)))
     if not (same_epoch and same_score):
-        shown = f"{float(score):.2f}" if score is not None else "?"
+        theirs = f" (val {key} {float(score):.2f})" if key and score is not None else ""
+        ours = f" (val {key} {want})" if want is not None else ""
         raise UserError(f"checkpoint {checkpoint}{by} is from another training of this run than record {record_file}: "
-                        f"best epoch {best.get('epoch')} (val {best.get('select', 'SumR')} {shown}) against the "
-                        f"record's {record.get('best_epoch')} ({want}); {fix}")
+                        f"best epoch {best.get('epoch')}{theirs} against the record's {record.get('best_epoch')}{ours}; "
+                        f"{fix}")
 
 
 def _check_names_match(path: Path, record: dict[str, Any], dataset: str, run: str, seed: int) -> None:

@@ -34,7 +34,7 @@ from prvr.methods.recipes import PRESETS, AblationRow, AblationTable, MethodSpec
 
 TEXT_SOURCES = ("support", "query")  # Table 4: X^q = Q_s (Eq. 5) or the query alone
 # which encoders L_DA and L_PM train besides MSRA's own heads (a diagnostic: docs/methods/ral.md,
-# "Why full RAL falls below its parts on v2"): both (the paper, the code), text (the token
+# "MSRA on top of CSA costs the CSA branch"): both (the paper, the code), text (the token
 # encoder only: the heads read the backbone's frames detached), video (the frame encoder only:
 # the heads read RAL's words detached), neither (the heads alone; the ranked score is then
 # CSA's, trained by the base losses only)

@@ -188,7 +188,8 @@ def test_a_checkpoint_of_another_training_of_the_run_is_refused(two_runs, tmp_pa
 
     torch.save({**state, "best": {**state["best"], "epoch": 3, "score": 12.5}}, best)
     with pytest.raises(UserError, match=r"checkpoint .*best\.pt is from another training of this run than record "
-                                        r".*seed0\.json: best epoch 3 \(val SumR 12\.50\).*re-run the run"):
+                                        r".*seed0\.json: best epoch 3 \(val SumR 12\.50\) against the record's 0 \(val SumR "
+                                        r".*re-run the run"):
         evaluate_runs([record])
 
     # written before the stamp: the run state beside it decides
