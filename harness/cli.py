@@ -191,10 +191,10 @@ def _bench_in_processes(args: argparse.Namespace, todo: list[tuple], workers: in
     from prvr.harness.runner import run_name
 
     run_in_processes(args.out, [(cfg, run_name(cfg, args.tag), run_args) for cfg, _, run_args in todo], workers,
-                     args.threads)
+                     args.threads, "bench")
 
 
-def run_in_processes(out, todo: list[tuple], workers: int, threads: int | None, command: str = "bench") -> None:
+def run_in_processes(out, todo: list[tuple], workers: int, threads: int | None, command: str) -> None:
     """Planned runs (config, run name, `prvr-bench run` arguments), `workers` at a time, each in its own
     process with its output in OUT/logs/ (bench --jobs, ablate --jobs)."""
     from prvr.harness.jobs import Job, expected_seconds, run_jobs, threads_per_job

@@ -86,7 +86,7 @@ def schedule(jobs: list[Job]) -> list[Job]:
     return sorted(jobs, key=lambda j: -j.expected_s)
 
 
-def run_jobs(jobs: list[Job], workers: int, command: str = "bench") -> None:
+def run_jobs(jobs: list[Job], workers: int, command: str) -> None:
     """Run every job, `workers` at a time; raise UserError naming each failed run and its log
     (`command`: the prvr-bench command that planned them, for the progress lines)."""
     pending, running, failed = schedule(jobs), [], []

@@ -97,7 +97,7 @@ def check_checkpoint_of_record(checkpoint: Path, state: dict[str, Any], record_f
         last = checkpoint.with_name("last.pt")
         if not last.exists():
             return
-        run_state = read_checkpoint(last, ("best_epoch", "best_score"), fix, mmap=True)
+        run_state = read_checkpoint(last, ("best_epoch",), fix, mmap=True)
         best, by = {"epoch": run_state["best_epoch"]}, f" (by its run state {last.name})"
     key, score = best.get("select"), best.get("score")
     want = (record.get("metrics") or {}).get("val", {}).get(key) if key else None
