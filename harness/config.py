@@ -27,12 +27,14 @@ from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS, unkno
 
 ON_BAD_ROWS = ("error", "skip")
 ON_NONFINITE = ("stop", "continue")  # train.on_nonfinite, read by harness/trainer.py
+PRECISIONS = ("fp32", "tf32", "bf16")  # train.precision, read by harness/precision.py
 SPLITS = ("train", "val", "test")
 # train.select_on: the validation figure that selects the tested epoch and drives early stopping
 SELECT_ON = {"vr": "SumR", "vcmr": "VCMR SumR"}
 # settings added after runs were stored, with the value those runs were trained under: a stored
 # config (checkpoint, record) without the key reads as if it held that value
-SETTLED_BEFORE = {"train.select_on": "vr"}
+SETTLED_BEFORE = {"train.select_on": "vr", "train.precision": "fp32", "train.compile": False,
+                  "train.deterministic": False}
 
 
 def dataset_scales(cfg: Any) -> tuple[str, ...]:
@@ -153,7 +155,14 @@ class TrainConfig:
     select_on: str = param("vr", OneOf(tuple(SELECT_ON)))
     # batch-building worker processes; -1: 4 with CUDA (keeps a GPU fed), 0 on CPU
     num_workers: int = param(-1, at_least(-1, "-1 = auto"))
-    device: str = param("auto", Device())  # "auto" (CUDA when present) | "cpu" | "cuda" | "cuda:1" ...
+    # "auto" (CUDA when present; the environment variable PRVR_DEVICE, when set, names the device
+    # auto picks) | "cpu" | "cuda" | "cuda:1" ...
+    device: str = param("auto", Device())
+    # matrix-product precision (harness/precision.py): "fp32" | "tf32" (CUDA only) | "bf16" (encoders
+    # under bfloat16 autocast; scores, losses and ranks in float32)
+    precision: str = param("fp32", OneOf(PRECISIONS))
+    compile: bool = param(False, FLAG)  # torch.compile the encoders (docs/gpu.md: where it helps)
+    deterministic: bool = param(False, FLAG)  # deterministic CUDA kernels (a CPU run is exact either way)
     # a loss that is not finite (a diverged run): "stop" (one line naming the epoch and step, no
     # record) | "continue" (train on; the record is marked and left out of leaderboard means)
     on_nonfinite: str = param("stop", OneOf(ON_NONFINITE))

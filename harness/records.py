@@ -94,6 +94,10 @@ def run_protocol(config: dict[str, Any], dataset: str, selection: dict[str, Any]
     select_on = train.get("select_on", SETTLED_BEFORE["train.select_on"])
     own = {"epochs": train.get("epochs"), "patience": train.get("patience"), "select_on": select_on,
            "selection": selection_rule(config, selection, select_on, localizes)}
+    # the matrix-product precision (train.precision), named where it is not the fp32 of the committed runs
+    precision = train.get("precision", SETTLED_BEFORE["train.precision"])
+    if precision != SETTLED_BEFORE["train.precision"]:
+        own["precision"] = precision
     expected = dataset_protocol(dataset)
     # A val split that holds the test queries still follows the budget; the rule says so, and
     # the label keeps such rows apart from rows selected on held-out data.
@@ -103,6 +107,8 @@ def run_protocol(config: dict[str, Any], dataset: str, selection: dict[str, Any]
 
 def budget_label(protocol: dict[str, Any]) -> str:
     label = f"{protocol['epochs']} ep / stop {protocol['patience']}"
+    if "precision" in protocol:
+        label += f", {protocol['precision']}"
     rule = protocol.get("selection", SELECTION)
     return label if rule == SELECTION else f"{label}, {rule.removeprefix(SELECTION + ' ')}"
 

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from prvr.datasets.loader import Batcher, epoch_batches, make_loader
-from prvr.harness import progress, vcmr
+from prvr.harness import precision, progress, vcmr
 from prvr.harness.config import ON_NONFINITE, SELECT_ON, SETTLED_BEFORE
 from prvr.harness.evaluate import evaluate_model
 from prvr.harness.io import UserError, atomic_path
@@ -51,7 +51,9 @@ from prvr.methods.relations.base import DetectorState
 # training (eval.noise_*) and what a diverged loss does; none changes the
 # numbers an uninterrupted run reaches. Every other key does (the model, the schedule over
 # train.epochs, early stopping, the data, the objective) and must match the checkpoint's.
-RESUME_FREE_KEYS = frozenset({"eval.chunk", "train.num_workers", "train.device", "train.on_nonfinite",
+# train.device is compared as the kind of device the run trained on (cpu / cuda), not as written
+# ("auto" is cpu on one machine and cuda on another): a run resumed on another kind is refused.
+RESUME_FREE_KEYS = frozenset({"eval.chunk", "train.num_workers", "train.on_nonfinite",
                               "data.cache_dir", "data.data_root", "data.preload",
                               "eval.noise_levels", "eval.noise_source",
                               # the moment metrics' settings (harness/vcmr.py): evaluation only
@@ -89,9 +91,13 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+DEVICE_ENV = "PRVR_DEVICE"  # when set, the device that "auto" picks (the test suite sets cpu)
+
+
 def pick_device(name: str) -> torch.device:
+    """The device a setting names; "auto" is $PRVR_DEVICE when set, else CUDA when present."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = os.environ.get(DEVICE_ENV) or ("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
 
 
@@ -106,7 +112,11 @@ class Trainer:
                  hooks: list | None = None, timings: Timings | None = None) -> None:
         self.cfg, self.data, self.model, self.spec, self.detector = cfg, data, model, spec, detector
         self.device = pick_device(cfg.train.device)
+        precision.check_precision(cfg.train.precision, self.device)
+        precision.set_matmul_precision(cfg.train.precision, self.device)
+        precision.set_deterministic(cfg.train.deterministic, self.device)
         self.model.to(self.device)
+        self.encode = precision.Encoders(self.model, cfg.train.compile)
         self.ckpt_dir = Path(ckpt_dir)
         self.hooks = list(hooks or [])  # the harness's own; the detector's hooks get a DetectorState
         self.timings = timings or Timings()
@@ -197,28 +207,33 @@ class Trainer:
         batches = epoch_batches(len(self.has_queries), self.cfg.train.batch_size, self.cfg.seed, epoch, self.has_queries)
         loader = make_loader(batches, self.batchers["train"].train_batch, self.num_workers(),
                              pin=self.device.type == "cuda")
-        sums: dict[str, float] = {}
+        sums = LossSums(self.device)
         with self.timings("train"):
             for i, batch in enumerate(loader):
                 out = self.train_step(batch.to(self.device), epoch, epoch * self.steps_per_epoch + i)
-                values = {k: float(v) for k, v in out.items()}
-                if not math.isfinite(values["loss"]):
-                    self.on_nonfinite(values["loss"], epoch, i)
-                for k, v in values.items():
-                    sums[k] = sums.get(k, 0.0) + v
+                sums.add(out, i)
+                bad = sums.first_nonfinite() if self.device.type == "cpu" else None  # a CPU read is no sync
+                if bad:
+                    self.on_nonfinite(*bad, epoch)
                 self.detector.on_step(state, i, out)
                 for h in self.hooks:
                     h.on_step(self, i, out)
-        summary = {"epoch": epoch, **{k: v / max(1, len(batches)) for k, v in sums.items()},
-                   "lr": self.scheduler.get_last_lr()[0]}
+        means = sums.means(len(batches))  # the epoch's one read of the loss parts
+        bad = sums.first_nonfinite()  # on CUDA, read here once
+        if bad and self.nonfinite is None:
+            self.on_nonfinite(*bad, epoch)
+        summary = {"epoch": epoch, **means, "lr": self.scheduler.get_last_lr()[0]}
         report = self.detector.epoch_report()
         if report:
             summary["relations"] = report
         return summary
 
-    def on_nonfinite(self, loss: float, epoch: int, step: int) -> None:
-        """A loss that is not a finite number: stop with one line (train.on_nonfinite=stop), or
-        note the first one, which marks the record, and train on (continue)."""
+    def on_nonfinite(self, loss: float, step: int, epoch: int) -> None:
+        """The epoch's first loss that is not a finite number: stop with one line
+        (train.on_nonfinite=stop), or note the run's first, which marks the record, and train on
+        (continue). On a CPU this is seen at its step; on CUDA the losses are read once per epoch
+        (no host sync per step), so the run stops at the epoch's end, naming the same step, and
+        nothing after the step is saved (the error comes before the epoch's checkpoint)."""
         if self.cfg.train.on_nonfinite == "stop":
             raise UserError(f"training diverged: loss is {loss} at epoch {epoch}, step {step} "
                             f"(train.lr={self.cfg.train.lr:g}, train.grad_clip={self.cfg.train.grad_clip:g}); lower "
@@ -240,8 +255,7 @@ class Trainer:
         return min(4, os.cpu_count() or 1) if self.device.type == "cuda" else 0
 
     def train_step(self, batch, epoch: int, step: int) -> dict[str, torch.Tensor]:
-        q = self.model.encode_queries(batch.queries)
-        v = self.model.encode_videos(batch.videos)
+        q, v = self.encode(batch.queries, batch.videos, self.device, self.cfg.train.precision)
         scores = self.model.score(q, v)
         outputs = {"queries": q, "videos": v, "scores": scores}
         relations = self.detector.detect(batch, outputs)
@@ -307,9 +321,9 @@ class Trainer:
             "finished": self.finished, "best_score": self.best["score"], "best_epoch": self.best["epoch"],
             "best_metrics": _jsonable(self.best["metrics"]), "history": _jsonable(self.history),
             "torch_rng": torch.get_rng_state(), "config": self.cfg.to_dict(),
-            "nonfinite": self.nonfinite, "resumes": self.resumes,
+            "nonfinite": self.nonfinite, "resumes": self.resumes, "device": self.device.type,
         }
-        if torch.cuda.is_available():
+        if self.device.type == "cuda":  # a CPU run never initialises CUDA
             state["cuda_rng"] = torch.cuda.get_rng_state_all()
         with atomic_path(path) as tmp:
             torch.save(state, tmp)
@@ -318,7 +332,8 @@ class Trainer:
     def load_state(self, path: Path, force: bool = False) -> None:
         """Continue from `path` (last.pt) after comparing its stored settings with this run's."""
         state = read_checkpoint(path, STATE_KEYS, RESUME_FIX)
-        changed = resume_changes(state.get("config"), self.cfg.to_dict(), path, force)
+        changed = resume_changes(_with_device(state.get("config"), state.get("device", BEFORE_DEVICE)),
+                                 _with_device(self.cfg.to_dict(), self.device.type), path, force)
         load_weights(self.model, state["model"], path, RESUME_FIX)
         try:
             self.optimizer.load_state_dict(state["optimizer"])
@@ -339,8 +354,66 @@ class Trainer:
         forced = changed is None or any(k not in RESUME_FREE_KEYS for k in changed)
         self.resumes = [*state.get("resumes", []), {"from_epoch": self.epoch, "changed": changed, "forced": forced}]
         torch.set_rng_state(state["torch_rng"])
-        if "cuda_rng" in state and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["cuda_rng"])
+        if self.device.type == "cuda":
+            restore_cuda_rng(state.get("cuda_rng"), path)
+
+
+class LossSums:
+    """The loss parts of an epoch, summed on the device (no host sync per step), with the first
+    step whose loss is not finite; read once at the epoch's end. Sums are float64, as the
+    Python floats they replace were, so an epoch's means are the same numbers."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.sums: dict[str, torch.Tensor] = {}
+        self.first_bad = torch.full((), -1, dtype=torch.int64, device=device)
+        self.bad_loss = torch.zeros((), dtype=torch.float64, device=device)
+
+    def add(self, out: dict[str, torch.Tensor], step: int) -> None:
+        for k, v in out.items():
+            v = v.detach().to(torch.float64)
+            self.sums[k] = self.sums[k] + v if k in self.sums else v
+        loss = out["loss"].detach().to(torch.float64)
+        new = (self.first_bad < 0) & ~torch.isfinite(loss)
+        self.first_bad = torch.where(new, step, self.first_bad)
+        self.bad_loss = torch.where(new, loss, self.bad_loss)
+
+    def means(self, steps: int) -> dict[str, float]:
+        """The mean of each part over `steps` (one read)."""
+        return {k: float(v) / max(1, steps) for k, v in self.sums.items()}
+
+    def first_nonfinite(self) -> tuple[float, int] | None:
+        """(loss, step) of the epoch's first non-finite loss, None while every loss is finite."""
+        first = int(self.first_bad)
+        return (float(self.bad_loss), first) if first >= 0 else None
+
+
+# Checkpoints written before they stored their device were all trained on CPUs (no run of this
+# suite had used CUDA until then).
+BEFORE_DEVICE = "cpu"
+
+
+def _with_device(config: dict | None, kind: str) -> dict | None:
+    """A stored or requested config whose train.device is the kind of device it trains on."""
+    if not isinstance(config, dict):
+        return config
+    train = config.get("train") if isinstance(config.get("train"), dict) else {}
+    return {**config, "train": {**train, "device": kind}}
+
+
+def restore_cuda_rng(states: Any, path: Path) -> None:
+    """The CUDA generators' states of a checkpoint, for the GPUs present: one warning line when
+    the checkpoint saw another number of GPUs (dropout on a GPU that was not there starts
+    from its seed's state)."""
+    if not isinstance(states, (list, tuple)) or not states:
+        progress.log(f"[yellow]warning[/]: {path} stores no CUDA random state (trained on another device); "
+                     "dropout on the GPU continues from this process's state")
+        return
+    present = torch.cuda.device_count()
+    for i, rng in enumerate(states[:present]):
+        torch.cuda.set_rng_state(rng, i)
+    if len(states) != present:
+        progress.log(f"[yellow]warning[/]: {path} was saved with {len(states)} GPU(s) visible, this process sees "
+                     f"{present}: the random state of the first {min(len(states), present)} restored")
 
 
 def read_checkpoint(path: str | Path, keys: tuple[str, ...], fix: str,

@@ -2,6 +2,29 @@ import pytest
 import torch
 
 from prvr.harness import progress
+from prvr.harness.trainer import DEVICE_ENV
+
+
+def pytest_report_header(config):
+    cuda = f"CUDA tests run on {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else \
+        "CUDA tests skipped (no CUDA device)"
+    return f"training device of the tests: cpu ({DEVICE_ENV}=cpu), except those marked cuda; {cuda}"
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def on_cuda(monkeypatch):
+    """A test marked `cuda` trains where `auto` now means the GPU."""
+    monkeypatch.setenv(DEVICE_ENV, "cuda")
+    return torch.device("cuda")
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -13,6 +36,10 @@ def _quiet_and_cached(tmp_path_factory):
     torch.set_num_threads(1)
     mp = pytest.MonkeyPatch()
     mp.setenv("PRVR_CACHE", str(tmp_path_factory.mktemp("cache")))
+    # Every test trains on the CPU unless it says otherwise (the `cuda` marker): the figures the
+    # tests compare are exact on a CPU, and a machine with a GPU must pass the same suite.
+    # `train.device=auto` reads this, and so do the `prvr-bench run` processes tests start.
+    mp.setenv(DEVICE_ENV, "cpu")
     yield
     mp.undo()
 

@@ -89,8 +89,9 @@ class SequenceEncoder(nn.Module):
         self.layer = AttentionLayer(cfg)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        h = x.new_zeros((*x.shape[:2], self.fc.out_features))
-        h[mask] = F.relu(self.fc(self.in_norm(x[mask])))  # padding rows skip the costly input map
+        rows = F.relu(self.fc(self.in_norm(x[mask])))  # padding rows skip the costly input map
+        h = rows.new_zeros((*x.shape[:2], self.fc.out_features))  # rows' dtype: bf16 under autocast
+        h[mask] = rows
         h = h + self.pos(torch.arange(h.shape[1], device=h.device))[None]
         return self.layer(self.drop(self.pos_norm(h)), mask)
 

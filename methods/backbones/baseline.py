@@ -103,8 +103,9 @@ class DualBranch(nn.Module):
         return {"query": self.query_pool(h, qb.token_mask)}
 
     def encode_videos(self, vb) -> dict[str, torch.Tensor]:
-        frames = vb.frames.new_zeros((*vb.frames.shape[:2], self.cfg.hidden))
-        frames[vb.frame_mask] = self.video_proj(vb.frames[vb.frame_mask])  # padding rows skip the costly map
+        rows = self.video_proj(vb.frames[vb.frame_mask])  # padding rows skip the costly map
+        frames = rows.new_zeros((*vb.frames.shape[:2], self.cfg.hidden))  # rows' dtype: bf16 under autocast
+        frames[vb.frame_mask] = rows
         clips = torch.bmm(vb.clip_pool, frames)
         clip_mask = torch.ones(clips.shape[:2], dtype=torch.bool, device=clips.device)
         return {

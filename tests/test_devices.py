@@ -1,0 +1,148 @@
+"""Devices, precision and resume across device sets, on the CPU (docs/gpu.md).
+
+The CUDA side of these (a CUDA epoch of every method, resume on CUDA, bf16 on a GPU) is in
+tests/test_cuda.py, marked `cuda`; what can be checked without a GPU is here: where `auto`
+trains, that a CPU run never touches CUDA, that a checkpoint of another device or another
+number of GPUs resumes with one line (or is refused as a number-changing setting), and
+bf16 against fp32.
+"""
+
+import json
+
+import pytest
+import torch
+
+from prvr.harness import leaderboard, progress, trainer as trainer_mod
+from prvr.harness.cli import main
+from prvr.harness.config import resolve
+from prvr.harness.io import UserError
+from prvr.harness.registry import METHODS
+from prvr.harness.runner import run_one
+from prvr.harness.trainer import DEVICE_ENV, pick_device, restore_cuda_rng
+
+EPOCHS = ["train.epochs=2", "train.patience=10"]
+RUN = ["run", "--method", "baseline", "--dataset", "sim-tiny", "--out", "out", "--quiet",
+       *[a for s in EPOCHS for a in ("--set", s)]]
+LAST = "out/checkpoints/sim-tiny/baseline/seed0/last.pt"
+RECORD = "out/runs/sim-tiny/baseline/seed0.json"
+
+
+def test_the_suite_trains_on_the_cpu_and_auto_reads_the_environment(monkeypatch):
+    assert pick_device("auto") == torch.device("cpu")  # tests/conftest.py sets PRVR_DEVICE=cpu
+    monkeypatch.setenv(DEVICE_ENV, "cuda:3")
+    assert pick_device("auto") == torch.device("cuda:3")
+    assert pick_device("cpu") == torch.device("cpu")  # a named device is taken as named
+
+
+def test_a_cpu_run_never_touches_cuda_where_cuda_is_present(tmp_path, monkeypatch):
+    def touched(name):
+        def call(*args, **kwargs):
+            raise AssertionError(f"a CPU run called torch.cuda.{name}")
+        return call  # one function per name (torch's own tables refuse one function under two names)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on a GPU machine
+    for name in ("get_rng_state_all", "set_rng_state_all", "get_rng_state", "set_rng_state", "init"):
+        monkeypatch.setattr(torch.cuda, name, touched(name))
+    record = run_one(resolve("baseline", "sim-tiny", 0, EPOCHS), tmp_path)
+    assert record["provenance"]["device"].startswith("cpu")
+    state = torch.load(tmp_path / "checkpoints/sim-tiny/baseline/seed0/last.pt", weights_only=True)
+    assert state["device"] == "cpu" and "cuda_rng" not in state
+
+
+@pytest.fixture
+def stopped(tmp_path, monkeypatch):
+    """A 2-epoch run's folder whose last.pt is rewritten as if epoch 1 of 2 had been trained on
+    a machine with 8 GPUs."""
+    monkeypatch.chdir(tmp_path)
+    assert main([*RUN, "--set", "train.epochs=1"]) == 0
+    state = torch.load(LAST, weights_only=True)
+    state["config"]["train"]["epochs"] = 2
+    state["finished"] = False
+    state["device"] = "cuda"
+    state["cuda_rng"] = [torch.zeros(16, dtype=torch.uint8) for _ in range(8)]
+    torch.save(state, LAST)
+    return tmp_path
+
+
+def test_resume_on_another_kind_of_device_is_refused_as_a_number_changing_setting(capsys, stopped):
+    assert main([*RUN, "--resume"]) == 2
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err and err.count("\n") == 1
+    assert "trained with other settings (train.device 'cuda' -> 'cpu')" in err and "--force-resume" in err
+
+
+def test_forced_resume_on_another_device_goes_on_with_the_change_recorded(capsys, stopped):
+    assert main([*RUN, "--force-resume"]) == 0
+    record = json.loads((stopped / RECORD).read_text())
+    assert record["resumes"] == [{"from_epoch": 1, "changed": {"train.device": ["cuda", "cpu"]}, "forced": True}]
+    assert record["epochs_run"] == 2
+
+
+def test_checkpoints_written_before_they_named_their_device_resume_on_the_cpu(stopped):
+    state = torch.load(LAST, weights_only=True)
+    del state["device"], state["cuda_rng"]  # as every checkpoint before this change: CPU runs
+    torch.save(state, LAST)
+    assert main([*RUN, "--resume"]) == 0
+    assert json.loads((stopped / RECORD).read_text())["resumes"][0]["forced"] is False
+
+
+@pytest.mark.parametrize("saved, present", [(8, 1), (1, 2), (2, 2)])
+def test_cuda_random_state_is_restored_for_the_gpus_present_with_one_warning(monkeypatch, saved, present):
+    restored, lines = [], []
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: present)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, i: restored.append((int(state[0]), i)))
+    monkeypatch.setattr(progress, "log", lines.append)
+    restore_cuda_rng([torch.full((4,), k, dtype=torch.uint8) for k in range(saved)], "last.pt")
+    assert restored == [(k, k) for k in range(min(saved, present))]
+    if saved == present:
+        assert lines == []
+    else:
+        assert len(lines) == 1 and f"saved with {saved} GPU(s) visible, this process sees {present}" in lines[0]
+
+
+def test_tf32_on_a_cpu_is_one_line(tmp_path):
+    with pytest.raises(UserError, match="'train.precision' is 'tf32', but the run trains on cpu"):
+        run_one(resolve("baseline", "sim-tiny", 0, [*EPOCHS, "train.precision=tf32"]), tmp_path)
+
+
+def test_resume_with_another_precision_is_refused(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main([*RUN, "--set", "train.epochs=1"]) == 0
+    assert main([*RUN, "--resume", "--set", "train.precision=bf16"]) == 2
+    assert "train.precision 'fp32' -> 'bf16'" in capsys.readouterr().err
+
+
+# The tolerance of bf16 against fp32 (docs/gpu.md): bfloat16 keeps 8 bits of mantissa (a
+# relative rounding of 2^-9 per product input); after the encoders' layers the scores of
+# the same weights differ by at most 0.05 (cosines in [-1, 1]) and the first loss by 5%.
+BF16_SCORE_TOL, BF16_LOSS_RTOL = 0.05, 0.05
+
+
+@pytest.mark.parametrize("method", METHODS.names())
+def test_bf16_scores_and_loss_are_within_tolerance_of_fp32(method):
+    from prvr.harness.build import build_run
+
+    got = {}
+    for precision in ("fp32", "bf16"):
+        cfg = resolve(method, "sim-tiny", 0, [*EPOCHS, f"train.precision={precision}"])
+        trainer = build_run(cfg).trainer("unused")
+        batch = trainer.batchers["train"].train_batch(trainer.has_queries.nonzero()[0][:8])
+        q, v = trainer.encode(batch.queries, batch.videos, trainer.device, precision)
+        assert all(t.dtype == torch.float32 for t in [*q.values(), *v.values()] if t.is_floating_point())
+        scores = trainer.model.score(q, v).fused
+        out = trainer.train_step(batch, 0, 0)
+        got[precision] = (scores.detach(), float(out["loss"]))
+    assert (got["bf16"][0] - got["fp32"][0]).abs().max() <= BF16_SCORE_TOL
+    assert got["bf16"][1] == pytest.approx(got["fp32"][1], rel=BF16_LOSS_RTOL)
+    assert not torch.equal(got["bf16"][0], got["fp32"][0])  # bf16 did run in bf16
+
+
+def test_precision_is_in_the_record_and_the_leaderboard_budget(tmp_path):
+    run_one(resolve("baseline", "sim-tiny", 0, [*EPOCHS, "train.precision=bf16"]), tmp_path)
+    run_one(resolve("baseline", "sim-tiny", 0, EPOCHS), tmp_path / "fp32")
+    rows = leaderboard.rebuild(tmp_path, show=False)
+    assert [r["budget"] for r in rows] == ["2 ep / stop 10, bf16"]
+    (fp32,) = leaderboard.rebuild(tmp_path / "fp32", show=False)
+    assert fp32["budget"] == "2 ep / stop 10"
+    assert trainer_mod.RESUME_FREE_KEYS.isdisjoint({"train.precision", "train.device", "train.compile",
+                                                    "train.deterministic"})
