@@ -49,3 +49,13 @@ def docs(session: nox.Session) -> None:
     session.install(*nox.project.load_toml("pyproject.toml")["project"]["optional-dependencies"]["docs"])
     site = os.path.join(session.virtualenv.location, "site")
     session.run("mkdocs", *(session.posargs or ["build", "--strict", "--site-dir", site]))
+
+
+@nox.session(python=PYTHON)
+def gpu(session: nox.Session) -> None:
+    """Every GPU check in one run, about 3 minutes on one GPU (docs/gpu.md): the CUDA tests, an
+    epoch of every method, evaluate, kill and resume, the evaluator at TVR shape, precision and
+    determinism costs, the profile's device rows; results/gpu/gpu-check.md. Arguments go to
+    `prvr-bench gpu-check`."""
+    _install(session, "test")
+    session.run("prvr-bench", "gpu-check", *session.posargs)

@@ -13,7 +13,7 @@ import torch
 
 from prvr.harness import progress
 from prvr.harness.io import UserError, ensure_dir
-from prvr.harness.profiling import evaluator_speed as ev
+from prvr.harness.profiling import evaluator_speed as ev, gpu_check, rehearsal
 from prvr.harness.profiling.flops import flops_per_query
 from prvr.harness.profiling.report import MethodProfile, Profile, Settings, write_profile
 from prvr.harness.profiling.reported import reported_for
@@ -28,6 +28,8 @@ QUICK_SIZES = [16, 32]
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
+    rehearsal.add_commands(sub)
+    gpu_check.add_commands(sub)
     p = sub.add_parser("profile", help="params, FLOPs, runtime per query, training throughput, evaluator speed: "
                                        "OUT/profile.{md,csv}")
     p.add_argument("--method", nargs="+", default=None, metavar="NAME",

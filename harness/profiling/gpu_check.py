@@ -1,0 +1,238 @@
+"""`prvr-bench gpu-check` (`nox -s gpu`): every GPU check in one short run, one table.
+
+Rows: the CUDA tests (`pytest -m cuda`); every registered method one epoch on sim-tiny on the
+device (seconds, peak device memory, test SumR); `evaluate --parts` and `--noise-levels` on
+one of those records; a run killed after an epoch and resumed against the uninterrupted run
+(`train.deterministic=true`: equal metrics); the evaluator at the TVR test shape; one
+sim-tvr epoch of the baseline under each precision and with deterministic kernels (their
+cost); and the profile's device rows (runtime per query, training epoch) in OUT/profile/.
+
+Written to OUT/gpu-check.md and .json. Meant for a GPU (`--device cuda`, about 3 minutes on
+one H100-class card); `--device cpu --quick` checks the command itself (the test suite does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+
+from prvr.harness import progress
+from prvr.harness.io import UserError, atomic_path, ensure_dir
+
+
+@dataclass
+class Row:
+    check: str
+    result: str
+    seconds: float = float("nan")
+    peak_mb: float = float("nan")
+    ok: bool = True
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("gpu-check", help="every GPU check in one run, one table: OUT/gpu-check.{md,json}")
+    p.add_argument("--device", default="cuda", help="cuda (default) | cuda:N | cpu (checks the command itself)")
+    p.add_argument("--out", default="results/gpu", help="folder of the table and the profile (default results/gpu)")
+    p.add_argument("--method", nargs="+", default=None, metavar="NAME", help="default: every registered method")
+    p.add_argument("--quick", action="store_true",
+                   help="the command's own check: no pytest, no sim-tvr epochs, no profile, a small evaluator shape")
+    p.add_argument("--skip-tests", action="store_true", help="no `pytest -m cuda` row")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.set_defaults(func=cmd_gpu_check)
+
+
+def cmd_gpu_check(args: argparse.Namespace) -> None:
+    from prvr.harness.config import check_device
+    from prvr.harness.registry import METHODS
+
+    check_device(args.device, "--device", "--device cpu (or a CUDA device this machine has)")
+    device = torch.device(args.device)
+    out = ensure_dir(args.out)
+    start = time.perf_counter()
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="prvr-gpu-check-") as tmp:
+        work = Path(tmp)
+        if not (args.quick or args.skip_tests):
+            rows.append(cuda_tests())
+        methods = args.method or METHODS.names()
+        rows += [epoch_row(m, device, work) for m in methods]
+        first = work / "runs" / "sim-tiny" / methods[0] / "seed0.json"
+        rows += [reevaluate_row(first, device, "--parts"), reevaluate_row(first, device, "--noise-levels", "0", "0.5")]
+        rows.append(resume_row(device, work))
+        rows.append(evaluator_row(device, args.quick))
+        if not args.quick:
+            rows += precision_rows(device)
+            rows.append(profile_row(device, Path(out) / "profile"))
+    text = render(rows, device, time.perf_counter() - start)
+    with atomic_path(Path(out) / "gpu-check.md") as tmp_md:
+        Path(tmp_md).write_text(text, encoding="utf-8")
+    with atomic_path(Path(out) / "gpu-check.json") as tmp_json:
+        Path(tmp_json).write_text(json.dumps([asdict(r) for r in rows], indent=1), encoding="utf-8")
+    print(text)
+    failed = [r.check for r in rows if not r.ok]
+    if failed:
+        raise UserError(f"gpu-check: {len(failed)} check(s) failed: {', '.join(failed)} (table in {out}/gpu-check.md)")
+
+
+@contextmanager
+def measured(device: torch.device) -> Iterator[dict]:
+    """Seconds and, on CUDA, peak allocated device memory of the block."""
+    got: dict = {}
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    start = time.perf_counter()
+    yield got
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        got["peak_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+    got["seconds"] = time.perf_counter() - start
+
+
+def attempt(check: str, device: torch.device, fn: Callable[[], tuple[str, bool]]) -> Row:
+    """One check: its result line and whether it passed; an exception is a failed row, not the end."""
+    progress.log(f"gpu-check: {check}")
+    try:
+        with measured(device) as m:
+            result, ok = fn()
+    except Exception as err:  # a check that fails is reported in its row and the others still run
+        return Row(check, f"failed: {type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else ''}",
+                   ok=False)
+    return Row(check, result, m["seconds"], m.get("peak_mb", float("nan")), ok)
+
+
+def _cfg(method: str, dataset: str, device: torch.device, extra: list[str]):
+    from prvr.harness.config import resolve
+
+    return resolve(method, dataset, 0, [f"train.device={device}", *extra])
+
+
+def cuda_tests() -> Row:
+    def run() -> tuple[str, bool]:
+        done = subprocess.run([sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider"],
+                              capture_output=True, text=True)
+        tail = (done.stdout.strip().splitlines() or ["(no output)"])[-1]
+        return tail, done.returncode == 0
+
+    return attempt("pytest -m cuda", torch.device("cpu"), run)
+
+
+def epoch_row(method: str, device: torch.device, work: Path) -> Row:
+    from prvr.harness.runner import run_one
+
+    def run() -> tuple[str, bool]:
+        record = run_one(_cfg(method, "sim-tiny", device, ["train.epochs=1"]), work)
+        return f"test SumR {record['metrics']['test']['SumR']:.1f}, loss {record['history'][0]['loss']:.4f}", True
+
+    return attempt(f"{method}: one epoch on sim-tiny", device, run)
+
+
+def reevaluate_row(record: Path, device: torch.device, *flags: str) -> Row:
+    from prvr.harness.cli import main
+
+    def run() -> tuple[str, bool]:
+        if not record.exists():
+            raise RuntimeError(f"no record to evaluate (the epoch that writes {record.name} failed)")
+        code = main(["evaluate", str(record), "--device", str(device), "--quiet", *flags,
+                     *(["--no-store"] if "--noise-levels" in flags else [])])
+        return f"exit {code}", code == 0
+
+    return attempt(f"evaluate {' '.join(flags)}", device, run)
+
+
+def resume_row(device: torch.device, work: Path) -> Row:
+    from prvr.harness.runner import run_one
+    from prvr.harness.trainer import Hook
+
+    class Kill(Hook):
+        def on_epoch_start(self, trainer, epoch): ...
+        def on_step(self, trainer, step, out): ...
+
+        def on_epoch_end(self, trainer, epoch, summary):
+            if epoch == 0:
+                raise KeyboardInterrupt
+
+    exact = ["train.epochs=2", "train.patience=10", "train.deterministic=true"]
+
+    def run() -> tuple[str, bool]:
+        full = run_one(_cfg("baseline", "sim-tiny", device, exact), work / "full")
+        try:
+            run_one(_cfg("baseline", "sim-tiny", device, exact), work / "killed", hooks=[Kill()])
+        except KeyboardInterrupt:
+            pass
+        resumed = run_one(_cfg("baseline", "sim-tiny", device, exact), work / "killed", resume=True)
+        same = json.dumps(full["metrics"], sort_keys=True) == json.dumps(resumed["metrics"], sort_keys=True)
+        return ("resumed metrics equal the uninterrupted run's" if same else
+                f"resumed test SumR {resumed['metrics']['test']['SumR']:.2f} vs {full['metrics']['test']['SumR']:.2f}"), same
+
+    return attempt("kill after epoch 0, resume (deterministic)", device, run)
+
+
+def evaluator_row(device: torch.device, quick: bool) -> Row:
+    from prvr.harness.profiling import evaluator_speed as ev
+
+    shape = ev.QUICK if quick else ev.TVR_TEST
+
+    def run() -> tuple[str, bool]:
+        speed = ev.evaluator_speed(shape, device, 1)
+        return (f"{shape.queries:,} x {shape.videos:,}: score {speed.score_s:.2f} s, rank {speed.count_s:.3f} s, "
+                f"identical ranks {speed.identical:,} of {shape.queries:,}"), speed.identical == shape.queries
+
+    return attempt("evaluator at the TVR test shape" if not quick else "evaluator (quick shape)", device, run)
+
+
+def precision_rows(device: torch.device) -> list[Row]:
+    """One sim-tvr epoch of the baseline per setting: what each precision and determinism cost."""
+    from prvr.harness.runner import run_one
+
+    settings = [["train.precision=fp32"], ["train.precision=bf16"], ["train.deterministic=true"]]
+    if device.type == "cuda":
+        settings.insert(1, ["train.precision=tf32"])
+    rows = []
+    for extra in settings:
+        def run(extra=extra) -> tuple[str, bool]:
+            with tempfile.TemporaryDirectory() as tmp:
+                record = run_one(_cfg("baseline", "sim-tvr", device, ["train.epochs=1", "eval.noise_levels=[]",
+                                                                      *extra]), tmp)
+            t = record["timings"]
+            return f"train {t['train']:.1f} s, val {t['eval_val']:.1f} s, test SumR {record['metrics']['test']['SumR']:.1f}", True
+
+        rows.append(attempt(f"baseline sim-tvr epoch, {extra[0]}", device, run))
+    return rows
+
+
+def profile_row(device: torch.device, out: Path) -> Row:
+    def run() -> tuple[str, bool]:
+        cmd = [sys.executable, "-m", "prvr.harness.cli", "profile", "--method", "baseline", "msl", "gmmformer", "arl",
+               "--device", str(device), "--videos", "500", "2500", "--repeats", "20", "--warmup", "3",
+               "--skip-evaluator", "--out", str(out), "--quiet"]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        return (f"{out}/profile.md" if done.returncode == 0 else
+                (done.stderr.strip().splitlines() or ["(no output)"])[-1]), done.returncode == 0
+
+    return attempt("profile (runtime per query, training epoch)", device, run)
+
+
+def render(rows: list[Row], device: torch.device, wall_s: float) -> str:
+    from prvr.harness.records import provenance
+    from prvr.harness.trainer import device_name
+
+    prov = provenance(device_name(device))
+    lines = [f"# GPU check on {prov['device']}", "",
+             f"Written by `prvr-bench gpu-check` (git {str(prov['git_revision'])[:12]}; torch "
+             f"{torch.__version__}) on {prov['created']}; whole check {wall_s:.0f} s.", "",
+             "| check | result | seconds | peak device memory (MB) |", "|---|---|---|---|"]
+    for r in rows:
+        peak = "" if r.peak_mb != r.peak_mb else f"{r.peak_mb:,.0f}"
+        lines.append(f"| {r.check} | {'' if r.ok else '**FAILED** '}{r.result} | {r.seconds:.1f} | {peak} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,292 @@
+"""`prvr-bench rehearse`: a real-scale rehearsal, TVR's sizes read as a user's TVR is read.
+
+The simulated TVR world at `data.scale=full` (17,435 / 2,179 / 2,179 videos, TVR's query
+counts, 3072-d frame rows and 768-d token rows) is generated, exported to the MS-SL layout
+and loaded back through the real `tvr` loaders; then, per method, a fresh process builds the
+run on that data exactly as `prvr-bench run` does and trains the first N batches of epoch 0
+(the epoch's time is the batches' time per batch x the batches of an epoch: extrapolated,
+and the table says so), evaluates the val split once (10,895 queries x 2,179 videos) and,
+for ARL, times the detector's per-epoch pass over the training split.
+
+Every phase runs in a fresh Python process; its peak resident size is the kernel's VmHWM
+of that process (the dataset, the model and the work together: what must fit in RAM). Disk
+sizes are the files' sizes under the rehearsal's own work folder (its own dataset cache).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prvr.harness import progress
+from prvr.harness.io import UserError, atomic_path, ensure_dir
+
+SECTION = "## Real scale: TVR-sized rehearsal"
+DEFAULT_METHODS = ["baseline", "msl", "gmmformer", "gmmformer2", "arl", "ral@msl", "ral@gmmformer", "ral"]
+
+
+@dataclass
+class Phase:
+    """One measured phase: what ran, its wall seconds, the process's peak resident MB, and
+    figures of its own (sizes, batches, evaluation seconds, ...)."""
+
+    name: str
+    seconds: float = float("nan")
+    peak_rss_mb: float = float("nan")
+    figures: dict[str, Any] = field(default_factory=dict)
+    error: str = ""
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("rehearse", help="real-scale rehearsal: TVR-sized world -> MS-SL layout -> real loaders -> "
+                                        "one epoch (extrapolated), val evaluation and memory per method")
+    p.add_argument("--method", nargs="+", default=None, metavar="NAME",
+                   help=f"methods, or METHOD@BACKBONE (default: {' '.join(DEFAULT_METHODS)})")
+    p.add_argument("--scale", default="full", help="the sim-tvr scale to rehearse (default full: TVR's sizes)")
+    p.add_argument("--work", default=None, metavar="DIR",
+                   help="where the world's cache, the export and its cache go (default: a temporary folder, "
+                        "removed after; give one to keep them)")
+    p.add_argument("--train-batches", type=int, default=3, metavar="N",
+                   help="training batches timed per method (default 3; the epoch is extrapolated from them)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads per phase (default 1)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda ... (the training and evaluation phases)")
+    p.add_argument("--skip-eval", action="store_true", help="no val evaluation per method")
+    p.add_argument("--out", default="results", help="writes OUT/rehearsal.{md,csv} (default: results)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override for every method (repeatable)")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.set_defaults(func=cmd_rehearse)
+
+
+def cmd_rehearse(args: argparse.Namespace) -> None:
+    if args.train_batches < 1:
+        raise UserError(f"--train-batches must be at least 1, got {args.train_batches}")
+    ensure_dir(args.out)
+    start = time.perf_counter()
+    keep = args.work is not None
+    work = Path(args.work) if keep else Path(tempfile.mkdtemp(prefix="prvr-rehearsal-"))
+    try:
+        phases = rehearse(work, args)
+    finally:
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
+    md, csv_path = write_rehearsal(Path(args.out), phases, _header(args, time.perf_counter() - start))
+    progress.log(f"rehearse: wrote {md} and {csv_path}")
+    failed = [f"{p.name}: {p.error}" for p in phases if p.error]
+    if failed:
+        raise UserError(f"the rehearsal was written, but {len(failed)} phase(s) failed: " + "; ".join(failed))
+
+
+def rehearse(work: Path, args: argparse.Namespace) -> list[Phase]:
+    """Every phase in order; a failed phase is recorded and the rest go on where they can."""
+    base = {"work": str(work), "scale": args.scale, "threads": args.threads, "overrides": args.overrides,
+            "device": args.device}
+    phases = [run_phase({**base, "phase": "world"})]
+    phases.append(run_phase({**base, "phase": "export"}))
+    if phases[-1].error:
+        return phases
+    phases.append(run_phase({**base, "phase": "load", "first": True}))
+    phases.append(run_phase({**base, "phase": "load", "first": False}))
+    for method in args.method or DEFAULT_METHODS:
+        phases.append(run_phase({**base, "phase": "method", "method": method, "batches": args.train_batches,
+                                 "eval": not args.skip_eval}))
+    return phases
+
+
+def run_phase(job: dict[str, Any]) -> Phase:
+    label = job["phase"] + (f" {job['method']}" if "method" in job else "")
+    progress.log(f"rehearse: {label}")
+    cmd = [sys.executable, "-m", "prvr.harness.profiling.rehearsal", json.dumps(job)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        progress.log(f"  failed: {last}")
+        return Phase(label, error=last)
+    phase = Phase(**json.loads(done.stdout.strip().splitlines()[-1]))
+    progress.log(f"  {phase.seconds:.0f} s, peak {phase.peak_rss_mb:,.0f} MB, {phase.figures}")
+    return phase
+
+
+# ------------------------------------------------------------------ the child process
+def _child(job: dict[str, Any]) -> Phase:
+    import torch
+
+    progress.set_enabled(False)
+    if job.get("threads"):
+        torch.set_num_threads(job["threads"])
+    work = Path(job["work"])
+    os.environ["PRVR_CACHE"] = str(work / "cache")
+    start = time.perf_counter()
+    figures = PHASES[job["phase"]](job, work)
+    name = job["phase"] + (f" {job['method']}" if "method" in job else "")
+    if job["phase"] == "load":
+        name += " (first)" if job["first"] else " (cached)"
+    return Phase(name, time.perf_counter() - start, _peak_rss_mb(), figures)
+
+
+def _world(job: dict[str, Any], work: Path) -> dict[str, Any]:
+    data = _load("sim-tvr", job, work)
+    return {**_sizes(data), "cache_mb": _mb(work / "cache")}
+
+
+def _export(job: dict[str, Any], work: Path) -> dict[str, Any]:
+    from prvr.datasets.real.export import export
+
+    data = _load("sim-tvr", job, work)
+    loaded = time.perf_counter()
+    export(data, "tvr", work / "data", "msl", force=True)
+    return {"export_s": round(time.perf_counter() - loaded, 1), "export_mb": _mb(work / "data")}
+
+
+def _real_load(job: dict[str, Any], work: Path) -> dict[str, Any]:
+    before = _mb(work / "cache")
+    data = _load("tvr", job, work)
+    return {**_sizes(data), "cache_added_mb": round(_mb(work / "cache") - before, 1)}
+
+
+def _method(job: dict[str, Any], work: Path) -> dict[str, Any]:
+    from prvr.harness.build import build_run
+    from prvr.harness.profiling.subjects import subjects
+    from prvr.harness.profiling.training import _Enough, _StopAfter, _sync
+
+    (subject,) = subjects([job["method"]], "tvr", _overrides("tvr", job, work))
+    cfg = subject.cfg
+    t0 = time.perf_counter()
+    run = build_run(cfg)
+    trainer = run.trainer(work / "ckpt" / job["method"], [_StopAfter(job["batches"])])
+    built = time.perf_counter() - t0
+    rss_before = _rss_mb()
+    start = time.perf_counter()
+    try:
+        trainer.train_epoch(0)
+    except _Enough:
+        pass
+    _sync(trainer.device)
+    seconds = time.perf_counter() - start
+    per_batch = seconds / job["batches"]
+    out = {"build_s": round(built, 1), "rss_after_build_mb": round(rss_before), "batches": job["batches"],
+           "epoch_batches": trainer.steps_per_epoch, "s_per_batch": round(per_batch, 2),
+           "epoch_s_extrapolated": round(per_batch * trainer.steps_per_epoch), "device": str(trainer.device)}
+    # the detector's per-epoch work once its warm-up is over (ARL: the pass over the training
+    # split); at epoch 0 it may not run yet, so it is timed at a late epoch and added to the epoch
+    start = time.perf_counter()
+    trainer.detector.on_epoch_start(trainer.detector_state(LATE_EPOCH))
+    _sync(trainer.device)
+    out["detector_pass_s"] = round(time.perf_counter() - start, 1)
+    out["epoch_s_extrapolated"] = round(per_batch * trainer.steps_per_epoch + out["detector_pass_s"])
+    if job.get("eval"):
+        start = time.perf_counter()
+        val = trainer.evaluate("val")
+        _sync(trainer.device)
+        out.update(eval_val_s=round(time.perf_counter() - start, 1), val_queries=int(val["n"]),
+                   val_videos=run.data["val"].num_videos)
+    return out
+
+
+LATE_EPOCH = 10**6  # past any detector's warm-up
+PHASES = {"world": _world, "export": _export, "load": _real_load, "method": _method}
+
+
+def _overrides(dataset: str, job: dict[str, Any], work: Path) -> list[str]:
+    scale = [f"data.scale={job['scale']}"] if dataset == "sim-tvr" else [f"data.data_root={work / 'data'}"]
+    device = [f"train.device={job['device']}"] if job.get("device", "auto") != "auto" else []
+    return [*scale, *device, *job.get("overrides", [])]
+
+
+def _load(dataset: str, job: dict[str, Any], work: Path):
+    from prvr.harness.config import resolve
+    from prvr.harness.registry import DATASETS
+
+    return DATASETS.get(dataset).load(resolve("baseline", dataset, 0, _overrides(dataset, job, work)))
+
+
+def _sizes(data) -> dict[str, Any]:
+    return {f"{name}_videos_queries": f"{s.num_videos} / {s.num_queries}" for name, s in data.splits.items()}
+
+
+def _mb(folder: Path) -> float:
+    if not folder.exists():
+        return 0.0
+    return round(sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 2**20, 1)
+
+
+def _status_kb(key: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def _peak_rss_mb() -> float:
+    return round(_status_kb("VmHWM") / 1024)
+
+
+def _rss_mb() -> float:
+    return round(_status_kb("VmRSS") / 1024)
+
+
+# ------------------------------------------------------------------------ the report
+CSV_FIELDS = ["phase", "seconds", "peak_rss_mb", "figure", "value"]
+
+
+def write_rehearsal(out: Path, phases: list[Phase], header: str) -> tuple[Path, Path]:
+    md, csv_path = out / "rehearsal.md", out / "rehearsal.csv"
+    with atomic_path(md) as tmp:
+        Path(tmp).write_text(render(phases, header), encoding="utf-8")
+    with atomic_path(csv_path) as tmp, open(tmp, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(CSV_FIELDS)
+        for p in phases:
+            w.writerow([p.name, f"{p.seconds:.1f}", f"{p.peak_rss_mb:.0f}", "error" if p.error else "", p.error])
+            for k, v in p.figures.items():
+                w.writerow([p.name, "", "", k, v])
+    return md, csv_path
+
+
+def render(phases: list[Phase], header: str) -> str:
+    lines = [SECTION, "", header, "", "| phase | seconds | peak resident (MB) | figures |", "|---|---|---|---|"]
+    for p in phases:
+        figures = p.error and f"failed: {p.error}" or ", ".join(f"{k} {v}" for k, v in p.figures.items())
+        lines.append(f"| {p.name} | {p.seconds:,.1f} | {p.peak_rss_mb:,.0f} | {figures} |")
+    methods = [p for p in phases if p.name.startswith("method ") and not p.error]
+    if methods:
+        lines += ["", "Per method (one fresh process each; the epoch extrapolated from the timed batches):", "",
+                  "| method | timed batches | s / batch | epoch (s, extrapolated) | detector's per-epoch pass (s) | val eval (s) "
+                  "| peak resident (MB) |", "|---|---|---|---|---|---|---|"]
+        for p in methods:
+            f = p.figures
+            lines.append(f"| {p.name.removeprefix('method ')} | {f['batches']} of {f['epoch_batches']} | "
+                         f"{f['s_per_batch']} | {f['epoch_s_extrapolated']:,} | {f.get('detector_pass_s', '')} | "
+                         f"{f.get('eval_val_s', '')} | {p.peak_rss_mb:,.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def _header(args: argparse.Namespace, wall_s: float) -> str:
+    from prvr.harness.records import provenance
+
+    prov = provenance("")
+    cpu = prov["cpu"].get("model", prov["cpu"].get("machine", ""))
+    return (f"Written by `prvr-bench rehearse {' '.join(_argv())}` on {prov['created']} (git "
+            f"{str(prov['git_revision'])[:12]}{', dirty' if prov['git_dirty'] else ''}); CPU {cpu}, "
+            f"{args.threads} torch thread(s) per phase, device {args.device}. Whole rehearsal: {wall_s:,.0f} s. "
+            "Protocol: harness/profiling/rehearsal.py (module docstring) and docs/profiling.md.")
+
+
+def _argv() -> list[str]:
+    import shlex
+
+    return [shlex.quote(a) for a in sys.argv[2:]]
+
+
+if __name__ == "__main__":
+    print(json.dumps(asdict(_child(json.loads(sys.argv[1])))))

@@ -1,0 +1,46 @@
+"""The commands that check the suite where its users run it: `prvr-bench gpu-check` (what
+`nox -s gpu` runs on a GPU) and `prvr-bench rehearse` (the real-scale rehearsal), each run
+here on the CPU at tiny settings, so that the commands themselves are known to work before a
+GPU or a day of CPU is spent on them."""
+
+import csv
+import json
+
+from prvr.harness.cli import main
+
+
+def test_gpu_check_runs_every_check_and_writes_one_table(tmp_path, capsys):
+    assert main(["gpu-check", "--device", "cpu", "--quick", "--method", "baseline", "--out", str(tmp_path),
+                 "--quiet"]) == 0
+    rows = json.loads((tmp_path / "gpu-check.json").read_text())
+    checks = [r["check"] for r in rows]
+    assert checks == ["baseline: one epoch on sim-tiny", "evaluate --parts", "evaluate --noise-levels 0 0.5",
+                      "kill after epoch 0, resume (deterministic)", "evaluator (quick shape)"]
+    assert all(r["ok"] for r in rows), rows
+    assert rows[3]["result"] == "resumed metrics equal the uninterrupted run's"
+    table = (tmp_path / "gpu-check.md").read_text()
+    assert table.startswith("# GPU check on cpu") and table in capsys.readouterr().out
+
+
+def test_a_failed_gpu_check_is_a_failed_row_and_one_line(tmp_path, capsys):
+    code = main(["gpu-check", "--device", "cpu", "--quick", "--method", "no-such-method", "--out", str(tmp_path),
+                 "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "gpu-check: " in err and "no-such-method: one epoch" in err
+    rows = json.loads((tmp_path / "gpu-check.json").read_text())
+    assert not rows[0]["ok"] and "unknown method" in rows[0]["result"].lower()
+
+
+def test_rehearsal_goes_from_world_to_export_to_real_loaders_to_an_epoch(tmp_path):
+    assert main(["rehearse", "--scale", "tiny", "--method", "baseline", "--train-batches", "1", "--out",
+                 str(tmp_path), "--quiet"]) == 0
+    rows = list(csv.DictReader(open(tmp_path / "rehearsal.csv", encoding="utf-8")))
+    phases = list(dict.fromkeys(r["phase"] for r in rows))
+    assert phases == ["world", "export", "load (first)", "load (cached)", "method baseline"]
+    figures = {(r["phase"], r["figure"]): r["value"] for r in rows if r["figure"]}
+    assert ("method baseline", "error") not in figures
+    # read back through the real tvr loaders: the tiny world's split sizes
+    assert figures[("load (first)", "val_videos_queries")] == figures[("world", "val_videos_queries")]
+    assert float(figures[("load (first)", "cache_added_mb")]) > 0 and float(figures[("load (cached)", "cache_added_mb")]) == 0
+    assert int(figures[("method baseline", "val_queries")]) == int(figures[("world", "val_videos_queries")].split(" / ")[1])
+    assert "## Real scale" in (tmp_path / "rehearsal.md").read_text()
