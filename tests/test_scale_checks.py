@@ -44,3 +44,15 @@ def test_rehearsal_goes_from_world_to_export_to_real_loaders_to_an_epoch(tmp_pat
     assert float(figures[("load (first)", "cache_added_mb")]) > 0 and float(figures[("load (cached)", "cache_added_mb")]) == 0
     assert int(figures[("method baseline", "val_queries")]) == int(figures[("world", "val_videos_queries")].split(" / ")[1])
     assert "## Real scale" in (tmp_path / "rehearsal.md").read_text()
+
+
+def test_the_profile_keeps_the_rehearsal_as_its_real_scale_section(tmp_path):
+    from prvr.harness.profiling.rehearsal import SECTION, with_rehearsal
+
+    profile = "# Model profile\n\n## Parameters (M)\n\n| a |\n"
+    assert with_rehearsal(profile, tmp_path) == profile  # no rehearsal written there: no section
+    (tmp_path / "rehearsal.md").write_text(f"{SECTION}\n\nnew figures\n")
+    once = with_rehearsal(profile, tmp_path)
+    assert once == profile + f"\n{SECTION}\n\nnew figures\n"
+    (tmp_path / "rehearsal.md").write_text(f"{SECTION}\n\nnewer figures\n")
+    assert with_rehearsal(once, tmp_path) == profile + f"\n{SECTION}\n\nnewer figures\n"  # replaced, not appended

@@ -81,6 +81,10 @@ def cmd_rehearse(args: argparse.Namespace) -> None:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
     md, csv_path = write_rehearsal(Path(args.out), phases, _header(args, time.perf_counter() - start))
+    profile = Path(args.out) / "profile.md"
+    if profile.exists():  # the profile's real-scale section is this rehearsal
+        with atomic_path(profile) as tmp:
+            Path(tmp).write_text(with_rehearsal(profile.read_text(encoding="utf-8"), Path(args.out)), encoding="utf-8")
     progress.log(f"rehearse: wrote {md} and {csv_path}")
     failed = [f"{p.name}: {p.error}" for p in phases if p.error]
     if failed:
@@ -236,6 +240,17 @@ def _rss_mb() -> float:
 
 
 # ------------------------------------------------------------------------ the report
+def with_rehearsal(profile_md: str, out: Path) -> str:
+    """profile.md's text with its real-scale section (the last one) replaced by OUT/rehearsal.md,
+    or left without one where no rehearsal was written there."""
+    head = profile_md.split(SECTION)[0].rstrip("\n") + "\n"
+    rehearsal = out / "rehearsal.md"
+    if not rehearsal.exists():
+        return head
+    return head + "\n" + rehearsal.read_text(encoding="utf-8")
+
+
+
 CSV_FIELDS = ["phase", "seconds", "peak_rss_mb", "figure", "value"]
 
 

@@ -321,8 +321,10 @@ def _secs(v: float) -> str:
 def write_profile(out: str | Path, p: Profile) -> tuple[Path, Path]:
     """Write profile.csv and profile.md under `out`: both rendered first, then each written
     atomically, so a failure leaves the previous pair in place."""
+    from prvr.harness.profiling.rehearsal import with_rehearsal
+
     out = Path(out)
-    texts = render_csv(p), render_markdown(p)
+    texts = render_csv(p), with_rehearsal(render_markdown(p), out)
     paths = out / "profile.csv", out / "profile.md"
     for path, text in zip(paths, texts):
         write_text(path, text)
