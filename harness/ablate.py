@@ -156,21 +156,20 @@ def resolve_row(table: AblationTable, row: AblationRow, dataset: str, seed: int,
 
 
 def cmd_ablate(args: argparse.Namespace) -> None:
-    from prvr.harness.cli import data_root_overrides, set_threads
-    from prvr.harness.jobs import parse_jobs
+    from prvr.harness.cli import data_root_overrides, launch_from_args, set_threads
 
     table = get_table(args.method, args.table)
     check_tag(args.tag)
     ensure_dir(args.out)
-    workers = parse_jobs(args.jobs)
     set_threads(args.threads)
     plan = plan_runs(table, args.dataset, args.seeds, [*data_root_overrides(args), *args.overrides], args.config,
                      args.tag)
+    workers, launch = launch_from_args(args, [p.cfg for p in plan])
     start = time.perf_counter()
     if not args.report_only:
         todo = _to_train(plan, args.out, args.skip_existing)
-        if workers > 1:
-            _train_in_processes(args, todo, workers)
+        if workers > 1 or launch.executor == "ray":
+            _train_in_processes(args, todo, workers, launch)
         else:
             _train_here(args, table, todo, len(plan))
         progress.log(f"ablate: {len(plan)} runs planned, {len(todo)} made, in {time.perf_counter() - start:.0f} s")
@@ -204,17 +203,17 @@ def _train_here(args: argparse.Namespace, table: AblationTable, todo: list[Plann
                 force_resume=args.force_resume)
 
 
-def _train_in_processes(args: argparse.Namespace, todo: list[PlannedRun], workers: int) -> None:
-    """ablate --jobs N: each run as the `prvr-bench run` that trains it alone (--data-root and
-    --backbone travel as the --set items they resolve to)."""
+def _train_in_processes(args: argparse.Namespace, todo: list[PlannedRun], workers: int, launch) -> None:
+    """ablate --jobs N (or --executor ray): each run as the `prvr-bench run` that trains it alone
+    (--data-root and --backbone travel as the --set items they resolve to)."""
     from prvr.harness.cli import _run_args, run_in_processes
     from prvr.harness.runner import run_name
 
     runs = [(p.cfg, run_name(p.cfg, p.tag),
-             _run_args(argparse.Namespace(**{**vars(args), "tag": p.tag, "data_root": None}), p.method, args.dataset,
-                       p.cfg.seed, list(p.overrides)))
+             _run_args(argparse.Namespace(**{**vars(args), "tag": p.tag, "data_root": None, "backbone": None}),
+                       p.method, args.dataset, p.cfg.seed, list(p.overrides)))
             for p in todo]
-    run_in_processes(args.out, runs, workers, args.threads, "ablate")
+    run_in_processes(args.out, runs, workers, args.threads, "ablate", launch)
 
 
 def _tag(row: AblationRow, extra: str) -> str:

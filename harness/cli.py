@@ -8,11 +8,15 @@ import os
 import shlex
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from prvr.harness import progress
 from prvr.harness.io import UserError, ensure_dir
 from prvr.harness.names import check_tag
 from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS, OBJECTIVES, RegistryError
+
+if TYPE_CHECKING:
+    from prvr.harness.jobs import Launch
 
 DEFAULT_DATASET = "sim-tvr"
 # Modules that add subcommands: each has add_commands(subparsers) and sets `func` on its parsers.
@@ -30,9 +34,20 @@ def data_root_overrides(args: argparse.Namespace) -> list[str]:
 
 
 def add_jobs_argument(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--jobs", default="1", metavar="N",
+    """--jobs, --runs-per-gpu, --executor, --address: how `bench` and `ablate` fan their runs out."""
+    from prvr.harness.jobs import EXECUTORS
+
+    p.add_argument("--jobs", default=None, metavar="N",
                    help="runs at a time, each in its own process with its output in OUT/logs/ (default 1: "
-                        "one after another in this process; auto: one per CPU core, 1 when CUDA trains)")
+                        "one after another in this process; auto: GPUs x --runs-per-gpu where CUDA trains, "
+                        "else one per CPU core)")
+    p.add_argument("--runs-per-gpu", type=int, default=1, metavar="N",
+                   help="runs that share one GPU under --jobs auto and --executor ray (default 1)")
+    p.add_argument("--executor", choices=EXECUTORS, default="local",
+                   help="local: processes on this machine (default); ray: one Ray task per run "
+                        "(pip install prvr-bench[ray]; docs/cluster.md)")
+    p.add_argument("--address", default=None, metavar="auto|HOST:PORT",
+                   help="with --executor ray: the Ray cluster to join (default: start a local Ray)")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -71,10 +86,20 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--seeds", nargs="+", type=int, default=[0],
                        help="default: 0 (one seed per method keeps the no-argument bench short; "
                             "the committed tables use --seeds 0 1 2)")
-    bench.add_argument("--out", default="results")
+    bench.add_argument("--out", default=None, help="results folder (default: results; results/quick with --quick)")
     bench.add_argument("--oracle", action=argparse.BooleanOptionalAction, default=False,
                        help="also run each method with the oracle detector on simulated data (default: off)")
     bench.add_argument("--skip-existing", action="store_true", help="keep runs whose record already exists")
+    bench.add_argument("--quick", action="store_true",
+                       help="every method on sim-tiny in a few minutes, tagged quick, into results/quick/, "
+                            "kept out of the leaderboard (a first command that finishes)")
+    bench.add_argument("--plan", action="store_true",
+                       help="print the plan (each run's expected time) and stop; a bench without --method "
+                            "prints it before it starts")
+    bench.add_argument("--print-commands", action="store_true",
+                       help="print one `prvr-bench run` line per planned run (a SLURM job array's commands) and stop")
+    bench.add_argument("--prepare-data", action="store_true",
+                       help="build each planned dataset's cache once, then stop (before a SLURM array)")
     add_jobs_argument(bench)
     _common(bench)
 
@@ -121,32 +146,94 @@ def set_threads(threads: int | None) -> None:
 
 def cmd_bench(args: argparse.Namespace) -> None:
     from prvr.harness import leaderboard
-    from prvr.harness.jobs import parse_jobs
+    from prvr.harness.plan import commands, prepare_data, quick_summary
 
     check_tag(args.tag)
-    ensure_dir(args.out)
-    workers = parse_jobs(args.jobs)
+    _apply_quick(args)
     set_threads(args.threads)  # checks --threads for both ways of running; the runs started in processes get their own
     plan = _bench_plan(args)
+    kept = [p for p in plan if args.skip_existing and p.record.exists()]
+    todo = [p for p in plan if p not in kept]
+    if args.print_commands:
+        print(commands([list(p.args) for p in todo], args.threads), end="")
+        return
+    workers, launch = launch_from_args(args, [p.cfg for p in plan])
+    if args.plan or args.method is None:
+        print(_plan_text(args, plan, workers), end="", flush=True)
+    if args.plan:
+        return
+    if args.prepare_data:
+        prepare_data([p.cfg for p in todo])
+        return
+    ensure_dir(args.out)
     start = time.perf_counter()
-    todo = []
-    for i, (cfg, path, run_args) in enumerate(plan):
-        if args.skip_existing and path.exists():
-            progress.log(f"[{i + 1}/{len(plan)}] keeping {path}")
-            continue
-        todo.append((cfg, path, run_args))
-    if workers > 1:
-        _bench_in_processes(args, todo, workers)
+    for p in kept:
+        progress.log(f"keeping {p.record}")
+    if workers > 1 or launch.executor == "ray":
+        run_in_processes(args.out, [(p.cfg, p.name, list(p.args)) for p in todo], workers, args.threads, "bench",
+                         launch)
     else:
         _bench_here(args, todo)
     progress.log(f"bench: {len(plan)} runs planned, {len(todo)} made, in {time.perf_counter() - start:.0f} s")
-    leaderboard.rebuild(args.out)
+    if args.quick:
+        print(quick_summary([p.record for p in plan]), end="")
+    else:
+        leaderboard.rebuild(args.out)
 
 
-def _bench_plan(args: argparse.Namespace) -> list[tuple]:
+def _apply_quick(args: argparse.Namespace) -> None:
+    """--quick: the bench's methods on sim-tiny, tagged quick, into results/quick/ (harness/quick.py),
+    as many at once as --jobs auto gives; without it, the results folder defaults to results/."""
+    from prvr.harness.quick import QUICK_DATASET, QUICK_OUT, QUICK_TAG
+
+    if not args.quick:
+        args.out = args.out or "results"
+        return
+    if args.dataset != [DEFAULT_DATASET]:
+        raise UserError(f"--quick runs on {QUICK_DATASET}; leave --dataset out, or drop --quick")
+    if args.tag:
+        raise UserError(f"--quick tags its runs '{QUICK_TAG}'; leave --tag out, or drop --quick")
+    args.dataset, args.tag = [QUICK_DATASET], QUICK_TAG
+    args.out = args.out or QUICK_OUT
+    args.jobs = "auto" if args.jobs is None else args.jobs
+
+
+def launch_from_args(args: argparse.Namespace, cfgs: list) -> tuple[int, "Launch"]:
+    """--jobs, --runs-per-gpu, --executor, --address of `bench` / `ablate`: how many runs at once
+    and how they start. GPUs are counted only where a planned run trains on CUDA."""
+    from prvr.harness.jobs import Launch, parse_jobs, visible_gpus, wants_cuda
+
+    if args.address and args.executor != "ray":
+        raise UserError("--address names a Ray cluster; add --executor ray")
+    if args.address and args.jobs is not None:
+        raise UserError("--jobs does not apply to a Ray cluster (--address): its CPUs and GPUs set how many runs "
+                        "go at once; leave --jobs out")
+    if args.executor == "ray":
+        from prvr.harness.executors import import_ray
+
+        import_ray()  # not installed: one line now, before any data is made
+    gpus = visible_gpus() if any(wants_cuda(c.train.device) for c in cfgs) else []
+    jobs = "auto" if args.jobs is None and args.executor == "ray" else args.jobs
+    workers = parse_jobs(jobs, len(gpus), args.runs_per_gpu)
+    return workers, Launch(args.executor, tuple(gpus), args.runs_per_gpu, args.address)
+
+
+def _plan_text(args: argparse.Namespace, plan: list, workers: int) -> str:
+    from pathlib import Path
+
+    from prvr.harness.plan import PROFILE_FILE, PlanRow, estimate, plan_table, profile_costs
+
+    costs = profile_costs(Path(args.out) / PROFILE_FILE)
+    rows = [PlanRow(p.name, p.cfg.dataset, p.cfg.seed, estimate(p.cfg, p.record, costs),
+                    args.skip_existing and p.record.exists()) for p in plan]
+    return plan_table(rows, workers, args.out, quick=args.quick)
+
+
+def _bench_plan(args: argparse.Namespace) -> list:
     """Every (method, dataset, variant, seed) of the bench, resolved up front so that a bad
-    name or key fails before any training: (config, record path, `prvr-bench run` arguments)."""
+    name or key fails before any training (plan.BenchRun each)."""
     from prvr.harness.config import resolve
+    from prvr.harness.plan import BenchRun
     from prvr.harness.records import record_path
     from prvr.harness.runner import run_name
 
@@ -162,8 +249,9 @@ def _bench_plan(args: argparse.Namespace) -> list[tuple]:
                 for seed in args.seeds:
                     overrides = [*args.overrides, *extra]
                     cfg = resolve(method, dataset, seed, [*data_root_overrides(args), *overrides], args.config)
-                    path = record_path(args.out, cfg.dataset, run_name(cfg, args.tag), cfg.seed)
-                    plan.append((cfg, path, _run_args(args, method, dataset, seed, overrides)))
+                    name = run_name(cfg, args.tag)
+                    plan.append(BenchRun(cfg, name, record_path(args.out, cfg.dataset, name, cfg.seed),
+                                           tuple(_run_args(args, method, dataset, seed, overrides))))
     return plan
 
 
@@ -172,43 +260,56 @@ def _run_args(args: argparse.Namespace, method: str, dataset: str, seed: int, ov
     out = ["--method", method, "--dataset", dataset, "--seed", str(seed), "--out", str(args.out)]
     for o in overrides:
         out += ["--set", o]
-    for flag, value in (("--config", args.config), ("--tag", args.tag), ("--data-root", args.data_root)):
+    for flag, value in (("--config", args.config), ("--tag", args.tag), ("--data-root", args.data_root),
+                        ("--backbone", args.backbone)):
         if value:
             out += [flag, str(value)]
     return out + (["--resume"] if args.resume else []) + (["--force-resume"] if args.force_resume else [])
 
 
-def _bench_here(args: argparse.Namespace, todo: list[tuple]) -> None:
-    from prvr.harness.runner import run_name, run_one
+def _bench_here(args: argparse.Namespace, todo: list) -> None:
+    from prvr.harness.runner import run_one
 
-    for i, (cfg, _, _) in enumerate(todo):
-        progress.log(f"[{i + 1}/{len(todo)}] {run_name(cfg, args.tag)} on {cfg.dataset}, seed {cfg.seed}")
-        run_one(cfg, args.out, resume=args.resume, tag=args.tag, command=_command_line(),
+    for i, p in enumerate(todo):
+        progress.log(f"[{i + 1}/{len(todo)}] {p.name} on {p.cfg.dataset}, seed {p.cfg.seed}")
+        run_one(p.cfg, args.out, resume=args.resume, tag=args.tag, command=_command_line(),
                 force_resume=args.force_resume)
 
 
-def _bench_in_processes(args: argparse.Namespace, todo: list[tuple], workers: int) -> None:
-    from prvr.harness.runner import run_name
-
-    run_in_processes(args.out, [(cfg, run_name(cfg, args.tag), run_args) for cfg, _, run_args in todo], workers,
-                     args.threads, "bench")
-
-
-def run_in_processes(out, todo: list[tuple], workers: int, threads: int | None, command: str) -> None:
+def run_in_processes(out, todo: list[tuple], workers: int, threads: int | None, command: str,
+                     launch: "Launch | None" = None) -> None:
     """Planned runs (config, run name, `prvr-bench run` arguments), `workers` at a time, each in its own
-    process with its output in OUT/logs/ (bench --jobs, ablate --jobs)."""
-    from prvr.harness.jobs import Job, expected_seconds, run_jobs, threads_per_job
+    process with its output in OUT/logs/ (bench --jobs, ablate --jobs), or as Ray tasks; the
+    datasets are loaded here first, so each one's cache is built once."""
+    from pathlib import Path
+
+    from prvr.harness.jobs import Job, Launch, expected_seconds, run_jobs, threads_per_job, wants_cuda
+    from prvr.harness.plan import PROFILE_FILE, prepare_data, profile_costs, profiled_memory_mb
     from prvr.harness.records import log_path, record_path
 
-    threads = threads_per_job(workers, threads)
+    launch = launch or Launch()
+    threads = (threads or 1) if launch.address else threads_per_job(workers, threads)
+    costs = profile_costs(Path(out) / PROFILE_FILE)
     jobs = []
     for cfg, name, run_args in todo:
         path, log = record_path(out, cfg.dataset, name, cfg.seed), log_path(out, cfg.dataset, name, cfg.seed)
         jobs.append(Job([*run_args, "--threads", str(threads)], f"{name} on {cfg.dataset}, seed {cfg.seed}", path,
-                        log, expected_seconds(path)))
-    progress.log(f"{len(jobs)} runs, {min(workers, len(jobs))} at a time, {threads} torch thread"
-                 f"{'s' if threads > 1 else ''} each")
-    run_jobs(jobs, workers, command)
+                        log, expected_seconds(path), cuda=wants_cuda(cfg.train.device), threads=threads,
+                        memory_mb=profiled_memory_mb(cfg, costs)))
+    if not jobs:
+        return
+    prepare_data([cfg for cfg, _, _ in todo])
+    each = f"{threads} torch thread{'s' if threads > 1 else ''} each"
+    if launch.executor == "ray":
+        from prvr.harness.executors import run_on_ray
+
+        progress.log(f"{len(jobs)} runs as Ray tasks, {each}")
+        run_on_ray(jobs, launch, workers, command)
+        return
+    gpus = list(launch.gpus) if any(j.cuda for j in jobs) else []
+    progress.log(f"{len(jobs)} runs, {min(workers, len(jobs))} at a time, {each}"
+                 + (f", round-robin over GPU {', '.join(gpus)}" if gpus else ""))
+    run_jobs(jobs, workers, command, gpus)
 
 
 def cmd_leaderboard(args: argparse.Namespace) -> None:

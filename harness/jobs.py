@@ -7,6 +7,11 @@ parallelises. Each run is its own process, so a run does exactly what `prvr-benc
 does alone (same seed and thread count: the same metrics), writes its own record
 atomically, and its output goes to a log file; this process only schedules and reports.
 
+On a machine with GPUs each process that trains on CUDA sees one GPU (`CUDA_VISIBLE_DEVICES`),
+handed round-robin: a run goes to the GPU with the fewest runs on it. `--jobs auto` starts
+GPUs x `--runs-per-gpu` runs at once (at most one per core), and one per core without a GPU.
+The GPUs are counted, never initialised, in this process (docs/cluster.md).
+
 Scheduling: longest expected run first (the run's earlier records in the same results
 folder give its expected time; a run never made before goes first, as it may be long),
 which keeps the slowest run from starting last.
@@ -18,6 +23,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,11 +31,14 @@ from prvr.harness import progress
 from prvr.harness.io import UserError, ensure_dir, read_json
 
 POLL_S = 0.5
+CUDA_ENV = "CUDA_VISIBLE_DEVICES"
+EXECUTORS = ("local", "ray")
 
 
 @dataclass
 class Job:
-    """One planned `prvr-bench run`: its arguments, the record it writes and where its output goes."""
+    """One planned `prvr-bench run`: its arguments, the record it writes and where its output goes;
+    `cuda`: it trains on CUDA where there is one, `threads` and `memory_mb` (0: unknown) what it needs."""
 
     args: list[str]  # arguments after `prvr-bench run`
     label: str  # e.g. "gmmformer on sim-tvr, seed 0"
@@ -37,6 +46,20 @@ class Job:
     log: Path
     expected_s: float = float("inf")
     started: float = field(default=0.0, repr=False)
+    cuda: bool = False
+    threads: int = 1
+    memory_mb: float = 0.0
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How planned runs start: `local` processes (`gpus` handed round-robin, `runs_per_gpu` at once
+    for --jobs auto) or `ray` tasks (on a local Ray, or the cluster at `address`)."""
+
+    executor: str = "local"
+    gpus: tuple[str, ...] = ()
+    runs_per_gpu: int = 1
+    address: str | None = None
 
 
 def usable_cores() -> int:
@@ -46,13 +69,44 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def parse_jobs(value: str) -> int:
-    """--jobs: a positive number, or `auto` (one per usable core; 1 when CUDA trains, since the
-    runs would share one GPU)."""
-    if value == "auto":
+def visible_gpus(count: int | None = None, env: Mapping[str, str] | None = None) -> list[str]:
+    """The GPUs runs may be given, as `CUDA_VISIBLE_DEVICES` entries: this process's own list where
+    it is set (so a list from a scheduler is respected), else 0 .. count-1. `count` defaults to
+    torch.cuda.device_count(), which counts devices without creating a CUDA context here."""
+    env = os.environ if env is None else env
+    if count is None:
         import torch
 
-        return 1 if torch.cuda.is_available() else usable_cores()
+        count = torch.cuda.device_count()
+    if count < 1:
+        return []
+    listed = env.get(CUDA_ENV)
+    if listed is None:
+        return [str(i) for i in range(count)]
+    return [d.strip() for d in listed.split(",") if d.strip()][:count]
+
+
+def wants_cuda(device: str, env: Mapping[str, str] | None = None) -> bool:
+    """Whether a run with this train.device trains on CUDA where a GPU is visible: `cuda`, or
+    `auto` unless $PRVR_DEVICE names another device. An indexed `cuda:N` keeps the GPUs it was
+    given (handing it one GPU would leave no device N)."""
+    from prvr.harness.trainer import DEVICE_ENV  # torch comes with it: only when a plan asks
+
+    env = os.environ if env is None else env
+    if device == "auto":
+        device = env.get(DEVICE_ENV) or "cuda"
+    return device == "cuda"
+
+
+def parse_jobs(value: str | None, gpus: int = 0, runs_per_gpu: int = 1) -> int:
+    """--jobs: a positive number, or `auto`: with `gpus` GPUs, gpus x runs_per_gpu (at most one per
+    usable core); without, one per usable core. None (not given) is 1."""
+    if runs_per_gpu < 1:
+        raise UserError(f"--runs-per-gpu must be at least 1, got {runs_per_gpu}")
+    if value is None:
+        return 1
+    if value == "auto":
+        return min(gpus * runs_per_gpu, usable_cores()) if gpus else usable_cores()
     try:
         n = int(value)
     except ValueError:
@@ -86,47 +140,74 @@ def schedule(jobs: list[Job]) -> list[Job]:
     return sorted(jobs, key=lambda j: -j.expected_s)
 
 
-def run_jobs(jobs: list[Job], workers: int, command: str) -> None:
-    """Run every job, `workers` at a time; raise UserError naming each failed run and its log
-    (`command`: the prvr-bench command that planned them, for the progress lines)."""
+class GpuRoundRobin:
+    """Hands each starting run the GPU with the fewest runs on it (the first such GPU on ties), so
+    runs go round-robin over the GPUs and a GPU freed by a finished run is the next one given."""
+
+    def __init__(self, gpus: Sequence[str]) -> None:
+        self.load = {gpu: 0 for gpu in gpus}
+
+    def take(self) -> str | None:
+        """A GPU for a run that trains on CUDA; None without GPUs."""
+        if not self.load:
+            return None
+        gpu = min(self.load, key=self.load.__getitem__)
+        self.load[gpu] += 1
+        return gpu
+
+    def give(self, gpu: str | None) -> None:
+        if gpu is not None:
+            self.load[gpu] -= 1
+
+
+def run_command(args: Sequence[str]) -> list[str]:
+    """The process that trains one planned run: `prvr-bench run ARGS` with this Python."""
+    return [sys.executable, "-m", "prvr.harness.cli", "run", *args]
+
+
+def run_jobs(jobs: list[Job], workers: int, command: str, gpus: Sequence[str] = ()) -> None:
+    """Run every job, `workers` at a time, a job that trains on CUDA on one of `gpus`; raise UserError
+    naming each failed run and its log (`command`: the prvr-bench command that planned them, for the
+    progress lines)."""
     pending, running, failed = schedule(jobs), [], []
+    devices = GpuRoundRobin(gpus)
     start = time.perf_counter()
     with progress.task(f"{command} ({workers} jobs)", total=len(jobs)) as advance:
         try:
             while pending or running:
                 while pending and len(running) < workers:
-                    running.append(_start(pending.pop(0)))
+                    job = pending.pop(0)
+                    gpu = devices.take() if job.cuda else None
+                    running.append((_start(job, gpu), job, gpu))
                 time.sleep(POLL_S)
-                for proc, job in [r for r in running if r[0].poll() is not None]:
-                    running.remove((proc, job))
+                for proc, job, gpu in [r for r in running if r[0].poll() is not None]:
+                    running.remove((proc, job, gpu))
+                    devices.give(gpu)
                     if proc.returncode != 0:
                         failed.append(job)
-                    _report(job, proc.returncode)
+                    report(job, proc.returncode, time.perf_counter() - job.started)
                     advance(1)
         except KeyboardInterrupt:
-            for proc, _ in running:
+            for proc, _, _ in running:
                 proc.terminate()
-            for proc, _ in running:
+            for proc, _, _ in running:
                 proc.wait()
             raise
     progress.log(f"{command}: {len(jobs)} runs in {time.perf_counter() - start:.0f} s, {workers} at a time")
-    if failed:
-        lines = "; ".join(f"{j.label}: {_last_line(j.log)} (log: {j.log})" for j in failed)
-        raise UserError(f"{len(failed)} of {len(jobs)} runs failed: {lines}")
+    raise_failures(failed, len(jobs))
 
 
-def _start(job: Job) -> tuple[subprocess.Popen, Job]:
+def _start(job: Job, gpu: str | None) -> subprocess.Popen:
     ensure_dir(job.log.parent)
-    progress.log(f"start {job.label} (log: {job.log})")
+    progress.log(f"start {job.label}{'' if gpu is None else f' on GPU {gpu}'} (log: {job.log})")
     job.started = time.perf_counter()
+    env = None if gpu is None else {**os.environ, CUDA_ENV: gpu}
     with open(job.log, "w", encoding="utf-8") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "prvr.harness.cli", "run", *job.args],
-                                stdout=log, stderr=subprocess.STDOUT)
-    return proc, job
+        return subprocess.Popen(run_command(job.args), stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
-def _report(job: Job, code: int) -> None:
-    took = time.perf_counter() - job.started
+def report(job: Job, code: int, took: float) -> None:
+    """One progress line for a finished run: its test SumR, or why it failed."""
     if code != 0:
         progress.log(f"[red]failed[/] {job.label} after {took:.0f} s (exit {code}): {_last_line(job.log)}")
         return
@@ -135,6 +216,13 @@ def _report(job: Job, code: int) -> None:
     except (UserError, KeyError, TypeError):
         sumr = "no readable record"
     progress.log(f"done {job.label} in {took:.0f} s: {sumr}")
+
+
+def raise_failures(failed: list[Job], total: int) -> None:
+    """One error line naming each failed run, its last output line and its log."""
+    if failed:
+        lines = "; ".join(f"{j.label}: {_last_line(j.log)} (log: {j.log})" for j in failed)
+        raise UserError(f"{len(failed)} of {total} runs failed: {lines}")
 
 
 def _last_line(log: Path) -> str:

@@ -103,7 +103,7 @@ def test_ablate_jobs_start_each_row_as_the_run_that_trains_it_alone(monkeypatch,
     from prvr.harness import ablate, cli
 
     started = []
-    monkeypatch.setattr(cli, "run_in_processes", lambda out, runs, workers, threads, command: started.append(
+    monkeypatch.setattr(cli, "run_in_processes", lambda out, runs, workers, threads, command, launch: started.append(
         (runs, workers, threads, command)))
     assert main(["ablate", "--method", method, "--table", table, "--dataset", "sim-tiny", "--seeds", "0", "1",
                  "--out", str(tmp_path), "--jobs", "2", "--threads", "1", "--quiet", *extra]) == 0
