@@ -5,7 +5,8 @@ tag. Each metric is mean +- std over seeds with the number of seeds; a row's Sum
 compared with the baseline's on the same dataset (paired t-test over shared seeds, Welch
 otherwise). A missing metric is an empty cell, never a mean over what happens to exist.
 A run whose loss became non-finite (trained on with train.on_nonfinite=continue, its
-record marked `nonfinite`) never enters a row: it is listed under the table instead.
+record marked `nonfinite`) never enters a row: it is listed under the table instead. The
+records of `bench --quick` (tagged `quick`, harness/quick.py) enter no table or figure at all.
 Where records carry noise robustness curves, the noise figures and tables are rebuilt too
 (`<out>/noise/<dataset>.{png,md}`, harness/noise.py), and so are the M/V bucket charts of the
 runs on their dataset's protocol (`<out>/buckets/<dataset>.{png,md}`, harness/buckets.py).
@@ -30,6 +31,7 @@ from scipy import stats
 
 from prvr.harness import progress
 from prvr.harness.io import UserError, write_text
+from prvr.harness.quick import QUICK_TAG, is_quick
 from prvr.harness.records import budget_label, load_record, run_protocol
 
 
@@ -659,6 +661,10 @@ def check_results_folder(root: Path) -> None:
 def rebuild(root: str | Path, skip_bad: bool = False, show: bool = True) -> list[dict[str, Any]]:
     check_results_folder(Path(root))
     records = collect(root, skip_bad)
+    quick = sum(is_quick(r) for r in records)
+    records = [r for r in records if not is_quick(r)]  # a smoke test's figures are not the benchmark's
+    if quick and show:
+        progress.log(f"left out {quick} quick run record{'s' if quick > 1 else ''} (tag {QUICK_TAG}, bench --quick)")
     rows, left_out = build_rows(records), diverged_runs(records)
     reported = reported_rows() + reported_moment_rows()
     csv_path, md_path = write(root, rows, reported, left_out)

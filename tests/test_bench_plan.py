@@ -1,0 +1,194 @@
+"""The bench's plan (expected times, `--plan`, `--print-commands`), GPU assignment and `--jobs auto`,
+and `bench --quick`, whose records stay out of the leaderboard."""
+
+import json
+import shlex
+import sys
+
+import pytest
+
+from prvr.harness import cli, jobs
+from prvr.harness.cli import main
+from prvr.harness.jobs import GpuRoundRobin, Job, parse_jobs, visible_gpus, wants_cuda
+from prvr.harness.registry import METHODS
+
+PROFILE = """section,method,backbone,source,device,quantity,condition,value,unit
+training,arl,arl,measured,cpu (1 threads),epoch_seconds,"one epoch on sim-tvr: 3000 queries, 5 batches",20.0,s
+training,arl,arl,measured,cpu (1 threads),peak_memory,"one epoch on sim-tvr: 3000 queries, 5 batches; peak",1500.0,MB
+training,msl,msl,measured,cpu (1 threads),epoch_seconds,"one epoch on sim-charades: 900 queries",99.0,s
+runtime,baseline,dual-branch,measured,cpu,runtime_median,videos=500,31.3,ms
+"""
+
+
+def _out(capsys, *args):
+    code = main(list(args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_plan_gives_each_run_its_expected_time_and_trains_nothing(capsys, tmp_path):
+    (tmp_path / "profile.csv").write_text(PROFILE)
+    earlier = tmp_path / "runs" / "sim-tvr" / "baseline"
+    earlier.mkdir(parents=True)
+    for seed, seconds in ((0, 100.0), (1, 140.0)):
+        (earlier / f"seed{seed}.json").write_text(json.dumps({"timings": {"train": seconds, "eval_test": 20.0}}))
+    code, out, err = _out(capsys, "bench", "--plan", "--out", str(tmp_path), "--jobs", "2", "--quiet")
+    assert code == 0, err
+    lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ") and "sim-tvr" in line}
+    assert sorted(lines) == sorted(METHODS.names())  # no --method: every registered method
+    assert "2.3 min  (earlier records)" in lines["baseline"]  # mean of 120 s and 160 s, any seed
+    assert "10.0 min  (profile: at most 30 epochs x 20 s, training only)" in lines["arl"]  # sim-tvr: 30 epochs
+    assert lines["msl"].endswith("unknown")  # profiled on another dataset only
+    assert f"total: 12.3 min for 2 runs, {len(METHODS.names()) - 2} more of unknown time; 2 at a time: about " \
+           "10.0 min" in out
+    assert "Narrow it: --method" in out and "--seeds" in out and "--quick" in out
+    assert not (tmp_path / "runs" / "sim-tvr" / "arl").exists() and not (tmp_path / "leaderboard.md").exists()
+
+
+def test_a_bench_without_method_prints_its_plan_before_it_starts(capsys, monkeypatch, tmp_path):
+    from prvr.harness import leaderboard
+
+    seen = []
+    monkeypatch.setattr(cli, "_bench_here", lambda args, todo: seen.append((capsys.readouterr().out, todo)))
+    monkeypatch.setattr(leaderboard, "rebuild", lambda out: None)
+    assert main(["bench", "--dataset", "sim-tiny", "--out", str(tmp_path), "--quiet"]) == 0
+    (printed, todo), = seen
+    assert printed.startswith(f"bench plan: {len(METHODS.names())} runs") and "Narrow it" in printed
+    assert [p.name for p in todo] == METHODS.names()
+    monkeypatch.setattr(cli, "_bench_here", lambda args, todo: seen.append(capsys.readouterr().out))
+    assert main(["bench", "--method", "baseline", "--dataset", "sim-tiny", "--out", str(tmp_path), "--quiet"]) == 0
+    assert seen[-1] == ""  # a narrowed bench starts at once
+
+
+def test_print_commands_gives_the_run_of_each_planned_run(capsys, tmp_path):
+    from test_bench_jobs import _as_run
+
+    out_dir = tmp_path / "o"
+    common = ["--dataset", "sim-tiny", "--seeds", "0", "1", "--set", "train.epochs=2", "--tag", "t",
+              "--out", str(out_dir), "--threads", "1", "--print-commands"]
+    code, out, err = _out(capsys, "bench", "--method", "ral", "baseline", *common)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert len(lines) == 4 and not out_dir.exists()  # printed, nothing made
+    for line, (method, seed) in zip(lines, [("ral", 0), ("ral", 1), ("baseline", 0), ("baseline", 1)]):
+        words = shlex.split(line)
+        assert words[:2] == ["prvr-bench", "run"] and words[-2:] == ["--threads", "1"]
+        cfg, name = _as_run(words[2:-2])
+        assert (cfg.method, cfg.seed, cfg.train.epochs, name) == (method, seed, 2, f"{method}~t")
+    # --backbone reaches each run: a line resolves to the run the bench plans, under its name
+    code, out, err = _out(capsys, "bench", "--method", "ral", "--backbone", "msl", *common)
+    cfg, name = _as_run(shlex.split(out.splitlines()[0])[2:-2])
+    assert code == 0 and cfg.backbone == "msl" and name == "ral@msl~t"
+    # --skip-existing leaves out the runs whose record exists
+    record = out_dir / "runs" / "sim-tiny" / "ral~t" / "seed1.json"
+    record.parent.mkdir(parents=True)
+    record.write_text("{}")
+    code, out, _ = _out(capsys, "bench", "--method", "ral", "baseline", *common, "--skip-existing")
+    assert [shlex.split(line)[7] for line in out.splitlines()] == ["0", "0", "1"]
+
+
+def test_visible_gpus_respect_the_given_list():
+    assert visible_gpus(count=2, env={}) == ["0", "1"]
+    assert visible_gpus(count=3, env={"CUDA_VISIBLE_DEVICES": "3, 5,7"}) == ["3", "5", "7"]
+    assert visible_gpus(count=0, env={"CUDA_VISIBLE_DEVICES": "3"}) == []  # no CUDA here: nothing changes
+    assert visible_gpus(count=0, env={}) == []
+
+
+def test_which_runs_take_a_gpu():
+    assert wants_cuda("auto", env={}) and wants_cuda("cuda", env={})
+    assert not wants_cuda("auto", env={"PRVR_DEVICE": "cpu"}) and wants_cuda("auto", env={"PRVR_DEVICE": "cuda"})
+    assert not wants_cuda("cpu", env={}) and not wants_cuda("cuda:1", env={})  # an indexed device keeps its GPUs
+
+
+def test_jobs_auto_from_gpus_and_cores(monkeypatch):
+    monkeypatch.setattr(jobs, "usable_cores", lambda: 16)
+    assert parse_jobs("auto", gpus=2) == 2 and parse_jobs("auto", gpus=2, runs_per_gpu=3) == 6
+    assert parse_jobs("auto", gpus=8, runs_per_gpu=4) == 16  # bounded by the cores
+    assert parse_jobs("auto") == 16 and parse_jobs(None) == 1 and parse_jobs("3", gpus=2) == 3
+
+
+def test_gpus_go_round_robin_to_the_least_loaded():
+    gpus = GpuRoundRobin(["3", "5"])
+    assert [gpus.take() for _ in range(3)] == ["3", "5", "3"]
+    gpus.give("5")
+    assert gpus.take() == "5" and gpus.load == {"3": 2, "5": 1}
+    assert GpuRoundRobin([]).take() is None
+
+
+def test_each_cuda_run_process_sees_one_gpu(monkeypatch, tmp_path):
+    """The GPU list is handed in: the processes (here a script that prints what it sees) are real."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(jobs, "run_command", lambda args: [sys.executable, "-c",
+                                                           "import os; print(os.environ.get('CUDA_VISIBLE_DEVICES'))"])
+    monkeypatch.setattr(jobs, "POLL_S", 0.05)
+    runs = [Job([], f"run{i}", tmp_path / f"r{i}.json", tmp_path / f"r{i}.log", cuda=i < 4) for i in range(5)]
+    jobs.run_jobs(runs, 2, "bench", gpus=["3", "5"])
+    seen = [(tmp_path / f"r{i}.log").read_text().strip() for i in range(5)]
+    assert sorted(seen[:4]) == ["3", "3", "5", "5"] and seen[4] == "None"  # a CPU run's environment is left alone
+    jobs.run_jobs(runs[:2], 2, "bench")  # no GPU: nothing changes
+    assert [(tmp_path / f"r{i}.log").read_text().strip() for i in range(2)] == ["None", "None"]
+
+
+@pytest.mark.parametrize("device, gpus, workers", [("auto", ("0", "1"), 4), ("cpu", (), 16)])
+def test_bench_hands_the_visible_gpus_to_its_runs(monkeypatch, tmp_path, device, gpus, workers):
+    monkeypatch.delenv("PRVR_DEVICE", raising=False)  # train.device=auto means CUDA where there is one
+    monkeypatch.setattr(jobs, "visible_gpus", lambda: ["0", "1"])
+    monkeypatch.setattr(jobs, "usable_cores", lambda: 16)
+    from prvr.harness import leaderboard
+
+    started = []
+    monkeypatch.setattr(jobs, "run_jobs", lambda runs, n, command, gpus: started.append((runs, n, tuple(gpus))))
+    monkeypatch.setattr(leaderboard, "rebuild", lambda out: None)
+    assert main(["bench", "--method", "baseline", "--dataset", "sim-tiny", "--seeds", "0", "1", "--out", str(tmp_path),
+                 "--jobs", "auto", "--runs-per-gpu", "2", "--set", f"train.device={device}", "--quiet"]) == 0
+    (runs, n, handed), = started
+    assert n == workers and handed == gpus and all(r.cuda == bool(gpus) for r in runs)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--runs-per-gpu", "0"], "--runs-per-gpu must be at least 1, got 0"),
+    (["--address", "auto"], "--address names a Ray cluster; add --executor ray"),
+    (["--quick", "--tag", "x"], "--quick tags its runs 'quick'; leave --tag out"),
+    (["--quick", "--dataset", "sim-charades"], "--quick runs on sim-tiny; leave --dataset out"),
+])
+def test_bad_fan_out_options(capsys, tmp_path, args, message):
+    code, _, err = _out(capsys, "bench", "--method", "baseline", "--out", str(tmp_path), "--quiet", *args)
+    assert code == 2 and message in err and err.count("\n") == 1
+
+
+def test_quick_plans_every_method_on_sim_tiny_into_its_own_folder(capsys):
+    code, out, err = _out(capsys, "bench", "--quick", "--plan")
+    assert code == 0, err
+    assert out.startswith(f"bench plan: {len(METHODS.names())} runs, results in results/quick/")
+    rows = [line.split() for line in out.splitlines() if line.startswith("  ") and "sim-tiny" in line]
+    assert [r[0] for r in rows] == [f"{m}~quick" for m in METHODS.names()]
+
+
+@pytest.mark.slow
+def test_quick_records_are_marked_and_stay_out_of_the_leaderboard(capsys, tmp_path):
+    quick, full = tmp_path / "quick", tmp_path / "full"
+    code, out, err = _out(capsys, "bench", "--quick", "--method", "baseline", "--out", str(quick), "--jobs", "1",
+                          "--threads", "1", "--set", "train.epochs=1", "--quiet")
+    assert code == 0, err
+    record = quick / "runs" / "sim-tiny" / "baseline~quick" / "seed0.json"
+    assert json.loads(record.read_text())["tag"] == "quick"
+    assert "baseline~quick" in out and "kept out of the leaderboard" in out and not (quick / "leaderboard.md").exists()
+    code, _, err = _out(capsys, "bench", "--method", "baseline", "--dataset", "sim-tiny", "--out", str(full),
+                        "--set", "train.epochs=1", "--threads", "1", "--quiet")
+    assert code == 0, err
+    (full / "runs" / "sim-tiny" / "baseline~quick").mkdir()  # a quick record among the benchmark's
+    (full / "runs" / "sim-tiny" / "baseline~quick" / "seed0.json").write_bytes(record.read_bytes())
+    code, out, err = _out(capsys, "leaderboard", "--out", str(full))
+    assert code == 0, err
+    md = (full / "leaderboard.md").read_text()
+    assert "| sim-tiny | baseline |" in md and "quick" not in md and "quick" not in out
+    assert "quick" not in (full / "leaderboard.csv").read_text()
+
+
+def test_prepare_data_builds_each_cache_and_trains_nothing(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("PRVR_CACHE", str(tmp_path / "cache"))
+    code, _, err = _out(capsys, "bench", "--method", "baseline", "msl", "--dataset", "sim-tiny", "--seeds", "0", "1",
+                        "--out", str(tmp_path / "o"), "--prepare-data")
+    assert code == 0, err
+    assert len(list((tmp_path / "cache" / "sim").iterdir())) == 1
+    assert not (tmp_path / "o" / "runs").exists()
