@@ -209,9 +209,9 @@ def launch_from_args(args: argparse.Namespace, cfgs: list) -> tuple[int, "Launch
         raise UserError("--jobs does not apply to a Ray cluster (--address): its CPUs and GPUs set how many runs "
                         "go at once; leave --jobs out")
     if args.executor == "ray":
-        from prvr.harness.executors import import_ray
+        from prvr.harness.executors import check_ready
 
-        import_ray()  # not installed: one line now, before any data is made
+        check_ready(args.address)  # not installed, no cluster there: one line now, before any data is made
     gpus = visible_gpus() if any(wants_cuda(c.train.device) for c in cfgs) else []
     jobs = "auto" if args.jobs is None and args.executor == "ray" else args.jobs
     workers = parse_jobs(jobs, len(gpus), args.runs_per_gpu)
@@ -303,7 +303,7 @@ def run_in_processes(out, todo: list[tuple], workers: int, threads: int | None, 
     if launch.executor == "ray":
         from prvr.harness.executors import run_on_ray
 
-        progress.log(f"{len(jobs)} runs as Ray tasks, {each}")
+        progress.log(f"{len(jobs)} run{'s' if len(jobs) > 1 else ''} as Ray tasks, {each}")
         run_on_ray(jobs, launch, workers, command)
         return
     gpus = list(launch.gpus) if any(j.cuda for j in jobs) else []

@@ -36,6 +36,13 @@ def import_ray() -> ModuleType:
     return ray
 
 
+def check_ready(address: str | None) -> None:
+    """Before any data is made: Ray is installed, and a cluster answers at `address` where one is named."""
+    import_ray()
+    if address:
+        _check_reachable(address)
+
+
 def train_job(args: list[str], log: str, cwd: str) -> tuple[int, float]:
     """The body of one Ray task: `prvr-bench run ARGS` in `cwd` with its output in `log`; its exit
     code and seconds. A cancelled task stops its run."""
@@ -87,6 +94,20 @@ def _init(ray: ModuleType, launch: Launch, local_cpus: int) -> None:
     else:
         ray.init(num_cpus=local_cpus, include_dashboard=False, object_store_memory=LOCAL_OBJECT_STORE,
                  runtime_env=runtime_env, log_to_driver=False)
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """A HOST:PORT that nothing answers at is a one-line error here (Ray itself retries for minutes)."""
+    import socket
+
+    host, _, port = address.rpartition(":")
+    if address == "auto" or not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise UserError(f"no Ray cluster answers at --address {address} ({e.strerror or e}); start one with "
+                        "`ray start --head`, or pass the address it prints") from None
 
 
 def task_options(job: Job, gpu_share: float, node_memory: float) -> dict:

@@ -22,6 +22,19 @@ def test_without_ray_the_error_says_how_to_install_it(capsys, monkeypatch, tmp_p
     assert not (tmp_path / "runs").exists()
 
 
+def test_an_address_nothing_answers_at_is_one_line(capsys, monkeypatch, tmp_path):
+    import socket
+
+    monkeypatch.setattr(executors, "import_ray", lambda: FakeRay())
+    with socket.socket() as s:  # a port that was free a moment ago
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = main(["bench", "--executor", "ray", "--address", f"127.0.0.1:{port}", "--method", "baseline",
+                 "--dataset", "sim-tiny", "--out", str(tmp_path), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and f"no Ray cluster answers at --address 127.0.0.1:{port}" in err and err.count("\n") == 1
+
+
 class FakeRay:
     """What run_on_ray uses of Ray: tasks run when their result is asked for, in submission order."""
 
