@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from prvr.harness import masks
 from prvr.harness.checks import require
 from prvr.methods.backbones.api import OnDemand, Scores
 
@@ -25,19 +26,26 @@ PLAIN = 0.0  # a branch width of 0 means plain attention (the reference's `wid=N
 
 # ----------------------------------------------------------------------------- padding
 def pack(x: torch.Tensor, mask: torch.Tensor, dim: int = 0) -> torch.Tensor:
-    """The real rows of a padded tensor whose dims (dim, dim + 1) are [B, L], as one dim N."""
-    if bool(mask.all()):
+    """The real rows of a padded tensor whose dims (dim, dim + 1) are [B, L], as one dim N
+    (`x[mask]` at `dim`). What the mask looks like is read from its description
+    (harness/masks.py: the loader describes its batches' masks), so nothing is asked of the device."""
+    if torch.compiler.is_compiling():  # a traced graph: the boolean index, which it knows
+        return x[(slice(None),) * dim + (mask,)]
+    if masks.all_true(mask):
         return x.flatten(dim, dim + 1)
-    return x[(slice(None),) * dim + (mask,)]
+    return x.flatten(dim, dim + 1).index_select(dim, masks.true_index(mask))
 
 
 def unpack(rows: torch.Tensor, mask: torch.Tensor, dim: int = 0) -> torch.Tensor:
     """Inverse of `pack`: real rows (N at `dim`) back into a zero-padded [B, L] layout."""
     if rows.shape[dim] == mask.numel():
         return rows.unflatten(dim, mask.shape)
-    out = rows.new_zeros((*rows.shape[:dim], *mask.shape, *rows.shape[dim + 1 :]))
-    out[(slice(None),) * dim + (mask,)] = rows
-    return out
+    if torch.compiler.is_compiling():
+        out = rows.new_zeros((*rows.shape[:dim], *mask.shape, *rows.shape[dim + 1 :]))
+        out[(slice(None),) * dim + (mask,)] = rows
+        return out
+    out = rows.new_zeros((*rows.shape[:dim], mask.numel(), *rows.shape[dim + 1 :]))
+    return out.index_copy(dim, masks.true_index(mask), rows).unflatten(dim, mask.shape)
 
 
 def rowwise(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -48,7 +56,8 @@ def rowwise(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, mask: t
 
 
 def full_mask(x: torch.Tensor) -> torch.Tensor:
-    return torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
+    """An all-true [B, L] mask of x, described as such (harness/masks.py)."""
+    return masks.describe(torch.ones(x.shape[:2], dtype=torch.bool, device=x.device), all_true=True)
 
 
 # ----------------------------------------------------------------------------- per-branch layers
@@ -141,6 +150,17 @@ def _windows(widths: tuple[float, ...], length: int, total: int | None) -> torch
     return torch.stack([gaussian_weights(length, w, total) for w in widths])
 
 
+@lru_cache(maxsize=512)
+def _windows_on(widths: tuple[float, ...], length: int, total: int | None, device: torch.device,
+                dtype: torch.dtype) -> torch.Tensor:
+    """`_windows` on a device, copied there once per length (a blocking copy from the host at
+    every step would be a host sync; to a GPU it goes from pinned memory, asynchronously)."""
+    window = _windows(widths, length, total)
+    if device.type == "cuda":
+        return window.pin_memory().to(device, dtype, non_blocking=True)
+    return window.to(device, dtype)
+
+
 def gaussian_attention(logits: torch.Tensor, window: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
     """Attention weights of GMMFormer: the window multiplies the scaled logits (it does not add
     to them), then padded keys are removed and the rows softmax-normalised.
@@ -188,7 +208,7 @@ class GaussianBranches(nn.Module):
         qkv = rowwise(self.qkv, x, mask).view(b, length, n, 3, h, d // h)
         q, k, v = qkv.permute(3, 2, 0, 4, 1, 5)  # each [branches, B, heads, L, d/h]
         logits = q @ k.transpose(-1, -2) / math.sqrt(d // h)
-        window = _windows(self.widths, length, self.window_len).to(x.device, x.dtype)[:, None, None]
+        window = _windows_on(self.widths, length, self.window_len, x.device, x.dtype)[:, None, None]
         probs = gaussian_attention(logits, window, mask[None, :, None, None, :])
         return (self.attn_drop(probs) @ v).permute(0, 1, 3, 2, 4).reshape(n, b, length, d)
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from prvr.harness import masks
 from prvr.harness.registry import OBJECTIVES
 from prvr.methods.objectives.ranking import sample_negatives
 
@@ -84,7 +85,7 @@ def video_rows(scores: torch.Tensor, positive: torch.Tensor, ambiguous: torch.Te
                negative: torch.Tensor) -> tuple[Rows, Rows]:
     """The t2v and v2t rows of every positive pair (q_i, V_j) of a [Q, B] score matrix: the
     row of q_i over the videos (A_i^q, N_i^q) and the column of V_j over the queries (A_j^v, N_j^v)."""
-    qi, vj = positive.nonzero(as_tuple=True)
+    qi, vj = masks.true_pairs(positive)
     t2v = Rows.build(scores[qi], vj, ambiguous[qi], negative[qi])
     v2t = Rows.build(scores.t()[vj], qi, ambiguous.t()[vj], negative.t()[vj])
     return t2v, v2t
@@ -101,7 +102,7 @@ def frame_rows(frame_scores: torch.Tensor, frame_mask: torch.Tensor, positive: t
     of the same video and so are neither (unknown at frame level).
     frame_scores [Q, B, T], frame_mask [B, T], positive [Q, B], frame_ambiguous [Q, B, T].
     """
-    qi, vj = positive.nonzero(as_tuple=True)
+    qi, vj = masks.true_pairs(positive)
     sims = frame_scores[qi, vj]  # [P, T]
     valid = frame_mask[vj]
     best = sims.detach().masked_fill(~valid, float("-inf")).argmax(1)

@@ -18,10 +18,11 @@ import torch
 import torch.nn.functional as F
 from scipy.optimize import linear_sum_assignment
 
+from prvr.harness import masks
 from prvr.harness.io import UserError
 from prvr.harness.registry import OBJECTIVES
 from prvr.methods.backbones.api import Scores
-from prvr.methods.objectives.ranking import info_nce, sample_negatives
+from prvr.methods.objectives.ranking import info_nce, mean_where, sample_negatives
 
 
 def _zero(t: torch.Tensor) -> torch.Tensor:
@@ -40,7 +41,7 @@ def msl_triplet(scores: torch.Tensor, positive: torch.Tensor, negative: torch.Te
           negatives, the hardest one.
     Returns t2v + v2t. Rows or columns without a negative add nothing.
     """
-    q_idx, v_idx = positive.nonzero(as_tuple=True)
+    q_idx, v_idx = masks.true_pairs(positive)
     if len(q_idx) == 0:
         return _zero(scores)
     neg_v, ok_v = sample_negatives(scores[q_idx], negative[q_idx], hard_pool, generator)
@@ -50,7 +51,7 @@ def msl_triplet(scores: torch.Tensor, positive: torch.Tensor, negative: torch.Te
     neg_q, ok_q = sample_negatives(scores.t(), negative.t(), 1 if hard_pool else None, generator)
     cols = torch.arange(scores.shape[1], device=scores.device)
     v2t = (margin + scores[neg_q, cols] - pos_mean).clamp(min=0) * ok_q
-    return t2v.mean() + v2t[has_pos].mean()
+    return t2v.mean() + mean_where(v2t, has_pos, masks.covered(positive, 0), scores)
 
 
 def hard_pool_at(epoch: int, start: int, pool: int) -> int | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from prvr.harness import masks
 from prvr.harness.registry import OBJECTIVES
 
 
@@ -30,8 +31,25 @@ def info_nce(scores: torch.Tensor, positive: torch.Tensor, negative: torch.Tenso
         has_pos = positive.any(dim)
         num = _masked_logsumexp(logits, positive, dim)
         den = _masked_logsumexp(logits, positive | negative, dim)
-        terms.append((den - num)[has_pos].mean() if has_pos.any() else scores.sum() * 0)
+        terms.append(mean_where(den - num, has_pos, masks.covered(positive, dim), scores))
     return terms[0] + terms[1]
+
+
+def mean_where(x: torch.Tensor, keep: torch.Tensor, every: bool | None, zero_of: torch.Tensor) -> torch.Tensor:
+    """x[keep].mean(), or 0 (in zero_of's graph) where keep is all false. `every`: keep is known
+    to be all true (harness/masks.py), and x.mean(), the same number, asks the device nothing."""
+    if every:
+        return x.mean()
+    return x[keep].mean() if keep.any() else zero_of.sum() * 0
+
+
+def draw_one(weights: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One column per row [R], drawn with probability proportional to `weights` [R, C] (every
+    row with a positive weight): `torch.multinomial(weights, 1)` as torch computes it (the argmax
+    of w / q, q ~ Exp(1) drawn from `generator`), so the same draws, without the two checks of
+    the weights that multinomial reads on the host (a host sync each on a GPU)."""
+    q = torch.empty_like(weights).exponential_(1, generator=generator)
+    return (weights / q).argmax(-1)
 
 
 def sample_negatives(scores: torch.Tensor, negative: torch.Tensor, hard_pool: int | None,
@@ -49,9 +67,8 @@ def sample_negatives(scores: torch.Tensor, negative: torch.Tensor, hard_pool: in
         masked = scores.detach().masked_fill(~negative, float("-inf"))
         top = masked.topk(k, dim=1).indices
         weights = torch.zeros_like(scores, dtype=torch.float).scatter_(1, top, 1.0) * negative.float()
-    weights = weights + (~valid).float()[:, None]  # keep multinomial defined on empty rows
-    idx = torch.multinomial(weights, 1, generator=generator).squeeze(1)
-    return idx, valid
+    weights = weights + (~valid).float()[:, None]  # keep the draw defined on empty rows
+    return draw_one(weights, generator), valid
 
 
 @OBJECTIVES.register("triplet", "bidirectional triplet ranking with random or hard negatives (MS-SL style)")
@@ -60,7 +77,7 @@ def triplet(scores: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor
     """Mean over anchor pairs (q, v) in `positive` of
         [margin + s(q, v') - s(q, v)]_+ + [margin + s(q', v) - s(q, v)]_+
     with v' a negative video of q and q' a negative query of v (sample_negatives)."""
-    q_idx, v_idx = positive.nonzero(as_tuple=True)
+    q_idx, v_idx = masks.true_pairs(positive)
     if len(q_idx) == 0:
         return scores.sum() * 0
     pos = scores[q_idx, v_idx]

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from prvr.harness import masks
 from prvr.harness.registry import OBJECTIVES
 from prvr.methods.objectives.ranking import sample_negatives
 
@@ -73,12 +74,14 @@ def segment_rows(query_rows: torch.Tensor, video_of_query: torch.Tensor, num_vid
     first = torch.full((num_videos,), len(q), dtype=torch.long, device=query_rows.device)
     first = first.scatter_reduce(0, video_of_query, q, reduce="amin")  # first labelled query per video
     has = first < len(q)
-    segment = torch.full((num_videos, 2), -1, dtype=torch.long, device=query_rows.device)
-    segment[has] = query_rows[first[has]]
+    if len(q):  # selections, not masked writes: the same rows without asking the device which videos have some
+        segment = torch.where(has[:, None], query_rows[first.clamp(max=len(q) - 1)], -1)
+    else:
+        segment = torch.full((num_videos, 2), -1, dtype=torch.long, device=query_rows.device)
     rows = segment[None].repeat(len(q), 1, 1)
     if pair_rows is not None:
         own = (pair_rows >= 0).all(-1)
-        rows[own] = pair_rows[own]
+        rows = torch.where(own[..., None], pair_rows, rows)
     rows[q, video_of_query] = query_rows
     return rows
 
@@ -106,7 +109,7 @@ def pos_over_neg(scores: torch.Tensor, positive: torch.Tensor, negatives: Sample
     """L_pos>neg (Eq. 10, XML's ranking loss): (1/N) sum over the N positive pairs (q_i, v_j) of
     [margin + R(i, i-) - R(i, j)]_+ + [margin + R(j-, j) - R(i, j)]_+, with R(i, i-), R(j-, j)
     q_i's and v_j's sampled negatives. A query or video without a negative adds nothing."""
-    i, j = positive.nonzero(as_tuple=True)
+    i, j = masks.true_pairs(positive)
     if len(i) == 0:
         return _zero(scores)
     pos = scores[i, j]

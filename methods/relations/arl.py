@@ -24,6 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from prvr.harness import masks
 from prvr.harness.checks import OneOf, at_least, param
 from prvr.harness.io import UserError
 from prvr.harness.registry import DETECTORS
@@ -425,12 +426,14 @@ class ArlDetector(Detector):
             tau_s, tau_u = ((st.tau_s_frame, st.tau_u_frame) if self.settings.frame_thresholds == "frame"
                             else (st.tau_s, st.tau_u))
             frame_amb = ambiguous_pairs(sims, frame_pair_uncertainty(query_u, frame_u), tau_s, tau_u) & mask[None]
-            qi, vj = pos.nonzero(as_tuple=True)
+            qi, vj = masks.true_pairs(pos)
             frame_amb[qi, vj, best[qi, vj]] = False  # a labelled pair's best frame is its positive
         return ArlRelations(pos, amb, pos.float() + amb.float(), frame_amb)
 
     # reports ----------------------------------------------------------------
     def _count(self, batch, pos, mask, detected, trained, union) -> None:
+        """Add this batch's set sizes to the epoch's counts (kept on the device: `_read_counts`
+        reads them once, at the epoch's end)."""
         truth = batch.relevant & ~pos if batch.relevant is not None else None
         for name, rel in [*detected.items(), ("union", union)]:
             c = self.counts.setdefault(name, {})
@@ -443,10 +446,20 @@ class ArlDetector(Detector):
                 _add(c, "relevant", truth.sum())
                 _add(c, "unlabelled", (~pos).sum())
             if rel.frame_ambiguous is not None and name != "union":
-                qi, vj = pos.nonzero(as_tuple=True)
+                qi, vj = masks.true_pairs(pos)
                 _add(c, "frame_ambiguous", rel.frame_ambiguous[qi, vj].sum())
                 _add(c, "frame_real", mask[vj].sum())
                 _add(c, "labelled_pairs", len(qi))
+
+    def _read_counts(self) -> dict[str, dict[str, float]]:
+        """The epoch's counts as numbers, every count kept on the device read in one go."""
+        on_device = [(name, k) for name, c in self.counts.items() for k, v in c.items() if isinstance(v, torch.Tensor)]
+        values = torch.stack([self.counts[name][k] for name, k in on_device]).tolist() if on_device else []
+        out = {name: {k: float(v) for k, v in c.items() if not isinstance(v, torch.Tensor)}
+               for name, c in self.counts.items()}
+        for (name, k), v in zip(on_device, values):
+            out[name][k] = float(v)
+        return out
 
     def epoch_report(self) -> dict:
         if not self.active:
@@ -456,7 +469,8 @@ class ArlDetector(Detector):
         for b, st in self.stats.items():
             report[b] = {"tau_s": round(st.tau_s, 5), "tau_u": round(st.tau_u, 5),
                          "tau_s_frame": round(st.tau_s_frame, 5), "tau_u_frame": round(st.tau_u_frame, 5)}
-        for name, c in self.counts.items():
+        counts = self._read_counts()
+        for name, c in counts.items():
             r = report.setdefault(name, {})
             r["ambiguous_pairs"] = int(c["pairs"])
             r["per_query"] = c["pairs"] / max(1, c["queries"])  # mean |A_i^q| in a batch
@@ -467,8 +481,8 @@ class ArlDetector(Detector):
                 r["base_rate"] = c["relevant"] / max(1, c["unlabelled"])  # precision of a random guess
             if "frame_real" in c:
                 r["frame_share"] = c["frame_ambiguous"] / max(1, c["frame_real"])  # of the labelled video's frames
-        if any("relevant" in c for c in self.counts.values()):
-            report["unlabelled_relevant_pairs"] = int(next(iter(self.counts.values())).get("relevant", 0))
+        if any("relevant" in c for c in counts.values()):
+            report["unlabelled_relevant_pairs"] = int(next(iter(counts.values())).get("relevant", 0))
         return report
 
     # Fig. 4 -------------------------------------------------------------------
@@ -521,5 +535,6 @@ def _union(pos: torch.Tensor, rels: list[ArlRelations]) -> ArlRelations:
     return ArlRelations(pos, amb, pos.float() + votes * amb, frame_amb)
 
 
-def _add(c: dict, key: str, value) -> None:
-    c[key] = c.get(key, 0.0) + float(value)
+def _add(c: dict, key: str, value: torch.Tensor | int) -> None:
+    """c[key] += value, a count (a device tensor stays on the device: no host sync per step)."""
+    c[key] = c[key] + value if key in c else value

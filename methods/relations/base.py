@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from prvr.harness import masks
 from prvr.harness.checks import OneOf, param
 from prvr.harness.io import UserError
 from prvr.harness.registry import DETECTORS
@@ -67,8 +68,14 @@ class Relations:
 
     @staticmethod
     def one_to_one(query_item: torch.Tensor, num_videos: int) -> "Relations":
+        """The labels: query q is positive with video query_item[q] only. The positive mask is
+        described (harness/masks.py: its pairs, one per row, and whether every column has one,
+        as the loader found), so the losses read its pairs without asking the device."""
+        rows = torch.arange(len(query_item), device=query_item.device)
         positive = torch.zeros(len(query_item), num_videos, dtype=torch.bool, device=query_item.device)
-        positive[torch.arange(len(query_item), device=query_item.device), query_item] = True
+        positive[rows, query_item] = True
+        every_video = masks.known(query_item).covers == num_videos or None
+        masks.describe(positive, index=rows * num_videos + query_item, rows=True, cols=every_video)
         return Relations(positive, torch.zeros_like(positive), positive.float())
 
 
@@ -185,14 +192,14 @@ class OracleDetector(Detector):
         if self.settings.mode not in self.MODES:
             raise UserError(f"relations.oracle.mode must be one of {', '.join(self.MODES)}, "
                             f"got '{self.settings.mode}'")
-        self._stats = {"pairs": 0, "unlabelled_relevant": 0}
+        self._stats = {"pairs": 0, "unlabelled_relevant": 0}  # summed on the device, read once per epoch
         self._moments = PairMoments.of_world(data["train"])
 
     def detect(self, batch, outputs: dict) -> Relations:
         rel = super().detect(batch, outputs)
         extra = batch.relevant & ~rel.positive
         self._stats["pairs"] += rel.positive.numel()
-        self._stats["unlabelled_relevant"] += int(extra.sum())
+        self._stats["unlabelled_relevant"] = self._stats["unlabelled_relevant"] + extra.sum()
         moments = None if self._moments is None else self._moments.lookup(batch)
         if self.settings.mode == "positive":
             positive = rel.positive | extra
@@ -203,4 +210,4 @@ class OracleDetector(Detector):
         self._stats = {"pairs": 0, "unlabelled_relevant": 0}
 
     def epoch_report(self) -> dict:
-        return {"unlabelled_relevant_pairs": self._stats["unlabelled_relevant"]}
+        return {"unlabelled_relevant_pairs": int(self._stats["unlabelled_relevant"])}

@@ -1,0 +1,102 @@
+"""Boolean masks whose layout the host already knows, so that reading it needs no device sync.
+
+Which rows of a padded batch are real, which (query, video) pairs are the labelled ones: the
+loader and the one-to-one labels know this on the host, but code that holds only the device
+mask would have to ask the device (`mask.nonzero()`, `bool(mask.all())`, `x[mask]`), and on a
+GPU every such question waits for all queued work (a host sync). `describe` attaches what is
+known to the mask tensor itself; `true_index`, `all_true` and `covered` answer from it and,
+for a mask nobody described, ask the device once (one sync) and remember the answer on the
+tensor. Answers are exact: the index is the one `nonzero` gives, so code that uses it gives
+the same numbers as code that asks the device. Facts hold for the tensor as it was described:
+an in-place change to it (its `_version` moves) drops them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_ATTR = "_prvr_known"
+
+
+@dataclass
+class Known:
+    """Facts about one tensor, each None where unknown."""
+
+    index: torch.Tensor | None = None  # bool mask: flat positions of its True entries, ascending
+    all_true: bool | None = None  # bool mask: every entry True
+    rows: bool | None = None  # 2-D bool mask: every row holds a True (mask.any(1).all())
+    cols: bool | None = None  # 2-D bool mask: every column holds a True (mask.any(0).all())
+    covers: int | None = None  # integer tensor: its values include every integer in [0, covers)
+
+
+def known(t: torch.Tensor) -> Known:
+    """The facts attached to `t` (empty where none are, or where t changed in place since, or
+    while torch.compile traces: its graphs handle data-dependent shapes their own way)."""
+    if torch.compiler.is_compiling():
+        return Known()
+    version, facts = t.__dict__.get(_ATTR, (None, None))
+    return facts if facts is not None and version == _version(t) else Known()
+
+
+def describe(t: torch.Tensor, **facts) -> torch.Tensor:
+    """Attach facts (fields of `Known`) to `t`, keeping those already there; returns `t`."""
+    if torch.compiler.is_compiling() or t.is_inference():  # an inference tensor keeps no version counter
+        return t
+    old = {k: v for k, v in vars(known(t)).items() if v is not None}
+    t.__dict__[_ATTR] = (_version(t), Known(**{**old, **facts}))
+    return t
+
+
+def _version(t: torch.Tensor) -> int | None:
+    return None if t.is_inference() else t._version
+
+
+def describe_from_host(host: torch.Tensor, device_mask: torch.Tensor) -> torch.Tensor:
+    """Attach to `device_mask` (a copy of the CPU mask `host` on any device) the facts read off
+    `host`: its true index (moved without a sync) and whether it is all true."""
+    index = host.flatten().nonzero().squeeze(1)
+    all_true = len(index) == host.numel()
+    if device_mask.device.type == "cuda":
+        index = index.pin_memory()  # an asynchronous copy; from pageable memory the copy would wait for the GPU
+    facts = {"index": index.to(device_mask.device, non_blocking=True), "all_true": all_true}
+    if host.dim() == 2:
+        facts.update(rows=bool(host.any(1).all()), cols=bool(host.any(0).all()))
+    return describe(device_mask, **facts)
+
+
+def true_index(mask: torch.Tensor) -> torch.Tensor:
+    """Flat positions of the True entries of `mask`, ascending: `mask.flatten().nonzero()[:, 0]`."""
+    index = known(mask).index
+    if index is None:
+        index = mask.flatten().nonzero().squeeze(1)  # asks the device
+        describe(mask, index=index)
+    return index
+
+
+def true_pairs(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`mask.nonzero(as_tuple=True)` of a 2-D mask, from its true index."""
+    index = true_index(mask)
+    return index // mask.shape[1], index % mask.shape[1]
+
+
+def all_true(mask: torch.Tensor) -> bool:
+    """bool(mask.all()), from the facts where they tell (a known index of full length tells)."""
+    facts = known(mask)
+    if facts.all_true is not None:
+        return facts.all_true
+    if facts.index is not None:
+        return len(facts.index) == mask.numel()
+    answer = bool(mask.all())  # asks the device
+    describe(mask, all_true=answer)
+    return answer
+
+
+def covered(mask: torch.Tensor, dim: int) -> bool | None:
+    """Whether mask.any(dim) is all true, where known (dim 1: every row holds a True; dim 0:
+    every column); None where not known, and nothing is asked of the device."""
+    facts = known(mask)
+    if facts.all_true and mask.numel() > 0:
+        return True
+    return facts.rows if dim == 1 else facts.cols if dim == 0 else None
