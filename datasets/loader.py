@@ -4,16 +4,28 @@ Frame handling follows the MS-SL family: the clip branch mean-pools the frames i
 exactly `num_clips` segments (short videos repeat frames), the frame branch mean-pools
 down to `max_frames` only when a video is longer, rows are L2-normalised, queries are cut
 to `max_query_len` tokens. Padding comes with boolean masks (True = real).
+
+The data path: a `Batcher` processes its split once (`Kept`: pooled clips, frames, tokens,
+within a share of the free RAM) so that a batch is a gather and a pad; `Batcher.in_order`
+gives evaluation the split's batches, made once; `EpochLoader` builds the training batches
+of every epoch of a run from one set of worker processes, pinned for a GPU. None of this
+changes a number: every batch is bit for bit the one made per video from the raw rows
+(`frame_rows`, `clip_rows`, `token_rows`; tests/test_loader.py).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, fields
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
 
-from prvr.datasets.types import Split
+from prvr.datasets.types import Ragged, Split
+from prvr.harness import masks
 
 
 POOLING_RULES = ("even", "reference")
@@ -90,13 +102,30 @@ def rows_to_seconds(rows: torch.Tensor, durations: torch.Tensor, lengths: torch.
 
 
 class _Tensors:
-    """Device moves and pinning for the batch dataclasses (nested ones included)."""
+    """Device moves and pinning for the batch dataclasses (nested ones included). A move also
+    describes the batch's masks on the device from their host copies (harness/masks.py), so
+    that the model packing the real rows, and the losses reading the labelled pairs, ask the
+    device nothing (no host sync)."""
+
+    _mask_fields: tuple[str, ...] = ()  # the bool masks among the fields
 
     def to(self, device: torch.device):
-        return _map_tensors(self, lambda t: t.to(device, non_blocking=True))
+        moved = _map_tensors(self, lambda t: t.to(device, non_blocking=True))
+        self._describe(moved)
+        return moved
 
     def pin_memory(self):
         return _map_tensors(self, lambda t: t.pin_memory())
+
+    def _describe(self, moved) -> None:
+        for f in fields(self):
+            part = getattr(self, f.name)
+            if isinstance(part, _Tensors):
+                part._describe(getattr(moved, f.name))
+        for name in self._mask_fields:
+            host = getattr(self, name)
+            if host.device.type == "cpu":
+                masks.describe_from_host(host, getattr(moved, name))
 
 
 @dataclass
@@ -108,12 +137,16 @@ class VideoBatch(_Tensors):
     video_index: torch.Tensor  # [B] index into the split's videos
     durations: torch.Tensor | None = None  # [B] float seconds (None: batches built without them)
 
+    _mask_fields = ("frame_mask",)
+
 
 @dataclass
 class QueryBatch(_Tensors):
     tokens: torch.Tensor  # [Q, L, Dq]
     token_mask: torch.Tensor  # [Q, L] bool
     query_index: torch.Tensor  # [Q]
+
+    _mask_fields = ("token_mask",)
 
 
 @dataclass
@@ -124,6 +157,14 @@ class TrainBatch(_Tensors):
     relevant: torch.Tensor | None  # [Q, B] bool ground truth (simulated data), else None
     moments: torch.Tensor | None = None  # [Q, 2] float seconds of each query's labelled moment, NaN where unknown
 
+    def _describe(self, moved) -> None:
+        """And whether every batch video has a labelled query (the one-to-one labels then have
+        a positive in every column; methods/relations/base.py)."""
+        super()._describe(moved)
+        item, videos = self.query_item, self.videos.frames.shape[0]
+        if item.device.type == "cpu" and torch.unique(item).numel() == videos:
+            masks.describe(moved.query_item, covers=videos)
+
 
 def _map_tensors(obj, fn):
     if isinstance(obj, torch.Tensor):
@@ -133,42 +174,200 @@ def _map_tensors(obj, fn):
     return type(obj)(**{f.name: _map_tensors(getattr(obj, f.name), fn) for f in fields(obj)})
 
 
+# ----------------------------------------------------------------------------- one video, one query
+def clip_rows(raw: np.ndarray, cfg) -> np.ndarray:
+    """The clip branch input of one video: its rows mean-pooled into exactly `num_clips`
+    segments, L2-normalised when `normalize_frames`."""
+    clips = segment_mean(raw, cfg.num_clips, cfg.pooling)
+    return l2_normalize(clips) if cfg.normalize_frames else clips
 
+
+def frame_rows(raw: np.ndarray, cfg) -> np.ndarray:
+    """The frame branch input of one video: its rows, mean-pooled down to `max_frames` when it
+    has more, L2-normalised when `normalize_frames`."""
+    frames = segment_mean(raw, cfg.max_frames, cfg.pooling) if len(raw) > cfg.max_frames else raw
+    return l2_normalize(frames) if cfg.normalize_frames else frames
+
+
+def token_rows(raw: np.ndarray, cfg) -> np.ndarray:
+    """One query's first `max_query_len` token rows, L2-normalised when `normalize_tokens`."""
+    tok = np.asarray(raw[: cfg.max_query_len], dtype=np.float32)
+    return l2_normalize(tok) if cfg.normalize_tokens else tok
+
+
+@lru_cache(maxsize=1024)
+def _clip_pool(length: int, segments: int, rule: str) -> np.ndarray:
+    """`pooling_matrix`, made once per length (read only)."""
+    return pooling_matrix(length, segments, rule)
+
+
+# ----------------------------------------------------------------------------- a split, processed once
+KEEP_SHARE = 0.5  # a split keeps processed features while they fit in this share of the free RAM
+KEEP_ORDER = ("clips", "tokens", "frames")  # the parts kept first: most work per byte saved first
+
+
+@dataclass
+class Kept:
+    """The parts of a split's features that its Batcher keeps processed (None: made per batch).
+
+    frames: per video, `frame_rows`; clips [V, C, Dv]: per video, `clip_rows`; tokens: per query,
+    `token_rows`. Made once, video by video and query by query with the same functions as the
+    per-batch path, so a batch gathered from them is the per-batch path's batch bit for bit."""
+
+    frames: Ragged | None = None
+    clips: np.ndarray | None = None
+    tokens: Ragged | None = None
+
+
+def kept_sizes(split: Split, cfg) -> dict[str, int]:
+    """Bytes (float32) that each part of `Kept` takes for `split` (0: the raw rows serve as
+    they are, e.g. frames without normalisation or pooling)."""
+    frame_rows_n = int(np.minimum(split.frames.lengths, cfg.max_frames).sum())
+    token_rows_n = int(np.minimum(split.tokens.lengths, cfg.max_query_len).sum())
+    return {"clips": split.num_videos * cfg.num_clips * split.frames.dim * 4,
+            "tokens": 0 if _raw_serves(split.tokens, cfg.max_query_len, cfg.normalize_tokens)
+            else token_rows_n * split.tokens.dim * 4,
+            "frames": 0 if _raw_serves(split.frames, cfg.max_frames, cfg.normalize_frames)
+            else frame_rows_n * split.frames.dim * 4}
+
+
+def _raw_serves(rows: Ragged, cap: int, normalize: bool) -> bool:
+    """The raw rows are already what a batch takes: float32, none cut or pooled, none normalised."""
+    return (not normalize and rows.data.dtype == np.float32 and rows.rows is None
+            and int(rows.lengths.max(initial=0)) <= cap)
+
+
+def keep_plan(sizes: dict[str, int], budget: int | None) -> list[str]:
+    """The parts to keep: in KEEP_ORDER, each that fits in `budget` bytes beside those kept
+    before it (None: no limit known, keep all)."""
+    plan, used = [], 0
+    for part in KEEP_ORDER:
+        if budget is None or used + sizes[part] <= budget:
+            plan.append(part)
+            used += sizes[part]
+    return plan
+
+
+def available_ram() -> int | None:
+    """RAM that can be had without swapping (Linux MemAvailable; else free pages; else unknown)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def process_split(split: Split, cfg, parts: list[str]) -> Kept:
+    """The `parts` of `Kept` for a split: one pass over its videos (raw rows read once each)
+    and one over its queries."""
+    kept = Kept()
+    if "frames" in parts:
+        kept.frames = split.frames if _raw_serves(split.frames, cfg.max_frames, cfg.normalize_frames) else \
+            _empty_ragged(np.minimum(split.frames.lengths, cfg.max_frames), split.frames.dim)
+    if "clips" in parts:
+        kept.clips = np.empty((split.num_videos, cfg.num_clips, split.frames.dim), dtype=np.float32)
+    fill_frames = kept.frames is not None and kept.frames is not split.frames
+    if fill_frames or kept.clips is not None:
+        for v in range(split.num_videos):
+            raw = np.asarray(split.frames[v], dtype=np.float32)
+            if kept.clips is not None:
+                kept.clips[v] = clip_rows(raw, cfg)
+            if fill_frames:
+                kept.frames.data[kept.frames.offsets[v] : kept.frames.offsets[v + 1]] = frame_rows(raw, cfg)
+    if "tokens" in parts:
+        if _raw_serves(split.tokens, cfg.max_query_len, cfg.normalize_tokens):
+            kept.tokens = split.tokens
+        else:
+            kept.tokens = _empty_ragged(np.minimum(split.tokens.lengths, cfg.max_query_len), split.tokens.dim)
+            for q in range(split.num_queries):
+                kept.tokens.data[kept.tokens.offsets[q] : kept.tokens.offsets[q + 1]] = \
+                    token_rows(split.tokens[q], cfg)
+    return kept
+
+
+def _empty_ragged(lengths: np.ndarray, dim: int) -> Ragged:
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    return Ragged(np.empty((int(offsets[-1]), dim), dtype=np.float32), offsets)
+
+
+# ----------------------------------------------------------------------------- batches
 class Batcher:
-    """Turns index lists into padded tensors for one split."""
+    """Turns index lists into padded tensors for one split.
 
-    def __init__(self, split: Split, data_cfg) -> None:
+    The first batch that picks items at will (`videos`, `queries`, `train_batch`, or `prepare`)
+    makes the split's processed features once (`Kept`, each part while it fits in KEEP_SHARE of
+    the free RAM; `keep=False` never, `keep=True` always); a batch is then a gather and a pad,
+    and what is not kept is made per batch as before. `in_order` gives the split's items in
+    index order, the batches evaluation encodes: made once and kept where the split keeps no
+    processed features (val, test), gathered from them where it does (train). Either way a
+    batch is bit for bit the one the per-batch path makes."""
+
+    def __init__(self, split: Split, data_cfg, keep: bool | None = None) -> None:
         self.split = split
         self.cfg = data_cfg
         self.video_queries = split.video_queries()
+        self.keep = keep
+        self.kept: Kept | None = None  # made by `prepare`
+        self._in_order: dict[tuple[str, int, bool], list] = {}
+
+    def prepare(self) -> Kept:
+        """Make the kept features now (before worker processes start, so that they share them)."""
+        if self.kept is None:
+            sizes = kept_sizes(self.split, self.cfg)
+            if self.keep is None:
+                free = available_ram()
+                parts = keep_plan(sizes, None if free is None else int(KEEP_SHARE * free))
+            else:
+                parts = list(KEEP_ORDER) if self.keep else []
+            self.kept = process_split(self.split, self.cfg, parts)
+            self._in_order.clear()  # batches in order are gathered from the kept features from now on
+        return self.kept
 
     def video_features(self, v: int) -> tuple[np.ndarray, np.ndarray]:
+        """(frames, clips) of video v as a batch takes them, made from its raw rows (the definition)."""
         raw = np.asarray(self.split.frames[v], dtype=np.float32)
-        rule = getattr(self.cfg, "pooling", "even")
-        clips = segment_mean(raw, self.cfg.num_clips, rule)
-        frames = segment_mean(raw, self.cfg.max_frames, rule) if len(raw) > self.cfg.max_frames else raw
-        if self.cfg.normalize_frames:
-            clips, frames = l2_normalize(clips), l2_normalize(frames)
-        return frames, clips
+        return frame_rows(raw, self.cfg), clip_rows(raw, self.cfg)
 
     def videos(self, index: np.ndarray) -> VideoBatch:
-        feats = [self.video_features(int(v)) for v in index]
-        frames, mask = _pad([f for f, _ in feats])
-        clips = torch.from_numpy(np.stack([c for _, c in feats]))
-        pool = np.zeros((len(feats), self.cfg.num_clips, frames.shape[1]), dtype=np.float32)
-        for i, (f, _) in enumerate(feats):
-            pool[i, :, : len(f)] = pooling_matrix(len(f), self.cfg.num_clips, getattr(self.cfg, "pooling", "even"))
-        index = np.asarray(index, dtype=np.int64)
+        return self._videos(np.asarray(index, dtype=np.int64), self.prepare())
+
+    def _videos(self, index: np.ndarray, kept: Kept) -> VideoBatch:
+        if kept.frames is not None:
+            frames, mask = _gather(kept.frames, index)
+        else:
+            frames, mask = _pad([frame_rows(self._raw(v), self.cfg) for v in index])
+        if kept.clips is not None:
+            clips = torch.from_numpy(kept.clips[index])
+        else:
+            clips = torch.from_numpy(np.stack([clip_rows(self._raw(v), self.cfg) for v in index]))
+        return self._video_batch(index, frames, mask, clips)
+
+    def _raw(self, v: int) -> np.ndarray:
+        return np.asarray(self.split.frames[int(v)], dtype=np.float32)
+
+    def _video_batch(self, index: np.ndarray, frames: torch.Tensor, mask: torch.Tensor,
+                     clips: torch.Tensor) -> VideoBatch:
+        lengths = mask.sum(1).tolist()
+        pool = np.zeros((len(index), self.cfg.num_clips, frames.shape[1]), dtype=np.float32)
+        for i, n in enumerate(lengths):
+            pool[i, :, :n] = _clip_pool(n, self.cfg.num_clips, self.cfg.pooling)
         durations = torch.from_numpy(np.asarray(self.split.durations, dtype=np.float32)[index])
         return VideoBatch(frames, mask, clips, torch.from_numpy(pool), torch.from_numpy(index), durations)
 
     def queries(self, index: np.ndarray) -> QueryBatch:
-        rows = []
-        for q in index:
-            tok = np.asarray(self.split.tokens[int(q)][: self.cfg.max_query_len], dtype=np.float32)
-            rows.append(l2_normalize(tok) if self.cfg.normalize_tokens else tok)
-        tokens, mask = _pad(rows)
-        return QueryBatch(tokens, mask, torch.as_tensor(np.asarray(index, dtype=np.int64)))
+        return self._queries(np.asarray(index, dtype=np.int64), self.prepare())
+
+    def _queries(self, index: np.ndarray, kept: Kept) -> QueryBatch:
+        if kept.tokens is not None:
+            tokens, mask = _gather(kept.tokens, index)
+        else:
+            tokens, mask = _pad([token_rows(self.split.tokens[int(q)], self.cfg) for q in index])
+        return QueryBatch(tokens, mask, torch.from_numpy(index))
 
     def train_batch(self, videos: np.ndarray) -> TrainBatch:
         per = [self.video_queries[int(v)] for v in videos]
@@ -179,6 +378,50 @@ class Batcher:
             relevant = torch.from_numpy(self.split.relevance[qidx][:, videos].toarray().astype(bool))
         moments = torch.from_numpy(np.asarray(self.split.moments, dtype=np.float32)[qidx].reshape(-1, 2))
         return TrainBatch(self.videos(videos), self.queries(qidx), torch.from_numpy(item), relevant, moments)
+
+    def in_order(self, kind: str, size: int, pin: bool = False) -> list[VideoBatch] | list[QueryBatch]:
+        """Every video (kind "videos") or query ("queries") of the split in index order, `size` at
+        a time, pinned when `pin` (for a fast copy to a GPU): the batches evaluation encodes.
+        Where the split keeps processed features, gathered from them on each call; else made
+        once and kept while they fit in KEEP_SHARE of the free RAM (`keep=False`: never kept)."""
+        if kind not in ("videos", "queries"):
+            raise ValueError(f"kind must be 'videos' or 'queries', got {kind!r}")
+        n = self.split.num_videos if kind == "videos" else self.split.num_queries
+        make = self._videos if kind == "videos" else self._queries
+        chunks = [np.arange(s, min(s + size, n)) for s in range(0, n, size)]
+        if self.kept is not None:
+            return [_pinned(make(index, self.kept), pin) for index in chunks]
+        key = (kind, size, pin)
+        if key not in self._in_order:
+            batches = [_pinned(make(index, Kept()), pin) for index in chunks]  # the per-batch path
+            if not self._fits_in_order(kind):
+                return batches
+            self._in_order[key] = batches
+        return self._in_order[key]
+
+    def _fits_in_order(self, kind: str) -> bool:
+        if self.keep is not None:
+            return self.keep
+        sizes = kept_sizes(self.split, self.cfg)
+        need = sizes["frames"] + sizes["clips"] if kind == "videos" else sizes["tokens"]
+        free = available_ram()
+        return free is None or need <= KEEP_SHARE * free
+
+
+def _pinned(batch, pin: bool):
+    return batch.pin_memory() if pin else batch
+
+
+def _gather(rows: Ragged, index: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_pad` of items `index` of `rows`, copied straight into the padded array."""
+    if len(index) == 0:
+        return _pad([])
+    lengths = rows.lengths[index]
+    out = np.zeros((len(index), int(lengths.max()), rows.dim), dtype=np.float32)
+    for i, v in enumerate(index):
+        out[i, : lengths[i]] = rows[int(v)]
+    mask = np.arange(out.shape[1])[None, :] < lengths[:, None]
+    return torch.from_numpy(out), torch.from_numpy(mask)
 
 
 def _pad(rows: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -192,17 +435,6 @@ def _pad(rows: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.from_numpy(out), torch.from_numpy(mask)
 
 
-class _BatchDataset(torch.utils.data.Dataset):
-    def __init__(self, batches: list[np.ndarray], make) -> None:
-        self.batches, self.make = batches, make
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-    def __getitem__(self, i: int):
-        return self.make(self.batches[i])
-
-
 def epoch_batches(num_videos: int, batch_size: int, seed: int, epoch: int, video_has_queries: np.ndarray) -> list[np.ndarray]:
     """Shuffled video batches of one epoch; the order depends only on (seed, epoch)."""
     rng = np.random.default_rng([seed, epoch, 17])
@@ -210,9 +442,78 @@ def epoch_batches(num_videos: int, batch_size: int, seed: int, epoch: int, video
     return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
 
+# ----------------------------------------------------------------------------- epochs
+class _Make(torch.utils.data.Dataset):
+    """A map-style dataset whose keys are the batches themselves (index arrays)."""
+
+    def __init__(self, make: Callable[[np.ndarray], Any]) -> None:
+        self.make = make
+
+    def __getitem__(self, batch: np.ndarray):
+        return self.make(batch)
+
+
+class _EpochSampler(torch.utils.data.Sampler):
+    """Yields the current epoch's batches, in order (set before each epoch)."""
+
+    def __init__(self) -> None:
+        self.batches: list[np.ndarray] = []
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+def _draw_loader_seed() -> None:
+    """The one number torch's DataLoader draws from the global torch generator for each
+    iterator it makes (`_BaseDataLoaderIter._base_seed`). Before EpochLoader every epoch made a
+    new DataLoader, so every epoch drew it; drawing it still keeps the torch random stream, and
+    with it every dropout mask of a run, what it was."""
+    torch.empty((), dtype=torch.int64).random_()
+
+
+class EpochLoader:
+    """The training batches of every epoch of a run, from one set of worker processes.
+
+    Made once per run: `make` turns a batch's video indices into a batch (e.g.
+    `Batcher.train_batch`); `prepare` (e.g. `Batcher.prepare`) runs once in this process before
+    the workers start, so that they share what it made instead of each making its own. With
+    `num_workers` > 0 the workers persist across epochs and build batches ahead of the step;
+    `pin` pins each batch (for a fast, asynchronous copy to a GPU). `epoch(batches)` yields the
+    batches in the order given: the data order stays exactly what (seed, epoch) make it
+    (`epoch_batches`), whatever the number of workers."""
+
+    def __init__(self, make: Callable[[np.ndarray], Any], num_workers: int = 0, pin: bool = False,
+                 prepare: Callable[[], Any] | None = None) -> None:
+        self.make, self.num_workers, self.pin, self.prepare = make, num_workers, pin, prepare
+        self._sampler = _EpochSampler()
+        self._loader: torch.utils.data.DataLoader | None = None
+
+    def epoch(self, batches: list[np.ndarray]) -> Iterator:
+        """An iterator over this epoch's batches (one epoch at a time)."""
+        if self.prepare is not None:
+            self.prepare()
+            self.prepare = None
+        if self.num_workers == 0:
+            _draw_loader_seed()
+            return (_pinned(self.make(b), self.pin) for b in batches)
+        self._sampler.batches = list(batches)
+        if self._loader is None:  # its first iterator starts the workers and draws the seed itself
+            self._loader = torch.utils.data.DataLoader(
+                _Make(self.make), batch_size=None, sampler=self._sampler, num_workers=self.num_workers,
+                pin_memory=self.pin, persistent_workers=True)
+        else:
+            _draw_loader_seed()
+        return iter(self._loader)
+
+    def close(self) -> None:
+        """Stop the worker processes (they also stop when the loader is garbage-collected)."""
+        self._loader = None
+
+
 def make_loader(batches: list[np.ndarray], make, num_workers: int = 0, pin: bool = False):
-    """Iterate prepared batches, with worker processes and pinned memory when asked."""
-    return torch.utils.data.DataLoader(
-        _BatchDataset(batches, make), batch_size=None, shuffle=False,
-        num_workers=num_workers, pin_memory=pin, persistent_workers=False,
-    )
+    """One epoch's batches from a loader made for that epoch alone (workers start and stop with
+    it); `EpochLoader` keeps its workers for the whole run."""
+    return EpochLoader(make, num_workers, pin).epoch(batches)

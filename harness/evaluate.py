@@ -180,9 +180,10 @@ VIDEO_BATCH, QUERY_BATCH = 128, 512  # items encoded at a time (memory only: the
 def encode_split(model: torch.nn.Module, split, batcher, device: torch.device) -> tuple[dict, dict]:
     """(queries, videos) of a whole split, encoded in eval mode; the videos indexed."""
     model.eval()
-    videos = index_videos(model, encode_all(model.encode_videos, batcher.videos, split.num_videos, VIDEO_BATCH,
-                                            device))
-    queries = encode_all(model.encode_queries, batcher.queries, split.num_queries, QUERY_BATCH, device)
+    pin = device.type == "cuda"  # the split's batches, made once (Batcher.in_order), go to the GPU asynchronously
+    videos = index_videos(model, encode_batches(model.encode_videos, batcher.in_order("videos", VIDEO_BATCH, pin),
+                                                device))
+    queries = encode_batches(model.encode_queries, batcher.in_order("queries", QUERY_BATCH, pin), device)
     return queries, videos
 
 
@@ -244,10 +245,17 @@ def score_matrices(model: torch.nn.Module, split, batcher, device: torch.device,
     return {k: torch.cat(v) for k, v in parts.items()}
 
 
-def encode_all(encode, make_batch, n: int, batch_size: int, device: torch.device) -> dict[str, torch.Tensor]:
-    """Encode items in batches and concatenate, padding sequence dims (dim 1) to the longest."""
-    parts = [encode(make_batch(np.arange(s, min(s + batch_size, n))).to(device)) for s in range(0, n, batch_size)]
+def encode_batches(encode, batches: Iterable, device: torch.device) -> dict[str, torch.Tensor]:
+    """Encode batches (e.g. `Batcher.in_order`) and concatenate, padding sequence dims (dim 1)
+    to the longest."""
+    parts = [encode(batch.to(device)) for batch in batches]
     return {k: cat_padded([p[k] for p in parts]) for k in parts[0]}
+
+
+def encode_all(encode, make_batch, n: int, batch_size: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """Encode items 0..n-1, `batch_size` at a time (`make_batch(index)` makes each batch)."""
+    return encode_batches(encode, (make_batch(np.arange(s, min(s + batch_size, n))) for s in range(0, n, batch_size)),
+                          device)
 
 
 def index_videos(model: torch.nn.Module, videos: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

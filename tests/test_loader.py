@@ -76,3 +76,182 @@ def test_real_layout_presets_use_the_reference_rule():
     assert resolve("baseline", "sim-tvr").data.pooling == "even"
     with pytest.raises(ValueError, match="data.pooling"):
         segment_bounds(10, 4, "nearest")
+
+
+# ----------------------------------------------------------------------------- the data path
+# The per-video path as it was before the split was processed once: every batch of the Batcher
+# (kept features, per-batch parts, batches in order) must equal it bit for bit.
+def _naive_videos(split, cfg, index):
+    feats = []
+    for v in index:
+        raw = np.asarray(split.frames[int(v)], dtype=np.float32)
+        clips = segment_mean(raw, cfg.num_clips, cfg.pooling)
+        frames = segment_mean(raw, cfg.max_frames, cfg.pooling) if len(raw) > cfg.max_frames else raw
+        if cfg.normalize_frames:
+            clips, frames = l2_normalize(clips), l2_normalize(frames)
+        feats.append((frames, clips))
+    longest = max(len(f) for f, _ in feats)
+    frames = np.zeros((len(feats), longest, split.frames.dim), dtype=np.float32)
+    mask = np.zeros((len(feats), longest), dtype=bool)
+    pool = np.zeros((len(feats), cfg.num_clips, longest), dtype=np.float32)
+    for i, (f, _) in enumerate(feats):
+        frames[i, : len(f)], mask[i, : len(f)] = f, True
+        pool[i, :, : len(f)] = pooling_matrix(len(f), cfg.num_clips, cfg.pooling)
+    index = np.asarray(index, dtype=np.int64)
+    return {"frames": frames, "frame_mask": mask, "clips": np.stack([c for _, c in feats]), "clip_pool": pool,
+            "video_index": index, "durations": np.asarray(split.durations, dtype=np.float32)[index]}
+
+
+def _naive_queries(split, cfg, index):
+    rows = []
+    for q in index:
+        tok = np.asarray(split.tokens[int(q)][: cfg.max_query_len], dtype=np.float32)
+        rows.append(l2_normalize(tok) if cfg.normalize_tokens else tok)
+    longest = max(len(r) for r in rows)
+    tokens = np.zeros((len(rows), longest, split.tokens.dim), dtype=np.float32)
+    mask = np.zeros((len(rows), longest), dtype=bool)
+    for i, r in enumerate(rows):
+        tokens[i, : len(r)], mask[i, : len(r)] = r, True
+    return {"tokens": tokens, "token_mask": mask, "query_index": np.asarray(index, dtype=np.int64)}
+
+
+def _assert_bitwise(batch, naive):
+    for key, expected in naive.items():
+        got = getattr(batch, key)
+        assert got.dtype == torch.from_numpy(expected).dtype, key
+        assert torch.equal(got, torch.from_numpy(expected)), key
+
+
+def _split_and_cfg(pooling, normalize):
+    cfg = resolve("baseline", "sim-tiny", 0, [f"data.pooling={pooling}", f"data.normalize_frames={normalize}",
+                                              f"data.normalize_tokens={normalize}", "data.max_frames=16",
+                                              "data.num_clips=20", "data.max_query_len=8"])
+    return DATASETS.get("sim-tiny").load(cfg)["train"], cfg.data
+
+
+@pytest.mark.parametrize("pooling", ["even", "reference"])
+@pytest.mark.parametrize("normalize", [True, False])
+def test_every_path_gives_the_per_video_batches_bit_for_bit(pooling, normalize, monkeypatch):
+    """Kept features (all parts, some parts within a budget, none), batches in order (made once,
+    or gathered from kept features): each the naive per-video batch, float32 bit for bit, with
+    videos longer than max_frames (pooled frames) and shorter than num_clips (repeated rows)."""
+    from prvr.datasets import loader
+
+    split, cfg = _split_and_cfg(pooling, normalize)
+    lengths = split.frames.lengths
+    assert lengths.max() > cfg.max_frames and lengths.min() < cfg.num_clips  # both pooling cases occur
+    index = np.array([7, 0, int(np.argmax(lengths)), 3, int(np.argmin(lengths))])
+    sizes = loader.kept_sizes(split, cfg)
+    batchers = [Batcher(split, cfg, keep=True), Batcher(split, cfg, keep=False), Batcher(split, cfg)]
+    monkeypatch.setattr(loader, "available_ram", lambda: int(sizes["clips"] / loader.KEEP_SHARE) + 1)
+    batchers.append(Batcher(split, cfg))  # a budget that keeps the clips only
+    for b in batchers:
+        _assert_bitwise(b.videos(index), _naive_videos(split, cfg, index))
+        _assert_bitwise(b.queries(index * 2), _naive_queries(split, cfg, index * 2))
+    assert batchers[-1].kept.clips is not None and batchers[-1].kept.frames is None
+    assert batchers[-1].kept.tokens is None and batchers[1].kept.clips is None
+    for b in (Batcher(split, cfg), batchers[0]):  # batches in order: made once / gathered from kept features
+        for start, batch in zip(range(0, split.num_videos, 16), b.in_order("videos", 16)):
+            _assert_bitwise(batch, _naive_videos(split, cfg, np.arange(start, min(start + 16, split.num_videos))))
+        for start, batch in zip(range(0, split.num_queries, 50), b.in_order("queries", 50)):
+            _assert_bitwise(batch, _naive_queries(split, cfg, np.arange(start, min(start + 50, split.num_queries))))
+
+
+def test_kept_parts_follow_the_budget_in_order():
+    from prvr.datasets.loader import KEEP_ORDER, keep_plan
+
+    sizes = {"clips": 30, "tokens": 20, "frames": 50}
+    assert KEEP_ORDER == ("clips", "tokens", "frames")
+    assert keep_plan(sizes, None) == ["clips", "tokens", "frames"]
+    assert keep_plan(sizes, 100) == ["clips", "tokens", "frames"]
+    assert keep_plan(sizes, 99) == ["clips", "tokens"]
+    assert keep_plan(sizes, 25) == ["tokens"]  # a part that does not fit is made per batch; later ones may fit
+    assert keep_plan({**sizes, "clips": 0}, 25) == ["clips", "tokens"]
+
+
+def test_raw_rows_serve_as_kept_frames_when_nothing_changes_them():
+    cfg = resolve("baseline", "sim-tiny", 0, ["data.normalize_frames=false", "data.normalize_tokens=false",
+                                              "data.max_frames=128"])
+    split = DATASETS.get("sim-tiny").load(cfg)["train"]
+    from prvr.datasets.loader import kept_sizes
+
+    assert kept_sizes(split, cfg.data)["frames"] > 0  # the simulated rows are stored as float16
+    split.frames = split.frames.in_memory(np.float32)  # as real features are: float32, none too long
+    assert kept_sizes(split, cfg.data)["frames"] == 0
+    kept = Batcher(split, cfg.data, keep=True).prepare()
+    assert kept.frames is split.frames
+
+
+def test_batches_in_order_are_made_once_per_split(monkeypatch):
+    """Evaluation's batches of a split that keeps no processed features are made on the first
+    call and reused (the same objects); a split that keeps features gathers them, keeping no copy."""
+    from prvr.datasets import loader
+
+    split, cfg = _split_and_cfg("even", True)
+    calls = []
+    real = loader.frame_rows
+    monkeypatch.setattr(loader, "frame_rows", lambda raw, c: calls.append(1) or real(raw, c))
+    val = Batcher(split, cfg)
+    first = val.in_order("videos", 16)
+    assert len(calls) == split.num_videos and val.kept is None
+    assert val.in_order("videos", 16) is first and len(calls) == split.num_videos
+    train = Batcher(split, cfg, keep=True)
+    train.prepare()
+    made = len(calls)
+    a, b = train.in_order("videos", 16), train.in_order("videos", 16)
+    assert a is not b and len(calls) == made and all(torch.equal(x.frames, y.frames) for x, y in zip(a, b))
+
+
+def _old_epoch(batches, make, num_workers):
+    """One epoch as the trainer ran it before EpochLoader: a DataLoader made for the epoch."""
+    from prvr.datasets.loader import _Make
+
+    class Listed(_Make):
+        def __len__(self):
+            return len(batches)
+
+        def __getitem__(self, i):
+            return self.make(batches[i])
+
+    loader = torch.utils.data.DataLoader(Listed(make), batch_size=None, shuffle=False, num_workers=num_workers)
+    return list(loader)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_epoch_loader_keeps_the_order_and_the_torch_random_stream(workers):
+    """Over three epochs: the batches in the order given, and the global torch RNG exactly where
+    the per-epoch DataLoaders left it (each drew one number), so dropout masks do not move."""
+    from prvr.datasets.loader import EpochLoader, epoch_batches
+
+    cfg = resolve("baseline", "sim-tiny", 0)
+    split = DATASETS.get("sim-tiny").load(cfg)["train"]
+    batcher = Batcher(split, cfg.data)
+    has = np.array([len(q) > 0 for q in batcher.video_queries])
+    loader = EpochLoader(batcher.train_batch, workers, prepare=batcher.prepare)
+    for epoch in range(3):
+        batches = epoch_batches(len(has), 16, 0, epoch, has)
+        torch.manual_seed(epoch)
+        got = list(loader.epoch(batches))
+        after_new = torch.get_rng_state()
+        torch.manual_seed(epoch)
+        old = _old_epoch(batches, batcher.train_batch, 0)
+        assert torch.equal(after_new, torch.get_rng_state())
+        assert [b.videos.video_index.tolist() for b in got] == [list(b) for b in batches]
+        for x, y in zip(got, old):
+            assert torch.equal(x.videos.frames, y.videos.frames) and torch.equal(x.queries.tokens, y.queries.tokens)
+    loader.close()
+
+
+def test_a_batch_moved_to_a_device_describes_its_masks():
+    """What the model and the losses read without asking the device (harness/masks.py)."""
+    from prvr.harness import masks
+
+    cfg = resolve("baseline", "sim-tiny", 0)
+    split = DATASETS.get("sim-tiny").load(cfg)["train"]
+    b = Batcher(split, cfg.data)
+    batch = b.train_batch(np.array([3, 0, 5])).to(torch.device("cpu"))
+    for mask in (batch.videos.frame_mask, batch.queries.token_mask):
+        facts = masks.known(mask)
+        assert torch.equal(facts.index, mask.flatten().nonzero().squeeze(1))
+        assert facts.all_true == bool(mask.all())
+    assert masks.known(batch.query_item).covers == 3

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from prvr.datasets.loader import available_ram
 from prvr.datasets.real.assemble import Built
 from prvr.datasets.real.bigfile import ROW_DTYPE, MappedRows
 from prvr.datasets.real.export import MARKER
@@ -85,7 +86,7 @@ def load_real(name: str, cfg) -> PRVRData:
 def preload(data: PRVRData) -> PRVRData:
     need = sum(int(s.frames.offsets[-1]) * s.frames.dim + int(s.tokens.offsets[-1]) * s.tokens.dim
                for s in data.splits.values()) * 4
-    free = _available_ram()
+    free = available_ram()
     if free is not None and need > 0.8 * free:
         raise LayoutError(f"data.preload needs {need / 2**30:.1f} GiB of RAM and {free / 2**30:.1f} GiB are free; "
                           "drop --set data.preload=true (the memory-mapped default reads rows per batch)")
@@ -191,17 +192,3 @@ def _read_split(folder: Path, name: str, table: MappedRows, manifest: dict) -> S
         durations=arr["durations"], query_ids=text["query_ids"], query_text=text["query_text"],
         tokens=Ragged(tokens, arr["token_offsets"]), query_video=arr["query_video"], moments=arr["moments"],
     )
-
-
-def _available_ram() -> int | None:
-    """RAM that can be had without swapping (Linux MemAvailable; else free pages; else unknown)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None

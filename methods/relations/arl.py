@@ -270,12 +270,13 @@ def epoch_statistics(model, batcher, device: torch.device, video_chunk: int = 64
     """Encode the whole split once per branch with the model in eval mode and return each
     branch's uncertainties and thresholds. `probe` = (query indices, video indices) whose
     similarities are kept for the Fig. 4 distributions."""
-    from prvr.harness.evaluate import encode_all
+    from prvr.harness.evaluate import QUERY_BATCH, encode_batches
 
     split, views = batcher.split, branch_views(model)
     was_training = model.training
     model.eval()
-    queries = encode_all(model.encode_queries, batcher.queries, split.num_queries, 512, device)
+    pin = device.type == "cuda"
+    queries = encode_batches(model.encode_queries, batcher.in_order("queries", QUERY_BATCH, pin), device)
     longest = int(min(split.frames.lengths.max(), batcher.cfg.max_frames))
     passes = {b: UncertaintyPass(queries[qk]) for b, qk, _ in views}
     frame_u = {b: torch.zeros(split.num_videos, longest, device=device) for b, _, _ in views}
@@ -283,9 +284,9 @@ def epoch_statistics(model, batcher, device: torch.device, video_chunk: int = 64
     pos_frame = {b: torch.zeros(split.num_queries, device=device) for b, _, _ in views}
     probe_sim = {b: torch.zeros(len(probe[0]), len(probe[1]), device=device) for b, _, _ in views} if probe else {}
     mask_all = torch.zeros(split.num_videos, longest, dtype=torch.bool, device=device)
-    for start in range(0, split.num_videos, video_chunk):
-        idx = np.arange(start, min(start + video_chunk, split.num_videos))
-        vb = batcher.videos(idx).to(device)
+    for host in batcher.in_order("videos", video_chunk, pin):
+        idx = host.video_index.numpy()
+        vb = host.to(device)
         out = model.encode_videos(vb)
         mask = vb.frame_mask
         mask_all[idx[0] : idx[-1] + 1, : mask.shape[1]] = mask
