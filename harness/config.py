@@ -22,7 +22,7 @@ import yaml
 
 from prvr.harness.checks import (FLAG, NON_NEGATIVE, POSITIVE, PROBABILITY, SEED, Device, Free, ListOf, OneOf, Range,
                                  Registered, at_least, check_section, check_value, param, require, section, show)
-from prvr.harness.io import UserError
+from prvr.harness.io import UserError, read_yaml
 from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS, unknown_message
 
 ON_BAD_ROWS = ("error", "skip")
@@ -253,6 +253,10 @@ def detector_settings(name: str) -> Any:
 SCALARS = ("method", "dataset", "seed", "backbone")
 
 
+# top-level keys that the command line sets (and overwrites after every layer), with the option
+COMMAND_LINE_KEYS = {"method": "--method", "dataset": "--dataset", "seed": "--seed"}
+
+
 def resolve(method: str, dataset: str, seed: int = 0, overrides: list[str] | None = None,
             user_yaml: str | Path | None = None) -> Config:
     """Build the fully resolved config of one run; every value is checked (harness/checks.py)
@@ -261,6 +265,10 @@ def resolve(method: str, dataset: str, seed: int = 0, overrides: list[str] | Non
     DATASETS.get(dataset)  # unknown dataset: error with suggestions
     check_value(Config, _field(Config, "seed"), "seed", seed, "--seed")
     sets = [parse_set(s) for s in overrides or []]
+    owned = [k for k, _ in sets if k in COMMAND_LINE_KEYS]
+    if owned:  # the command line's value would silently win
+        raise UserError(f"--set {owned[0]}=...: the {owned[0]} of a run is the command line's; use "
+                        f"{COMMAND_LINE_KEYS[owned[0]]} instead")
     user = load_yaml(user_yaml) if user_yaml else {}
     method_preset = load_yaml(spec.preset) if spec.preset else {}
     per_dataset = method_preset.pop("per_dataset", {}) or {}
@@ -446,14 +454,7 @@ def load_yaml(path: str | Path | None) -> dict[str, Any]:
     if not path:
         return {}
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UserError(f"config file not found: {path}") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise UserError(f"config file {path}{where} is not valid YAML: {getattr(e, 'problem', e)}") from None
+    data = read_yaml(path, "config file", "fix the file or pass another --config")
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -112,19 +112,100 @@ def write_json(path: str | Path, obj: Any) -> None:
     write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n")
 
 
-def read_json(path: str | Path, what: str = "JSON file") -> Any:
-    path = Path(path)
+# Bounds of the files the suite reads (records, configs, logs are untrusted input): the largest
+# committed record is about 0.1 MB, a config a few kB.
+MAX_JSON_BYTES = 64 * 2**20
+MAX_TEXT_BYTES = 64 * 2**20
+MAX_YAML_BYTES = 2**20
+MAX_YAML_ALIASES = 100  # a YAML alias bomb expands exponentially: refused long before that
+
+
+def read_text(path: str | Path, what: str, fix: str, limit: int | None = None) -> str:
+    """A UTF-8 text file (a leading BOM dropped) of at most `limit` bytes (MAX_TEXT_BYTES); a
+    missing, larger, unreadable or non-UTF-8 file is one line naming it, the byte offset, and `fix`."""
+    path, limit = Path(path), MAX_TEXT_BYTES if limit is None else limit
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, "rb") as f:
+            raw = f.read(limit + 1)
     except FileNotFoundError:
         raise UserError(f"{what} not found: {path}") from None
+    except OSError as e:
+        raise UserError(f"{what} {path} cannot be read ({e.strerror or type(e).__name__}); {fix}") from None
+    if len(raw) > limit:
+        raise UserError(f"{what} {path} is larger than {limit / 2**20:g} MB, more than such a file holds; {fix}")
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{what} {path} is not UTF-8 text (byte {e.start}: {raw[e.start:e.start + 1]!r}); "
+                        f"{fix}") from None
+
+
+def read_json(path: str | Path, what: str = "JSON file") -> Any:
+    path = Path(path)
+    fix = "delete it or restore it from version control"
+    text = read_text(path, what, fix, MAX_JSON_BYTES)
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise UserError(
-            f"{what} {path} does not parse (line {e.lineno}, column {e.colno}: {e.msg}); "
-            "delete it or restore it from version control"
-        ) from None
+        raise UserError(f"{what} {path} does not parse (line {e.lineno}, column {e.colno}: {e.msg}); {fix}") from None
+    except RecursionError:
+        raise UserError(f"{what} {path} is nested deeper than Python can read (no record of this suite is); "
+                        f"{fix}") from None
+
+
+def read_yaml(path: str | Path, what: str, fix: str) -> Any:
+    """A YAML file read as `yaml.safe_load` reads it, but bounded (size, aliases) and strict: a
+    key twice in one mapping is an error naming both lines, not the first value lost."""
+    import yaml
+
+    path = Path(path)
+    text = read_text(path, what, fix, MAX_YAML_BYTES)
+    try:
+        return yaml.load(text, Loader=_strict_yaml_loader())  # noqa: S506 (a SafeLoader subclass)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise UserError(f"{what} {path}{where} is not valid YAML: {getattr(e, 'problem', None) or e}; {fix}") from None
+
+
+_LOADER: Any = None
+
+
+def _strict_yaml_loader() -> Any:
+    """yaml.SafeLoader refusing duplicate keys and more than MAX_YAML_ALIASES aliases."""
+    global _LOADER
+    if _LOADER is not None:
+        return _LOADER
+    import yaml
+
+    class StrictLoader(yaml.SafeLoader):
+        aliases = 0
+
+        def compose_node(self, parent, index):  # type: ignore[no-untyped-def]
+            if self.check_event(yaml.AliasEvent):
+                self.aliases += 1
+                if self.aliases > MAX_YAML_ALIASES:
+                    raise yaml.YAMLError(f"more than {MAX_YAML_ALIASES} aliases (*name): refused, as an "
+                                         "alias bomb would expand without bound")
+            return super().compose_node(parent, index)
+
+        def construct_mapping(self, node, deep=False):  # type: ignore[no-untyped-def]
+            seen: dict[Any, int] = {}
+            self.flatten_mapping(node)
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                if not isinstance(key, (str, int, float, bool)):
+                    continue  # an unhashable or odd key fails in the base constructor as before
+                line = key_node.start_mark.line + 1
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key '{key}' appears twice in one mapping (lines {seen[key]} and {line}): "
+                                    "the first would be lost; merge them", key_node.start_mark)
+                seen[key] = line
+            return super().construct_mapping(node, deep)
+
+    _LOADER = StrictLoader
+    return _LOADER
 
 
 def ensure_dir(path: str | Path) -> Path:

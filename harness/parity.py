@@ -26,7 +26,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from prvr.harness.io import UserError, ensure_dir, write_text
+from prvr.harness.io import MAX_TEXT_BYTES, UserError, ensure_dir, read_text, write_text
 
 TOLERANCE = 2.0  # SumR: the suite's rule for a faithful re-implementation
 
@@ -44,9 +44,19 @@ def read_official_log(path: str | Path) -> dict[str, Any]:
     are its parts; the seed is the training script's `set seed: N` line, where it logs one."""
     path = Path(path)
     try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    except FileNotFoundError:
-        raise UserError(f"official log not found: {path}") from None
+        lines = read_text(path, "official log", "pass the log.txt the official training script wrote").splitlines()
+    except UserError as err:
+        if "not UTF-8" not in str(err):
+            raise
+        with open(path, "rb") as f:  # a log with stray bytes (a killed write) is still read, bounded
+            lines = f.read(MAX_TEXT_BYTES).decode("utf-8", errors="replace").splitlines()
+
+    def number(text: str, line: int) -> float:
+        try:
+            return float(text)
+        except ValueError:
+            raise UserError(f"{path} line {line}: '{text}' is not a number; pass the log the official training "
+                            "script wrote, unedited") from None
     val: dict[int, dict[str, Any]] = {}  # by epoch: a later block of the same epoch replaces it
     test = None
     parts: list[float] = []
@@ -54,15 +64,15 @@ def read_official_log(path: str | Path) -> dict[str, Any]:
     epoch = None
     testing = False
     seed = None
-    for number, line in enumerate(lines, 1):
+    for lineno, line in enumerate(lines, 1):
         if seed is None and (m := _SEED.search(line)):
             seed = int(m.group(1))
             continue
         if m := _NAMED_PART.search(line):
-            named["fused" if m.group(1) == "combined" else m.group(1)] = float(m.group(2))
+            named["fused" if m.group(1) == "combined" else m.group(1)] = number(m.group(2), lineno)
             continue
         if m := _RECALL_SUM.search(line):
-            parts.append(float(m.group(1)))
+            parts.append(number(m.group(1), lineno))
             continue
         if "Testing from:" in line:
             testing, epoch = True, None
@@ -74,11 +84,11 @@ def read_official_log(path: str | Path) -> dict[str, Any]:
             if "Best:" in line:  # the running best, not this evaluation
                 continue
             found = named or (dict(zip(PARTS, parts[-3:])) if len(parts) >= 3 else {})
-            entry = {"SumR": float(m.group(1)), "parts": found}
+            entry = {"SumR": number(m.group(1), lineno), "parts": found}
             if testing:
                 test = entry
             elif epoch is None:
-                raise UserError(f"{path} line {number}: a validation 'Rsum:' before any 'Epoch: N' line; "
+                raise UserError(f"{path} line {lineno}: a validation 'Rsum:' before any 'Epoch: N' line; "
                                 "pass the log the official training script wrote (its log.txt)")
             else:
                 val[epoch] = {"epoch": epoch, **entry}

@@ -154,12 +154,19 @@ def test_each_declared_check_refuses_a_bad_value_in_one_line(where, key, name, v
     ("sim.mv_fractions=[1.5, -0.5, 0.0]", r"'sim.mv_fractions' must be"),
     ("loss.branches=[clip, clip]", r"'loss.branches' must be a list of at least 1 distinct items"),
     ("eval.splits=[val, dev]", r"'eval.splits' must be a list of at least 1 distinct items, each of train, val, test"),
-    ("seed=-2", r"'seed' must be an integer in \[0, 4294967295\], got -2"),
+    ("seed=-2", r"--set seed=\.\.\.: the seed of a run is the command line's; use --seed instead"),
+    ("method=msl", r"--set method=\.\.\.: the method of a run is the command line's; use --method instead"),
+    ("dataset=sim-tvr", r"--set dataset=\.\.\.: the dataset of a run is the command line's; use --dataset instead"),
 ])
 def test_bad_values_name_the_key_and_the_valid_values(override, message):
     with pytest.raises(UserError, match=message) as err:
         resolve("baseline", "sim-tiny", 0, [override])
     assert "\n" not in str(err.value)
+
+
+def test_a_seed_out_of_range_names_the_option():
+    with pytest.raises(UserError, match=r"'seed' must be an integer in \[0, 4294967295\], got -2 \(from --seed\)"):
+        resolve("baseline", "sim-tiny", -2)
 
 
 @pytest.mark.parametrize("method, override, message", [

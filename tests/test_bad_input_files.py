@@ -1,0 +1,87 @@
+"""Bad input, round three: the files the suite reads are untrusted (docs/bad-input.md, "Files
+the suite reads"). Configs, records and logs are read bounded (size, depth, aliases), as
+UTF-8 (a BOM dropped), and strictly (a key twice is an error, not a value lost); each case is
+one line naming the file."""
+
+import json
+
+import pytest
+
+from prvr.harness import io
+from prvr.harness.config import resolve
+from prvr.harness.io import UserError, read_json, read_yaml
+from prvr.harness.parity import read_official_log
+from prvr.harness.records import load_record
+
+
+def test_a_yaml_section_given_twice_is_an_error_naming_both_lines(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("train:\n  lr: 0.001\nloss:\n  margin: 0.2\ntrain:\n  epochs: 3\n")
+    with pytest.raises(UserError, match=r"config file .*c.yaml line 5 is not valid YAML: key 'train' appears twice "
+                                        r"in one mapping \(lines 1 and 5\)") as err:
+        resolve("baseline", "sim-tiny", 0, [], cfg)
+    assert "\n" not in str(err.value)
+
+
+def test_a_key_twice_inside_a_section_is_refused_too(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("train:\n  lr: 0.001\n  lr: 0.002\n")
+    with pytest.raises(UserError, match=r"key 'lr' appears twice in one mapping \(lines 2 and 3\)"):
+        resolve("baseline", "sim-tiny", 0, [], cfg)
+
+
+def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path):
+    lines = ["a: &a [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 9)}]" for i in range(12)]
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(lines) + "\n")
+    with pytest.raises(UserError, match=f"more than {io.MAX_YAML_ALIASES} aliases"):
+        read_yaml(bomb, "config file", "fix it")
+
+
+def test_a_config_that_is_not_utf8_is_one_line(tmp_path):
+    cfg = tmp_path / "latin1.yaml"
+    cfg.write_bytes("train:\n  epochs: 2  # r\xe9sum\xe9\n".encode("latin-1"))
+    with pytest.raises(UserError, match=r"config file .*latin1.yaml is not UTF-8 text \(byte 23: b'\\xe9'\)"):
+        resolve("baseline", "sim-tiny", 0, [], cfg)
+
+
+def test_a_utf8_bom_is_dropped(tmp_path):
+    cfg = tmp_path / "bom.yaml"
+    cfg.write_bytes(b"\xef\xbb\xbftrain:\n  epochs: 2\n")
+    assert resolve("baseline", "sim-tiny", 0, [], cfg).train.epochs == 2
+
+
+def test_a_record_of_non_utf8_bytes_is_one_line(tmp_path):
+    rec = tmp_path / "seed0.json"
+    rec.write_bytes(b'{"method": "b\xff"}')
+    with pytest.raises(UserError, match=r"run record .*seed0.json is not UTF-8 text \(byte 13"):
+        load_record(rec)
+
+
+def test_a_record_nested_without_bound_is_one_line(tmp_path):
+    rec = tmp_path / "seed0.json"
+    rec.write_text("[" * 200_000 + "]" * 200_000)
+    with pytest.raises(UserError, match=r"nested deeper than Python can read"):
+        load_record(rec)
+
+
+def test_files_larger_than_their_bound_are_refused_before_they_are_read_whole(tmp_path, monkeypatch):
+    monkeypatch.setattr(io, "MAX_JSON_BYTES", 1000)
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps({"x": "y" * 2000}))
+    with pytest.raises(UserError, match=r"is larger than 0.000953674 MB"):
+        read_json(big, "run record")
+
+
+def test_an_endless_official_log_is_refused(monkeypatch):
+    monkeypatch.setattr(io, "MAX_TEXT_BYTES", 4096)
+    with pytest.raises(UserError, match=r"official log /dev/zero is larger than"):
+        read_official_log("/dev/zero")
+
+
+def test_a_number_in_an_official_log_that_is_not_one_is_named_with_its_line(tmp_path):
+    log = tmp_path / "log.txt"
+    log.write_text("Epoch: 0\n * recall sum: 1.2.3\nRsum: 100.0\n")
+    with pytest.raises(UserError, match=r"log.txt line 2: '1.2.3' is not a number"):
+        read_official_log(log)
