@@ -92,7 +92,8 @@ def _init(ray: ModuleType, launch: Launch, local_cpus: int) -> None:
             raise UserError(f"cannot reach a Ray cluster at --address {launch.address} ({e}); start one with "
                             "`ray start --head`, or pass the address it prints") from None
     else:
-        ray.init(num_cpus=local_cpus, include_dashboard=False, object_store_memory=LOCAL_OBJECT_STORE,
+        # address="local": a new Ray for this bench, never one that `ray start` left on this machine
+        ray.init(address="local", num_cpus=local_cpus, include_dashboard=False, object_store_memory=LOCAL_OBJECT_STORE,
                  runtime_env=runtime_env, log_to_driver=False)
 
 

@@ -111,7 +111,7 @@ def test_each_run_is_a_task_with_its_needs_and_a_failure_names_its_log(fake_ray,
         {"num_cpus": 2, "num_gpus": 0.5, "max_retries": 0, "name": "ok", "memory": 2**30},
         {"num_cpus": 2, "num_gpus": 0, "max_retries": 0, "name": "bad"}]
     (init,) = fake_ray.inits
-    assert init["num_cpus"] == 6 and "address" not in init  # a local Ray of --jobs x threads CPUs
+    assert (init["num_cpus"], init["address"]) == (6, "local")  # a new local Ray of --jobs x threads CPUs
     assert (tmp_path / "logs" / "ok.log").read_text() == "training 0\n" and fake_ray.shut
 
 
