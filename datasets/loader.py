@@ -478,8 +478,9 @@ class EpochLoader:
     """The training batches of every epoch of a run, from one set of worker processes.
 
     Made once per run: `make` turns a batch's video indices into a batch (e.g.
-    `Batcher.train_batch`); `prepare` (e.g. `Batcher.prepare`) runs once in this process before
-    the workers start, so that they share what it made instead of each making its own. With
+    `Batcher.train_batch`); `prepare` (e.g. `Batcher.prepare`) runs now, in this process, before
+    any worker starts, so that the workers share what it made instead of each making its own
+    (and a run pays for it once, before its first epoch). With
     `num_workers` > 0 the workers persist across epochs and build batches ahead of the step;
     `pin` pins each batch (for a fast, asynchronous copy to a GPU). `epoch(batches)` yields the
     batches in the order given: the data order stays exactly what (seed, epoch) make it
@@ -487,15 +488,14 @@ class EpochLoader:
 
     def __init__(self, make: Callable[[np.ndarray], Any], num_workers: int = 0, pin: bool = False,
                  prepare: Callable[[], Any] | None = None) -> None:
-        self.make, self.num_workers, self.pin, self.prepare = make, num_workers, pin, prepare
+        self.make, self.num_workers, self.pin = make, num_workers, pin
+        if prepare is not None:
+            prepare()
         self._sampler = _EpochSampler()
         self._loader: torch.utils.data.DataLoader | None = None
 
     def epoch(self, batches: list[np.ndarray]) -> Iterator:
         """An iterator over this epoch's batches (one epoch at a time)."""
-        if self.prepare is not None:
-            self.prepare()
-            self.prepare = None
         if self.num_workers == 0:
             _draw_loader_seed()
             return (_pinned(self.make(b), self.pin) for b in batches)
