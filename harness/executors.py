@@ -83,6 +83,8 @@ def run_on_ray(jobs: list[Job], launch: Launch, workers: int, command: str) -> N
 
 
 def _init(ray: ModuleType, launch: Launch, local_cpus: int) -> None:
+    """Join the cluster at the address, or start a local Ray of `local_cpus` CPUs; either way the
+    tasks get this process's PRVR_* settings."""
     env = {k: os.environ[k] for k in PASSED_ENV if os.environ.get(k)}
     runtime_env = {"env_vars": env} if env else None
     if launch.address:
@@ -119,9 +121,9 @@ def task_options(job: Job, gpu_share: float, node_memory: float) -> dict:
     if job.memory_mb:
         need = int(job.memory_mb * 2**20)
         if need > node_memory:
-            raise UserError(f"{job.label} needs about {job.memory_mb / 1024:.1f} GB (results/profile.csv), more than "
-                            f"any Ray node offers ({node_memory / 2**30:.1f} GB); add a larger node, or run it with "
-                            "--jobs")
+            raise UserError(f"{job.label} needs about {job.memory_mb / 1024:.1f} GB (the profile's peak memory), "
+                            f"more than any Ray node offers ({node_memory / 2**30:.1f} GB); add a larger node, or "
+                            "run it with --jobs")
         options["memory"] = need
     return options
 
