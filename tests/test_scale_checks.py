@@ -32,8 +32,9 @@ def test_a_failed_gpu_check_is_a_failed_row_and_one_line(tmp_path, capsys):
 
 
 def test_rehearsal_goes_from_world_to_export_to_real_loaders_to_an_epoch(tmp_path):
+    work = tmp_path / "work"
     assert main(["rehearse", "--scale", "tiny", "--method", "baseline", "--train-batches", "1", "--out",
-                 str(tmp_path), "--quiet"]) == 0
+                 str(tmp_path), "--work", str(work), "--quiet"]) == 0
     rows = list(csv.DictReader(open(tmp_path / "rehearsal.csv", encoding="utf-8")))
     phases = list(dict.fromkeys(r["phase"] for r in rows))
     assert phases == ["world", "export", "load (first)", "load (cached)", "method baseline"]
@@ -44,6 +45,13 @@ def test_rehearsal_goes_from_world_to_export_to_real_loaders_to_an_epoch(tmp_pat
     assert float(figures[("load (first)", "cache_added_mb")]) > 0 and float(figures[("load (cached)", "cache_added_mb")]) == 0
     assert int(figures[("method baseline", "val_queries")]) == int(figures[("world", "val_videos_queries")].split(" / ")[1])
     assert "## Real scale" in (tmp_path / "rehearsal.md").read_text()
+    # --only-methods: the method phases again on the kept export, the other rows kept
+    before = json.loads((tmp_path / "rehearsal.json").read_text())
+    assert main(["rehearse", "--scale", "tiny", "--method", "arl", "--train-batches", "1", "--skip-eval", "--out",
+                 str(tmp_path), "--work", str(work), "--only-methods", "--quiet"]) == 0
+    after = json.loads((tmp_path / "rehearsal.json").read_text())
+    assert after[:5] == before and [p["name"] for p in after[5:]] == ["method arl"]
+    assert after[5]["figures"]["detector_pass_s"] >= 0 and "eval_val_s" not in after[5]["figures"]
 
 
 def test_the_profile_keeps_the_rehearsal_as_its_real_scale_section(tmp_path):

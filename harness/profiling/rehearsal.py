@@ -61,6 +61,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads per phase (default 1)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda ... (the training and evaluation phases)")
     p.add_argument("--skip-eval", action="store_true", help="no val evaluation per method")
+    p.add_argument("--only-methods", action="store_true",
+                   help="re-run the method phases only, on the export already in --work; the other rows are kept "
+                        "from OUT/rehearsal.json (what the table's rows say of when each was measured)")
     p.add_argument("--out", default="results", help="writes OUT/rehearsal.{md,csv} (default: results)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="config override for every method (repeatable)")
@@ -74,6 +77,8 @@ def cmd_rehearse(args: argparse.Namespace) -> None:
     ensure_dir(args.out)
     start = time.perf_counter()
     keep = args.work is not None
+    if args.only_methods and not (keep and (Path(args.work) / "data").is_dir()):
+        raise UserError("--only-methods re-uses an earlier rehearsal's export: pass its --work DIR (it holds data/)")
     work = Path(args.work) if keep else Path(tempfile.mkdtemp(prefix="prvr-rehearsal-"))
     try:
         phases = rehearse(work, args)
@@ -95,13 +100,18 @@ def rehearse(work: Path, args: argparse.Namespace) -> list[Phase]:
     """Every phase in order; a failed phase is recorded and the rest go on where they can."""
     base = {"work": str(work), "scale": args.scale, "threads": args.threads, "overrides": args.overrides,
             "device": args.device}
+    methods = args.method or DEFAULT_METHODS
+    if args.only_methods:
+        kept = [p for p in previous_phases(Path(args.out)) if p.name.removeprefix("method ") not in methods]
+        return kept + [run_phase({**base, "phase": "method", "method": m, "batches": args.train_batches,
+                                  "eval": not args.skip_eval}) for m in methods]
     phases = [run_phase({**base, "phase": "world"})]
     phases.append(run_phase({**base, "phase": "export"}))
     if phases[-1].error:
         return phases
     phases.append(run_phase({**base, "phase": "load", "first": True}))
     phases.append(run_phase({**base, "phase": "load", "first": False}))
-    for method in args.method or DEFAULT_METHODS:
+    for method in methods:
         phases.append(run_phase({**base, "phase": "method", "method": method, "batches": args.train_batches,
                                  "eval": not args.skip_eval}))
     return phases
@@ -135,7 +145,8 @@ def _child(job: dict[str, Any]) -> Phase:
     name = job["phase"] + (f" {job['method']}" if "method" in job else "")
     if job["phase"] == "load":
         name += " (first)" if job["first"] else " (cached)"
-    return Phase(name, time.perf_counter() - start, _peak_rss_mb(), figures)
+    windows = [figures.get(k, 0) for k in ("build_peak_mb", "train_peak_mb", "eval_peak_mb")]
+    return Phase(name, time.perf_counter() - start, max(_peak_rss_mb(), *windows), figures)
 
 
 def _world(job: dict[str, Any], work: Path) -> dict[str, Any]:
@@ -169,7 +180,8 @@ def _method(job: dict[str, Any], work: Path) -> dict[str, Any]:
     run = build_run(cfg)
     trainer = run.trainer(work / "ckpt" / job["method"], [_StopAfter(job["batches"])])
     built = time.perf_counter() - t0
-    rss_before = _rss_mb()
+    rss_before, build_peak = _rss_mb(), _peak_rss_mb()
+    _reset_peak()
     start = time.perf_counter()
     try:
         trainer.train_epoch(0)
@@ -178,7 +190,8 @@ def _method(job: dict[str, Any], work: Path) -> dict[str, Any]:
     _sync(trainer.device)
     seconds = time.perf_counter() - start
     per_batch = seconds / job["batches"]
-    out = {"build_s": round(built, 1), "rss_after_build_mb": round(rss_before), "batches": job["batches"],
+    out = {"build_s": round(built, 1), "build_peak_mb": build_peak, "rss_after_build_mb": round(rss_before),
+           "train_peak_mb": _peak_rss_mb(), "batches": job["batches"],
            "epoch_batches": trainer.steps_per_epoch, "s_per_batch": round(per_batch, 2),
            "epoch_s_extrapolated": round(per_batch * trainer.steps_per_epoch), "device": str(trainer.device)}
     # the detector's per-epoch work once its warm-up is over (ARL: the pass over the training
@@ -189,11 +202,12 @@ def _method(job: dict[str, Any], work: Path) -> dict[str, Any]:
     out["detector_pass_s"] = round(time.perf_counter() - start, 1)
     out["epoch_s_extrapolated"] = round(per_batch * trainer.steps_per_epoch + out["detector_pass_s"])
     if job.get("eval"):
+        _reset_peak()
         start = time.perf_counter()
         val = trainer.evaluate("val")
         _sync(trainer.device)
-        out.update(eval_val_s=round(time.perf_counter() - start, 1), val_queries=int(val["n"]),
-                   val_videos=run.data["val"].num_videos)
+        out.update(eval_val_s=round(time.perf_counter() - start, 1), eval_peak_mb=_peak_rss_mb(),
+                   val_queries=int(val["n"]), val_videos=run.data["val"].num_videos)
     return out
 
 
@@ -235,6 +249,11 @@ def _peak_rss_mb() -> float:
     return round(_status_kb("VmHWM") / 1024)
 
 
+def _reset_peak() -> None:
+    """Start a new peak-resident window (Linux: VmHWM reset through /proc/self/clear_refs)."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
 def _rss_mb() -> float:
     return round(_status_kb("VmRSS") / 1024)
 
@@ -254,7 +273,23 @@ def with_rehearsal(profile_md: str, out: Path) -> str:
 CSV_FIELDS = ["phase", "seconds", "peak_rss_mb", "figure", "value"]
 
 
+def previous_phases(out: Path) -> list[Phase]:
+    """The phases of the rehearsal written in `out` before (rehearsal.json), each checked."""
+    from prvr.harness.io import read_json
+
+    path = out / "rehearsal.json"
+    rows = read_json(path, "rehearsal file")
+    try:
+        return [Phase(**{**r, "figures": dict(r["figures"])}) for r in rows]
+    except (TypeError, KeyError, ValueError):
+        raise UserError(f"rehearsal file {path} does not hold rehearsal phases; run the whole rehearsal "
+                        "again (without --only-methods)") from None
+
+
 def write_rehearsal(out: Path, phases: list[Phase], header: str) -> tuple[Path, Path]:
+    from prvr.harness.io import write_json
+
+    write_json(out / "rehearsal.json", [asdict(p) for p in phases])
     md, csv_path = out / "rehearsal.md", out / "rehearsal.csv"
     with atomic_path(md) as tmp:
         Path(tmp).write_text(render(phases, header), encoding="utf-8")
@@ -277,12 +312,13 @@ def render(phases: list[Phase], header: str) -> str:
     if methods:
         lines += ["", "Per method (one fresh process each; the epoch extrapolated from the timed batches):", "",
                   "| method | timed batches | s / batch | epoch (s, extrapolated) | detector's per-epoch pass (s) | val eval (s) "
-                  "| peak resident (MB) |", "|---|---|---|---|---|---|---|"]
+                  "| peak resident (MB): build / train / eval |", "|---|---|---|---|---|---|---|"]
         for p in methods:
             f = p.figures
             lines.append(f"| {p.name.removeprefix('method ')} | {f['batches']} of {f['epoch_batches']} | "
                          f"{f['s_per_batch']} | {f['epoch_s_extrapolated']:,} | {f.get('detector_pass_s', '')} | "
-                         f"{f.get('eval_val_s', '')} | {p.peak_rss_mb:,.0f} |")
+                         f"{f.get('eval_val_s', '')} | {f['build_peak_mb']:,} / {f['train_peak_mb']:,} / "
+                         f"{f.get('eval_peak_mb', '')} |")
     return "\n".join(lines) + "\n"
 
 
