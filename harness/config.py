@@ -135,7 +135,9 @@ class SimConfig:
 @dataclass
 class TrainConfig:
     epochs: int = param(12, at_least(1))
-    batch_size: int = param(128, at_least(1))  # videos per batch, each with all its queries (MS-SL family: 128)
+    # videos per batch, each with all its queries (MS-SL family: 128); a batch of one video has no
+    # negative video for any query, so every ranking loss would be zero
+    batch_size: int = param(128, at_least(2, "a batch of one video has no negative"))
     # "adamw" | "bertadam" (harness/optim.py; the MS-SL family presets use bertadam)
     optimizer: str = param("adamw", Registered(_optimizers))
     lr: float = param(3e-4, POSITIVE)

@@ -103,6 +103,44 @@ def _alive(pid: int) -> bool:
     return True
 
 
+@contextmanager
+def claim(path: str | Path, what: str) -> Iterator[None]:
+    """One writer at a time for `path` (e.g. a run's record): a lock file `path.lock` made
+    with O_EXCL and holding this writer's host and pid. A second writer while the first is
+    alive is one line naming the first; a lock whose writer is gone (on this host) is taken
+    over; the lock is removed when the block ends."""
+    path = Path(path)
+    lock = path.parent / f"{path.name}.lock"
+    made = [p for p in [lock.parent, *lock.parent.parents] if not p.exists()]  # removed again if left empty
+    ensure_dir(lock.parent)
+    me = f"{HOST} {os.getpid()} {time.strftime('%Y-%m-%dT%H:%M:%S')}"
+    while True:
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
+            break
+        except FileExistsError:
+            try:
+                host, pid, since = (lock.read_text(encoding="utf-8").split() + ["?", "0", "?"])[:3]
+            except OSError:
+                continue  # released while we looked: try again
+            if host == HOST and pid.isdigit() and not _alive(int(pid)):
+                lock.unlink(missing_ok=True)  # its writer is gone (killed): take it over
+                continue
+            raise UserError(f"{what} is being written by another process (pid {pid} on {host}, since {since}; lock "
+                            f"{lock}); wait for it to finish, or delete the lock if that process is gone") from None
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(me)
+    try:
+        yield
+    finally:
+        lock.unlink(missing_ok=True)
+        for folder in made:  # deepest first
+            try:
+                folder.rmdir()
+            except OSError:  # not empty (the record is there), or not ours to remove
+                break
+
+
 def write_text(path: str | Path, text: str) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")

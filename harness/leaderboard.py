@@ -235,18 +235,23 @@ def protocol_sentence(protocol: dict[str, Any]) -> str:
 
 
 def diverged(record: dict[str, Any]) -> bool:
-    """Whether the run's loss became non-finite (the trainer marks its record)."""
-    return bool(record.get("nonfinite"))
+    """Whether the run's loss became non-finite, or every loss part was exactly 0 for an epoch
+    (nothing trained: `degenerate`); the trainer marks its record either way."""
+    return bool(record.get("nonfinite")) or bool(record.get("degenerate"))
 
 
 def diverged_runs(records: list[dict[str, Any]]) -> list[str]:
     """The marked runs, one phrase each, for the note under the table."""
     out = []
     for r in sorted(records, key=lambda r: (r["dataset"], r.get("run_name", ""), r["seed"])):
-        if diverged(r):
+        if r.get("nonfinite"):
             at = r["nonfinite"] if isinstance(r["nonfinite"], dict) else {}
             out.append(f"{dataset_label(r)} {r.get('run_name', r['method'])} seed {r['seed']} (loss not finite "
                        f"from epoch {at.get('epoch', '?')}, step {at.get('step', '?')})")
+        elif diverged(r):
+            at = r["degenerate"] if isinstance(r["degenerate"], dict) else {}
+            out.append(f"{dataset_label(r)} {r.get('run_name', r['method'])} seed {r['seed']} (every loss part "
+                       f"exactly 0 in epoch {at.get('epoch', '?')}: degenerate)")
     return out
 
 
@@ -515,7 +520,9 @@ def to_markdown(rows: list[dict[str, Any]], reported: list[dict[str, Any]] | Non
         lines += ["", convergence_note(rows)]
     if left_out:
         lines += ["", "Left out of the table: runs whose training loss became non-finite (trained on with "
-                  "`train.on_nonfinite=continue`; their records are marked `nonfinite`): " + "; ".join(left_out) + "."]
+                  "`train.on_nonfinite=continue`; their records are marked `nonfinite`)"
+                  + (" or whose loss parts were all exactly 0 for an epoch (marked `degenerate`)"
+                     if any("degenerate" in x for x in left_out) else "") + ": " + "; ".join(left_out) + "."]
     if any("val = test" in r["budget"] for r in rows):
         lines += ["", "Rows whose budget says *on val = test queries* selected their epoch on a val split that holds "
                   "the test queries (compared by content: datasets/selection.py), as the published MS-SL family "

@@ -7,6 +7,7 @@ from typing import Any
 
 from prvr.harness import progress
 from prvr.harness.build import build_run
+from prvr.harness.io import claim
 from prvr.harness.names import check_name, check_tag
 from prvr.harness.records import (checkpoint_dir, provenance, provenance_time, record_path, run_protocol, run_tag,
                                   write_record)
@@ -26,6 +27,15 @@ def run_name(cfg, tag: str = "") -> str:
 
 def run_one(cfg, out: str | Path, resume: bool = False, tag: str = "", hooks: list | None = None,
             command: str = "", force_resume: bool = False) -> dict[str, Any]:
+    """`train_and_record`, with the run claimed for this process (one writer per run and seed:
+    a second is refused in one line naming the first)."""
+    name = run_name(cfg, tag)
+    with claim(record_path(out, cfg.dataset, name, cfg.seed), f"run {name} on {cfg.dataset}, seed {cfg.seed}"):
+        return train_and_record(cfg, out, resume, tag, hooks, command, force_resume)
+
+
+def train_and_record(cfg, out: str | Path, resume: bool = False, tag: str = "", hooks: list | None = None,
+                     command: str = "", force_resume: bool = False) -> dict[str, Any]:
     """Train, early-stop on val SumR, test the best checkpoint, write the record; return it.
 
     `force_resume` resumes even from a checkpoint trained with other settings (the record's
@@ -70,6 +80,8 @@ def run_one(cfg, out: str | Path, resume: bool = False, tag: str = "", hooks: li
     }
     if trainer.nonfinite is not None:
         record["nonfinite"] = trainer.nonfinite
+    if trainer.degenerate is not None:
+        record["degenerate"] = trainer.degenerate
     if trainer.resumes:
         record["resumes"] = trainer.resumes
     # Detector figures and tables (e.g. ARL's similarity / uncertainty distributions) go

@@ -142,6 +142,7 @@ class Trainer:
             raise UserError(f"config key 'train.on_nonfinite' must be one of {', '.join(ON_NONFINITE)}, got "
                             f"{cfg.train.on_nonfinite!r}; fix --set train.on_nonfinite")
         self.nonfinite: dict | None = None  # first non-finite loss {epoch, step}, with on_nonfinite=continue
+        self.degenerate: dict | None = None  # first epoch whose loss parts were all exactly 0 {epoch}
         self.resumes: list[dict] = []  # each resume: {from_epoch, changed settings, forced}
         self.written: set[Path] = set()  # checkpoint files this process wrote
         self.epochs_done = 0  # epochs this process completed
@@ -156,6 +157,9 @@ class Trainer:
         if resume and (self.ckpt_dir / "last.pt").exists():
             self.load_state(self.ckpt_dir / "last.pt", force_resume)
             progress.log(f"resumed from epoch {self.epoch} ({self.ckpt_dir / 'last.pt'})")
+        elif resume:
+            progress.log(f"--resume: no run state {self.ckpt_dir / 'last.pt'} to resume from; training from "
+                         "epoch 0")
         try:
             self.train_epochs()
         except BaseException:
@@ -222,6 +226,11 @@ class Trainer:
         bad = sums.first_nonfinite()  # on CUDA, read here once
         if bad and self.nonfinite is None:
             self.on_nonfinite(*bad, epoch)
+        if self.degenerate is None and means and all(v == 0.0 for v in means.values()):
+            self.degenerate = {"epoch": epoch}
+            progress.log(f"[yellow]warning[/]: every loss part is exactly 0 in epoch {epoch}: nothing trains (no "
+                         "negative or no positive in any batch?); the record is marked degenerate and the leaderboard "
+                         "leaves it out of its means")
         summary = {"epoch": epoch, **means, "lr": self.scheduler.get_last_lr()[0]}
         report = self.detector.epoch_report()
         if report:
@@ -321,7 +330,8 @@ class Trainer:
             "finished": self.finished, "best_score": self.best["score"], "best_epoch": self.best["epoch"],
             "best_metrics": _jsonable(self.best["metrics"]), "history": _jsonable(self.history),
             "torch_rng": torch.get_rng_state(), "config": self.cfg.to_dict(),
-            "nonfinite": self.nonfinite, "resumes": self.resumes, "device": self.device.type,
+            "nonfinite": self.nonfinite, "degenerate": self.degenerate, "resumes": self.resumes,
+            "device": self.device.type,
         }
         if self.device.type == "cuda":  # a CPU run never initialises CUDA
             state["cuda_rng"] = torch.cuda.get_rng_state_all()
@@ -350,7 +360,7 @@ class Trainer:
             best = -math.inf
         self.best = {"score": best, "epoch": state["best_epoch"], "metrics": state["best_metrics"]}
         self.history = state["history"]
-        self.nonfinite = state.get("nonfinite")
+        self.nonfinite, self.degenerate = state.get("nonfinite"), state.get("degenerate")
         forced = changed is None or any(k not in RESUME_FREE_KEYS for k in changed)
         self.resumes = [*state.get("resumes", []), {"from_epoch": self.epoch, "changed": changed, "forced": forced}]
         torch.set_rng_state(state["torch_rng"])

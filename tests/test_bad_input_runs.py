@@ -1,0 +1,64 @@
+"""Bad input, round three (training side): nothing trained without a word, one writer per run
+(docs/bad-input.md, "Training, evaluation and checkpoints")."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from prvr.harness import io, leaderboard, progress
+from prvr.harness.config import resolve
+from prvr.harness.io import UserError, claim
+from prvr.harness.records import record_path
+from prvr.harness.runner import run_one
+from prvr.harness.trainer import Trainer
+
+EPOCHS = ["train.epochs=2", "train.patience=10"]
+
+
+def test_a_batch_of_one_video_is_refused_at_resolve_time():
+    with pytest.raises(UserError, match=r"'train.batch_size' must be an integer >= 2 \(a batch of one video has no "
+                                        r"negative\), got 1"):
+        resolve("baseline", "sim-tiny", 0, ["train.batch_size=1"])
+
+
+def test_an_epoch_whose_loss_parts_are_all_zero_marks_the_record_and_leaves_the_means(tmp_path, monkeypatch):
+    lines = []
+    monkeypatch.setattr(progress, "log", lines.append)
+    monkeypatch.setattr(Trainer, "train_step", lambda self, batch, epoch, step: {
+        "loss": torch.zeros(()), "triplet": torch.zeros(())})  # a loss that trains nothing
+    record = run_one(resolve("baseline", "sim-tiny", 0, EPOCHS), tmp_path)
+    assert record["degenerate"] == {"epoch": 0}
+    assert sum("every loss part is exactly 0 in epoch 0" in line for line in lines) == 1
+    assert leaderboard.rebuild(tmp_path, show=False) == []
+    md = (tmp_path / "leaderboard.md").read_text()
+    assert "sim-tiny baseline seed 0 (every loss part exactly 0 in epoch 0: degenerate)" in md
+
+
+def test_resume_without_a_run_state_says_it_starts_fresh(tmp_path, monkeypatch):
+    lines = []
+    monkeypatch.setattr(progress, "log", lines.append)
+    run_one(resolve("baseline", "sim-tiny", 0, ["train.epochs=1"]), tmp_path, resume=True)
+    assert any(line.startswith("--resume: no run state ") and line.endswith("training from epoch 0") for line in lines)
+
+
+def test_a_second_writer_of_a_run_is_refused_naming_the_first(tmp_path):
+    path = record_path(tmp_path, "sim-tiny", "baseline", 0)
+    with claim(path, "run baseline on sim-tiny, seed 0"):
+        with pytest.raises(UserError, match=rf"run baseline on sim-tiny, seed 0 is being written by another process "
+                                            rf"\(pid {os.getpid()} on {io.HOST}, since "):
+            run_one(resolve("baseline", "sim-tiny", 0, ["train.epochs=1"]), tmp_path)
+    assert not path.parent.exists()  # the lock and the folders it made are gone
+
+
+def test_a_lock_left_by_a_killed_writer_is_taken_over(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    path = record_path(tmp_path, "sim-tiny", "baseline", 0)
+    path.parent.mkdir(parents=True)
+    (path.parent / "seed0.json.lock").write_text(f"{io.HOST} {dead.stdout.strip()} 2026-01-01T00:00:00")
+    record = run_one(resolve("baseline", "sim-tiny", 0, ["train.epochs=1"]), tmp_path)
+    assert json.loads(path.read_text())["metrics"] == record["metrics"]
+    assert not (path.parent / "seed0.json.lock").exists()
