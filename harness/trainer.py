@@ -35,7 +35,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from prvr.datasets.loader import Batcher, epoch_batches, make_loader
+from prvr.datasets.loader import Batcher, EpochLoader, epoch_batches
 from prvr.harness import precision, progress, vcmr
 from prvr.harness.config import ON_NONFINITE, SELECT_ON, SETTLED_BEFORE
 from prvr.harness.evaluate import evaluate_model
@@ -147,6 +147,7 @@ class Trainer:
         self.written: set[Path] = set()  # checkpoint files this process wrote
         self.epochs_done = 0  # epochs this process completed
         self.ckpt_dir_existed = self.ckpt_dir.exists()
+        self._loader: EpochLoader | None = None  # made at the first epoch (epoch_loader)
 
     # ------------------------------------------------------------------ training
     def fit(self, resume: bool = False, force_resume: bool = False) -> None:
@@ -209,8 +210,7 @@ class Trainer:
         for h in self.hooks:
             h.on_epoch_start(self, epoch)
         batches = epoch_batches(len(self.has_queries), self.cfg.train.batch_size, self.cfg.seed, epoch, self.has_queries)
-        loader = make_loader(batches, self.batchers["train"].train_batch, self.num_workers(),
-                             pin=self.device.type == "cuda")
+        loader = self.epoch_loader().epoch(batches)
         sums = LossSums(self.device)
         with self.timings("train"):
             for i, batch in enumerate(loader):
@@ -236,6 +236,16 @@ class Trainer:
         if report:
             summary["relations"] = report
         return summary
+
+    def epoch_loader(self) -> EpochLoader:
+        """The run's training loader, made at its first epoch: the split's features processed once
+        (before worker processes start, so that they share them) and the workers kept for every
+        epoch; batches pinned for a GPU."""
+        if self._loader is None:
+            train = self.batchers["train"]
+            self._loader = EpochLoader(train.train_batch, self.num_workers(), pin=self.device.type == "cuda",
+                                       prepare=train.prepare)
+        return self._loader
 
     def on_nonfinite(self, loss: float, step: int, epoch: int) -> None:
         """The epoch's first loss that is not a finite number: stop with one line
