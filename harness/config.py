@@ -34,7 +34,7 @@ SELECT_ON = {"vr": "SumR", "vcmr": "VCMR SumR"}
 # settings added after runs were stored, with the value those runs were trained under: a stored
 # config (checkpoint, record) without the key reads as if it held that value
 SETTLED_BEFORE = {"train.select_on": "vr", "train.precision": "fp32", "train.compile": False,
-                  "train.deterministic": False}
+                  "train.deterministic": False, "data.relevance": ""}
 
 
 def dataset_scales(cfg: Any) -> tuple[str, ...]:
@@ -48,6 +48,18 @@ def _layouts(cfg: Any) -> tuple[str, ...]:
     from prvr.datasets.real.store import LAYOUTS
 
     return tuple(LAYOUTS)
+
+
+@dataclass(frozen=True)
+class RealDataFile(Free):
+    """A file only a real dataset reads: set for a simulated world, which carries its own ground
+    truth, it is an error rather than a setting that does nothing."""
+
+    def problem(self, value: Any, cfg: Any = None) -> str | None:
+        if value and cfg is not None and cfg.dataset in DATASETS and DATASETS.get(cfg.dataset).simulated:
+            return (f"is {show(value)}, but {cfg.dataset} is simulated and carries its own ground truth; leave it "
+                    "out (or `data export` the world and load the export with it)")
+        return None
 
 
 def _pooling_rules(cfg: Any) -> tuple[str, ...]:
@@ -92,6 +104,9 @@ class DataConfig:
     feature: str = param("", Free("a feature folder under the data root, or a path"))
     # real datasets: folder of the original annotation files; "" -> <collection>/annotations
     annotations: str = param("", Free("a folder"))
+    # real datasets: relevance file of the test split (docs/evaluation.md "Relevance files"); "" -> the
+    # files found beside the splits, if any
+    relevance: str = param("", RealDataFile("a relevance file (JSON lines)"))
     # Segment rule of the clip / frame mean-pooling: "reference" is the MS-SL family's (rounded,
     # clamped boundaries; the real-layout presets use it), "even" splits rows evenly (the
     # simulated presets, whose committed runs were made with it). See datasets/loader.py.

@@ -61,12 +61,22 @@ def count_ranks(scores: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor)
     Counting includes the target itself, which equals 1 + #{other videos >= s_t}.
     Scores must be NaN-free (`worst_if_nonfinite`).
     """
+    return target_ranks(scores, targets, mask).min(1).values
+
+
+def target_ranks(scores: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Rank of every target per query, #{v : s_v >= s_t} ([q, M]; V + 1 where masked)."""
     target_scores = scores.gather(1, targets)  # [q, M]
     ranks = torch.empty_like(targets)
     for m in range(targets.shape[1]):  # M is tiny (labelled / relevant videos per query)
         ranks[:, m] = (scores >= target_scores[:, m : m + 1]).sum(1)
-    ranks = ranks.masked_fill(~mask, scores.shape[1] + 1)
-    return ranks.min(1).values
+    return ranks.masked_fill(~mask, scores.shape[1] + 1)
+
+
+def relevant_in_top(ranks: torch.Tensor, mask: torch.Tensor, ks: Iterable[int] = KS) -> torch.Tensor:
+    """[q, len(ks)]: how many of each query's targets rank within the top k (`target_ranks`; a
+    video tied with the k-th is within only when every video tied with it is)."""
+    return torch.stack([((ranks <= k) & mask).sum(1) for k in ks], dim=1)
 
 
 def count_above(scores: torch.Tensor, label_idx: torch.Tensor, label_mask: torch.Tensor,
@@ -111,14 +121,15 @@ def compute_ranks(score_fn: ScoreFn, num_queries: int, labels: sp.csr_matrix,
     """Ranks of every query from chunked scores (the counting path).
 
     Returns {'labelled': ranks, and where relevance is given: 'oracle': best rank among all
-    truly relevant videos, 'above': relevant unlabelled videos scored >= the labelled one}.
+    truly relevant videos, 'above': relevant unlabelled videos scored >= the labelled one,
+    'relevant_top': [Q, len(KS)] relevant videos within the top K (dense recall)}.
     """
     lab_idx, lab_mask = padded_targets(labels)
     out: dict[str, list[np.ndarray]] = {"labelled": []}
     if relevance is not None:
         rel_idx, rel_mask = padded_targets(relevance)
         extra_idx, extra_mask = padded_targets(_difference(relevance, labels))
-        out.update(oracle=[], above=[])
+        out.update(oracle=[], above=[], relevant_top=[])
     for start in range(0, num_queries, chunk):
         end = min(start + chunk, num_queries)
         scores = worst_if_nonfinite(score_fn(start, end).float())
@@ -129,7 +140,9 @@ def compute_ranks(score_fn: ScoreFn, num_queries: int, labels: sp.csr_matrix,
         if relevance is not None:
             ri = torch.as_tensor(rel_idx[start:end], device=dev)
             rm = torch.as_tensor(rel_mask[start:end], device=dev)
-            out["oracle"].append(count_ranks(scores, ri, rm).cpu().numpy())
+            each = target_ranks(scores, ri, rm)
+            out["oracle"].append(each.min(1).values.cpu().numpy())
+            out["relevant_top"].append(relevant_in_top(each, rm).cpu().numpy())
             ei = torch.as_tensor(extra_idx[start:end], device=dev)
             em = torch.as_tensor(extra_mask[start:end], device=dev)
             out["above"].append(count_above(scores, li, lm, ei, em).cpu().numpy())
@@ -155,13 +168,41 @@ def metrics_from_ranks(ranks: dict[str, np.ndarray], moment_fraction: np.ndarray
         for b in BUCKETS:
             sel = names == b
             metrics["buckets"][b] = {**recall_table(lab[sel]), "n": int(sel.sum())}
-    metrics["oracle"] = {}
-    if "oracle" in ranks:
-        metrics["oracle"] = {**recall_table(ranks["oracle"]),
-                             "unlabelled_above": float(np.mean(ranks["above"])) if len(lab) else float("nan"),
-                             "multi_relevant_share": multi_relevant_share(relevance)
-                             if relevance is not None else None}
+    metrics["oracle"] = oracle_block(ranks, relevance) if "oracle" in ranks else {}
     return metrics
+
+
+def oracle_block(ranks: dict[str, np.ndarray], relevance: sp.csr_matrix | None) -> dict:
+    """The `oracle` metrics over the queries the relevance covers (those with a relevant video:
+    a relevance file may cover part of a split, e.g. TVR's visual queries only): R@K and SumR
+    counting a hit when any relevant video is in the top K; dense recall `dense R@K`, prvr-ea's
+    multi-GT Recall@K, |top K ∩ relevant| / |relevant| averaged over queries (where the ranks
+    hold `relevant_top`); `unlabelled_above` (where they hold `above`); the multi-relevant
+    share; `n` covered queries of `queries`."""
+    oracle = ranks["oracle"]
+    counts = (np.diff(sp.csr_matrix(relevance).indptr) if relevance is not None
+              else np.ones(len(oracle), dtype=np.int64))
+    covered = counts > 0
+    block: dict = recall_table(oracle[covered])
+    above = ranks.get("above")
+    block["unlabelled_above"] = None if above is None else (
+        float(np.mean(above[covered])) if covered.any() else float("nan"))
+    block["multi_relevant_share"] = multi_relevant_share(relevance[covered]) if relevance is not None else None
+    if "relevant_top" in ranks and relevance is not None:
+        block.update(dense_recall(ranks["relevant_top"][covered], counts[covered]))
+    block["n"], block["queries"] = int(covered.sum()), int(len(covered))
+    return block
+
+
+def dense_recall(relevant_top: np.ndarray, relevant: np.ndarray, ks: Iterable[int] = KS) -> dict[str, float]:
+    """`dense R@K` (percent) and their sum `dense SumR`: per query |top K ∩ relevant| / |relevant|,
+    averaged (prvr-ea's multi-GT Recall@K); relevant_top [Q, len(ks)], relevant [Q] > 0."""
+    out: dict[str, float] = {}
+    for i, k in enumerate(ks):
+        share = relevant_top[:, i] / np.asarray(relevant, dtype=np.float64) if len(relevant) else np.zeros(0)
+        out[f"dense R@{k}"] = float(100.0 * np.mean(share)) if len(share) else float("nan")
+    out["dense SumR"] = float(sum(out[f"dense R@{k}"] for k in ks))
+    return out
 
 
 def evaluate_scores(scores: torch.Tensor | np.ndarray, labels: sp.csr_matrix,
@@ -222,12 +263,18 @@ def _encoded_ranks(model: torch.nn.Module, split, queries: dict[str, torch.Tenso
     """The `compute_ranks` dict of the fused score of a split the model has encoded."""
     from prvr.harness import progress
 
+    with progress.task(show, total=split.num_queries) as advance:
+        return compute_ranks(fused_scores(model, queries, videos), split.num_queries, split.labels(), split.relevance,
+                             chunk=chunk, progress=advance)
+
+
+def fused_scores(model: torch.nn.Module, queries: dict[str, torch.Tensor], videos: dict[str, torch.Tensor]) -> ScoreFn:
+    """The ScoreFn of a split the model has encoded: the fused score of queries start:end
+    against every video."""
     def score(start: int, end: int) -> torch.Tensor:
         return model.score({k: t[start:end] for k, t in queries.items()}, videos).fused
 
-    with progress.task(show, total=split.num_queries) as advance:
-        return compute_ranks(score, split.num_queries, split.labels(), split.relevance, chunk=chunk,
-                             progress=advance)
+    return score
 
 
 @torch.no_grad()

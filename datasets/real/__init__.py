@@ -4,7 +4,8 @@ Registers `tvr`, `activitynet` and `charades` (PRVR, MS-SL layout) and `charades
 `didemo` (moment retrieval, TVRetrieval / XML layout only): `--data-root DIR` (or $PRVR_DATA)
 names the folder holding `<collection>/`; `--set data.layout=xml` reads TVR from the
 TVRetrieval layout. See msl.py and xml.py for the layouts, store.py for validation, caching and
-memory mapping, annotations.py for the timestamp join.
+memory mapping, annotations.py for the timestamp join, relevance.py for the relevance files
+joined to the splits on every load (not cached: they are small, and may change).
 """
 
 # No `from __future__ import annotations` here: it would bind the name `annotations` in this
@@ -16,9 +17,14 @@ from prvr.harness.registry import DATASETS
 
 def _load(name: str):
     def load(cfg):
-        from prvr.datasets.real.store import load_real
+        from prvr.datasets.real.relevance import attach
+        from prvr.datasets.real.store import load_real, make_layout
+        from prvr.harness import progress
 
-        return load_real(name, cfg)
+        data = load_real(name, cfg)
+        for line in attach(data, make_layout(name, cfg), cfg.data.relevance):  # relevance files, where there are
+            progress.log(line)
+        return data
 
     return load
 

@@ -46,6 +46,7 @@ def run_check(name: str, cfg) -> CheckResult:
         report.errors.append(str(e))
     if result.built is not None:
         result.lines += summary_lines(result.built, report)
+        result.lines += relevance_lines(result.built, layout, cfg.data.relevance, report)
         result.warnings = [f"captions shared between splits: {s.line()}" for s in shared_captions(result.built.splits)]
     result.errors = report.errors
     result.lines += [f"notes: {n}" for n in report.notes]
@@ -71,6 +72,22 @@ def summary_lines(built: Built, report: Report) -> list[str]:
     ]
     skip = {"captions without query features", "annotation rows read", "video feature rows with NaN/Inf"}
     lines += [f"{label}: {n:,}" for label, n in sorted(report.counts.items()) if label not in skip]
+    return lines
+
+
+def relevance_lines(built: Built, layout, setting: str, report: Report) -> list[str]:
+    """The join of each split's relevance file (datasets/real/relevance.py), as the loader does it;
+    a file that cannot be read is an error of the check."""
+    from prvr.datasets.real.relevance import SplitKeys, join, read_relevance, split_files
+
+    lines = []
+    try:
+        for split, path in split_files(layout, setting, built.splits).items():
+            s = built.splits[split]
+            _, joined = join(read_relevance(path), SplitKeys(s.video_ids, s.query_ids, s.query_text, s.query_video))
+            lines += [f"{split}: {line.strip()}" if i == 0 else line for i, line in enumerate(joined.lines())]
+    except LayoutError as e:
+        report.errors.append(str(e))
     return lines
 
 

@@ -9,6 +9,9 @@ layout (`--layout xml`: tvr, charades-sta, didemo; xml.py) writes each split's r
 one row per query with its timestamps (desc_ids numbered across the splits, so the query
 features of all splits share one file); a DiDeMo row carries its moment as the one agreed
 span. Feature values are written as float32, so float16 or float32 data come back bit for bit.
+A split with ground truth (the simulated worlds) also gets its relevance file beside it
+(relevance.py: MS-SL `TextData/<c><split>.relevance.jsonl`, XML `data/<p>_<split>.relevance.jsonl`),
+which the loader joins back, so the oracle figures survive the round trip.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import numpy as np
 from prvr.datasets.real import xml as xml_layout
 from prvr.datasets.real.annotations import normalize_sentence
 from prvr.datasets.real.bigfile import write_bigfile
+from prvr.datasets.real.relevance import SUFFIX as RELEVANCE_SUFFIX
+from prvr.datasets.real.relevance import write_relevance
 from prvr.datasets.real.specs import SPECS, Row
 from prvr.datasets.types import PRVRData, Split
 from prvr.harness.io import UserError, atomic_path, write_json, write_text
@@ -121,6 +126,7 @@ def _write_msl(data: PRVRData, plan, folder: Path, feature: str, summary: Export
         lines = [f"{qid} {_text(split.query_text[q])}\n" for q, qid in zip(plan[name][1], qids[name])]
         write_text(text_dir / f"{collection}{name}.caption.txt", "".join(lines))
         summary.files.append(text_dir / f"{collection}{name}.caption.txt")
+    _write_relevance(data, plan, qids, lambda name: text_dir / f"{collection}{name}{RELEVANCE_SUFFIX}", summary)
     query_file = text_dir / f"roberta_{collection}_query_feat.hdf5"
     with atomic_path(query_file) as tmp, h5py.File(tmp, "w") as f:
         for name, split in data.splits.items():
@@ -175,6 +181,8 @@ def _write_xml(data: PRVRData, plan, folder: Path, files: xml_layout.Collection,
                                  for vid, sentence, s, e, d, qid in items))
         summary.files.append(path)
     keep = {name: {qid for *_, qid in items} for name, items in rows.items()}
+    _write_relevance(data, plan, desc_ids, lambda name: folder / "data" / f"{files.prefix}_{name}{RELEVANCE_SUFFIX}",
+                     summary, keep)
     query_file = folder / files.query_file
     with atomic_path(query_file) as tmp, h5py.File(tmp, "w") as f:
         for name, split in data.splits.items():
@@ -188,6 +196,23 @@ def _write_xml(data: PRVRData, plan, folder: Path, files: xml_layout.Collection,
                 if split.video_ids[v] not in f:
                     f.create_dataset(split.video_ids[v], data=np.asarray(split.frames[v], dtype=np.float32))
     summary.files += [query_file, video_file]
+
+
+def _write_relevance(data: PRVRData, plan, qids: dict[str, list[str]], path_of, summary: ExportSummary,
+                     keep: dict[str, set[str]] | None = None) -> None:
+    """Each split's ground truth (where it has one) as a relevance file, under the ids written."""
+    for name, split in data.splits.items():
+        if split.relevance is None:
+            continue
+        pairs = [(q, qid) for q, qid in zip(plan[name][1], qids[name]) if keep is None or qid in keep[name]]
+        write_relevance(path_of(name), split, [qid for _, qid in pairs], np.array([q for q, _ in pairs], dtype=np.int64))
+        summary.files.append(path_of(name))
+        exported = np.zeros(split.num_videos, dtype=bool)
+        exported[plan[name][0]] = True
+        rel = split.relevance.tocsr()[[q for q, _ in pairs]]
+        outside = np.asarray(rel[:, ~exported].sum(1)).ravel() > 0 if rel.shape[0] else np.zeros(0, dtype=bool)
+        summary.counts["queries whose relevant videos include one left out (loaded without relevance)"] += int(
+            outside.sum())
 
 
 def _running(data: PRVRData):
