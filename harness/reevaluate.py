@@ -19,6 +19,12 @@ record's resolved config, load `<out>/checkpoints/<dataset>/<run>/seed<S>/best.p
   once per level with a segment of p x each video's length inserted at its start (and at
   p = 0), stored beside each record as `seed<S>.noise-<source>.json` for the leaderboard's
   noise figures (test split only).
+- `--relevance FILE`: the run scored under a relevance file (datasets/real/relevance.py), from
+  the rankings stored beside its record (`seed<S>.rank.npz`, harness/rankings.py) without its
+  checkpoint, or with `--from-checkpoint` from the checkpoint (the full evaluation): R@K and
+  SumR, the oracle R@K and SumR (any relevant video in the top K), dense R@K (prvr-ea's
+  |top K ∩ relevant| / |relevant|), the multi-relevant share and the coverage, with the join's
+  report.
 Nothing is trained and no record is changed; `--json FILE` writes the figures atomically.
 """
 
@@ -35,8 +41,10 @@ import torch
 from prvr.harness import progress
 from prvr.harness.checks import show
 from prvr.datasets.loader import Batcher
+from prvr.datasets.real.relevance import RelevanceFile, SplitKeys, join, read_relevance, report_lines
 from prvr.harness.evaluate import evaluate_model, evaluate_scores, score_matrices
 from prvr.harness.io import UserError, write_json
+from prvr.harness.rankings import load_rankings, metrics_of, rankings_path
 
 SUMMARY = ("R@1", "R@5", "R@10", "R@100", "SumR")
 
@@ -300,6 +308,83 @@ def format_noise_rows(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def relevance_rows(record_files: list[str | Path], relevance: str | Path, split_name: str = "test",
+                   from_checkpoint: bool = False, device: str = "auto",
+                   data_root: str | None = None) -> list[dict[str, Any]]:
+    """Rows {run, record, score, source, relevance (the join's report), metrics} of each run
+    scored under a relevance file: from its stored rankings, or from its best checkpoint."""
+    file = read_relevance(relevance)
+    if from_checkpoint:
+        runs, datasets = [StoredRun(f, device, data_root) for f in record_files], {}
+        return [_checkpoint_row(run, file, split_name, datasets) for run in runs]
+    return [_stored_row(Path(f), file, split_name) for f in record_files]
+
+
+def _stored_row(path: Path, file: RelevanceFile, split_name: str) -> dict[str, Any]:
+    from prvr.harness.records import load_record
+
+    record = load_record(path)
+    stored = rankings_path(path)
+    if not stored.is_file():
+        raise UserError(f"{path} has no stored rankings ({stored.name}: runs made before they were stored have none); "
+                        f"re-evaluate it from its checkpoint instead: add --from-checkpoint")
+    rankings, _ = load_rankings(stored)
+    if split_name not in rankings:
+        raise UserError(f"{stored} holds the rankings of {', '.join(rankings)}, not of '{split_name}'; pick --split")
+    ranking = rankings[split_name]
+    relevance, report = _joined(file, ranking.keys, split_name, path)
+    name = f"{record.get('run_name', record['method'])} seed {record['seed']}"
+    progress.log(f"evaluate {name}: {split_name} from {stored.name} under {file.name}")
+    return {"run": name, "record": str(path), "score": "fused", "source": stored.name,
+            "relevance": report.as_dict(), "metrics": metrics_of(ranking, relevance)}
+
+
+def _checkpoint_row(run: StoredRun, file: RelevanceFile, split_name: str, datasets: dict[str, Any]) -> dict[str, Any]:
+    split = _data_of(run, split_name, datasets)[split_name]
+    relevance, report = _joined(file, SplitKeys.of_split(split), split_name, run.path)
+    split.relevance = relevance  # this evaluation's ground truth, in place of the split's own
+    progress.log(f"evaluate {run.name}: {split_name} from {run.checkpoint.name} under {file.name}")
+    data = datasets[_world(run)]
+    metrics = evaluate_model(run.model(data), split, Batcher(split, run.cfg.data), run.device, run.cfg.eval.chunk,
+                             eval_cfg=run.cfg.eval, moments=False)
+    return {"run": run.name, "record": str(run.path), "score": "fused", "source": run.checkpoint.name,
+            "relevance": report.as_dict(), "metrics": metrics}
+
+
+def _joined(file: RelevanceFile, keys: SplitKeys, split_name: str, record: Path):
+    relevance, report = join(file, keys)
+    for line in report.lines():
+        progress.log(line)
+    if not report.covered:
+        raise UserError(f"relevance file {file.path} covers none of the {report.queries:,} {split_name} queries of "
+                        f"{record} ({'; '.join(line.strip() for line in report.lines()[1:])}); is it that split's?")
+    return relevance, report
+
+
+RELEVANCE_COLUMNS = (("R@1", ("R@1",)), ("R@5", ("R@5",)), ("R@10", ("R@10",)), ("R@100", ("R@100",)),
+                     ("SumR", ("SumR",)), ("oracle SumR", ("oracle", "SumR")),
+                     *((f"dense R@{k}", ("oracle", f"dense R@{k}")) for k in (1, 5, 10, 100)),
+                     ("dense SumR", ("oracle", "dense SumR")), ("multi-relevant %", ("oracle", "multi_relevant_share")))
+
+
+def format_relevance_rows(rows: list[dict[str, Any]]) -> str:
+    """The runs under a relevance file: the labelled figures, oracle SumR (a hit when any relevant
+    video is in the top K), dense R@K (|top K ∩ relevant| / |relevant|) and the coverage."""
+    header = ["run", "from", *(name for name, _ in RELEVANCE_COLUMNS), "covered"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in rows:
+        cells = [r["run"], r["source"]]
+        for _, path in RELEVANCE_COLUMNS:
+            value: Any = r["metrics"]
+            for key in path:
+                value = value.get(key) if isinstance(value, dict) else None
+            cells.append("" if value is None else f"{value:.1f}")
+        rel = r["relevance"]
+        cells.append(f"{rel['covered']:,} of {rel['queries']:,}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def _data_of(run: StoredRun, split_name: str, datasets: dict[str, Any]):
     """The run's dataset, loaded once per world (`_world`) across runs; a missing split is one line."""
     key = _world(run)
@@ -353,6 +438,11 @@ def add_commands(sub) -> None:
     p.add_argument("--score-levels", action="store_true",
                    help="instead: each score's level over the split (mean of the labelled pairs; mean, std, min, max "
                         "over all pairs), with --parts every part's")
+    p.add_argument("--relevance", default=None, metavar="FILE",
+                   help="instead: score each run under this relevance file (prvr-ea's or ours, docs/evaluation.md) "
+                        "from the rankings stored beside its record (no checkpoint, no training)")
+    p.add_argument("--from-checkpoint", action="store_true",
+                   help="with --relevance: rank the split again from the best checkpoint instead of the stored rankings")
     p.add_argument("--fusion-weights", action="store_true",
                    help="instead: the branch weights of each dynamic GMM block (GMMFormer v2, RAL on it) over the "
                         "split's videos")
@@ -361,6 +451,19 @@ def add_commands(sub) -> None:
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
     root = args.data_root or os.environ.get("PRVR_DATA")
+    if args.from_checkpoint and args.relevance is None:
+        raise UserError("--from-checkpoint goes with --relevance FILE (plain `evaluate` ranks from the checkpoint already)")
+    if args.relevance is not None:
+        if args.parts or args.ensemble or args.noise_levels is not None or args.score_levels or args.fusion_weights:
+            raise UserError("--relevance scores each run's fused ranks; leave out --parts, --ensemble, --noise-levels, "
+                            "--score-levels and --fusion-weights")
+        rows = relevance_rows(args.records, args.relevance, args.split, args.from_checkpoint, args.device, root)
+        print(format_relevance_rows(rows))
+        for r in rows:  # what joined and what did not, per run
+            print("\n".join([f"{r['run']}: {line.strip()}" if i == 0 else line
+                             for i, line in enumerate(report_lines(r["relevance"]))]))
+        _write_json(args, rows, relevance=Path(args.relevance).name)
+        return
     if args.fusion_weights:
         if args.parts or args.ensemble or args.noise_levels is not None or args.score_levels:
             raise UserError("--fusion-weights reads the models' branch weights; leave out --parts, --ensemble, "

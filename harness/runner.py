@@ -9,6 +9,7 @@ from prvr.harness import progress
 from prvr.harness.build import build_run
 from prvr.harness.io import claim
 from prvr.harness.names import check_name, check_tag
+from prvr.harness.rankings import TOP_K, rank_split, rankings_path, save_rankings
 from prvr.harness.records import (checkpoint_dir, provenance, provenance_time, record_path, run_protocol, run_tag,
                                   write_record)
 from prvr.harness.registry import METHODS
@@ -16,6 +17,7 @@ from prvr.harness.timing import Timings
 from prvr.harness.trainer import device_name
 
 SPLIT_METRIC_KEYS = ("R@1", "R@5", "R@10", "R@100", "SumR", "median_rank", "mean_rank", "n", "buckets", "oracle")
+RANKED_SPLITS = ("val", "test")  # stored beside the record (harness/rankings.py)
 
 
 def run_name(cfg, tag: str = "") -> str:
@@ -65,6 +67,9 @@ def train_and_record(cfg, out: str | Path, resume: bool = False, tag: str = "", 
             noise = noise_curve(trainer.model, data["test"], cfg.data, trainer.device, cfg.eval.chunk,
                                 cfg.eval.noise_levels, cfg.eval.noise_source, plain=test, show=True)
         progress.log(f"test SumR with inserted noise ({cfg.eval.noise_source}): {curve_line(noise)}")
+    with timings("eval_rankings"):  # the best checkpoint's ranks, to score again under other labels
+        ranked = {s: rank_split(trainer.model, data[s], trainer.batchers[s], trainer.device, cfg.eval.chunk)
+                  for s in RANKED_SPLITS if s in data.splits}
     val = trainer.best["metrics"]
     record = {
         "method": cfg.method, "dataset": cfg.dataset, "seed": cfg.seed, "backbone": cfg.backbone,
@@ -87,6 +92,8 @@ def train_and_record(cfg, out: str | Path, resume: bool = False, tag: str = "", 
     # Detector figures and tables (e.g. ARL's similarity / uncertainty distributions) go
     # next to the record, named after it: seed<S>.<what>.png
     record["artifacts"] = detector.write_artifacts(path.parent, path.stem) or []
+    rank_file = save_rankings(rankings_path(path), ranked, {"run": name, "dataset": cfg.dataset, "seed": cfg.seed})
+    record["rankings"] = {"file": rank_file.name, "top_k": TOP_K, "splits": list(ranked)}
     write_record(path, record)
     mark = "" if trainer.nonfinite is None else (f"; marked: loss not finite from epoch {trainer.nonfinite['epoch']}, "
                                                  f"step {trainer.nonfinite['step']}")
@@ -105,7 +112,7 @@ def _keep(metrics: dict) -> dict:
 
 def _data_facts(data) -> dict:
     facts = {"name": data.name}
-    for key in ("generator_version", "test", "train", "selection"):
+    for key in ("generator_version", "test", "train", "selection", "relevance"):
         if key in data.meta:
             facts[key] = data.meta[key]
     return facts
