@@ -17,6 +17,13 @@ against the gold ones (results/census/vp-extraction.md).
 Writes `<out>/census/<dataset>.{md,csv}` and, for simulated data, updates
 `<out>/census/vp-extraction.{md,csv}` (the rows of other datasets are kept).
 
+Real datasets against verified labels: `--relevance FILE` (a relevance file, prvr-ea's or ours:
+datasets/real/relevance.py) is joined to each annotation file's queries by labelled video and
+caption, and the census gains the precision, recall and base rate of the detected (query, video)
+pairs against the file's relevant pairs that the labels miss, over the pairs the file judges:
+a query it covers and a video it names (TVR's prvr-ea file covers the visual queries only).
+Its table is `<out>/census/<dataset>~relevance.{md,csv}`, with the join's report.
+
 Which world knobs give a real dataset's shares: a simulated world can be remade with
 `--set KEY=VALUE` (fixed, e.g. `sim.val_videos=2179` for TVR val's pool) and `--sweep
 KEY=V1,V2,...` (every combination), one census per world, all in one table
@@ -30,6 +37,7 @@ import csv
 import io
 import itertools
 import re
+import shlex
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +57,8 @@ from prvr.methods.relations.text_parsers import (PARSERS, RULES_VERSION, ParserC
 
 CENSUS_FIELDS = ("dataset", "world", "split", "queries", "videos", "phi", "theta", "parser", "model", "share_with_pr",
                  "pr_queries_per_query", "pr_videos_per_query", "precision", "recall", "base_rate")
+# with a relevance file (--relevance), before precision: the pairs the file judges
+JUDGED_FIELDS = ("covered_queries", "judged_videos", "judged_pr_videos_per_query")
 VP_FIELDS = ("dataset", "split", "parser", "status", "queries", "gold_vps", "extracted_vps", "matched",
              "precision", "recall")
 VP_RATES = frozenset({"precision", "recall"})
@@ -63,6 +73,21 @@ class TextSplit:
     split: str
     text: QueryText
     world: str = ""  # the knob values that remade a simulated world (--set / --sweep), "" = its preset
+    video_ids: list[str] | None = None  # real text: the videos, in the order query_video indexes
+    judged: "Judged | None" = None  # real text joined to a relevance file (--relevance)
+
+
+@dataclass
+class Judged:
+    """The (query, video) pairs a relevance file judges: a query it covers, a video it names."""
+
+    queries: np.ndarray  # [Q] bool
+    videos: np.ndarray  # [V] bool
+    report: dict  # the join's report (JoinReport.as_dict)
+
+    def keep(self, keys: np.ndarray, num_videos: int) -> np.ndarray:
+        """The judged ones of pair keys q * V + v."""
+        return keys[self.queries[keys // num_videos] & self.videos[keys % num_videos]]
 
 
 def _tvr(path: Path, report) -> list:
@@ -138,7 +163,7 @@ def real_splits(name: str, root: Path, only: list[str] | None) -> list[TextSplit
         index = {v: k for k, v in enumerate(videos)}
         text = QueryText([r.sentence for r in rows], np.array([index[r.video] for r in rows], dtype=np.int64),
                          len(videos), moments=np.array([[r.start, r.end] for r in rows], dtype=np.float64))
-        out.append(TextSplit(name, split, text))
+        out.append(TextSplit(name, split, text, video_ids=videos))
     if not out:
         raise UserError(f"census --dataset {name}: no split named {', '.join(only or [])}; "
                         f"found {', '.join(s for s, _ in real_files(name, root))}")
@@ -168,6 +193,35 @@ def text_splits(name: str, data_root: str | None, only: list[str] | None) -> lis
         return sim_splits(name, only)
     sims = [n for n in DATASETS.names() if DATASETS.get(n).simulated]
     raise UserError(f"census --dataset {name!r}: give one of {', '.join([*REAL, *ALIASES, *sims])}")
+
+
+def judged_splits(splits: list[TextSplit], path: str) -> tuple[list[TextSplit], list[str]]:
+    """The real text splits joined to a relevance file (by labelled video and caption: the
+    annotation files have no MS-SL cap ids), with the join's report as note lines; a split the
+    file covers none of is left out (and said so)."""
+    from dataclasses import replace
+
+    from prvr.datasets.real.relevance import SplitKeys, join, read_relevance, report_lines
+
+    file = read_relevance(path)
+    out, notes = [], [f"Relevance: `{file.name}` ({file.format} format, SHA-256 {file.sha256})."]
+    for ts in splits:
+        text = ts.text
+        keys = SplitKeys(ts.video_ids, [""] * len(text.texts), text.texts, text.query_video)
+        relevance, report = join(file, keys)
+        notes += [f"- {ts.split}: " + "; ".join(line.strip() for line in report_lines(report.as_dict()))]
+        if not report.covered:
+            continue
+        covered = np.diff(relevance.indptr) > 0
+        videos = np.zeros(text.num_videos, dtype=bool)
+        videos[relevance.indices] = True
+        videos[text.query_video[covered]] = True
+        out.append(replace(ts, text=replace(text, relevance=relevance),
+                           judged=Judged(covered, videos, report.as_dict())))
+    if not out:
+        raise UserError(f"census --relevance {file.path}: it covers none of the queries of "
+                        f"{', '.join(ts.split for ts in splits)} ({' '.join(notes[1:])}); is it this dataset's?")
+    return out, notes
 
 
 def world_grid(dataset: str, sets: list[str], sweeps: list[str]) -> list[list[str]]:
@@ -242,6 +296,9 @@ def census_split(ts: TextSplit, encoder: MemoEncoder, phis: list[str], thetas: l
 def _row(ts: TextSplit, phi: str, theta: float, choice: ParserChoice, model: str, counts: np.ndarray,
          keys: np.ndarray, truth: np.ndarray | None) -> dict:
     n, v = len(ts.text.texts), ts.text.num_videos
+    judged = ts.judged
+    if judged is not None:  # the pairs the relevance file can say anything about
+        keys = judged.keep(keys, v)
     row = {"dataset": ts.dataset, "world": ts.world, "split": ts.split, "queries": n, "videos": v, "phi": phi,
            "theta": theta, "parser": choice.name + (" (fallback)" if choice.fallback else ""), "model": model_id(model),
            "share_with_pr": float(np.mean(counts > 0)) if n else None,
@@ -249,8 +306,11 @@ def _row(ts: TextSplit, phi: str, theta: float, choice: ParserChoice, model: str
            "precision": None, "recall": None, "base_rate": None}
     if truth is not None:
         hits = int(np.isin(keys, truth).sum())
+        nq, nv = (int(judged.queries.sum()), int(judged.videos.sum())) if judged is not None else (n, v)
         row.update(precision=hits / len(keys) if len(keys) else None, recall=hits / len(truth) if len(truth) else None,
-                   base_rate=len(truth) / max(1, n * (v - 1)))
+                   base_rate=len(truth) / max(1, nq * (nv - 1)))
+        if judged is not None:
+            row.update(covered_queries=nq, judged_videos=nv, judged_pr_videos_per_query=len(keys) / max(1, nq))
     return row
 
 
@@ -313,6 +373,8 @@ def _md_table(rows: list[dict], fields: tuple[str, ...]) -> list[str]:
 
 def write_census(out: Path, dataset: str, rows: list[dict], command: str, notes: list[str], tag: str = "") -> Path:
     fields = CENSUS_FIELDS if any(r["precision"] is not None for r in rows) else CENSUS_FIELDS[:-3]
+    if any(r.get("covered_queries") is not None for r in rows):
+        fields = (*CENSUS_FIELDS[:-3], *JUDGED_FIELDS, *CENSUS_FIELDS[-3:])
     if not any(r.get("world") for r in rows):
         fields = tuple(f for f in fields if f != "world")
     md = [f"# Census of the query text of {dataset}", "",
@@ -322,6 +384,11 @@ def write_census(out: Path, dataset: str, rows: list[dict], command: str, notes:
           "`pr_videos_per_query` = mean number of videos they are in. On simulated data, `precision` / `recall` "
           "of the detected (query, video) pairs against the truly relevant pairs the labels miss, and "
           "`base_rate` = the precision of a random guess among the unlabelled pairs.", "",
+          *(["On real text with a relevance file (`--relevance`): the same three against the file's relevant pairs "
+             "that the labels miss, over the pairs it judges (`covered_queries` = queries it covers, "
+             "`judged_videos` = videos it names; `judged_pr_videos_per_query` = detected videos per covered query "
+             "among those). Verified labels mined from models' top candidates are a lower bound on relevance, so "
+             "precision is too.", ""] if "covered_queries" in fields else []),
           f"Written by `{command}`.", "", *notes, *([""] if notes else []), *_md_table(rows, fields)]
     path = out / "census" / f"{dataset}{'~' + tag if tag else ''}.md"
     write_text(path, "\n".join(md) + "\n")
@@ -394,7 +461,12 @@ def add_commands(sub) -> None:
                    help="simulated worlds only: one census per value (several --sweep: every combination), all in "
                         "OUT/census/<dataset>~<tag>.{md,csv}")
     p.add_argument("--tag", default=None,
-                   help="name of a knob census's table (default: knobs); only with --set / --sweep")
+                   help="name of a knob census's table (default: knobs) or of a --relevance one (default: relevance)")
+    p.add_argument("--relevance", default=None, metavar="FILE",
+                   help="real datasets: a relevance file (prvr-ea's or ours) to measure the detected pairs against; "
+                        "writes OUT/census/<dataset>~<tag>.{md,csv}")
+    p.add_argument("--relevance-source", default=None, metavar="TEXT",
+                   help="with --relevance: where the file comes from (e.g. repository@commit), written in the table")
     p.set_defaults(func=cmd_census)
 
 
@@ -407,8 +479,11 @@ def cmd_census(args: argparse.Namespace) -> None:
         raise UserError(f"--theta takes cosines in [-1, 1], got {' '.join(map(str, args.theta))}")
     worlds = world_grid(args.dataset, args.sets, args.sweep)
     knobs = worlds != [[]]
-    if args.tag is not None and not knobs:
-        raise UserError("census --tag names a knob census: give it with --set / --sweep, or drop it")
+    if args.tag is not None and not (knobs or args.relevance):
+        raise UserError("census --tag names a knob or --relevance census: give it with --set / --sweep / --relevance, "
+                        "or drop it")
+    if args.relevance_source is not None and not args.relevance:
+        raise UserError("census --relevance-source says where a --relevance file comes from: give it with --relevance")
     if args.tag is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", args.tag):
         raise UserError(f"census --tag {args.tag!r}: use letters, digits, '.', '_' or '-' (it names a file)")
     if knobs:  # every world is made (its knobs checked) before any encoding
@@ -416,9 +491,17 @@ def cmd_census(args: argparse.Namespace) -> None:
                   for world in worlds for ts in sim_splits(args.dataset, args.split, world)]
     else:
         splits = text_splits(args.dataset, args.data_root, args.split)
+    judged_notes: list[str] = []
+    if args.relevance:
+        if knobs or not all(ts.video_ids is not None for ts in splits):
+            raise UserError(f"census --relevance measures real text against a relevance file; {args.dataset} is "
+                            "simulated and carries its own ground truth (drop --relevance)")
+        splits, judged_notes = judged_splits(splits, args.relevance)
+        if args.relevance_source:
+            judged_notes.insert(1, f"Source: {args.relevance_source}.")
     device = pick_device(args.device)
     encoder = MemoEncoder(sbert.make_encoder(args.model, str(device), args.batch_size))  # tests inject a fake here
-    rows, notes, vp = [], [], []
+    rows, notes, vp = [], list(judged_notes), []
     for ts in splits:
         progress.log(f"census: {ts.dataset} {ts.split}{' (' + ts.world + ')' if ts.world else ''}, "
                      f"{len(ts.text.texts)} queries")
@@ -429,7 +512,7 @@ def cmd_census(args: argparse.Namespace) -> None:
         if ts.text.parses is not None and not ts.world:  # the VP table measures the preset worlds
             vp += vp_rows(ts)
     out = Path(args.out)
-    tag = (args.tag or "knobs") if knobs else ""
+    tag = (args.tag or "knobs") if knobs else (args.tag or "relevance") if args.relevance else ""
     path = write_census(out, args.dataset, rows, _command(args), notes, tag)
     progress.log(f"wrote {path} and {path.with_suffix('.csv')}")
     if vp:
@@ -451,4 +534,8 @@ def _command(args: argparse.Namespace) -> str:
     parts += [x for s in args.sets for x in ("--set", s)] + [x for s in args.sweep for x in ("--sweep", s)]
     if args.tag:
         parts += ["--tag", args.tag]
+    if args.relevance:  # the file by its name (its SHA-256 is in the table)
+        parts += ["--relevance", Path(args.relevance).name]
+    if args.relevance_source:
+        parts += ["--relevance-source", shlex.quote(args.relevance_source)]
     return " ".join(parts)
