@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from prvr.harness.precision import set_encoders
 from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS
 from prvr.harness.timing import Timings
 
@@ -27,7 +28,8 @@ def build_model(cfg, video_dim: int, query_dim: int) -> torch.nn.Module:
     seed_everything(cfg.seed)
     model = BACKBONES.get(cfg.backbone)(cfg.model, video_dim, query_dim)
     spec = METHODS.get(cfg.method)
-    return spec.wrap(model, cfg, video_dim, query_dim) if spec.wrap is not None else model
+    model = spec.wrap(model, cfg, video_dim, query_dim) if spec.wrap is not None else model
+    return set_encoders(model, cfg.train.precision, cfg.train.compile)  # train.precision / compile, everywhere
 
 
 def method_spec(cfg):

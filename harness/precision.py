@@ -11,10 +11,10 @@ leaderboard's budget column when it is not fp32; resume refuses a change of it.
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
+import functools
 import os
-from collections.abc import Iterator
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -52,14 +52,40 @@ def set_deterministic(on: bool, device: torch.device) -> None:
     torch.backends.cudnn.benchmark = False
 
 
-@contextlib.contextmanager
-def encoding(device: torch.device, precision: str) -> Iterator[None]:
-    """The context the encoders run in: bfloat16 autocast under bf16, nothing otherwise."""
-    if precision != "bf16":
-        yield
-        return
-    with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
-        yield
+def set_encoders(model: torch.nn.Module, precision: str, compile: bool = False) -> torch.nn.Module:
+    """Make the model's encoders run in the run's precision wherever they are called (training,
+    evaluation, a detector's pass, re-evaluation): under bf16 each runs under bfloat16 autocast on
+    its batch's device and returns float32; `compile` passes each through torch.compile (dynamic
+    shapes: batches differ in length). The weights and their names are untouched."""
+    if precision != "bf16" and not compile:
+        return model  # fp32 / tf32: the encoders as they are (tf32 is a process-wide matmul mode)
+    for name in ("encode_queries", "encode_videos"):
+        encode = getattr(model, name)
+        if precision == "bf16":
+            encode = _in_bf16(encode)
+        if compile:
+            encode = torch.compile(encode, dynamic=True)
+        setattr(model, name, encode)
+    return model
+
+
+def _in_bf16(encode: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    @functools.wraps(encode)
+    def run(batch: Any) -> Any:
+        with torch.autocast(device_type=_device_type(batch), dtype=torch.bfloat16):
+            out = encode(batch)
+        return to_fp32(out)
+
+    return run
+
+
+def _device_type(batch: Any) -> str:
+    """The device of a batch's first tensor (a QueryBatch's tokens, a VideoBatch's frames)."""
+    for f in dataclasses.fields(batch):
+        value = getattr(batch, f.name)
+        if isinstance(value, torch.Tensor):
+            return value.device.type
+    return "cpu"
 
 
 def to_fp32(obj: Any) -> Any:
@@ -72,19 +98,3 @@ def to_fp32(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return type(obj)(to_fp32(v) for v in obj)
     return obj
-
-
-class Encoders:
-    """Both encoders of a model in the run's precision, outputs in float32; `compile`: each
-    encoder through torch.compile (dynamic shapes: batches differ in length)."""
-
-    def __init__(self, model: torch.nn.Module, compile: bool = False) -> None:
-        self.queries, self.videos = model.encode_queries, model.encode_videos
-        if compile:
-            self.queries = torch.compile(self.queries, dynamic=True)
-            self.videos = torch.compile(self.videos, dynamic=True)
-
-    def __call__(self, queries: Any, videos: Any, device: torch.device, precision: str) -> tuple[Any, Any]:
-        with encoding(device, precision):
-            q, v = self.queries(queries), self.videos(videos)
-        return to_fp32(q), to_fp32(v)

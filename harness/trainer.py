@@ -116,7 +116,6 @@ class Trainer:
         precision.set_matmul_precision(cfg.train.precision, self.device)
         precision.set_deterministic(cfg.train.deterministic, self.device)
         self.model.to(self.device)
-        self.encode = precision.Encoders(self.model, cfg.train.compile)
         self.ckpt_dir = Path(ckpt_dir)
         self.hooks = list(hooks or [])  # the harness's own; the detector's hooks get a DetectorState
         self.timings = timings or Timings()
@@ -274,7 +273,8 @@ class Trainer:
         return min(4, os.cpu_count() or 1) if self.device.type == "cuda" else 0
 
     def train_step(self, batch, epoch: int, step: int) -> dict[str, torch.Tensor]:
-        q, v = self.encode(batch.queries, batch.videos, self.device, self.cfg.train.precision)
+        q = self.model.encode_queries(batch.queries)  # in the run's precision (harness/precision.py)
+        v = self.model.encode_videos(batch.videos)
         scores = self.model.score(q, v)
         outputs = {"queries": q, "videos": v, "scores": scores}
         relations = self.detector.detect(batch, outputs)

@@ -54,7 +54,7 @@ def test_bf16_is_within_tolerance_of_fp32_on_cuda(method, on_cuda):
         cfg = resolve(method, "sim-tiny", 0, ["train.epochs=1", f"train.precision={precision}"])
         trainer = build_run(cfg).trainer("unused")
         batch = trainer.batchers["train"].train_batch(trainer.has_queries.nonzero()[0][:8]).to(trainer.device)
-        q, v = trainer.encode(batch.queries, batch.videos, trainer.device, precision)
+        q, v = trainer.model.encode_queries(batch.queries), trainer.model.encode_videos(batch.videos)
         scores = trainer.model.score(q, v).fused.detach()
         got[precision] = (scores, float(trainer.train_step(batch, 0, 0)["loss"]))
     assert (got["bf16"][0] - got["fp32"][0]).abs().max() <= BF16_SCORE_TOL

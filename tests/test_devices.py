@@ -127,7 +127,7 @@ def test_bf16_scores_and_loss_are_within_tolerance_of_fp32(method):
         cfg = resolve(method, "sim-tiny", 0, [*EPOCHS, f"train.precision={precision}"])
         trainer = build_run(cfg).trainer("unused")
         batch = trainer.batchers["train"].train_batch(trainer.has_queries.nonzero()[0][:8])
-        q, v = trainer.encode(batch.queries, batch.videos, trainer.device, precision)
+        q, v = trainer.model.encode_queries(batch.queries), trainer.model.encode_videos(batch.videos)
         assert all(t.dtype == torch.float32 for t in [*q.values(), *v.values()] if t.is_floating_point())
         scores = trainer.model.score(q, v).fused
         out = trainer.train_step(batch, 0, 0)
@@ -146,3 +146,22 @@ def test_precision_is_in_the_record_and_the_leaderboard_budget(tmp_path):
     assert fp32["budget"] == "2 ep / stop 10"
     assert trainer_mod.RESUME_FREE_KEYS.isdisjoint({"train.precision", "train.device", "train.compile",
                                                     "train.deterministic"})
+
+
+def test_a_bf16_model_encodes_in_bf16_wherever_it_is_called():
+    """build_model applies train.precision to the encoders themselves, so evaluation, a
+    detector's pass and re-evaluation (which call model.encode_*) run as training does."""
+    from prvr.harness.build import build_run
+
+    runs = {p: build_run(resolve("msl", "sim-tiny", 0, [f"train.precision={p}"])) for p in ("fp32", "bf16")}
+    batcher = runs["fp32"].trainer("unused").batchers["val"]
+    qb = batcher.queries(list(range(6)))
+    for run in runs.values():
+        run.model.eval()  # no dropout: the same weights give the same outputs
+    with torch.no_grad():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            by_hand = runs["fp32"].model.encode_queries(qb)
+        wrapped = runs["bf16"].model.encode_queries(qb)
+    for k, t in by_hand.items():
+        assert wrapped[k].dtype == torch.float32 and torch.equal(wrapped[k], t.float())
+    assert "encode_queries" not in vars(runs["fp32"].model)  # fp32: the model as the backbone made it
