@@ -9,6 +9,7 @@ without it load as they are). Records from older schema versions are upgraded on
 from __future__ import annotations
 
 import functools
+import math
 import platform
 import re
 import subprocess
@@ -18,6 +19,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from prvr.harness.checks import show
 from prvr.harness.io import UserError, read_json, write_json
 from prvr.harness.names import check_name, inside
 
@@ -237,11 +239,49 @@ def load_record(path: str | Path) -> dict[str, Any]:
     missing = [k for k in REQUIRED if k not in data]
     if missing:
         raise UserError(f"run record {path} lacks key(s) {', '.join(missing)}; delete it or re-run that run")
-    problem = shape_problem(data)
+    problem = shape_problem(data) or value_problem(data)
     if problem:
         key, what = problem
         raise UserError(f"run record {path} key {key!r}: {what}; delete it or re-run that run")
     return data
+
+
+def load_record_at(path: str | Path) -> dict[str, Any]:
+    """`load_record` of a record at its place in a results folder (<out>/runs/<dataset>/<run>/
+    seed<S>.json), which must name the dataset, run and seed of that place: a record copied
+    under another seed, or into another run's folder, is an error, not a second seed."""
+    _, dataset, run, seed = record_layout(path)
+    record = load_record(path)
+    stored = (record["dataset"], record.get("run_name", run), record["seed"])
+    if stored != (dataset, run, seed):
+        raise UserError(f"run record {path} names dataset, run and seed {', '.join(show(v) for v in stored)}, but "
+                        f"its folder says {dataset}, {run}, {seed}; move it back to the folder of its run or re-run "
+                        "that run")
+    return record
+
+
+# What a metric may be (a figure outside is a damaged or edited record, not a result)
+METRIC_RANGES = {"R@1": (0, 100), "R@5": (0, 100), "R@10": (0, 100), "R@100": (0, 100), "SumR": (0, 400),
+                 "median_rank": (1, math.inf), "mean_rank": (1, math.inf), "n": (0, math.inf)}
+
+
+def value_problem(record: dict[str, Any]) -> tuple[str, str] | None:
+    """The first value no run can have (a metric not finite or outside its range, a negative
+    seed, a best epoch after the last one run), with what is wrong; None when all can be."""
+    if record["seed"] < 0:
+        return "seed", f"{record['seed']} is negative"
+    blocks = [(f"metrics.{s}", record["metrics"][s]) for s in ("val", "test")]
+    blocks += [(f"metrics.noise.levels.{k}", b) for k, b in ((record["metrics"].get("noise") or {}).get("levels") or
+                                                             {}).items()]
+    for where, block in blocks:
+        for name, (low, high) in METRIC_RANGES.items():
+            value = block.get(name)
+            if value is not None and not (math.isfinite(value) and low <= value <= high):
+                return f"{where}.{name}", f"{value!r} is not a figure a run can have (finite, in [{low}, {high}])"
+    best, run = record.get("best_epoch"), record.get("epochs_run")
+    if isinstance(best, int) and isinstance(run, int) and not -1 <= best < max(run, 1):
+        return "best_epoch", f"{best} is not among the {run} epochs the record says were run"
+    return None
 
 
 # What tools read from a record, and its type: (key, types). Optional keys are checked when present.

@@ -39,7 +39,6 @@ from typing import Any
 import torch
 
 from prvr.harness import progress
-from prvr.harness.checks import show
 from prvr.datasets.loader import Batcher
 from prvr.datasets.real.relevance import RelevanceFile, SplitKeys, join, read_relevance, report_lines
 from prvr.harness.evaluate import evaluate_model, evaluate_scores, score_matrices
@@ -54,7 +53,7 @@ class StoredRun:
 
     def __init__(self, record_file: str | Path, device: str = "auto", data_root: str | None = None) -> None:
         from prvr.harness.config import apply_value, check_device, from_dict
-        from prvr.harness.records import checkpoint_dir, load_record, record_layout
+        from prvr.harness.records import checkpoint_dir, load_record_at, record_layout
         from prvr.harness.registry import load_all
         from prvr.harness.trainer import pick_device
 
@@ -62,8 +61,7 @@ class StoredRun:
         self.path = Path(record_file)
         # The checkpoint is found from where the record lies, never from names inside it.
         out, dataset, run, seed = record_layout(self.path)
-        self.record = load_record(self.path)
-        _check_names_match(self.path, self.record, dataset, run, seed)
+        self.record = load_record_at(self.path)  # a record that names another run than its folder's is refused
         self.cfg = from_dict(self.record["config"], f"run record {self.path} key 'config'")
         if (self.cfg.dataset, self.cfg.seed) != (dataset, seed):
             raise UserError(f"run record {self.path} holds the config of {self.cfg.dataset} seed {self.cfg.seed}, "
@@ -117,16 +115,6 @@ def check_checkpoint_of_record(checkpoint: Path, state: dict[str, Any], record_f
         raise UserError(f"checkpoint {checkpoint}{by} is from another training of this run than record {record_file}: "
                         f"best epoch {best.get('epoch')}{theirs} against the record's {record.get('best_epoch')}{ours}; "
                         f"{fix}")
-
-
-def _check_names_match(path: Path, record: dict[str, Any], dataset: str, run: str, seed: int) -> None:
-    """A record names the run its folder holds: one copied or edited elsewhere is an error, as
-    its checkpoint would be another run's."""
-    stored = (record.get("dataset"), record.get("run_name", run), record.get("seed"))
-    if stored != (dataset, run, seed):
-        shown = ", ".join(show(v) for v in stored)
-        raise UserError(f"run record {path} names dataset, run and seed {shown}, but its folder says "
-                        f"{dataset}, {run}, {seed}; move it back to the folder of its run or re-run that run")
 
 
 def split_metrics(scores: torch.Tensor, split, chunk: int) -> dict[str, Any]:

@@ -85,3 +85,76 @@ def test_a_number_in_an_official_log_that_is_not_one_is_named_with_its_line(tmp_
     log.write_text("Epoch: 0\n * recall sum: 1.2.3\nRsum: 100.0\n")
     with pytest.raises(UserError, match=r"log.txt line 2: '1.2.3' is not a number"):
         read_official_log(log)
+
+
+# ------------------------------------------------------------ records the leaderboard reads
+def _trained(tmp_path):
+    from prvr.harness.runner import run_one
+
+    run_one(resolve("baseline", "sim-tiny", 0, ["train.epochs=1"]), tmp_path)
+    return tmp_path / "runs" / "sim-tiny" / "baseline"
+
+
+def _leaderboard_error(root):
+    from prvr.harness import leaderboard
+
+    with pytest.raises(UserError) as err:
+        leaderboard.rebuild(root, show=False)
+    assert "\n" not in str(err.value)
+    return str(err.value)
+
+
+def test_a_record_copied_under_another_seed_is_refused(tmp_path):
+    folder = _trained(tmp_path)
+    record = json.loads((folder / "seed0.json").read_text())
+    (folder / "seed1.json").write_text(json.dumps({**record, "seed": 1}))
+    err = _leaderboard_error(tmp_path)
+    assert "seed1.json holds the same results as seed0.json" in err and "--skip-bad" in err
+
+
+@pytest.mark.parametrize("change, names", [
+    ({"seed": 0}, "names dataset, run and seed 'sim-tiny', 'baseline', 0, but its folder says sim-tiny, baseline, 1"),
+    ({"dataset": "sim-tvr"}, "names dataset, run and seed 'sim-tvr', 'baseline', 1, but its folder says sim-tiny"),
+    ({"run_name": "msl"}, "'msl'"),
+])
+def test_a_record_that_names_another_place_than_its_folder_is_refused(tmp_path, change, names):
+    folder = _trained(tmp_path)
+    record = json.loads((folder / "seed0.json").read_text())
+    record["history"] = []  # not a copy: only its names are wrong
+    (folder / "seed1.json").write_text(json.dumps({**record, "seed": 1, **change}))
+    assert names in _leaderboard_error(tmp_path)
+
+
+@pytest.mark.parametrize("key, value, why", [
+    ("SumR", float("nan"), "nan is not a figure a run can have (finite, in [0, 400])"),
+    ("SumR", float("inf"), "inf is not a figure a run can have"),
+    ("SumR", 12345, "12345 is not a figure a run can have (finite, in [0, 400])"),
+    ("R@1", 1e308, "1e+308 is not a figure a run can have (finite, in [0, 100])"),
+])
+def test_impossible_metrics_are_refused_naming_the_key(tmp_path, key, value, why):
+    folder = _trained(tmp_path)
+    record = json.loads((folder / "seed0.json").read_text())
+    record["metrics"]["test"][key] = value
+    (folder / "seed0.json").write_text(json.dumps(record))
+    err = _leaderboard_error(tmp_path)
+    assert f"seed0.json key 'metrics.test.{key}': {why}" in err
+
+
+def test_a_best_epoch_after_the_last_epoch_run_is_refused(tmp_path):
+    folder = _trained(tmp_path)
+    record = json.loads((folder / "seed0.json").read_text())
+    record["best_epoch"] = 999
+    (folder / "seed0.json").write_text(json.dumps(record))
+    assert "key 'best_epoch': 999 is not among the 1 epochs the record says were run" in _leaderboard_error(tmp_path)
+
+
+def test_skip_bad_lists_the_skipped_records_under_the_table(tmp_path):
+    from prvr.harness import leaderboard
+
+    folder = _trained(tmp_path)
+    (folder / "seed1.json").write_bytes(b'{"method": "b\xff"}')
+    rows = leaderboard.rebuild(tmp_path, skip_bad=True, show=False)
+    assert [r["seeds"] for r in rows] == [[0]]
+    md = (tmp_path / "leaderboard.md").read_text()
+    assert "Skipped (`--skip-bad`): 1 file(s) under `runs/` that are not sound run records: run record " in md
+    assert "seed1.json is not UTF-8 text (byte 13" in md

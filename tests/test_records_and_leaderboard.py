@@ -17,10 +17,21 @@ from prvr.harness.records import cpu_facts, load_record, provenance, record_path
 DATA = Path(__file__).parent / "data"
 
 
+def possible_recalls(sumr):
+    """R@1, R@5, R@10, R@100 summing to sumr in the ratio 1:2:3:4, with what would exceed 100
+    (records.METRIC_RANGES) moved to the smaller K (a record's figures must be possible)."""
+    r = [sumr * w for w in (0.1, 0.2, 0.3, 0.4)]
+    for i in (3, 2, 1):
+        excess = max(0.0, r[i] - 100.0)
+        r[i] -= excess
+        r[i - 1] += excess
+    return r
+
+
 def fake_record(seed, sumr, method="baseline", run_name=None, relations="none", oracle=None, buckets=True,
                 epochs=12):
-    r1 = sumr / 10
-    test = {"R@1": r1, "R@5": 2 * r1, "R@10": 3 * r1, "R@100": 4 * r1, "SumR": sumr,
+    r = possible_recalls(sumr)
+    test = {"R@1": r[0], "R@5": r[1], "R@10": r[2], "R@100": r[3], "SumR": sumr,
             "buckets": {"short": {"SumR": sumr - 1}, "medium": {"SumR": sumr}, "long": {"SumR": sumr + 1}}
             if buckets else {},
             "oracle": {"SumR": oracle} if oracle is not None else {}}
