@@ -11,6 +11,7 @@ folder) are left alone: their pids mean nothing here. Files get the mode the uma
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -246,16 +247,41 @@ def _strict_yaml_loader() -> Any:
     return _LOADER
 
 
-def ensure_dir(path: str | Path) -> Path:
-    """Create a folder, answering a permission problem with a one-line hint."""
+def ensure_dir(path: str | Path, fix: str = "pass another --out folder") -> Path:
+    """Create a folder, answering a problem with a one-line hint (`fix`: what the user can change,
+    e.g. the option or key that named the folder)."""
     path = Path(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise UserError(f"cannot create folder {path}: {e.strerror}; pass another --out folder") from None
+        raise UserError(f"cannot create folder {path}: {os_cause(e, path)}; {fix}") from None
     if not os.access(path, os.W_OK):
-        raise UserError(f"folder {path} is not writable; pass another --out folder or fix its permissions")
+        raise UserError(f"folder {path} is not writable; {fix} or fix its permissions")
     return path
+
+
+NAME_MAX = 255  # bytes of one path component on the common file systems (ext4, xfs, btrfs, APFS)
+
+
+def os_cause(err: OSError, path: str | Path | None = None) -> str:
+    """What an OSError means, in words: a full disk and a name too long are named as such (the
+    C++ side of torch.save reports them only as 'basic_ios::clear')."""
+    if err.errno == errno.ENOSPC:
+        return f"the disk is full{_free_space(path)}"
+    if err.errno == errno.ENAMETOOLONG:
+        long = [p for p in Path(path).parts if len(p.encode()) > NAME_MAX] if path is not None else []
+        which = f" ({len(long[0].encode())} bytes: {long[0][:40]}...)" if long else ""
+        return f"a name in the path is longer than the file system allows ({NAME_MAX} bytes){which}"
+    return err.strerror or type(err).__name__
+
+
+def _free_space(path: str | Path | None) -> str:
+    if path is None:
+        return ""
+    for folder in [Path(path), *Path(path).parents]:
+        if folder.exists():
+            return f" ({shutil.disk_usage(folder).free / 2**20:,.0f} MB free on the disk of {folder})"
+    return ""
 
 
 def _json_default(obj: Any) -> Any:

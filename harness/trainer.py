@@ -23,8 +23,10 @@ Bad states end in one line (`UserError`) rather than a traceback or a silent num
 
 from __future__ import annotations
 
+import errno
 import math
 import os
+import shutil
 import pickle
 import random
 import warnings
@@ -39,7 +41,7 @@ from prvr.datasets.loader import Batcher, EpochLoader, epoch_batches
 from prvr.harness import precision, progress, vcmr
 from prvr.harness.config import ON_NONFINITE, SELECT_ON, SETTLED_BEFORE
 from prvr.harness.evaluate import evaluate_model
-from prvr.harness.io import UserError, atomic_path
+from prvr.harness.io import UserError, atomic_path, os_cause
 from prvr.harness.optim import build_optimizer, lr_lambda
 from prvr.harness.records import selection_metric
 from prvr.harness.timing import Timings
@@ -326,7 +328,7 @@ class Trainer:
         checkpoint of another training of its run (`reevaluate.check_checkpoint_of_record`)."""
         best = {"epoch": self.best["epoch"], "select": self.select_key, "score": float(self.best["score"])}
         with atomic_path(path) as tmp:
-            torch.save({"model": self.model.state_dict(), "best": best}, tmp)
+            save_checkpoint({"model": self.model.state_dict(), "best": best}, tmp, path)
         self.written.add(Path(path))
 
     def load_model(self, path: Path, fix: str = "train the run again without --resume") -> None:
@@ -346,7 +348,7 @@ class Trainer:
         if self.device.type == "cuda":  # a CPU run never initialises CUDA
             state["cuda_rng"] = torch.cuda.get_rng_state_all()
         with atomic_path(path) as tmp:
-            torch.save(state, tmp)
+            save_checkpoint(state, tmp, path)
         self.written.add(Path(path))
 
     def load_state(self, path: Path, force: bool = False) -> None:
@@ -434,6 +436,25 @@ def restore_cuda_rng(states: Any, path: Path) -> None:
     if len(states) != present:
         progress.log(f"[yellow]warning[/]: {path} was saved with {len(states)} GPU(s) visible, this process sees "
                      f"{present}: the random state of the first {min(len(states), present)} restored")
+
+
+LOW_DISK_BYTES = 256 * 2**20  # a checkpoint write that fails with less free than this failed for want of space
+
+
+def save_checkpoint(state: dict, tmp: Path, path: Path) -> None:
+    """torch.save into the temporary `tmp` of checkpoint `path`; a full disk (which torch's C++
+    writer reports as 'basic_ios::clear') or a name too long is one line saying so."""
+    try:
+        torch.save(state, tmp)
+    except (OSError, RuntimeError) as err:
+        free = shutil.disk_usage(tmp.parent).free
+        if isinstance(err, OSError) and err.errno != errno.ENOSPC:
+            cause = os_cause(err, path)
+        elif free < LOW_DISK_BYTES or (isinstance(err, OSError) and err.errno == errno.ENOSPC):
+            cause = f"the disk is full ({free / 2**20:,.0f} MB free on the disk of {tmp.parent})"
+        else:
+            raise
+        raise UserError(f"cannot write checkpoint {path}: {cause}; free space there or pass another --out") from None
 
 
 def read_checkpoint(path: str | Path, keys: tuple[str, ...], fix: str,

@@ -62,3 +62,34 @@ def test_a_lock_left_by_a_killed_writer_is_taken_over(tmp_path):
     record = run_one(resolve("baseline", "sim-tiny", 0, ["train.epochs=1"]), tmp_path)
     assert json.loads(path.read_text())["metrics"] == record["metrics"]
     assert not (path.parent / "seed0.json.lock").exists()
+
+
+def test_a_full_disk_while_saving_a_checkpoint_is_named_as_such(tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    def cxx_failure(obj, f):  # what torch's C++ writer raises when the disk fills up
+        raise RuntimeError("[enforce fail at inline_container.cc:626] . unexpected pos 64 vs 0; basic_ios::clear")
+
+    monkeypatch.setattr(torch, "save", cxx_failure)
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: namedtuple("u", "total used free")(100, 100, 0))
+    with pytest.raises(UserError, match=r"cannot write checkpoint .*best.pt: the disk is full \(0 MB free on the disk "
+                                        r"of .*\); free space there or pass another --out"):
+        run_one(resolve("baseline", "sim-tiny", 0, ["train.epochs=1"]), tmp_path)
+    assert not list(tmp_path.rglob("*.pt")) and not list(tmp_path.rglob("*.tmp"))
+
+
+def test_a_cache_folder_name_too_long_is_named_and_blamed_on_the_cache_setting(tmp_path):
+    long = "c" * 300
+    with pytest.raises(UserError, match=r"cache folder .*: a name in the path is longer than the file system "
+                                        r"allows \(255 bytes\) \(300 bytes: c{40}\.\.\.\); move the cache: --set "
+                                        r"data.cache_dir=DIR or PRVR_CACHE=DIR"):
+        run_one(resolve("baseline", "sim-tiny", 3, ["train.epochs=1", f"data.cache_dir={tmp_path / long}"]), tmp_path)
+
+
+def test_an_out_folder_name_too_long_is_named_as_such(tmp_path):
+    from prvr.harness.io import ensure_dir
+
+    with pytest.raises(UserError, match=r"cannot create folder .*: a name in the path is longer than the file system "
+                                        r"allows \(255 bytes\) \(300 bytes: o{40}\.\.\.\); pass another --out folder"):
+        ensure_dir(tmp_path / ("o" * 300) / "runs")

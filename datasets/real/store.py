@@ -97,7 +97,7 @@ def preload(data: PRVRData) -> PRVRData:
 
 
 def _build_entry(layout, folder: Path) -> None:
-    ensure_dir(folder.parent)
+    ensure_dir(folder.parent, "move the cache: --set data.cache_dir=DIR or PRVR_CACHE=DIR")
     tmp = temporary_beside(folder, folder=True)
     try:
         report = Report(strict=True)

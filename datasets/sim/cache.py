@@ -26,7 +26,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from prvr.datasets.types import PRVRData, Ragged, Split
-from prvr.harness.io import UserError, ensure_dir, temporary_beside, write_json
+from prvr.harness.io import NAME_MAX, UserError, ensure_dir, temporary_beside, write_json
 
 MANIFEST = "manifest.json"
 CACHE_FORMAT = 1
@@ -42,7 +42,13 @@ def cache_root(configured: str = "") -> Path:
     """The cache folder, absolute, so that paths stored in or read from it do not depend on
     the working directory."""
     root = Path(configured or os.environ.get("PRVR_CACHE") or Path.home() / ".cache" / "prvr-bench")
-    return root.expanduser().absolute()
+    root = root.expanduser().absolute()
+    too_long = [p for p in root.parts if len(p.encode()) > NAME_MAX]
+    if too_long:  # any look at the folder would fail with ENAMETOOLONG
+        raise UserError(f"cache folder {root}: a name in the path is longer than the file system allows "
+                        f"({NAME_MAX} bytes) ({len(too_long[0].encode())} bytes: {too_long[0][:40]}...); move the "
+                        "cache: --set data.cache_dir=DIR or PRVR_CACHE=DIR")
+    return root
 
 
 def cache_key(payload: dict[str, Any]) -> str:
@@ -68,7 +74,7 @@ def load_or_build(folder: Path, build: Callable[[], PRVRData], warn: Callable[[s
 
 
 def save(data: PRVRData, folder: Path) -> None:
-    ensure_dir(folder.parent)
+    ensure_dir(folder.parent, "move the cache: --set data.cache_dir=DIR or PRVR_CACHE=DIR")
     tmp = temporary_beside(folder, folder=True)
     try:
         for name, split in data.splits.items():
