@@ -158,3 +158,17 @@ def test_skip_bad_lists_the_skipped_records_under_the_table(tmp_path):
     md = (tmp_path / "leaderboard.md").read_text()
     assert "Skipped (`--skip-bad`): 1 file(s) under `runs/` that are not sound run records: run record " in md
     assert "seed1.json is not UTF-8 text (byte 13" in md
+
+
+# ------------------------------------------------------------ real-layout text files
+def test_a_bom_at_the_start_of_a_caption_file_is_dropped(tmp_path):
+    from prvr.datasets.real.problems import Report
+    from prvr.datasets.real.textdata import read_captions
+
+    path = tmp_path / "tvrtrain.caption.txt"
+    path.write_bytes("\ufeffvid1#enc#0 a man opens the door\nvid1#enc#1 he sits down\n".encode("utf-8"))
+    report = Report(strict=True)
+    caps = read_captions(path, report)
+    assert [(c.qid, c.text, c.video) for c in caps] == [("vid1#enc#0", "a man opens the door", "vid1"),
+                                                         ("vid1#enc#1", "he sits down", "vid1")]
+    assert not report.errors

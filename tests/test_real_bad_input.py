@@ -331,3 +331,19 @@ def test_xml_nan_rows_error_or_skip(template, tmp_path):
     assert data.meta["counts"]["frames left out: NaN/Inf rows"] == 1
     assert data["train"].frames.lengths[0] == rows - 1
 
+
+
+def test_xml_desc_id_shared_by_two_splits_is_an_error(template, tmp_path):
+    """All splits read their query features from one file keyed by desc_id: a val desc_id equal
+    to a train one would read the train query's features (data check and loading say so)."""
+    root = tmp_path / "data"
+    shutil.copytree(template / "xml", root)
+    data_dir = root / "tvr" / "data"
+    train_id = json.loads(_lines(data_dir / "tvr_train_release.jsonl")[0])["desc_id"]
+    val = _lines(data_dir / "tvr_val_release.jsonl")
+    first = json.loads(val[0])
+    _write_lines(data_dir / "tvr_val_release.jsonl", [json.dumps({**first, "desc_id": train_id}), *val[1:]])
+    with pytest.raises(LayoutError, match=rf"tvr_val_release.jsonl line 1: desc_id {train_id} is also in "
+                                          r"tvr_train_release.jsonl \(line 1\); the splits share one query feature "
+                                          r"file keyed by desc_id"):
+        load_tvr(root, tmp_path / "cache", layout="xml")

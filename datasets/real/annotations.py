@@ -190,7 +190,7 @@ def read_charades_sta(path: Path, durations: dict[str, float], report: Report) -
 def read_charades_durations(path: Path) -> dict[str, float]:
     """Video lengths: VSLNet's charades.json (vid -> {duration}) or Charades_v1_*.csv (id, length)."""
     if path.suffix == ".csv":
-        with open(path, newline="", encoding="utf-8") as f:
+        with open(path, newline="", encoding="utf-8-sig") as f:
             reader = csv.DictReader(f)
             if not reader.fieldnames or not {"id", "length"} <= set(reader.fieldnames):
                 raise layout_error(path, "no 'id' and 'length' columns", "use the Charades_v1 csv", line=1)
@@ -215,7 +215,7 @@ def read_charades_durations(path: Path) -> dict[str, float]:
 
 def _lines(path: Path) -> Iterable[str]:
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:  # a leading BOM dropped
             yield from (line.rstrip("\n\r") for line in f)
     except FileNotFoundError:
         raise layout_error(path, "missing", "check --data-root / data.annotations") from None
@@ -225,7 +225,7 @@ def _lines(path: Path) -> Iterable[str]:
 
 def _json(path: Path):
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8-sig"))
     except FileNotFoundError:
         raise layout_error(path, "missing", "check --data-root / data.annotations") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:

@@ -15,7 +15,7 @@ SKIP_HINT = "fix the features or pass --set data.on_bad_rows=skip to leave such 
 def read_captions(path: Path, report: Report) -> list[Caption]:
     """MS-SL caption file: '<cap_id> <sentence>' per line; video id = cap_id up to the first '#'."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = path.read_text(encoding="utf-8-sig").splitlines()  # a leading BOM dropped
     except FileNotFoundError:
         raise layout_error(path, "missing", "check --data-root (MS-SL layout: TextData/<c>{train,val,test}.caption.txt)") \
             from None

@@ -240,6 +240,9 @@ class XMLLayout:
         self.hint = layout_hint(spec.name)
         self.collection = collection_folder(data_root(cfg), spec.name, "data")
         self.feature = cfg.data.feature or self.files.default_feature
+        # desc_id -> (split file, where): every split reads its query features from one file keyed
+        # by desc_id, so a desc_id in two split files would give one split the other's features
+        self.desc_ids: dict[str, tuple[Path, str]] = {}
         if self.feature not in self.files.video_files:
             raise layout_error("--set data.feature", f"XML video feature {self.feature!r} is unknown",
                                f"use one of {', '.join(self.files.video_files)}")
@@ -278,6 +281,12 @@ class XMLLayout:
                 report.problem(path, f"desc_id {r.qid} already on {seen[r.qid]}", "desc_ids must be unique", **where)
                 continue
             seen[r.qid] = f"line {r.line}" if r.line else "an earlier entry"
+            other, there = self.desc_ids.setdefault(r.qid, (path, seen[r.qid]))
+            if other != path:
+                report.problem(path, f"desc_id {r.qid} is also in {other.name} ({there}); the splits share one query "
+                               "feature file keyed by desc_id, so one split would read the other's query",
+                               "give every query of every split its own desc_id", **where)
+                continue
             # a json entry has no line (None): messages name it by its key instead
             out.append(Caption(r.qid, r.sentence, r.video, path, r.line or None, (r.start, r.end), r.duration))
         return out
