@@ -58,6 +58,31 @@ def epoch_rows(records: list[dict[str, Any]], part: str) -> list[dict[str, Any]]
     return rows
 
 
+# a detector report's figures: precision and recall are shares; the rest are counts or similarities
+SHARES = ("precision", "recall", "frame_share")
+
+
+def check_reports(path: Path, record: dict[str, Any], part: str) -> None:
+    """The history entries this table reads, checked: an integer epoch, and each figure a number
+    (a share within [0, 1]); anything else is one line naming the file and the key."""
+    for i, h in enumerate(record.get("history", [])):
+        rel = h.get("relations") if isinstance(h, dict) else None
+        if not (isinstance(rel, dict) and rel.get("active") and isinstance(rel.get(part), dict)):
+            continue
+        if not isinstance(h.get("epoch"), int) or isinstance(h.get("epoch"), bool) or h["epoch"] < 0:
+            raise UserError(f"run record {path} key 'history[{i}].epoch': {h.get('epoch')!r} is not an epoch number; "
+                            "delete it or re-run that run")
+        branch = rel.get(_first_branch(rel)) if isinstance(rel.get(_first_branch(rel)), dict) else {}
+        figures = [(f"relations.{part}.{k}", rel[part].get(k)) for k in FIELDS] + \
+                  [(f"relations.{_first_branch(rel)}.{k}", branch.get(k)) for k in BRANCH_FIELDS]
+        for key, v in figures:
+            share = key.rsplit(".", 1)[1] in SHARES
+            if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not np.isfinite(v)
+                                  or (share and not 0 <= v <= 1)):
+                raise UserError(f"run record {path} key 'history[{i}].{key}': {v!r} is not "
+                                f"{'a share in [0, 1]' if share else 'a finite number'}; delete it or re-run that run")
+
+
 def _first_branch(rel: dict) -> str:
     """Thresholds and frame shares are per branch; the table shows the first branch's (theta, or `frame`)."""
     return "theta" if "theta" in rel else "frame"
@@ -66,13 +91,16 @@ def _first_branch(rel: dict) -> str:
 def write_table(out: str | Path, dataset: str, run: str, part: str = "union") -> Path:
     from prvr.harness.leaderboard import RECORD_NAME
     from prvr.harness.names import check_name, inside
-    from prvr.harness.records import load_record
+    from prvr.harness.records import load_record_at
 
     check_name(run, "--run", "give the run's folder name, e.g. arl or arl~tv_only")
     check_name(dataset, "--dataset", "give a dataset name, e.g. sim-tvr")
     folder = inside(Path(out) / "runs" / dataset / run, out, "run folder")
     files = sorted(folder.glob("seed*.json")) if folder.is_dir() else []
-    records = [load_record(f) for f in files if RECORD_NAME.fullmatch(f.name)]  # not seed0.fig4.json, seed0.noise-*.json
+    files = [f for f in files if RECORD_NAME.fullmatch(f.name)]  # not seed0.fig4.json, seed0.noise-*.json
+    records = [load_record_at(f) for f in files]
+    for f, record in zip(files, records):
+        check_reports(f, record, part)
     if not records:
         raise UserError(f"no run records under {folder}; check --run, --dataset and --out")
     rows = epoch_rows(records, part)

@@ -44,3 +44,24 @@ def test_ablation_delta_is_paired_over_shared_seeds():
     assert d[0] == pytest.approx(1.5) and d[2] == 2 and 0 < d[1] < 1
     assert _fmt_delta(paired_delta({0: 10.0}, {0: 8.0})) == "+2.0 (1 seed)"
     assert paired_delta({0: 1.0}, {1: 1.0}) is None
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda h: h[1].update(epoch="one"), "key 'history[1].epoch': 'one' is not an epoch number"),
+    (lambda h: h[1]["relations"]["union"].update(precision=True),
+     "key 'history[1].relations.union.precision': True is not a share in [0, 1]"),
+    (lambda h: h[1]["relations"]["union"].update(recall=7.5),
+     "key 'history[1].relations.union.recall': 7.5 is not a share in [0, 1]"),
+    (lambda h: h[2]["relations"]["union"].update(recall=-3),
+     "key 'history[2].relations.union.recall': -3 is not a share in [0, 1]"),
+    (lambda h: h[1]["relations"]["theta"].update(tau_s="high"),
+     "key 'history[1].relations.theta.tau_s': 'high' is not a finite number"),
+])
+def test_a_report_figure_that_is_not_one_is_named(tmp_path, capsys, edit, message):
+    record = _record(0, [0.1, 0.2])
+    edit(record["history"])
+    write_record(record_path(tmp_path, "sim-x", "arl", 0), record)
+    assert main(["detection", "--run", "arl", "--dataset", "sim-x", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert not (tmp_path / "ablations").exists()
