@@ -297,13 +297,13 @@ def _row(ts: TextSplit, phi: str, theta: float, choice: ParserChoice, model: str
          keys: np.ndarray, truth: np.ndarray | None) -> dict:
     n, v = len(ts.text.texts), ts.text.num_videos
     judged = ts.judged
-    if judged is not None:  # the pairs the relevance file can say anything about
-        keys = judged.keep(keys, v)
     row = {"dataset": ts.dataset, "world": ts.world, "split": ts.split, "queries": n, "videos": v, "phi": phi,
            "theta": theta, "parser": choice.name + (" (fallback)" if choice.fallback else ""), "model": model_id(model),
            "share_with_pr": float(np.mean(counts > 0)) if n else None,
            "pr_queries_per_query": float(counts.mean()) if n else None, "pr_videos_per_query": len(keys) / max(1, n),
            "precision": None, "recall": None, "base_rate": None}
+    if judged is not None:  # measured over the pairs the relevance file can say anything about
+        keys = judged.keep(keys, v)
     if truth is not None:
         hits = int(np.isin(keys, truth).sum())
         nq, nv = (int(judged.queries.sum()), int(judged.videos.sum())) if judged is not None else (n, v)

@@ -12,11 +12,10 @@ from prvr.harness.cli import main
 
 
 def relevance_file(path):
-    """q0 (va, opens) is relevant to vb too; q2 (vb, opens) to vb only; q3 (vc, barks) to va
-    too; q1 (va, sits) is not covered. The detector pairs q0 and q2 (one topic): (q0, vb) and
-    (q2, va), of which (q0, vb) is relevant."""
+    """q0 (va, opens) is relevant to vb too; q3 (vc, barks) to va too; q1 (va, sits) and q2 (vb,
+    opens) are not covered. The detector pairs q0 and q2 (one topic): (q0, vb) and (q2, va), of
+    which the file judges (q0, vb) only, a relevant pair."""
     lines = [{"video": "va", "caption": "Person opens the door", "relevant": ["va", "vb"]},
-             {"video": "vb", "caption": "person opens the door.", "relevant": ["vb"]},
              {"video": "vc", "caption": "a dog barks loudly.", "relevant": ["vc", "va"]},
              {"video": "vz", "caption": "nowhere", "relevant": ["vz"]}]
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
@@ -32,15 +31,15 @@ def test_precision_recall_and_base_rate_over_the_judged_pairs(tmp_path, fakes, d
     assert main(["census", "--dataset", dataset, "--data-root", str(root), "--out", str(out), "--phi", "sent",
                  "--theta", "0.7", "--relevance", str(file), "--relevance-source", "someone/labels@abc123"]) == 0
     [row] = read_csv(out / "census" / f"{dataset}~relevance.csv")
-    assert (row["covered_queries"], row["judged_videos"]) == ("3", "3")
-    assert float(row["judged_pr_videos_per_query"]) == pytest.approx(2 / 3)
-    assert float(row["precision"]) == 0.5 and float(row["recall"]) == 0.5
-    assert float(row["base_rate"]) == pytest.approx(2 / (3 * 2))
-    assert float(row["pr_videos_per_query"]) == 0.5  # the census of every query, as without a file
+    assert (row["covered_queries"], row["judged_videos"]) == ("2", "3")
+    assert float(row["judged_pr_videos_per_query"]) == 0.5  # (q0, vb) per covered query
+    assert float(row["precision"]) == 1.0 and float(row["recall"]) == 0.5  # truth: (q0, vb), (q3, va)
+    assert float(row["base_rate"]) == pytest.approx(2 / (2 * 2))
+    assert float(row["pr_videos_per_query"]) == 0.5  # every query's detected pairs, as without a file
     md = (out / "census" / f"{dataset}~relevance.md").read_text()
     assert f"--relevance verified.jsonl --relevance-source someone/labels@abc123`" in md
     assert "Source: someone/labels@abc123." in md and "SHA-256" in md
-    assert "3 of 4 queries covered" in md and "file entries that match no query of the split: 1" in md
+    assert "2 of 4 queries covered" in md and "file entries that match no query of the split: 1" in md
     assert str(file) not in md  # the file by its name: no path of this machine
 
 
