@@ -172,23 +172,17 @@ def _real_load(job: dict[str, Any], work: Path) -> dict[str, Any]:
 def _method(job: dict[str, Any], work: Path) -> dict[str, Any]:
     from prvr.harness.build import build_run
     from prvr.harness.profiling.subjects import subjects
-    from prvr.harness.profiling.training import _Enough, _StopAfter, _sync
+    from prvr.harness.profiling.training import StopAfter, _sync, timed_epoch
 
     (subject,) = subjects([job["method"]], "tvr", _overrides("tvr", job, work))
     cfg = subject.cfg
     t0 = time.perf_counter()
     run = build_run(cfg)
-    trainer = run.trainer(work / "ckpt" / job["method"], [_StopAfter(job["batches"])])
+    trainer = run.trainer(work / "ckpt" / job["method"], [StopAfter(job["batches"])])
     built = time.perf_counter() - t0
     rss_before, build_peak = _rss_mb(), _peak_rss_mb()
     _reset_peak()
-    start = time.perf_counter()
-    try:
-        trainer.train_epoch(0)
-    except _Enough:
-        pass
-    _sync(trainer.device)
-    seconds = time.perf_counter() - start
+    seconds = timed_epoch(trainer)
     per_batch = seconds / job["batches"]
     out = {"build_s": round(built, 1), "build_peak_mb": build_peak, "rss_after_build_mb": round(rss_before),
            "train_peak_mb": _peak_rss_mb(), "batches": job["batches"],

@@ -82,10 +82,10 @@ def _child(job: dict) -> None:
 
 
 class _Enough(Exception):
-    """Raised by _StopAfter to end an epoch early."""
+    """Raised by StopAfter to end an epoch early."""
 
 
-class _StopAfter:
+class StopAfter:
     """Trainer hook that ends the epoch after `n` optimisation steps."""
 
     def __init__(self, n: int) -> None:
@@ -105,22 +105,28 @@ class _StopAfter:
 def profile_epoch(subject: Subject, max_batches: int | None = None) -> EpochProfile:
     """Train one epoch of `subject` (or its first `max_batches` batches) on its config's dataset."""
     cfg = subject.cfg
-    hooks = [_StopAfter(max_batches)] if max_batches else []
+    hooks = [StopAfter(max_batches)] if max_batches else []
     with tempfile.TemporaryDirectory(prefix="prvr-profile-") as ckpt:
         trainer = build_run(cfg).trainer(ckpt, hooks)
         every = epoch_batches(len(trainer.has_queries), cfg.train.batch_size, cfg.seed, 0, trainer.has_queries)
         batches = every[:max_batches] if max_batches else every
         queries = sum(len(trainer.batchers["train"].video_queries[v]) for b in batches for v in b)
         with peak_memory(trainer.device) as peak:
-            start = time.perf_counter()
-            try:
-                trainer.train_epoch(0)
-            except _Enough:
-                pass
-            _sync(trainer.device)
-            seconds = time.perf_counter() - start
+            seconds = timed_epoch(trainer)
     return EpochProfile(cfg.dataset, queries, len(batches), len(every), seconds, peak["mb"], peak["measure"],
                         device_name(trainer.device))
+
+
+def timed_epoch(trainer) -> float:
+    """Wall seconds of `trainer.train_epoch(0)` (ended after its first N batches where a
+    `StopAfter(N)` hook is set), the device's queued work included."""
+    start = time.perf_counter()
+    try:
+        trainer.train_epoch(0)
+    except _Enough:
+        pass
+    _sync(trainer.device)
+    return time.perf_counter() - start
 
 
 def _sync(device: torch.device) -> None:
