@@ -344,7 +344,7 @@ def settings_diff(cfg, record: dict, shown: int = 3, source: str = "stored confi
     trained number (`RESUME_FREE_KEYS`: locations, chunking, the noise-robustness test) are
     left out."""
     from prvr.harness.config import from_dict
-    from prvr.harness.trainer import RESUME_FREE_KEYS
+    from prvr.harness.checkpoints import RESUME_FREE_KEYS
 
     def flat(d: dict, prefix: str = "") -> dict:
         out = {}
