@@ -26,7 +26,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from prvr.harness import progress
 from prvr.harness.io import UserError, atomic_path, ensure_dir
@@ -80,12 +80,16 @@ def cmd_rehearse(args: argparse.Namespace) -> None:
     if args.only_methods and not (keep and (Path(args.work) / "data").is_dir()):
         raise UserError("--only-methods re-uses an earlier rehearsal's export: pass its --work DIR (it holds data/)")
     work = Path(args.work) if keep else Path(tempfile.mkdtemp(prefix="prvr-rehearsal-"))
+
+    def written(phases: list[Phase]) -> tuple[Path, Path]:  # after every phase: a stopped rehearsal keeps its rows
+        return write_rehearsal(Path(args.out), phases, _header(args, time.perf_counter() - start))
+
     try:
-        phases = rehearse(work, args)
+        phases = rehearse(work, args, written)
     finally:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
-    md, csv_path = write_rehearsal(Path(args.out), phases, _header(args, time.perf_counter() - start))
+    md, csv_path = written(phases)
     profile = Path(args.out) / "profile.md"
     if profile.exists():  # the profile's real-scale section is this rehearsal
         with atomic_path(profile) as tmp:
@@ -96,24 +100,25 @@ def cmd_rehearse(args: argparse.Namespace) -> None:
         raise UserError(f"the rehearsal was written, but {len(failed)} phase(s) failed: " + "; ".join(failed))
 
 
-def rehearse(work: Path, args: argparse.Namespace) -> list[Phase]:
-    """Every phase in order; a failed phase is recorded and the rest go on where they can."""
+def rehearse(work: Path, args: argparse.Namespace, written: Callable[[list[Phase]], Any]) -> list[Phase]:
+    """Every phase in order, `written(phases so far)` after each; a failed phase is recorded and
+    the rest go on where they can."""
     base = {"work": str(work), "scale": args.scale, "threads": args.threads, "overrides": args.overrides,
             "device": args.device}
     methods = args.method or DEFAULT_METHODS
+    jobs = [{**base, "phase": "method", "method": m, "batches": args.train_batches, "eval": not args.skip_eval}
+            for m in methods]
     if args.only_methods:
-        kept = [p for p in previous_phases(Path(args.out)) if p.name.removeprefix("method ") not in methods]
-        return kept + [run_phase({**base, "phase": "method", "method": m, "batches": args.train_batches,
-                                  "eval": not args.skip_eval}) for m in methods]
-    phases = [run_phase({**base, "phase": "world"})]
-    phases.append(run_phase({**base, "phase": "export"}))
-    if phases[-1].error:
-        return phases
-    phases.append(run_phase({**base, "phase": "load", "first": True}))
-    phases.append(run_phase({**base, "phase": "load", "first": False}))
-    for method in methods:
-        phases.append(run_phase({**base, "phase": "method", "method": method, "batches": args.train_batches,
-                                 "eval": not args.skip_eval}))
+        phases = [p for p in previous_phases(Path(args.out)) if p.name.removeprefix("method ") not in methods]
+    else:
+        phases = []
+        jobs = [{**base, "phase": "world"}, {**base, "phase": "export"}, {**base, "phase": "load", "first": True},
+                {**base, "phase": "load", "first": False}, *jobs]
+    for job in jobs:
+        phases.append(run_phase(job))
+        written(phases)
+        if job["phase"] == "export" and phases[-1].error:
+            break  # nothing to load
     return phases
 
 
@@ -145,13 +150,16 @@ def _child(job: dict[str, Any]) -> Phase:
     name = job["phase"] + (f" {job['method']}" if "method" in job else "")
     if job["phase"] == "load":
         name += " (first)" if job["first"] else " (cached)"
-    windows = [figures.get(k, 0) for k in ("build_peak_mb", "train_peak_mb", "eval_peak_mb")]
+    windows = [figures.get(k, 0) for k in ("build_peak_mb", "prepare_peak_mb", "train_peak_mb", "eval_peak_mb")]
     return Phase(name, time.perf_counter() - start, max(_peak_rss_mb(), *windows), figures)
 
 
 def _world(job: dict[str, Any], work: Path) -> dict[str, Any]:
+    cached = (work / "cache" / "sim").is_dir() and any((work / "cache" / "sim").iterdir())
     data = _load("sim-tvr", job, work)
-    return {**_sizes(data), "cache_mb": _mb(work / "cache")}
+    # generated here, or loaded from the cache of an earlier rehearsal in the same --work folder
+    return {"world": "loaded from the cache" if cached else "generated", **_sizes(data),
+            "cache_mb": _mb(work / "cache")}
 
 
 def _export(job: dict[str, Any], work: Path) -> dict[str, Any]:
@@ -181,10 +189,20 @@ def _method(job: dict[str, Any], work: Path) -> dict[str, Any]:
     trainer = run.trainer(work / "ckpt" / job["method"], [StopAfter(job["batches"])])
     built = time.perf_counter() - t0
     rss_before, build_peak = _rss_mb(), _peak_rss_mb()
+    # once per run, before its first epoch: the training split's features processed (what fits
+    # in RAM is kept: datasets/loader.py) and the loader's workers started
+    _reset_peak()
+    start = time.perf_counter()
+    trainer.epoch_loader()
+    prepare_s, prepare_peak = time.perf_counter() - start, _peak_rss_mb()
+    kept = trainer.batchers["train"].kept
     _reset_peak()
     seconds = timed_epoch(trainer)
     per_batch = seconds / job["batches"]
     out = {"build_s": round(built, 1), "build_peak_mb": build_peak, "rss_after_build_mb": round(rss_before),
+           "prepare_s": round(prepare_s, 1), "prepare_peak_mb": prepare_peak,
+           "train_kept": "+".join(k for k in ("clips", "tokens", "frames") if getattr(kept, k, None) is not None)
+           or "none",
            "train_peak_mb": _peak_rss_mb(), "batches": job["batches"],
            "epoch_batches": trainer.steps_per_epoch, "s_per_batch": round(per_batch, 2),
            "epoch_s_extrapolated": round(per_batch * trainer.steps_per_epoch), "device": str(trainer.device)}
@@ -304,15 +322,19 @@ def render(phases: list[Phase], header: str) -> str:
         lines.append(f"| {p.name} | {p.seconds:,.1f} | {p.peak_rss_mb:,.0f} | {figures} |")
     methods = [p for p in phases if p.name.startswith("method ") and not p.error]
     if methods:
-        lines += ["", "Per method (one fresh process each; the epoch extrapolated from the timed batches):", "",
-                  "| method | timed batches | s / batch | epoch (s, extrapolated) | detector's per-epoch pass (s) | val eval (s) "
-                  "| peak resident (MB): build / train / eval |", "|---|---|---|---|---|---|---|"]
+        lines += ["", "Per method (one fresh process each): the run's one-time preparation (the training split's "
+                  "features processed, what fits in RAM kept), then the first training batches timed and the epoch "
+                  "extrapolated from them (s / batch x batches of an epoch + the detector's per-epoch pass), then "
+                  "one val evaluation (its first: the val batches are made then and reused by later epochs):", "",
+                  "| method | prepare (s), kept | timed batches | s / batch | epoch (s, extrapolated) "
+                  "| detector's per-epoch pass (s) | val eval (s) | peak resident (MB): build / prepare / train / eval |",
+                  "|---|---|---|---|---|---|---|---|"]
         for p in methods:
             f = p.figures
-            lines.append(f"| {p.name.removeprefix('method ')} | {f['batches']} of {f['epoch_batches']} | "
-                         f"{f['s_per_batch']} | {f['epoch_s_extrapolated']:,} | {f.get('detector_pass_s', '')} | "
-                         f"{f.get('eval_val_s', '')} | {f['build_peak_mb']:,} / {f['train_peak_mb']:,} / "
-                         f"{f.get('eval_peak_mb', '')} |")
+            lines.append(f"| {p.name.removeprefix('method ')} | {f['prepare_s']}, {f['train_kept']} | "
+                         f"{f['batches']} of {f['epoch_batches']} | {f['s_per_batch']} | {f['epoch_s_extrapolated']:,} | "
+                         f"{f.get('detector_pass_s', '')} | {f.get('eval_val_s', '')} | {f['build_peak_mb']:,} / "
+                         f"{f['prepare_peak_mb']:,} / {f['train_peak_mb']:,} / {f.get('eval_peak_mb', '')} |")
     return "\n".join(lines) + "\n"
 
 
