@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from prvr.harness import progress
-from prvr.harness.config import SETTLED_BEFORE
+from prvr.harness.sections import SETTLED_BEFORE
 from prvr.harness.io import UserError, os_cause
 
 

@@ -47,7 +47,7 @@ SELECTION = "val SumR"  # the default selection rule: the epoch with the best va
 def selection_metric(select_on: str, localizes: bool = True) -> str:
     """The val metric key a run selects on (harness/trainer.py): `train.select_on` "vcmr" is the
     VCMR SumR for a backbone that localizes, the VR SumR for one that does not."""
-    from prvr.harness.config import SELECT_ON
+    from prvr.harness.sections import SELECT_ON
 
     return SELECT_ON["vcmr"] if select_on == "vcmr" and localizes else SELECT_ON["vr"]
 
@@ -61,7 +61,8 @@ def _dataset_protocol(dataset: str) -> dict[str, Any]:
     """The training budget every row of `dataset` follows: its preset's `train.epochs`,
     `train.patience` and `train.select_on` (dataclass defaults where the preset is silent), and
     the selection rule they make."""
-    from prvr.harness.config import TrainConfig, load_yaml
+    from prvr.harness.config import load_yaml
+    from prvr.harness.sections import TrainConfig
     from prvr.harness.registry import DATASETS
 
     train = (load_yaml(DATASETS.get(dataset).preset).get("train") or {}) if dataset in DATASETS else {}
@@ -90,7 +91,7 @@ def run_protocol(config: dict[str, Any], dataset: str, selection: dict[str, Any]
     """The budget a run was trained under (from its resolved config and, for the selection
     split, its data facts; `localizes`: whether its backbone gives moments to select on) and
     whether it is the dataset's protocol."""
-    from prvr.harness.config import SETTLED_BEFORE
+    from prvr.harness.sections import SETTLED_BEFORE
 
     train = config.get("train", {}) if isinstance(config, dict) else {}
     select_on = train.get("select_on", SETTLED_BEFORE["train.select_on"])

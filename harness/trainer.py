@@ -39,7 +39,7 @@ from prvr.harness import precision, progress, vcmr
 from prvr.harness.checkpoints import (BEFORE_DEVICE, RESUME_FIX, RESUME_FREE_KEYS, STATE_KEYS, _jsonable,
                                       load_weights, read_checkpoint, restore_cuda_rng, resume_changes,
                                       save_checkpoint, with_device)
-from prvr.harness.config import ON_NONFINITE, SELECT_ON
+from prvr.harness.sections import ON_NONFINITE, SELECT_ON
 from prvr.harness.evaluate import evaluate_model
 from prvr.harness.io import UserError, atomic_path
 from prvr.harness.optim import build_optimizer, lr_lambda

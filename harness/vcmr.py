@@ -289,7 +289,7 @@ def rows_and_seconds(split, max_frames: int) -> tuple[np.ndarray, np.ndarray]:
 
 @dataclass
 class MomentSettings:
-    """The `eval` section's vcmr_* fields (harness/config.py EvalConfig) this pass reads."""
+    """The `eval` section's vcmr_* fields (harness/sections.py EvalConfig) this pass reads."""
 
     n_min: int
     n_max: int
@@ -301,7 +301,7 @@ class MomentSettings:
     @classmethod
     def of(cls, eval_cfg: Any) -> "MomentSettings":
         if eval_cfg is None:
-            from prvr.harness.config import EvalConfig
+            from prvr.harness.sections import EvalConfig
 
             eval_cfg = EvalConfig()
         return cls(eval_cfg.vcmr_n_min, eval_cfg.vcmr_n_max, eval_cfg.vcmr_alpha, eval_cfg.vcmr_top_videos,

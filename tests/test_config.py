@@ -1,7 +1,8 @@
 import pytest
 import yaml
 
-from prvr.harness.config import Config, from_dict, resolve
+from prvr.harness.config import from_dict, resolve
+from prvr.harness.sections import Config
 from prvr.harness.io import UserError
 
 

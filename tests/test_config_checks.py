@@ -14,10 +14,10 @@ from dataclasses import dataclass, fields
 import pytest
 
 from prvr.harness.checks import FLAG, Device, Free, ListOf, OneOf, Range, Registered, check_section, declared, param
-from prvr.harness.config import (Config, DataConfig, EvalConfig, RelationsConfig, SimConfig, TrainConfig, from_dict,
-                                 resolve)
+from prvr.harness.config import from_dict, resolve
 from prvr.harness.io import UserError
 from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS
+from prvr.harness.sections import Config, DataConfig, EvalConfig, RelationsConfig, SimConfig, TrainConfig
 
 
 def config_classes() -> list[tuple[str, str, type]]:

@@ -12,7 +12,8 @@ import pytest
 from prvr.harness import leaderboard
 from prvr.harness.ablate import resolve_row, paper_rows
 from prvr.harness.cli import main
-from prvr.harness.config import EvalConfig, resolve
+from prvr.harness.config import resolve
+from prvr.harness.sections import EvalConfig
 from prvr.harness.io import UserError
 from prvr.harness.records import record_path, write_record
 from prvr.harness.registry import load_all

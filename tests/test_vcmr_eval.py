@@ -13,7 +13,8 @@ from prvr.datasets.loader import Batcher
 from prvr.datasets.sim import world
 from prvr.datasets.types import Ragged, Split
 from prvr.harness import vcmr
-from prvr.harness.config import DataConfig, EvalConfig, resolve
+from prvr.harness.config import resolve
+from prvr.harness.sections import DataConfig, EvalConfig
 from prvr.harness.evaluate import evaluate_model
 from prvr.harness.io import UserError
 from prvr.methods.backbones.api import Scores

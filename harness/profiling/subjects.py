@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from prvr.datasets.loader import QueryBatch, VideoBatch, pooling_matrix
-from prvr.harness.config import Config, resolve
+from prvr.harness.config import resolve
+from prvr.harness.sections import Config
 from prvr.harness import build
 from prvr.harness.records import run_tag
 from prvr.harness.registry import METHODS
