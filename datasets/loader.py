@@ -202,7 +202,7 @@ def _clip_pool(length: int, segments: int, rule: str) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- a split, processed once
-KEEP_SHARE = 0.5  # a split keeps processed features while they fit in this share of the free RAM
+KEEP_SHARE = 0.5  # a split keeps the processed features that fit in this share of the free RAM
 KEEP_ORDER = ("clips", "tokens", "frames")  # the parts kept first: most work per byte saved first
 
 
@@ -300,8 +300,8 @@ class Batcher:
     """Turns index lists into padded tensors for one split.
 
     The first batch that picks items at will (`videos`, `queries`, `train_batch`, or `prepare`)
-    makes the split's processed features once (`Kept`, each part while it fits in KEEP_SHARE of
-    the free RAM; `keep=False` never, `keep=True` always); a batch is then a gather and a pad,
+    makes the split's processed features once (`Kept`: each part that fits in KEEP_SHARE of the
+    free RAM, `keep_plan`; `keep=False` none, `keep=True` all); a batch is then a gather and a pad,
     and what is not kept is made per batch as before. `in_order` gives the split's items in
     index order, the batches evaluation encodes: made once and kept where the split keeps no
     processed features (val, test), gathered from them where it does (train). Either way a
