@@ -1,5 +1,7 @@
 """Reading one training batch of video features: per-frame seeks (the MS-SL reference reader)
-against the memory-mapped reader, on a generated TVR-shaped BigFile.
+against the memory-mapped reader, on a generated TVR-shaped BigFile; and making one training
+batch of TVR-shaped videos: pooled, normalised and padded video by video (the per-batch path)
+against gathered from the split processed once (`Batcher.prepare`).
 
 TVR shape: 3072-d float32 rows, about 50 rows per video (75.7 s at one row per 1.5 s), all
 videos of every split in one feature.bin. Scaled down for CI to the 128 videos of one MS-SL
@@ -12,9 +14,12 @@ measure with:
 
 import numpy as np
 import pytest
+import torch
 
+from prvr.datasets.loader import Batcher
 from prvr.datasets.real.bigfile import BigFile, read_frames_seek, write_bigfile
-from prvr.datasets.types import Ragged
+from prvr.datasets.types import Ragged, Split
+from prvr.harness.sections import DataConfig
 
 DIM = 3072
 VIDEOS = 128  # one MS-SL training batch
@@ -83,3 +88,36 @@ def test_reference_data_path(benchmark, tvr_shaped):
     big, rows = tvr_shaped
     out = benchmark(read_batch_reference, big, rows)
     _same(out, read_batch_memmap(big, rows))
+
+
+@pytest.fixture(scope="module")
+def tvr_shaped_split():
+    """One MS-SL batch of TVR-shaped videos (float32 rows, about 50 each) with 5 queries each."""
+    rng = np.random.default_rng(1)
+    lengths = np.clip(rng.normal(MEAN_ROWS, 12, VIDEOS).round().astype(int), 20, 128)
+    frames = Ragged.from_list([rng.standard_normal((n, DIM), dtype=np.float32) for n in lengths])
+    queries = VIDEOS * 5
+    tokens = Ragged.from_list([rng.standard_normal((rng.integers(8, 30), 768), dtype=np.float32)
+                               for _ in range(queries)])
+    split = Split([f"v{v}" for v in range(VIDEOS)], frames, lengths * 1.5, [f"q{q}" for q in range(queries)],
+                  [""] * queries, tokens, np.arange(queries) // 5, np.full((queries, 2), np.nan))
+    return split, np.random.default_rng(2).permutation(VIDEOS)
+
+
+@pytest.mark.benchmark(group="make one training batch of 128 TVR-shaped videos")
+def test_batch_made_video_by_video(benchmark, tvr_shaped_split):
+    split, order = tvr_shaped_split
+    out = benchmark(Batcher(split, DataConfig(), keep=False).train_batch, order)
+    kept = Batcher(split, DataConfig(), keep=True).train_batch(order)
+    assert torch.equal(out.videos.frames, kept.videos.frames) and torch.equal(out.videos.clips, kept.videos.clips)
+
+
+@pytest.mark.benchmark(group="make one training batch of 128 TVR-shaped videos")
+def test_batch_gathered_from_the_processed_split(benchmark, tvr_shaped_split):
+    split, order = tvr_shaped_split
+    batcher = Batcher(split, DataConfig(), keep=True)
+    batcher.prepare()  # once per run
+    out = benchmark(batcher.train_batch, order)
+    plain = Batcher(split, DataConfig(), keep=False).train_batch(order)
+    assert torch.equal(out.queries.tokens, plain.queries.tokens) and torch.equal(out.videos.clip_pool,
+                                                                                 plain.videos.clip_pool)
