@@ -511,9 +511,3 @@ class EpochLoader:
     def close(self) -> None:
         """Stop the worker processes (they also stop when the loader is garbage-collected)."""
         self._loader = None
-
-
-def make_loader(batches: list[np.ndarray], make, num_workers: int = 0, pin: bool = False):
-    """One epoch's batches from a loader made for that epoch alone (workers start and stop with
-    it); `EpochLoader` keeps its workers for the whole run."""
-    return EpochLoader(make, num_workers, pin).epoch(batches)
