@@ -176,7 +176,8 @@ def test_ablate_command_runs_every_row_and_tabulates(tmp_path, monkeypatch):
 
         calls.append((tag, cfg.loss.variant, cfg.loss.treatment, cfg.seed))
         sumr = {"base": 100.0, "tv_only": 110.0}.get(tag, 120.0) + cfg.seed
-        metrics = {"R@1": 1.0, "R@5": 2.0, "R@10": 3.0, "R@100": sumr - 6.0, "SumR": sumr}
+        half = (sumr - 3.0) / 2  # R@10 and R@100 within [0, 100], as a record's must be (records.METRIC_RANGES)
+        metrics = {"R@1": 1.0, "R@5": 2.0, "R@10": half, "R@100": half, "SumR": sumr}
         write_record(record_path(out, cfg.dataset, run_name(cfg, tag), cfg.seed),
                      {"method": cfg.method, "dataset": cfg.dataset, "seed": cfg.seed, "config": cfg.to_dict(),
                       "provenance": {}, "metrics": {"val": metrics, "test": metrics}, "run_name": run_name(cfg, tag),
@@ -189,7 +190,7 @@ def test_ablate_command_runs_every_row_and_tabulates(tmp_path, monkeypatch):
     assert [c[:2] for c in calls[::2]] == [("base", "base"), ("tv_only", "tv_only"), ("tv_tf", "tv_tf"),
                                            ("tv_cross", "tv_cross"), ("", "full")]
     table = (tmp_path / "ablations" / "sim-tiny" / "arl_table5.md").read_text()
-    assert "| (a) |  |  |  | 1.0 ± 0.0 | 2.0 ± 0.0 | 3.0 ± 0.0 | 94.5 ± 0.7 | 100.5 ± 0.7 |  | 2 | arl~base |" in table
+    assert "| (a) |  |  |  | 1.0 ± 0.0 | 2.0 ± 0.0 | 48.8 ± 0.4 | 48.8 ± 0.4 | 100.5 ± 0.7 |  | 2 | arl~base |" in table
     assert "| 120.5 ± 0.7 | +20.0 (2 seeds, p=0.000) | 2 | arl |" in table  # Δ against row (a), paired
     assert "arl~tv_cross" in table and "| (e) | ✓ | ✓ | ✓ |" in table
     calls.clear()
