@@ -120,10 +120,7 @@ ASKS = {ATEN._local_scalar_dense.default, ATEN.nonzero.default, ATEN.masked_sele
         ATEN.unique_consecutive.default, ATEN.unique_dim.default}
 BOOL_INDEX = {ATEN.index.Tensor, ATEN.index_put_.default, ATEN.index_put.default, ATEN._index_put_impl_.default}
 # What still asks, outside what this suite's data path and losses own (the reason, and the fix)
-ELSEWHERE = {
-    "methods/backbones/baseline.py": "DualBranch.encode_videos indexes frames[frame_mask]: blocks.rowwise would not ask",
-    "methods/backbones/arl.py": "SequenceEncoder.forward indexes x[mask]: blocks.rowwise would not ask",
-}
+ELSEWHERE: dict[str, str] = {}  # (baseline's and ARL's frame maps now go through blocks.rowwise)
 INHERENT = {"hungarian_pairs": "GMMFormer v2's matching is solved on the host (scipy linear_sum_assignment)"}
 HOST_COPIES = ("numpy", "tolist", "cpu")  # Tensor methods that copy a device tensor to the host
 
@@ -233,8 +230,6 @@ def _syncs(fn) -> list[str]:
 
 
 STILL_SYNCS = {  # method -> why its step still syncs (not in this suite's data path or losses)
-    "baseline": ELSEWHERE["methods/backbones/baseline.py"],
-    "arl": ELSEWHERE["methods/backbones/arl.py"],
     "msl": "methods/backbones/msl.py copies proposal_matrix to the GPU at every score (a blocking copy); "
            "a copy kept per device would not",
     "gmmformer2": "GMMFormer v2's Hungarian matching solves on the host (scipy): inherent",

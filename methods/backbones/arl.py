@@ -25,7 +25,7 @@ from prvr.harness.checks import DROPOUT, FLAG, Range, at_least, param
 from prvr.harness.registry import BACKBONES
 from prvr.methods.backbones.api import Scores
 from prvr.methods.backbones.baseline import AttentionPool
-from prvr.methods.backbones.blocks import check_heads, unit, with_units
+from prvr.methods.backbones.blocks import check_heads, rowwise, unit, with_units
 
 BRANCHES = ("theta", "phi")  # the paper's two models theta and Phi
 
@@ -89,9 +89,7 @@ class SequenceEncoder(nn.Module):
         self.layer = AttentionLayer(cfg)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        rows = F.relu(self.fc(self.in_norm(x[mask])))  # padding rows skip the costly input map
-        h = rows.new_zeros((*x.shape[:2], self.fc.out_features))  # rows' dtype: bf16 under autocast
-        h[mask] = rows
+        h = rowwise(lambda rows: F.relu(self.fc(self.in_norm(rows))), x, mask)  # padding rows skip the costly map
         h = h + self.pos(torch.arange(h.shape[1], device=h.device))[None]
         return self.layer(self.drop(self.pos_norm(h)), mask)
 

@@ -19,7 +19,7 @@ from torch import nn
 from prvr.harness.checks import DROPOUT, FLAG, PROBABILITY, at_least, param
 from prvr.harness.registry import BACKBONES
 from prvr.methods.backbones.api import Scores
-from prvr.methods.backbones.blocks import check_heads, max_similarity, unit, with_units
+from prvr.methods.backbones.blocks import check_heads, max_similarity, rowwise, unit, with_units
 
 
 @dataclass
@@ -103,9 +103,7 @@ class DualBranch(nn.Module):
         return {"query": self.query_pool(h, qb.token_mask)}
 
     def encode_videos(self, vb) -> dict[str, torch.Tensor]:
-        rows = self.video_proj(vb.frames[vb.frame_mask])  # padding rows skip the costly map
-        frames = rows.new_zeros((*vb.frames.shape[:2], self.cfg.hidden))  # rows' dtype: bf16 under autocast
-        frames[vb.frame_mask] = rows
+        frames = rowwise(self.video_proj, vb.frames, vb.frame_mask)  # padding rows skip the costly map
         clips = torch.bmm(vb.clip_pool, frames)
         clip_mask = torch.ones(clips.shape[:2], dtype=torch.bool, device=clips.device)
         return {
