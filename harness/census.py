@@ -75,6 +75,7 @@ class TextSplit:
     world: str = ""  # the knob values that remade a simulated world (--set / --sweep), "" = its preset
     video_ids: list[str] | None = None  # real text: the videos, in the order query_video indexes
     judged: "Judged | None" = None  # real text joined to a relevance file (--relevance)
+    left_out: list[str] | None = None  # real text: annotation rows the reader left out, one line per cause
 
 
 @dataclass
@@ -158,12 +159,15 @@ def real_splits(name: str, root: Path, only: list[str] | None) -> list[TextSplit
     for split, path in real_files(name, root):
         if only and split not in only:
             continue
-        rows = spec.read(path, Report(strict=False))
+        report = Report(strict=False)
+        rows = spec.read(path, report)
+        for cause in report.causes():  # rows the reader left out, said
+            progress.log(f"[yellow]census[/]: {name} {split}: left out {cause}")
         videos = sorted({r.video for r in rows})
         index = {v: k for k, v in enumerate(videos)}
         text = QueryText([r.sentence for r in rows], np.array([index[r.video] for r in rows], dtype=np.int64),
                          len(videos), moments=np.array([[r.start, r.end] for r in rows], dtype=np.float64))
-        out.append(TextSplit(name, split, text, video_ids=videos))
+        out.append(TextSplit(name, split, text, video_ids=videos, left_out=report.causes()))
     if not out:
         raise UserError(f"census --dataset {name}: no split named {', '.join(only or [])}; "
                         f"found {', '.join(s for s, _ in real_files(name, root))}")
@@ -509,6 +513,9 @@ def cmd_census(args: argparse.Namespace) -> None:
         rows += split_rows
         if choice.fallback:
             notes.append(f"**Parser: `{choice.name}`, a fallback** for {ts.split} ({choice.fallback}).")
+        if ts.left_out:
+            notes.append(f"Annotation rows of {ts.split} left out (not readable as queries): "
+                         + "; ".join(ts.left_out) + ".")
         if ts.text.parses is not None and not ts.world:  # the VP table measures the preset worlds
             vp += vp_rows(ts)
     out = Path(args.out)

@@ -170,3 +170,24 @@ def test_bad_knobs_are_one_line(argv, said, capsys):
     assert main(["census", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and said in err
+
+
+def test_annotation_rows_the_reader_leaves_out_are_counted_and_named(tmp_path, fakes, monkeypatch):
+    """A row with no sentence cannot be a query: the census leaves it out, as the loaders do, and
+    says so, by cause and count, in the log and under its table (it was dropped without a word)."""
+    from prvr.harness import progress
+
+    lines = []
+    monkeypatch.setattr(progress, "log", lines.append)
+    root, out = tmp_path / "data", tmp_path / "results"
+    root.mkdir()
+    write_layout(root, "tvr")
+    path = root / "tvr" / "tvr_val_release.jsonl"
+    rows = path.read_text().splitlines()
+    blank = [json.dumps({**json.loads(r), "desc": ""}) for r in rows[:2]]
+    path.write_text("\n".join([*blank, *rows[2:]]) + "\n")
+    assert main(["census", "--dataset", "tvr", "--data-root", str(root), "--out", str(out)]) == 0
+    assert {r["queries"] for r in read_csv(out / "census" / "tvr.csv")} == {"2"}
+    said = [line for line in lines if "left out 2 ×" in line]
+    assert len(said) == 1 and "tvr val" in said[0] and "tvr_val_release.jsonl line 1" in said[0]
+    assert "Annotation rows of val left out (not readable as queries): 2 ×" in (out / "census" / "tvr.md").read_text()

@@ -9,6 +9,7 @@ them all, drops the item and goes on, so its summary shows every problem at once
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +56,17 @@ class Report:
         if self.strict:
             raise err
         self.errors.append(str(err))
+
+    def causes(self) -> list[str]:
+        """The problems recorded (non-strict), one line per cause with its count and first case:
+        what a reader that drops such items left out (ids and line numbers do not make a cause)."""
+        groups: dict[str, list[str]] = {}
+        for err in self.errors:
+            what = err.split(": ", 1)[1] if ": " in err else err
+            cause = re.sub(r"'[^']*\d[^']*'|\b\d+(\.\d+)?\b", "…", what.split("; ")[0])  # ids and numbers out
+            groups.setdefault(cause, []).append(err)
+        return [f"{len(errs)} × {cause} (first: {Path(errs[0].split(': ', 1)[0]).name})"
+                for cause, errs in groups.items()]
 
     def count(self, name: str, n: int = 1) -> None:
         if n:
