@@ -22,6 +22,7 @@ instead of first (NaN compares false, so counting `>=` alone would put it at ran
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Iterable
 
 import numpy as np
@@ -240,8 +241,11 @@ def evaluate_model(model: torch.nn.Module, split, batcher, device: torch.device,
     from prvr.harness import vcmr
 
     queries, videos = encode_split(model, split, batcher, device)
-    ranks = _encoded_ranks(model, split, queries, videos, chunk, show)
+    watch = ScoreWatch(fused_scores(model, queries, videos))
+    ranks = _encoded_ranks(model, split, queries, videos, chunk, show, watch)
     metrics = metrics_from_ranks(ranks, split.moment_fraction(), split.relevance)
+    if watch.problem():  # ranks of scores that tell no video apart: marked (runner.py), never a plain figure
+        metrics["degenerate_scores"] = watch.problem()
     if moments and vcmr.localizes(model):
         metrics = vcmr.merge(metrics, vcmr.evaluate_moments(model, split, batcher, queries, videos, chunk, eval_cfg,
                                                             show))
@@ -259,13 +263,40 @@ def split_ranks(model: torch.nn.Module, split, batcher, device: torch.device, ch
 
 
 def _encoded_ranks(model: torch.nn.Module, split, queries: dict[str, torch.Tensor], videos: dict[str, torch.Tensor],
-                   chunk: int, show: str | None) -> dict[str, np.ndarray]:
+                   chunk: int, show: str | None, score_fn: ScoreFn | None = None) -> dict[str, np.ndarray]:
     """The `compute_ranks` dict of the fused score of a split the model has encoded."""
     from prvr.harness import progress
 
     with progress.task(show, total=split.num_queries) as advance:
-        return compute_ranks(fused_scores(model, queries, videos), split.num_queries, split.labels(), split.relevance,
-                             chunk=chunk, progress=advance)
+        return compute_ranks(score_fn or fused_scores(model, queries, videos), split.num_queries, split.labels(),
+                             split.relevance, chunk=chunk, progress=advance)
+
+
+class ScoreWatch:
+    """A ScoreFn that notes, chunk by chunk, scores that are not finite and whether all scores
+    are one value (a model that tells no video apart: all-NaN weights, a collapsed encoder)."""
+
+    def __init__(self, score_fn: ScoreFn) -> None:
+        self.score_fn, self.nonfinite, self.total = score_fn, 0, 0
+        self.low, self.high = math.inf, -math.inf
+
+    def __call__(self, start: int, end: int) -> torch.Tensor:
+        scores = self.score_fn(start, end)
+        finite = torch.isfinite(scores)
+        self.total += scores.numel()
+        self.nonfinite += int((~finite).sum())
+        if bool(finite.any()):
+            kept = scores[finite]
+            self.low, self.high = min(self.low, float(kept.min())), max(self.high, float(kept.max()))
+        return scores
+
+    def problem(self) -> str:
+        """What is wrong with the scores seen, "" when nothing is."""
+        if self.nonfinite:
+            return f"{self.nonfinite} of {self.total} scores not finite"
+        if self.total > 1 and self.low == self.high:
+            return f"every score is {self.low:g}"
+        return ""
 
 
 def fused_scores(model: torch.nn.Module, queries: dict[str, torch.Tensor], videos: dict[str, torch.Tensor]) -> ScoreFn:

@@ -275,8 +275,9 @@ def diverged_runs(records: list[dict[str, Any]]) -> list[str]:
                        f"from epoch {at.get('epoch', '?')}, step {at.get('step', '?')})")
         elif diverged(r):
             at = r["degenerate"] if isinstance(r["degenerate"], dict) else {}
-            out.append(f"{dataset_label(r)} {r.get('run_name', r['method'])} seed {r['seed']} (every loss part "
-                       f"exactly 0 in epoch {at.get('epoch', '?')}: degenerate)")
+            why = (f"test scores: {at['scores']}" if "scores" in at else
+                   f"every loss part exactly 0 in epoch {at.get('epoch', '?')}")
+            out.append(f"{dataset_label(r)} {r.get('run_name', r['method'])} seed {r['seed']} ({why}: degenerate)")
     return out
 
 
@@ -584,7 +585,8 @@ def to_markdown(rows: list[dict[str, Any]], reported: list[dict[str, Any]] | Non
     if left_out:
         lines += ["", "Left out of the table: runs whose training loss became non-finite (trained on with "
                   "`train.on_nonfinite=continue`; their records are marked `nonfinite`)"
-                  + (" or whose loss parts were all exactly 0 for an epoch (marked `degenerate`)"
+                  + (" or marked `degenerate` (every loss part exactly 0 for an epoch, or test scores that tell no "
+                     "video apart)"
                      if any("degenerate" in x for x in left_out) else "") + ": " + "; ".join(left_out) + "."]
     if skipped:
         lines += ["", f"Skipped (`--skip-bad`): {len(skipped)} file(s) under `runs/` that are not sound run records: "

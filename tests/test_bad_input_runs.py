@@ -93,3 +93,27 @@ def test_an_out_folder_name_too_long_is_named_as_such(tmp_path):
     with pytest.raises(UserError, match=r"cannot create folder .*: a name in the path is longer than the file system "
                                         r"allows \(255 bytes\) \(300 bytes: o{40}\.\.\.\); pass another --out folder"):
         ensure_dir(tmp_path / ("o" * 300) / "runs")
+
+
+def test_test_scores_that_tell_no_video_apart_mark_the_record(tmp_path, monkeypatch):
+    from prvr.harness import evaluate
+
+    def constant(model, queries, videos):
+        n = next(iter(videos.values())).shape[0]
+        return lambda start, end: torch.zeros(end - start, n)
+
+    monkeypatch.setattr(evaluate, "fused_scores", constant)
+    record = run_one(resolve("baseline", "sim-tiny", 0, ["train.epochs=1"]), tmp_path)
+    assert record["degenerate"] == {"scores": "every score is 0"}
+    assert leaderboard.rebuild(tmp_path, show=False) == []
+    assert "(test scores: every score is 0: degenerate)" in (tmp_path / "leaderboard.md").read_text()
+
+
+def test_the_score_watch_names_nonfinite_and_constant_scores():
+    from prvr.harness.evaluate import ScoreWatch
+
+    for scores, said in [(torch.tensor([[1.0, float("nan")], [2.0, 3.0]]), "1 of 4 scores not finite"),
+                         (torch.full((2, 3), 0.5), "every score is 0.5"), (torch.tensor([[1.0, 2.0]]), "")]:
+        watch = ScoreWatch(lambda s, e, t=scores: t[s:e])
+        watch(0, 1), watch(1, len(scores))
+        assert watch.problem() == said
