@@ -192,6 +192,9 @@ def reported_moment_rows(path: str | Path | None = None) -> list[dict[str, Any]]
     return [r for r in paper_figures(path) if _on_leaderboard(r) and carries_moments(r)]
 
 
+TABLE_METRICS = ("R@1", "R@5", "R@10", "R@100", "SumR")  # every record on the leaderboard has them
+
+
 def collect(root: str | Path, skip_bad: bool = False) -> list[dict[str, Any]]:
     """All run records under root/runs (sorted); a bad record is an error unless skipped."""
     return collect_checked(root, skip_bad)[0]
@@ -209,6 +212,10 @@ def collect_checked(root: str | Path, skip_bad: bool = False) -> tuple[list[dict
     for f in files:
         try:
             record = load_record_at(f)
+            missing = [k for k in TABLE_METRICS if k not in record["metrics"]["test"]]
+            if missing:  # an empty cell would pass for a figure nobody measured
+                raise UserError(f"run record {f} key 'metrics.test.{missing[0]}': missing, the table shows it; "
+                                "restore the record or re-run that run")
             # a trained run's history (per-epoch losses) differs between seeds; records without one
             # (hand-made, older) are not compared
             results = json.dumps([record["metrics"], record.get("history")], sort_keys=True)

@@ -172,3 +172,11 @@ def test_a_bom_at_the_start_of_a_caption_file_is_dropped(tmp_path):
     assert [(c.qid, c.text, c.video) for c in caps] == [("vid1#enc#0", "a man opens the door", "vid1"),
                                                          ("vid1#enc#1", "he sits down", "vid1")]
     assert not report.errors
+
+
+def test_a_record_missing_a_table_figure_is_refused(tmp_path):
+    folder = _trained(tmp_path)
+    record = json.loads((folder / "seed0.json").read_text())
+    del record["metrics"]["test"]["R@5"]
+    (folder / "seed0.json").write_text(json.dumps(record))
+    assert "seed0.json key 'metrics.test.R@5': missing, the table shows it" in _leaderboard_error(tmp_path)

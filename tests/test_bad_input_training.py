@@ -187,7 +187,8 @@ def test_continue_marks_the_record_and_the_leaderboard_leaves_it_out(capsys, tmp
     assert all(np.isnan(h["loss"]) for h in record["history"])
     assert record["metrics"]["test"]["R@1"] == 0.0  # NaN scores rank every labelled video last
     good = {**{k: record[k] for k in ("method", "dataset", "config", "provenance", "run_name", "tag")}, "seed": 1,
-            "metrics": {"val": {"SumR": 150.0}, "test": {"R@1": 10.0, "SumR": 150.0}}}
+            "metrics": {"val": {"SumR": 150.0}, "test": {"R@1": 10.0, "R@5": 30.0, "R@10": 40.0, "R@100": 70.0,
+                                                         "SumR": 150.0}}}
     write_record(record_path(tmp_path / "out", "sim-tiny", "baseline", 1), good)
     (row,) = leaderboard.rebuild(tmp_path / "out", show=False)
     assert row["seeds"] == [1] and row["SumR"] == [150.0]  # the diverged seed 0 is in no mean
