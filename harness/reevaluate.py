@@ -83,8 +83,8 @@ class StoredRun:
         model = build_model(self.cfg, data.video_dim, data.query_dim)
         fix = f"re-run the run of {self.path} (`prvr-bench run` with the record's command) to write it again"
         state = read_checkpoint(self.checkpoint, ("model",), fix, self.device)
+        load_weights(model, state["model"], self.checkpoint, fix)  # another model's weights: named as such first
         check_checkpoint_of_record(self.checkpoint, state, self.path, self.record, fix)
-        load_weights(model, state["model"], self.checkpoint, fix)
         return model.to(self.device).eval()
 
 
@@ -105,6 +105,9 @@ def check_checkpoint_of_record(checkpoint: Path, state: dict[str, Any], record_f
             return
         run_state = read_checkpoint(last, ("best_epoch",), fix, mmap=True)
         best, by = {"epoch": run_state["best_epoch"]}, f" (by its run state {last.name})"
+    if best.get("method", record.get("method")) != record.get("method"):  # stamped since the method was stored
+        raise UserError(f"checkpoint {checkpoint} is a checkpoint of method {best.get('method')!r}, not of record "
+                        f"{record_file}'s {record.get('method')!r}; {fix}")
     key, score = best.get("select"), best.get("score")
     want = (record.get("metrics") or {}).get("val", {}).get(key) if key else None
     same_epoch = best.get("epoch") == record.get("best_epoch")

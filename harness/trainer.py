@@ -308,7 +308,8 @@ class Trainer:
         """The best checkpoint: the weights and which selection they won (`best`: epoch, the
         selection key and its val figure), so that a record is never re-evaluated from the
         checkpoint of another training of its run (`reevaluate.check_checkpoint_of_record`)."""
-        best = {"epoch": self.best["epoch"], "select": self.select_key, "score": float(self.best["score"])}
+        best = {"epoch": self.best["epoch"], "select": self.select_key, "score": float(self.best["score"]),
+                "method": self.cfg.method}
         with atomic_path(path) as tmp:
             save_checkpoint({"model": self.model.state_dict(), "best": best}, tmp, path)
         self.written.add(Path(path))

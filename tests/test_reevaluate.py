@@ -203,3 +203,29 @@ def test_a_checkpoint_of_another_training_of_the_run_is_refused(two_runs, tmp_pa
     assert evaluate_runs([record])[0]["metrics"]["SumR"] == kept["metrics"]["test"]["SumR"]
     last.unlink()  # nothing to check against: evaluated as before the stamp existed
     assert evaluate_runs([record])[0]["metrics"]["SumR"] == kept["metrics"]["test"]["SumR"]
+
+
+def test_a_checkpoint_of_another_method_is_named_as_such(two_runs, tmp_path):
+    """Another method's best.pt in the run's folder is that method's checkpoint, not "another
+    training of this run": its weights are named as another model's, or its stamp's method."""
+    import shutil
+
+    import torch
+
+    from prvr.harness.config import resolve
+    from prvr.harness.runner import run_one
+
+    out, paths = two_runs
+    shutil.copytree(out, tmp_path / "out")
+    record = tmp_path / "out" / paths[0].relative_to(out)
+    best = tmp_path / "out" / "checkpoints" / "sim-tiny" / "baseline" / "seed0" / "best.pt"
+    run_one(resolve("arl", "sim-tiny", 0, ["train.epochs=1"]), tmp_path / "arl")
+    shutil.copy(tmp_path / "arl" / "checkpoints" / "sim-tiny" / "arl" / "seed0" / "best.pt", best)
+    with pytest.raises(UserError, match=r"checkpoint .*best\.pt holds another model than this run's"):
+        evaluate_runs([record])
+    state = torch.load(tmp_path / "out" / "checkpoints" / "sim-tiny" / "baseline" / "seed1" / "best.pt",
+                       weights_only=True)
+    torch.save({**state, "best": {**state["best"], "method": "msl"}}, best)  # the same weights, another method's stamp
+    with pytest.raises(UserError, match=r"best\.pt is a checkpoint of method 'msl', not of record .*seed0\.json's "
+                                        r"'baseline'"):
+        evaluate_runs([record])
