@@ -31,7 +31,7 @@ import numpy as np
 from scipy import stats
 
 from prvr.harness import progress
-from prvr.harness.io import UserError, write_text
+from prvr.harness.io import UserError, read_yaml, write_text
 from prvr.harness.quick import QUICK_TAG, is_quick
 from prvr.harness.records import budget_label, load_record_at, run_protocol
 
@@ -118,17 +118,12 @@ def paper_figures(path: str | Path | None = None) -> list[dict[str, Any]]:
     """Every row of the papers' figures (methods/reported.yaml), groups flattened: each row a dict
     of its (and its group's) keys, metric keys included. Checked: a row names method, dataset,
     features and source, holds the five PRVR figures or VCMR / SVMR figures, and no other key."""
-    import yaml
-
     if path is None:
         from importlib.resources import files
 
         path = Path(str(files("prvr.methods") / "reported.yaml"))
     path = Path(path)
-    try:
-        items = yaml.safe_load(path.read_text(encoding="utf-8")) or []
-    except (OSError, yaml.YAMLError) as e:
-        raise UserError(f"cannot read the reported figures {path}: {e}") from None
+    items = read_yaml(path, "reported figures", "restore methods/reported.yaml from version control") or []
     if not isinstance(items, list):
         raise UserError(f"{path} holds {type(items).__name__}; it must be a list of rows and groups of rows")
     rows = []

@@ -106,6 +106,10 @@ class Trainer:
         self.batchers = {name: Batcher(split, cfg.data) for name, split in data.splits.items()}
         self.has_queries = np.array([len(q) > 0 for q in self.batchers["train"].video_queries])
         self.steps_per_epoch = math.ceil(self.has_queries.sum() / cfg.train.batch_size)
+        if self.has_queries.sum() % cfg.train.batch_size == 1:  # every epoch's last batch: no negative in it
+            progress.log(f"[yellow]warning[/]: {int(self.has_queries.sum())} training videos in batches of "
+                         f"{cfg.train.batch_size} leave one video alone in each epoch's last batch, whose ranking "
+                         "losses are 0 (no negative); a train.batch_size one larger or smaller avoids it")
         self.optimizer, self.optimizer_spec = build_optimizer(model, cfg.train)
         total = self.steps_per_epoch * cfg.train.epochs
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(

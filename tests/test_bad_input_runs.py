@@ -117,3 +117,15 @@ def test_the_score_watch_names_nonfinite_and_constant_scores():
         watch = ScoreWatch(lambda s, e, t=scores: t[s:e])
         watch(0, 1), watch(1, len(scores))
         assert watch.problem() == said
+
+
+def test_a_lone_video_in_each_epochs_last_batch_is_said(tmp_path, monkeypatch):
+    lines = []
+    monkeypatch.setattr(progress, "log", lines.append)
+    from prvr.harness.build import build_run
+
+    cfg = resolve("baseline", "sim-tiny", 0, ["train.epochs=1"])
+    n = int(build_run(cfg).trainer(tmp_path).has_queries.sum())
+    lines.clear()
+    build_run(resolve("baseline", "sim-tiny", 0, [f"train.batch_size={n - 1}"])).trainer(tmp_path)
+    assert sum("leave one video alone in each epoch's last batch" in line for line in lines) == 1
