@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass, fields
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -379,24 +379,25 @@ class Batcher:
         moments = torch.from_numpy(np.asarray(self.split.moments, dtype=np.float32)[qidx].reshape(-1, 2))
         return TrainBatch(self.videos(videos), self.queries(qidx), torch.from_numpy(item), relevant, moments)
 
-    def in_order(self, kind: str, size: int, pin: bool = False) -> list[VideoBatch] | list[QueryBatch]:
+    def in_order(self, kind: str, size: int, pin: bool = False) -> Iterable[VideoBatch] | Iterable[QueryBatch]:
         """Every video (kind "videos") or query ("queries") of the split in index order, `size` at
         a time, pinned when `pin` (for a fast copy to a GPU): the batches evaluation encodes.
-        Where the split keeps processed features, gathered from them on each call; else made
-        once and kept while they fit in KEEP_SHARE of the free RAM (`keep=False`: never kept)."""
+        Where the split keeps processed features, gathered from them as they are taken; else made
+        once and kept while they fit in KEEP_SHARE of the free RAM (`keep=False`: never kept), and
+        made as they are taken where they do not. Only a kept list is held whole: the training
+        split of TVR padded at once is about 27 GB (the rehearsal's ARL pass ran out of memory)."""
         if kind not in ("videos", "queries"):
             raise ValueError(f"kind must be 'videos' or 'queries', got {kind!r}")
         n = self.split.num_videos if kind == "videos" else self.split.num_queries
         make = self._videos if kind == "videos" else self._queries
         chunks = [np.arange(s, min(s + size, n)) for s in range(0, n, size)]
-        if self.kept is not None:
-            return [_pinned(make(index, self.kept), pin) for index in chunks]
+        if self.kept is not None:  # gathered as they are taken: never the whole split padded at once
+            return (_pinned(make(index, self.kept), pin) for index in chunks)
         key = (kind, size, pin)
         if key not in self._in_order:
-            batches = [_pinned(make(index, Kept()), pin) for index in chunks]  # the per-batch path
-            if not self._fits_in_order(kind):
-                return batches
-            self._in_order[key] = batches
+            if not self._fits_in_order(kind):  # made as they are taken (the per-batch path)
+                return (_pinned(make(index, Kept()), pin) for index in chunks)
+            self._in_order[key] = [_pinned(make(index, Kept()), pin) for index in chunks]
         return self._in_order[key]
 
     def _fits_in_order(self, kind: str) -> bool:

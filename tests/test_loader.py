@@ -255,3 +255,22 @@ def test_a_batch_moved_to_a_device_describes_its_masks():
         assert torch.equal(facts.index, mask.flatten().nonzero().squeeze(1))
         assert facts.all_true == bool(mask.all())
     assert masks.known(batch.query_item).covers == 3
+
+
+def test_batches_in_order_are_made_as_they_are_taken_unless_kept(monkeypatch):
+    """A split's padded batches are held whole only where they are kept (they fit); otherwise,
+    and from a split's processed features, each is made as it is taken: TVR's training split
+    padded at once would be about 27 GB (the rehearsal's ARL pass ran out of memory on it)."""
+    from prvr.datasets import loader
+
+    split, cfg = _split_and_cfg("even", True)
+    calls = []
+    real = loader.frame_rows
+    monkeypatch.setattr(loader, "frame_rows", lambda raw, c: calls.append(1) or real(raw, c))
+    lazy = Batcher(split, cfg, keep=False).in_order("videos", 16)
+    assert not isinstance(lazy, list) and calls == []  # nothing made yet
+    first = next(iter(lazy))
+    assert len(calls) == len(first.video_index)  # one batch made, not the split
+    train = Batcher(split, cfg, keep=True)
+    train.prepare()
+    assert not isinstance(train.in_order("queries", 16), list)
