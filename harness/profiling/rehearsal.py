@@ -19,6 +19,7 @@ import argparse
 import csv
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -45,6 +46,7 @@ class Phase:
     peak_rss_mb: float = float("nan")
     figures: dict[str, Any] = field(default_factory=dict)
     error: str = ""
+    revision: str = ""  # the code that ran it (git, short): rows kept by --only-methods may be older
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -151,7 +153,11 @@ def _child(job: dict[str, Any]) -> Phase:
     if job["phase"] == "load":
         name += " (first)" if job["first"] else " (cached)"
     windows = [figures.get(k, 0) for k in ("build_peak_mb", "prepare_peak_mb", "train_peak_mb", "eval_peak_mb")]
-    return Phase(name, time.perf_counter() - start, max(_peak_rss_mb(), *windows), figures)
+    from prvr.harness.records import provenance
+
+    prov = provenance("")
+    revision = str(prov["git_revision"])[:8] + ("+dirty" if prov["git_dirty"] else "")
+    return Phase(name, time.perf_counter() - start, max(_peak_rss_mb(), *windows), figures, revision=revision)
 
 
 def _world(job: dict[str, Any], work: Path) -> dict[str, Any]:
@@ -291,8 +297,12 @@ def previous_phases(out: Path) -> list[Phase]:
 
     path = out / "rehearsal.json"
     rows = read_json(path, "rehearsal file")
+    # rows written before phases named their code: the revision in the header of the table they made
+    header = re.search(r"\(git ([0-9a-f]{7,12})", (out / "rehearsal.md").read_text(encoding="utf-8")
+                       if (out / "rehearsal.md").exists() else "")
+    older = header.group(1)[:8] if header else ""
     try:
-        return [Phase(**{**r, "figures": dict(r["figures"])}) for r in rows]
+        return [Phase(**{"revision": older, **r, "figures": dict(r["figures"])}) for r in rows]
     except (TypeError, KeyError, ValueError):
         raise UserError(f"rehearsal file {path} does not hold rehearsal phases; run the whole rehearsal "
                         "again (without --only-methods)") from None
@@ -316,10 +326,11 @@ def write_rehearsal(out: Path, phases: list[Phase], header: str) -> tuple[Path, 
 
 
 def render(phases: list[Phase], header: str) -> str:
-    lines = [SECTION, "", header, "", "| phase | seconds | peak resident (MB) | figures |", "|---|---|---|---|"]
+    lines = [SECTION, "", header, "", "| phase | code | seconds | peak resident (MB) | figures |",
+             "|---|---|---|---|---|"]
     for p in phases:
         figures = p.error and f"failed: {p.error}" or ", ".join(f"{k} {v}" for k, v in p.figures.items())
-        lines.append(f"| {p.name} | {p.seconds:,.1f} | {p.peak_rss_mb:,.0f} | {figures} |")
+        lines.append(f"| {p.name} | {p.revision} | {p.seconds:,.1f} | {p.peak_rss_mb:,.0f} | {figures} |")
     methods = [p for p in phases if p.name.startswith("method ") and not p.error]
     if methods:
         lines += ["", "Per method (one fresh process each): the run's one-time preparation (the training split's "
