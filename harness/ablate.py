@@ -225,7 +225,7 @@ def report(table: AblationTable, out: str, dataset: str, plan, extra_tag: str = 
     another backbone than the method's own, or another detector, the file is named after the
     method's run with them (`ral@msl_table2.md`, `ral+oracle@msl_table2.md`), so tables on
     several backbones and detectors sit side by side."""
-    from prvr.harness.records import load_record, record_path, run_tag
+    from prvr.harness.records import load_record_at, record_path, run_tag
     from prvr.harness.runner import run_name
 
     measured, mismatched = [], []
@@ -236,7 +236,7 @@ def report(table: AblationTable, out: str, dataset: str, plan, extra_tag: str = 
         for cfg in (p.cfg for p in runs):
             path = record_path(out, dataset, name, cfg.seed)
             if path.exists():
-                recs.append(load_record(path))
+                recs.append(load_record_at(path))
                 if diff := settings_diff(cfg, recs[-1], source=f"run record {path} key 'config'"):
                     mismatched.append(f"{path}: {diff}")
         measured.append((row, name, recs))

@@ -100,9 +100,9 @@ def read_official_log(path: str | Path) -> dict[str, Any]:
 
 
 def our_run(record_file: str | Path) -> dict[str, Any]:
-    from prvr.harness.records import load_record
+    from prvr.harness.records import load_record_at
 
-    record = load_record(record_file)
+    record = load_record_at(record_file)
     val = [{"epoch": int(h["epoch"]), "SumR": float(h["val"]["SumR"])}
            for h in record.get("history", []) if isinstance(h.get("val"), dict) and "SumR" in h["val"]]
     if not val:

@@ -50,9 +50,9 @@ SPLIT = "test"
 # ----------------------------------------------------------------------------- measuring
 def check_ral_record(path: str | Path) -> dict[str, Any]:
     """A record given as --run: a run of method `ral` whose model has MSRA (one-line errors)."""
-    from prvr.harness.records import load_record
+    from prvr.harness.records import load_record_at
 
-    record = load_record(path)
+    record = load_record_at(path)
     if record["method"] != "ral":
         raise UserError(f"--run takes runs of method ral; {path} is a run of method {record['method']!r} "
                         "(pass it with --against)")
