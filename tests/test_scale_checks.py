@@ -44,7 +44,8 @@ def test_rehearsal_goes_from_world_to_export_to_real_loaders_to_an_epoch(tmp_pat
     assert figures[("load (first)", "val_videos_queries")] == figures[("world", "val_videos_queries")]
     assert float(figures[("load (first)", "cache_added_mb")]) > 0 and float(figures[("load (cached)", "cache_added_mb")]) == 0
     assert int(figures[("method baseline", "val_queries")]) == int(figures[("world", "val_videos_queries")].split(" / ")[1])
-    assert "## Real scale" in (tmp_path / "rehearsal.md").read_text()
+    md = (tmp_path / "rehearsal.md").read_text()
+    assert "## Real scale" in md and "--work DIR" in md and "--out OUT" in md and str(tmp_path) not in md
     # --only-methods: the method phases again on the kept export, the other rows kept
     before = json.loads((tmp_path / "rehearsal.json").read_text())
     assert main(["rehearse", "--scale", "tiny", "--method", "arl", "--train-batches", "1", "--skip-eval", "--out",

@@ -345,8 +345,12 @@ def render(phases: list[Phase], header: str) -> str:
             lines.append(f"| {p.name.removeprefix('method ')} | {f['prepare_s']}, {f['train_kept']} | "
                          f"{f['batches']} of {f['epoch_batches']} | {f['s_per_batch']} | {f['epoch_s_extrapolated']:,} | "
                          f"{f.get('detector_pass_s', '')} | {f.get('eval_val_s', '')} | {f['build_peak_mb']:,} / "
-                         f"{f['prepare_peak_mb']:,} / {f['train_peak_mb']:,} / {f.get('eval_peak_mb', '')} |")
+                         f"{f['prepare_peak_mb']:,} / {f['train_peak_mb']:,} / {_thousands(f.get('eval_peak_mb'))} |")
     return "\n".join(lines) + "\n"
+
+
+def _thousands(value: Any) -> str:
+    return "" if value is None else f"{value:,}"
 
 
 def _header(args: argparse.Namespace, wall_s: float) -> str:
@@ -361,9 +365,14 @@ def _header(args: argparse.Namespace, wall_s: float) -> str:
 
 
 def _argv() -> list[str]:
+    """This command's arguments, folders shown as DIR / OUT (no path of the machine in the table)."""
     import shlex
 
-    return [shlex.quote(a) for a in sys.argv[2:]]
+    args, shown = sys.argv[sys.argv.index("rehearse") + 1:] if "rehearse" in sys.argv else sys.argv[2:], []
+    for i, a in enumerate(args):
+        folder = i > 0 and args[i - 1] in ("--work", "--out")
+        shown.append(("DIR" if args[i - 1] == "--work" else "OUT") if folder else shlex.quote(a))
+    return shown
 
 
 if __name__ == "__main__":
