@@ -358,21 +358,27 @@ def _header(args: argparse.Namespace, wall_s: float) -> str:
 
     prov = provenance("")
     cpu = prov["cpu"].get("model", prov["cpu"].get("machine", ""))
-    return (f"Written by `prvr-bench rehearse {' '.join(_argv())}` on {prov['created']} (git "
+    return (f"Written by `{_command(args)}` on {prov['created']} (git "
             f"{str(prov['git_revision'])[:12]}{', dirty' if prov['git_dirty'] else ''}); CPU {cpu}, "
             f"{args.threads} torch thread(s) per phase, device {args.device}. Whole rehearsal: {wall_s:,.0f} s. "
             "Protocol: harness/profiling/rehearsal.py (module docstring) and docs/profiling.md.")
 
 
-def _argv() -> list[str]:
-    """This command's arguments, folders shown as DIR / OUT (no path of the machine in the table)."""
+def _command(args: argparse.Namespace) -> str:
+    """The command as given, folders shown as DIR / OUT (no path of the machine in the table)."""
     import shlex
 
-    args, shown = sys.argv[sys.argv.index("rehearse") + 1:] if "rehearse" in sys.argv else sys.argv[2:], []
-    for i, a in enumerate(args):
-        folder = i > 0 and args[i - 1] in ("--work", "--out")
-        shown.append(("DIR" if args[i - 1] == "--work" else "OUT") if folder else shlex.quote(a))
-    return shown
+    parts = ["prvr-bench rehearse"]
+    if args.method:
+        parts.append("--method " + " ".join(shlex.quote(m) for m in args.method))
+    parts += [f"--scale {shlex.quote(args.scale)}"] if args.scale != "full" else []
+    parts += ["--work DIR"] if args.work is not None else []
+    parts += [f"--train-batches {args.train_batches}", "--out OUT"]
+    parts += [f"--threads {args.threads}"] if args.threads != 1 else []
+    parts += [f"--device {shlex.quote(args.device)}"] if args.device != "auto" else []
+    parts += [f"--set {shlex.quote(o)}" for o in args.overrides]
+    parts += [flag for flag, on in (("--only-methods", args.only_methods), ("--skip-eval", args.skip_eval)) if on]
+    return " ".join(parts)
 
 
 if __name__ == "__main__":
