@@ -29,6 +29,8 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from prvr.harness.scores import worst_if_nonfinite
+
 
 KS = (1, 5, 10, 100)
 # Moment length / video length buckets (MS-SL / ARL "M/V" analysis): short, medium, long.
@@ -47,12 +49,6 @@ def padded_targets(rel: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray]:
     mask = np.arange(width)[None, :] < counts[:, None]
     idx[mask] = rel.indices
     return idx, mask
-
-
-def worst_if_nonfinite(scores: torch.Tensor) -> torch.Tensor:
-    """Scores with every NaN and +-inf replaced by -inf, the worst score (see the module note)."""
-    worst = float("-inf")
-    return scores.nan_to_num(nan=worst, posinf=worst, neginf=worst)
 
 
 def count_ranks(scores: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -29,8 +29,9 @@ import torch
 
 from prvr.datasets.real.relevance import SplitKeys
 from prvr.harness.evaluate import (KS, ScoreFn, count_ranks, encode_split, fused_scores, metrics_from_ranks,
-                                   padded_targets, worst_if_nonfinite)
+                                   padded_targets)
 from prvr.harness.io import UserError, atomic_path
+from prvr.harness.scores import worst_if_nonfinite
 
 TOP_K = 100
 FORMAT = 1

@@ -48,7 +48,7 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
-from prvr.harness.evaluate import worst_if_nonfinite
+from prvr.harness.scores import worst_if_nonfinite
 
 VCMR_KS = (1, 10, 100)
 SVMR_KS = (1, 5)

@@ -29,7 +29,7 @@ def tied_scores(q, v, seed=0):
 
 @pytest.mark.parametrize("videos", [30, 150])
 def test_top_ranks_match_a_full_sort_with_ties_counting_against_the_model(videos):
-    from prvr.harness.evaluate import worst_if_nonfinite
+    from prvr.harness.scores import worst_if_nonfinite
 
     scores = worst_if_nonfinite(tied_scores(12, videos))
     index, rank = rk.top_ranks(scores, 100)

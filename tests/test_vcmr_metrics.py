@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from prvr.harness import vcmr
-from prvr.harness.evaluate import worst_if_nonfinite
+from prvr.harness.scores import worst_if_nonfinite
 from prvr.harness.vcmr import MomentTruth, RankedMoments, moment_ranks, recall_at, temporal_iou
 
 
