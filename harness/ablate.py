@@ -138,7 +138,8 @@ def resolve_row(table: AblationTable, row: AblationRow, dataset: str, seed: int,
                  config: str | None):
     """The config of one row: the table's method with the row's overrides, or for a `home` row
     the plain run of the backbone's own method (the table's overrides apply to it too)."""
-    from prvr.harness.config import home_method, resolve
+    from prvr.harness.config import resolve
+    from prvr.harness.registry import home_method
 
     try:
         cfg = resolve(table.method, dataset, seed, [*overrides, *row.overrides], config)

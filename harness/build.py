@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from prvr.harness.precision import set_encoders
-from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS
+from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS, home_method
 from prvr.harness.timing import Timings
 
 
@@ -37,8 +37,6 @@ def method_spec(cfg):
     (`MethodSpec.extends_backbone`), its objective gets the home method's objective as `base`
     and its detector plan is the home method's unless it has its own."""
     from functools import partial
-
-    from prvr.harness.config import home_method
 
     spec = METHODS.get(cfg.method)
     if not spec.extends_backbone:

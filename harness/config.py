@@ -23,7 +23,7 @@ import yaml
 
 from prvr.harness.checks import Device, check_section, check_value, show
 from prvr.harness.io import UserError
-from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS, unknown_message
+from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS, home_method, unknown_message
 from prvr.harness.sections import Config, detector_settings, load_yaml
 
 SCALARS = ("method", "dataset", "seed", "backbone")
@@ -196,13 +196,6 @@ def loss_class(spec: Any, backbone: str) -> type:
         merged.__module__ = own.__module__  # the field annotations resolve in the module that wrote them
         _MERGED[(base, own)] = merged
     return _MERGED[(base, own)]
-
-
-def home_method(backbone: str) -> str | None:
-    """The method whose own backbone `backbone` is (its preset holds the backbone's
-    per-dataset `model` settings): the one named like it, else the first by name."""
-    homes = [name for name in METHODS.names() if METHODS.get(name).backbone == backbone]
-    return backbone if backbone in homes else (homes[0] if homes else None)
 
 
 def _pick_backbone(default: str, layers: list[tuple[dict, str]], sets: list[tuple[str, str]]) -> str:

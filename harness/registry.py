@@ -162,3 +162,10 @@ def load_all() -> None:
     except BaseException:
         _loaded = False  # a failed import leaves no half-filled registry behind as if complete
         raise
+
+
+def home_method(backbone: str) -> str | None:
+    """The method whose own backbone `backbone` is (its preset holds the backbone's
+    per-dataset `model` settings): the one named like it, else the first by name."""
+    homes = [name for name in METHODS.names() if METHODS.get(name).backbone == backbone]
+    return backbone if backbone in homes else (homes[0] if homes else None)

@@ -7,7 +7,8 @@ import pytest
 import yaml
 
 from prvr.harness.cli import main
-from prvr.harness.config import home_method, resolve
+from prvr.harness.config import resolve
+from prvr.harness.registry import home_method
 from prvr.harness.io import UserError
 from prvr.harness.registry import BACKBONES, METHODS
 from prvr.harness.runner import run_name

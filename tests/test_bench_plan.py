@@ -124,7 +124,9 @@ def test_each_cuda_run_process_sees_one_gpu(monkeypatch, tmp_path):
     runs = [Job([], f"run{i}", tmp_path / f"r{i}.json", tmp_path / f"r{i}.log", cuda=i < 4) for i in range(5)]
     jobs.run_jobs(runs, 2, "bench", gpus=["3", "5"])
     seen = [(tmp_path / f"r{i}.log").read_text().strip() for i in range(5)]
-    assert sorted(seen[:4]) == ["3", "3", "5", "5"] and seen[4] == "None"  # a CPU run's environment is left alone
+    # the first two start together, one on each GPU; later ones go where fewest run when they start, which
+    # depends on which finished first, so only the set is fixed
+    assert set(seen[:4]) == {"3", "5"} and seen[4] == "None"  # a CPU run's environment is left alone
     jobs.run_jobs(runs[:2], 2, "bench")  # no GPU: nothing changes
     assert [(tmp_path / f"r{i}.log").read_text().strip() for i in range(2)] == ["None", "None"]
 

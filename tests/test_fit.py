@@ -10,7 +10,8 @@ import torch
 
 from prvr.datasets.loader import Batcher
 from prvr.harness.build import build_model, method_spec
-from prvr.harness.config import home_method, resolve
+from prvr.harness.config import resolve
+from prvr.harness.registry import home_method
 from prvr.harness.io import UserError
 from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS
 from prvr.methods.backbones.api import OUTPUTS, missing_outputs

@@ -113,7 +113,7 @@ def test_every_backbones_positional_tables_are_embedding_tables(backbone):
     """The type rule keeps the groups the committed adamw records were trained with (they were
     chosen by the name `pos`): every 2-D positional parameter is an embedding table's."""
     from prvr.harness.build import build_model
-    from prvr.harness.config import home_method
+    from prvr.harness.registry import home_method
 
     model = build_model(resolve(home_method(backbone), "sim-tiny", 0), 48, 32)
     _, no_decay = harness_groups(model)
