@@ -281,9 +281,9 @@ class ScoreWatch:
         finite = torch.isfinite(scores)
         self.total += scores.numel()
         self.nonfinite += int((~finite).sum())
-        if bool(finite.any()):
-            kept = scores[finite]
-            self.low, self.high = min(self.low, float(kept.min())), max(self.high, float(kept.max()))
+        if scores.numel():  # the finite range, without a copy of the chunk's finite scores
+            low, high = scores.masked_fill(~finite, math.inf).min(), scores.masked_fill(~finite, -math.inf).max()
+            self.low, self.high = min(self.low, float(low)), max(self.high, float(high))
         return scores
 
     def problem(self) -> str:

@@ -203,16 +203,14 @@ class Trainer:
             for i, batch in enumerate(loader):
                 out = self.train_step(batch.to(self.device), epoch, epoch * self.steps_per_epoch + i)
                 sums.add(out, i)
-                bad = sums.first_nonfinite() if self.device.type == "cpu" else None  # a CPU read is no sync
-                if bad:
-                    self.on_nonfinite(*bad, epoch)
+                if self.device.type == "cpu" and self.nonfinite is None:  # a CPU read is no sync
+                    self.check_finite(sums, epoch)
                 self.detector.on_step(state, i, out)
                 for h in self.hooks:
                     h.on_step(self, i, out)
         means = sums.means(len(batches))  # the epoch's one read of the loss parts
-        bad = sums.first_nonfinite()  # on CUDA, read here once
-        if bad and self.nonfinite is None:
-            self.on_nonfinite(*bad, epoch)
+        if self.nonfinite is None:  # on CUDA, read here once
+            self.check_finite(sums, epoch)
         if self.degenerate is None and means and all(v == 0.0 for v in means.values()):
             self.degenerate = {"epoch": epoch}
             progress.log(f"[yellow]warning[/]: every loss part is exactly 0 in epoch {epoch}: nothing trains (no "
@@ -233,6 +231,11 @@ class Trainer:
             self._loader = EpochLoader(train.train_batch, self.num_workers(), pin=self.device.type == "cuda",
                                        prepare=train.prepare)
         return self._loader
+
+    def check_finite(self, sums: "LossSums", epoch: int) -> None:
+        bad = sums.first_nonfinite()
+        if bad:
+            self.on_nonfinite(*bad, epoch)
 
     def on_nonfinite(self, loss: float, step: int, epoch: int) -> None:
         """The epoch's first loss that is not a finite number: stop with one line
