@@ -18,6 +18,10 @@ def set_enabled(flag: bool) -> None:
     _enabled = flag
 
 
+def is_enabled() -> bool:
+    return _enabled
+
+
 def bars_visible() -> bool:
     return _enabled and (console.is_terminal or console.is_jupyter)
 

@@ -1,8 +1,13 @@
+import functools
+
 import pytest
 import torch
 
 from prvr.harness import progress
 from prvr.harness.trainer import DEVICE_ENV
+from prvr.methods.relations.sbert import missing_text_extra
+
+TEXT_MISSING = missing_text_extra()  # the `text` extra (in `test`): absent where only `pip install -e .` ran
 
 
 def pytest_report_header(config):
@@ -12,12 +17,28 @@ def pytest_report_header(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device")
+    no_cuda = pytest.mark.skip(reason="needs a CUDA device")
+    no_text = pytest.mark.skip(reason=f"the SBERT detector {TEXT_MISSING}")
     for item in items:
-        if "cuda" in item.keywords:
-            item.add_marker(skip)
+        if "cuda" in item.keywords and not torch.cuda.is_available():
+            item.add_marker(no_cuda)
+        if TEXT_MISSING and "detects" in item.keywords and _detects_with_sbert(item):
+            item.add_marker(no_text)
+
+
+def _detects_with_sbert(item) -> bool:
+    """A test (marked `detects`) parametrised by a method whose detector is sbert, or by the sbert
+    detector."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return params.get("detector") == "sbert" or params.get("method") in _sbert_methods()
+
+
+@functools.cache
+def _sbert_methods() -> frozenset[str]:
+    from prvr.harness.config import resolve
+    from prvr.harness.registry import METHODS
+
+    return frozenset(m for m in METHODS.names() if resolve(m, "sim-tiny", 0, []).relations.name == "sbert")
 
 
 @pytest.fixture

@@ -30,6 +30,7 @@ def _metrics(record):
     return json.dumps(record["metrics"], sort_keys=True)
 
 
+@pytest.mark.detects
 @pytest.mark.parametrize("method", METHODS.names())
 def test_every_method_trains_an_epoch_on_cuda(method, tmp_path, on_cuda):
     record = run_one(resolve(method, "sim-tiny", 0, ["train.epochs=1"]), tmp_path)

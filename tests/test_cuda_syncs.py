@@ -6,8 +6,9 @@ carry what the loader knows (harness/masks.py), the negatives are drawn as torch
 draws them without its two checks (`ranking.draw_one`), the detectors count on the device.
 
 - Each sync-free path gives the numbers of the path it replaces, bit for bit (CPU tests).
-- A CPU proxy counts, during a training step, the ops that would ask the device on a GPU; it
-  cannot see copies between host and device (on a CPU there are none), which the CUDA test does.
+- A CPU proxy counts, during a training step, the ops that would ask the device on a GPU, and the
+  Python scalars made tensors (copied to the device on a GPU); other copies between host and
+  device it cannot see (on a CPU there are none): the CUDA test does.
 - The CUDA test (marked `cuda`) runs training steps of each method on sim-tiny after a warm-up
   step under torch.cuda.set_sync_debug_mode and counts the syncs. Steps that still sync for a
   reason outside this file's reach are marked xfail(strict) with the reason: when the reason
@@ -118,10 +119,15 @@ ATEN = torch.ops.aten
 ASKS = {ATEN._local_scalar_dense.default, ATEN.nonzero.default, ATEN.masked_select.default,
         ATEN.is_nonzero.default, ATEN.equal.default, ATEN.multinomial.default, ATEN._unique2.default,
         ATEN.unique_consecutive.default, ATEN.unique_dim.default}
+# A Python scalar made a tensor (`x[i] = True`, `torch.tensor(0.5)`): on a GPU it is copied to the
+# device from pageable host memory when used with device tensors, a blocking copy (seen on an H100:
+# `positive[rows, item] = True` synced every step)
+HOST_VALUES = {ATEN.lift_fresh.default}
 BOOL_INDEX = {ATEN.index.Tensor, ATEN.index_put_.default, ATEN.index_put.default, ATEN._index_put_impl_.default}
 # What still asks, outside what this suite's data path and losses own (the reason, and the fix)
 ELSEWHERE: dict[str, str] = {}  # (baseline's and ARL's frame maps now go through blocks.rowwise)
-INHERENT = {"hungarian_pairs": "GMMFormer v2's matching is solved on the host (scipy linear_sum_assignment)"}
+INHERENT = {"hungarian_pairs": "GMMFormer v2's matching is solved on the host (scipy linear_sum_assignment)",
+            "hungarian_matching": "and its pairs copied back to the device, one copy per step"}
 HOST_COPIES = ("numpy", "tolist", "cpu")  # Tensor methods that copy a device tensor to the host
 
 
@@ -164,7 +170,7 @@ class DeviceReads(TorchDispatchMode):
         boolean = func in BOOL_INDEX and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool
                                              for i in (args[1] if len(args) > 1 else ()) or ())
         interleave = func == ATEN.repeat_interleave.Tensor and kwargs.get("output_size") is None
-        if func in ASKS or boolean or interleave:
+        if func in ASKS or func in HOST_VALUES or boolean or interleave:
             self._note()
         return func(*args, **kwargs)
 
@@ -230,8 +236,6 @@ def _syncs(fn) -> list[str]:
 
 
 STILL_SYNCS = {  # method -> why its step still syncs (not in this suite's data path or losses)
-    "msl": "methods/backbones/msl.py copies proposal_matrix to the GPU at every score (a blocking copy); "
-           "a copy kept per device would not",
     "gmmformer2": "GMMFormer v2's Hungarian matching solves on the host (scipy): inherent",
 }
 

@@ -118,6 +118,7 @@ def test_resume_with_another_precision_is_refused(capsys, tmp_path, monkeypatch)
 BF16_SCORE_TOL, BF16_LOSS_RTOL = 0.05, 0.05
 
 
+@pytest.mark.detects
 @pytest.mark.parametrize("method", METHODS.names())
 def test_bf16_scores_and_loss_are_within_tolerance_of_fp32(method):
     from prvr.harness.build import build_run

@@ -100,6 +100,7 @@ def tiny():
     return cfg, data, Batcher(data["train"], cfg.data)
 
 
+@pytest.mark.detects
 @pytest.mark.parametrize("backbone", BACKBONES.names())
 @pytest.mark.parametrize("detector", DETECTORS.names())
 def test_a_detector_detects_on_every_backbone_that_provides_its_needs(tiny, detector, backbone):

@@ -112,6 +112,7 @@ class StopAfter:
         pass
 
 
+@pytest.mark.detects
 @pytest.mark.parametrize("method", METHODS.names())
 def test_every_method_trains_two_steps_on_sim_tiny_and_evaluates(method, tmp_path):
     """Its own backbone and detector, built as `prvr-bench run` builds them; the two steps are

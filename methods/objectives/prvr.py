@@ -137,7 +137,7 @@ def hungarian_matching(queries: torch.Tensor, clips: torch.Tensor, positive: tor
     (scipy linear_sum_assignment, maximising the summed cosine) between the positive queries of
     each video and the video's clips. queries [Q, D]; clips [V, C, D]; positive [Q, V]."""
     cos = torch.einsum("qd,vcd->qvc", F.normalize(queries, dim=-1), F.normalize(clips, dim=-1))
-    q, v, c = (torch.as_tensor(i, device=cos.device) for i in hungarian_pairs(cos, positive, min_queries))
+    q, v, c = torch.from_numpy(np.stack(hungarian_pairs(cos, positive, min_queries))).to(cos.device)
     if len(q) == 0:
         return _zero(cos)
     return 1 - cos[q, v, c].mean()

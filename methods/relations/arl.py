@@ -428,7 +428,9 @@ class ArlDetector(Detector):
                             else (st.tau_s, st.tau_u))
             frame_amb = ambiguous_pairs(sims, frame_pair_uncertainty(query_u, frame_u), tau_s, tau_u) & mask[None]
             qi, vj = masks.true_pairs(pos)
-            frame_amb[qi, vj, best[qi, vj]] = False  # a labelled pair's best frame is its positive
+            # a labelled pair's best frame is its positive (the value made on the device: `= False`
+            # would copy a host scalar to the GPU, a sync)
+            frame_amb.index_put_((qi, vj, best[qi, vj]), frame_amb.new_zeros(()))
         return ArlRelations(pos, amb, pos.float() + amb.float(), frame_amb)
 
     # reports ----------------------------------------------------------------

