@@ -27,10 +27,10 @@ import numpy as np
 
 from prvr.harness import progress
 from prvr.harness.io import UserError, ensure_dir, write_text
-from prvr.harness.leaderboard import (COLUMNS, MOMENT_SUM, REPORTED_FILE, Column, _get, fmt, is_metric_key,
-                                      moment_columns, paper_figures)
+from prvr.harness.leaderboard import REPORTED_FILE, paper_figures
 from prvr.harness.names import check_name, check_tag, inside
 from prvr.harness.registry import METHODS
+from prvr.harness.rows import COLUMNS, MOMENT_SUM, Column, fmt, is_metric_key, moment_columns, p_value, value_at
 from prvr.methods.recipes import TABLES, AblationRow, AblationTable
 
 METRICS = ("R@1", "R@5", "R@10", "R@100", "SumR")
@@ -246,7 +246,7 @@ def report(table: AblationTable, out: str, dataset: str, plan, extra_tag: str = 
                               *(p.figures for p in paper)])
     columns, headline = (moments, MOMENT_SUM) if moments else (PRVR_COLUMNS, PRVR_COLUMNS[-1])
     rows = [(row, name, len(recs), {c.name: _cells(recs, c) for c in (*columns, headline)},
-             {r["seed"]: v for r in recs if (v := _get(r["metrics"].get("test", {}), headline.path)) is not None})
+             {r["seed"]: v for r in recs if (v := value_at(r["metrics"].get("test", {}), headline.path)) is not None})
             for row, name, recs in measured]
     reference = next((r for r in rows if r[0].label == table.reference), rows[0])
     header = ["", *table.columns, *(c.name for c in columns), f"Δ {headline.name} vs {reference[0].label}", "seeds",
@@ -299,7 +299,7 @@ def report(table: AblationTable, out: str, dataset: str, plan, extra_tag: str = 
 def _cells(recs: list[dict], column: Column) -> list[float]:
     """A column's values over the seeds' records: all of them, or none (an empty cell, never a
     mean over the seeds that happen to have it)."""
-    values = [v for r in recs if (v := _get(r["metrics"].get("test", {}), column.path)) is not None]
+    values = [v for r in recs if (v := value_at(r["metrics"].get("test", {}), column.path)) is not None]
     return values if len(values) == len(recs) else []
 
 
@@ -321,13 +321,11 @@ def reported_lines(source: str, paper: list[PaperRow], columns: tuple[Column, ..
 def paired_delta(a: dict[int, float], b: dict[int, float]) -> tuple[float, float | None, int] | None:
     """Mean SumR difference a - b over the seeds both have, the paired t-test's p (None under
     two seeds), and how many seeds were paired; None without a shared seed."""
-    from prvr.harness.leaderboard import _p_value
-
     shared = sorted(set(a) & set(b))
     if not shared:
         return None
     delta = float(np.mean([a[s] - b[s] for s in shared]))
-    p = _p_value({s: a[s] for s in shared}, {s: b[s] for s in shared}) if len(shared) >= 2 else None
+    p = p_value({s: a[s] for s in shared}, {s: b[s] for s in shared}) if len(shared) >= 2 else None
     return delta, p, len(shared)
 
 

@@ -20,6 +20,9 @@ from typing import Any
 import numpy as np
 
 from prvr.harness.io import write_png, write_text
+from prvr.harness.names import check_name, inside
+from prvr.harness.records import budget_label
+from prvr.harness.rows import BASELINE, dataset_label, diverged, record_protocol
 
 METRICS = ("R@1", "SumR")
 
@@ -33,8 +36,6 @@ def bucket_groups(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any
     seeds, values: {bucket: {metric: [per seed] or [] where a seed lacks it}}, n: {bucket:
     sorted distinct query counts over the seeds}}. Diverged and off-protocol runs are left out."""
     from prvr.harness.evaluate import BUCKETS
-    from prvr.harness.leaderboard import BASELINE, dataset_label, diverged, record_protocol
-    from prvr.harness.records import budget_label
 
     groups: dict[tuple[str, str, str], dict[str, Any]] = {}
     for r in records:
@@ -155,8 +156,6 @@ def plot(dataset: str, groups: list[dict[str, Any]], path: str | Path) -> None:
 def write_reports(root: str | Path, records: list[dict[str, Any]],
                   command: str = "prvr-bench leaderboard") -> list[Path]:
     """`<root>/buckets/<dataset>.{png,md}` for every dataset with bucket metrics; the files written."""
-    from prvr.harness.names import check_name, inside
-
     written: list[Path] = []
     for dataset, groups in bucket_groups(records).items():
         name = re.sub(r"[^A-Za-z0-9_.+@~-]+", "-", dataset).strip("-.")  # "tvr (export of sim-tvr)" -> a file name

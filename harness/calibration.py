@@ -28,8 +28,8 @@ import numpy as np
 
 from prvr.harness import progress
 from prvr.harness.io import write_text
-from prvr.harness.leaderboard import (BASELINE, _csv_cell, _p_value, build_rows, dataset_label, diverged, fmt,
-                                      record_protocol)
+from prvr.harness.rows import BASELINE, build_rows, dataset_label, diverged, fmt, record_protocol
+from prvr.harness.rows import csv_cell as _csv_cell, p_value as _p_value
 from prvr.harness.records import budget_label
 
 SUMR_RANGE = (120.0, 230.0)  # baseline test SumR: room above and below, like the real datasets' baselines

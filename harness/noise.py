@@ -21,6 +21,9 @@ import numpy as np
 
 from prvr.harness import progress
 from prvr.harness.io import UserError, read_json, write_json, write_png, write_text
+from prvr.harness.names import check_name, inside
+from prvr.harness.records import budget_label
+from prvr.harness.rows import dataset_label, diverged, record_protocol
 
 SUMMARY = ("R@1", "R@5", "R@10", "R@100", "SumR")
 CURVE_FILE = re.compile(r"seed(\d+)\.noise-(\w+)\.json")
@@ -127,9 +130,6 @@ def noise_groups(root: str | Path, records: list[dict[str, Any]]) -> dict[str, l
     """dataset -> one group per (run, budget, source): {run, budget, source, seeds, levels:
     {level: [SumR per seed] (only levels every seed has)}, all_levels, commands}. Diverged
     runs are left out, as in the leaderboard."""
-    from prvr.harness.leaderboard import dataset_label, diverged, record_protocol
-    from prvr.harness.records import budget_label
-
     root = Path(root)
     groups: dict[tuple, dict[str, Any]] = {}
     for r in records:
@@ -231,8 +231,6 @@ def plot(dataset: str, groups: list[dict[str, Any]], path: str | Path) -> None:
 def write_reports(root: str | Path, records: list[dict[str, Any]],
                   command: str = "prvr-bench leaderboard") -> list[Path]:
     """`<root>/noise/<dataset>.{png,md}` for every dataset with curves; the files written."""
-    from prvr.harness.names import check_name, inside
-
     written: list[Path] = []
     for dataset, groups in noise_groups(root, records).items():
         name = re.sub(r"[^A-Za-z0-9_.+@~-]+", "-", dataset).strip("-.")  # "tvr (export of sim-tvr)" -> a file name
