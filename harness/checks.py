@@ -25,6 +25,7 @@ from dataclasses import Field, dataclass, field, fields
 from typing import Any, Callable, Sequence
 
 from prvr.harness.io import UserError
+from prvr.harness.names import unknown_message
 
 
 class Check:
@@ -145,8 +146,6 @@ class Registered(Check):
     empty: str = ""  # what "" means, when it is allowed
 
     def problem(self, value: Any, cfg: Any = None) -> str | None:
-        from prvr.harness.registry import unknown_message
-
         reg = self.registry()
         if (value == "" and self.empty) or (isinstance(value, str) and value in reg):
             return None

@@ -11,9 +11,11 @@ path built from them against the folder it must stay in.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 from prvr.harness.io import UserError
 
@@ -63,3 +65,32 @@ def inside(path: str | Path, root: str | Path, what: str) -> Path:
 def _show(value: object, limit: int = 40) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 4] + "...'"
+
+
+# ---------------------------------------------------------------- unknown names
+def edit_distance(a: str, b: str) -> int:
+    """Optimal string alignment distance: insertions, deletions, substitutions and swaps of two
+    neighbouring characters each cost one ('mls' is one edit from 'msl', two from 'xml')."""
+    prev2: list[int] = []
+    prev = list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        cur = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1]))
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                cur[j] = min(cur[j], prev2[j - 2] + 1)
+        prev2, prev = prev, cur
+    return prev[-1]
+
+
+def unknown_message(kind: str, name: Any, known: list[str]) -> str:
+    """The one line that answers an unknown name (a registry's, a config value's): the closest
+    known names first, then all of them."""
+    if not isinstance(name, str):
+        return f"unknown {kind} {repr(name)[:40]}: known: {', '.join(known) or '(none)'}"
+    # difflib finds the candidates; the fewest edits (a swap of two neighbours counts one) orders them
+    close = sorted(difflib.get_close_matches(name, known, n=5, cutoff=0.4), key=lambda c: edit_distance(name, c))[:3]
+    hint = f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""
+    # a name with newlines or of any length still gives one short line
+    shown = f"'{name}'" if name.isprintable() and len(name) <= 40 else repr(name[:40]) + ("..." if len(name) > 40 else "")
+    return f"unknown {kind} {shown}: {hint}known: {', '.join(known) or '(none)'}"

@@ -7,13 +7,15 @@ with the closest known names.
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import pkgutil
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, Iterator, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, TypeVar
 
-from prvr.harness.names import RULE, name_problem
+from prvr.harness.names import RULE, edit_distance, name_problem, unknown_message  # noqa: F401 (edit_distance)
+
+if TYPE_CHECKING:  # the registries' types (harness/contract.py imports torch, which the CLI loads late)
+    from prvr.harness.contract import Backbone, DatasetEntry, MethodSpec, RelationDetector
 
 T = TypeVar("T")
 RUN_NAME_SEPARATORS = "+@~"
@@ -88,41 +90,15 @@ class Registry(Generic[T]):
         return isinstance(name, str) and name in self._entries
 
 
-def edit_distance(a: str, b: str) -> int:
-    """Optimal string alignment distance: insertions, deletions, substitutions and swaps of two
-    neighbouring characters each cost one ('mls' is one edit from 'msl', two from 'xml')."""
-    prev2: list[int] = []
-    prev = list(range(len(b) + 1))
-    for i in range(1, len(a) + 1):
-        cur = [i] + [0] * len(b)
-        for j in range(1, len(b) + 1):
-            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1]))
-            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
-                cur[j] = min(cur[j], prev2[j - 2] + 1)
-        prev2, prev = prev, cur
-    return prev[-1]
-
-
-def unknown_message(kind: str, name: Any, known: list[str]) -> str:
-    if not isinstance(name, str):
-        return f"unknown {kind} {repr(name)[:40]}: known: {', '.join(known) or '(none)'}"
-    # difflib finds the candidates; the fewest edits (a swap of two neighbours counts one) orders them
-    close = sorted(difflib.get_close_matches(name, known, n=5, cutoff=0.4), key=lambda c: edit_distance(name, c))[:3]
-    hint = f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""
-    # a name with newlines or of any length still gives one short line
-    shown = f"'{name}'" if name.isprintable() and len(name) <= 40 else repr(name[:40]) + ("..." if len(name) > 40 else "")
-    return f"unknown {kind} {shown}: {hint}known: {', '.join(known) or '(none)'}"
-
-
 def _where(obj: Any) -> str:
     return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
 
 
-METHODS: Registry[Any] = Registry("method")
-BACKBONES: Registry[Any] = Registry("backbone")
-DETECTORS: Registry[Any] = Registry("relation detector")
-OBJECTIVES: Registry[Any] = Registry("objective")
-DATASETS: Registry[Any] = Registry("dataset")
+METHODS: Registry[MethodSpec] = Registry("method")
+BACKBONES: Registry[type[Backbone]] = Registry("backbone")
+DETECTORS: Registry[type[RelationDetector]] = Registry("relation detector")
+OBJECTIVES: Registry[Callable[..., Any]] = Registry("objective")  # loss functions of tensors (methods/objectives/)
+DATASETS: Registry[DatasetEntry] = Registry("dataset")
 
 _PLUGIN_MODULES = ("prvr.methods", "prvr.datasets")
 _loaded = False

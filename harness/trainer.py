@@ -5,7 +5,7 @@ adamw | bertadam, `train.decay`); early stopping on a validation figure with pat
 SumR, or VCMR SumR for a backbone that localizes: `train.select_on`); the best checkpoint is kept
 and the test split is evaluated with it.
 Hooks run at epoch start / end and after each step: the detector's see a `DetectorState`
-(epoch, model, training split; methods/relations/base.py), the harness's own hooks (profiling,
+(epoch, model, training split; harness/contract.py), the harness's own hooks (profiling,
 tests) the trainer. Checkpoints are written atomically every epoch and loaded with weights_only=True;
 `resume` continues a killed run and reaches the same metrics as an uninterrupted one
 (data order and negative sampling depend only on (seed, epoch, step); the torch RNG state
@@ -27,46 +27,30 @@ from __future__ import annotations
 import math
 import os
 import random
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from prvr.datasets.loader import Batcher, EpochLoader, epoch_batches
 from prvr.harness import precision, progress, vcmr
-from prvr.harness.checkpoints import (BEFORE_DEVICE, RESUME_FIX, RESUME_FREE_KEYS, STATE_KEYS, _jsonable,
-                                      load_weights, read_checkpoint, restore_cuda_rng, resume_changes,
+from prvr.harness.checkpoints import (BEFORE_DEVICE, RESUME_FIX, RESUME_FREE_KEYS, STATE_KEYS, _first_line,
+                                      _jsonable, load_weights, read_checkpoint, restore_cuda_rng, resume_changes,
                                       save_checkpoint, with_device)
+from prvr.harness.contract import DetectorState, StepContext, StepOutputs  # StepContext importable from here too
 from prvr.harness.sections import ON_NONFINITE, SELECT_ON
 from prvr.harness.evaluate import evaluate_model
 from prvr.harness.io import UserError, atomic_path
 from prvr.harness.optim import build_optimizer, lr_lambda
 from prvr.harness.records import selection_metric
 from prvr.harness.timing import Timings
-from prvr.methods.relations.base import DetectorState
 
 
 class Hook(Protocol):
     def on_epoch_start(self, trainer: "Trainer", epoch: int) -> None: ...
     def on_step(self, trainer: "Trainer", step: int, out: dict) -> None: ...
     def on_epoch_end(self, trainer: "Trainer", epoch: int, summary: dict) -> None: ...
-
-
-@dataclass
-class StepContext:
-    """What an objective may need besides scores and relations."""
-
-    epoch: int
-    step: int
-    generator: torch.Generator
-    batch: Any
-    outputs: dict | None = None  # {"queries": ..., "videos": ..., "scores": ...} of the step's forward pass
-    model: torch.nn.Module | None = None  # the model being trained (trainable heads of an objective live in it)
-    # [Q] each query's labelled video, as a column of the batch's videos (from the labels, never
-    # from a detector): which queries belong to which video
-    video_of_query: torch.Tensor | None = None
 
 
 def seed_everything(seed: int) -> None:
@@ -267,7 +251,7 @@ class Trainer:
         q = self.model.encode_queries(batch.queries)  # in the run's precision (harness/precision.py)
         v = self.model.encode_videos(batch.videos)
         scores = self.model.score(q, v)
-        outputs = {"queries": q, "videos": v, "scores": scores}
+        outputs: StepOutputs = {"queries": q, "videos": v, "scores": scores}
         relations = self.detector.detect(batch, outputs)
         gen = torch.Generator(device=self.device).manual_seed(_mix(self.cfg.seed, step))
         ctx = StepContext(epoch, step, gen, batch, outputs, self.model, batch.query_item)

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 import torch
 
 from prvr.harness.checks import NON_NEGATIVE, POSITIVE, OneOf, at_least, param, require
+from prvr.harness.contract import LossOutput, Relations, Scores, StepContext
 from prvr.harness.io import UserError
 from prvr.harness.registry import METHODS
-from prvr.methods.backbones.api import Scores
 from prvr.methods.backbones.arl import BRANCHES
 from prvr.methods.objectives.arl import TREATMENTS, LossWeights, frame_loss, video_loss
 from prvr.methods.recipes import PRESETS, AblationRow, AblationTable, MethodSpec, register_table
@@ -65,7 +65,7 @@ def check(cfg: ArlConfig) -> None:
     cfg.check("loss")
 
 
-def arl_objective(cfg: ArlConfig, scores: Scores, relations, context) -> dict[str, torch.Tensor]:
+def arl_objective(cfg: ArlConfig, scores: Scores, relations: Relations, context: StepContext) -> LossOutput:
     """Sum over branches of L^video (+ L^frame with T-F), each branch with its own relations."""
     check(cfg)
     variant = VARIANTS[cfg.variant]

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 
 from prvr.harness.checks import NON_NEGATIVE, POSITIVE, ListOf, OneOf, at_least, param
+from prvr.harness.contract import LossOutput, Relations, Scores, StepContext
 from prvr.harness.registry import METHODS
-from prvr.methods.backbones.api import Scores
 from prvr.methods.objectives.ranking import info_nce, triplet
 from prvr.methods.recipes import PRESETS, MethodSpec
 
@@ -30,7 +30,8 @@ class StandardLossConfig:
     branches: list[str] = param(["clip", "frame"], ListOf(OneOf(("clip", "frame")), distinct=True))
 
 
-def standard_objective(cfg: StandardLossConfig, scores: Scores, relations, context) -> dict:
+def standard_objective(cfg: StandardLossConfig, scores: Scores, relations: Relations,
+                       context: StepContext) -> LossOutput:
     """Triplet + weighted InfoNCE on each branch's [Q, B] score matrix."""
     hard = cfg.hard_pool if context.epoch >= cfg.hard_negative_epoch else None
     out: dict[str, torch.Tensor] = {}

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from prvr.harness.checks import FINITE, NON_NEGATIVE, POSITIVE, at_least, param
+from prvr.harness.contract import LossOutput, Relations, Scores, StepContext
 from prvr.harness.registry import METHODS
-from prvr.methods.backbones.api import Scores
 from prvr.methods.objectives.prvr import (hard_pool_at, query_diversity, same_video_pairs, two_branch_ranking,
                                           two_branch_sum)
 from prvr.methods.recipes import PRESETS, MethodSpec
@@ -33,7 +33,8 @@ class GMMFormerLossConfig:
     hard_pool: int = param(20, at_least(1))  # hard_pool_size
 
 
-def gmmformer_objective(cfg: GMMFormerLossConfig, scores: Scores, relations, context) -> dict:
+def gmmformer_objective(cfg: GMMFormerLossConfig, scores: Scores, relations: Relations,
+                        context: StepContext) -> LossOutput:
     hard = hard_pool_at(context.epoch, cfg.hard_negative_epoch, cfg.hard_pool)
     out = two_branch_ranking(scores, relations.positive, relations.negative, cfg.margin, hard, context.generator)
     pairs = same_video_pairs(relations.positive)

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from prvr.harness.checks import FINITE, NON_NEGATIVE, POSITIVE, at_least, param
+from prvr.harness.contract import LossOutput, Relations, Scores, StepContext
 from prvr.harness.registry import METHODS
-from prvr.methods.backbones.api import Scores
 from prvr.methods.objectives.prvr import (focal_query_diversity, hard_pool_at, hungarian_matching,
                                           same_video_pairs, two_branch_ranking, two_branch_sum)
 from prvr.methods.recipes import PRESETS, MethodSpec
@@ -36,7 +36,8 @@ class GMMFormer2LossConfig:
     hard_pool: int = param(20, at_least(1))  # hard_pool_size
 
 
-def gmmformer2_objective(cfg: GMMFormer2LossConfig, scores: Scores, relations, context) -> dict:
+def gmmformer2_objective(cfg: GMMFormer2LossConfig, scores: Scores, relations: Relations,
+                         context: StepContext) -> LossOutput:
     hard = hard_pool_at(context.epoch, cfg.hard_negative_epoch, cfg.hard_pool)
     out = two_branch_ranking(scores, relations.positive, relations.negative, cfg.margin, hard, context.generator)
     queries = context.outputs["queries"]["query"]

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from prvr.harness.checks import NON_NEGATIVE, at_least, param
+from prvr.harness.contract import LossOutput, Relations, Scores, StepContext
 from prvr.harness.registry import METHODS
-from prvr.methods.backbones.api import Scores
 from prvr.methods.objectives.prvr import hard_pool_at, two_branch_ranking, two_branch_sum
 from prvr.methods.recipes import PRESETS, MethodSpec
 
@@ -29,7 +29,7 @@ class MSLLossConfig:
     hard_pool: int = param(20, at_least(1))  # --hard_pool_size
 
 
-def msl_objective(cfg: MSLLossConfig, scores: Scores, relations, context) -> dict:
+def msl_objective(cfg: MSLLossConfig, scores: Scores, relations: Relations, context: StepContext) -> LossOutput:
     hard = hard_pool_at(context.epoch, cfg.hard_negative_epoch, cfg.hard_pool)
     out = two_branch_ranking(scores, relations.positive, relations.negative, cfg.margin, hard, context.generator)
     out["loss"] = two_branch_sum(cfg, out)

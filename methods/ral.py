@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 
 from prvr.harness.checks import FLAG, NON_NEGATIVE, POSITIVE, OneOf, Range, at_least, param
+from prvr.harness.contract import LossOutput, Objective, Relations, Scores, StepContext
 from prvr.harness.registry import METHODS
-from prvr.methods.backbones.api import Scores
 from prvr.methods.backbones.ral import AGGREGATIONS, HEADS, PADDED_FRAMES, POOL_PADDINGS, RalModel, support_sets
 from prvr.methods.objectives.ral import (KL_READINGS, PM_READINGS, distribution_alignment, proxy_matching,
                                          sample_proxies)
@@ -141,7 +141,8 @@ def distributions(model: RalModel, cfg: RalLossConfig, outputs: dict, video_of_q
     return mu_t, ls_t, mu_v, ls_v, video_of_text
 
 
-def ral_objective(cfg, scores: Scores, relations, context, base) -> dict:
+def ral_objective(cfg: RalLossConfig, scores: Scores, relations: Relations, context: StepContext,
+                  base: Objective) -> LossOutput:
     """Eq. 13: the home method's loss on RAL's scores + lambda_da L_DA + lambda_pm L_PM."""
     out = base(cfg, scores, relations, context)
     model = context.model

@@ -6,50 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+
+# What `--method NAME` means is part of the contract (harness/contract.py); importable from here too.
+from prvr.harness.contract import MethodSpec  # noqa: F401
 
 PRESETS = Path(__file__).parent / "presets"
-
-
-@dataclass(frozen=True)
-class MethodSpec:
-    """What `--method NAME` means.
-
-    objective(loss_cfg, scores, relations, context) -> dict with `loss` and its named parts;
-    scores is the backbone's `Scores`; context (harness/trainer.py StepContext) carries the
-    epoch, the step, a torch.Generator for sampling, the batch, the step's outputs
-    {"queries", "videos", "scores"}, the model (for trainable heads of the objective) and
-    `video_of_query` (each query's labelled video in the batch, from the labels).
-    needs: the backbone outputs the objective reads (methods/backbones/api.py OUTPUTS);
-    a backbone that does not provide them is refused (methods/fit.py).
-    sections: method-specific config sections {name: dataclass}.
-    detector_plan(loss_cfg) -> what the method asks of its detector (given to
-    `Detector.setup`), e.g. ARL's variant and warm-up; None: nothing.
-    extends_backbone, wrap: see the fields.
-    objectives: the registered objective parts (`OBJECTIVES`, methods/objectives/) that the
-    objective combines, e.g. ("msl-triplet", "infonce"); `prvr-bench list` shows them and
-    tests/test_registries.py checks that each is registered and that they are exactly the
-    registered parts the objective calls.
-    """
-
-    name: str
-    backbone: str
-    relations: str
-    loss_cls: type
-    objective: Callable[..., dict[str, Any]]
-    preset: Path | None = None
-    sections: dict[str, type] = field(default_factory=dict)
-    needs: frozenset[str] = frozenset()
-    detector_plan: Callable[[Any], Any] | None = None
-    objectives: tuple[str, ...] = ()
-    # A method that extends the method whose own backbone it runs on (its home method, e.g.
-    # RAL on msl / gmmformer / gmmformer2): the home method's preset applies under this
-    # method's, the `loss` section joins the home method's loss fields and `loss_cls`'s, and
-    # `objective(..., base=<the home method's objective>)` gets the home method's objective.
-    extends_backbone: bool = False
-    # wrap(backbone, cfg, video_dim, query_dim) -> the run's model (e.g. RAL's modules around
-    # the backbone); None: the backbone itself
-    wrap: Callable[..., Any] | None = None
 
 
 @dataclass(frozen=True)

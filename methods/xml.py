@@ -29,8 +29,8 @@ import torch
 
 from prvr.datasets.loader import moment_rows
 from prvr.harness.checks import FLAG, NON_NEGATIVE, ListOf, OneOf, at_least, param, require
+from prvr.harness.contract import LossOutput, Relations, Scores, StepContext
 from prvr.harness.registry import METHODS
-from prvr.methods.backbones.api import Scores
 from prvr.methods.objectives.xml import (CONFIDENCE_ON, pos_at_least_rel, pos_over_neg, rel_over_neg,
                                          sample_hard_negatives, segment_rows, span_nll, vcmr_relevance)
 from prvr.methods.recipes import PRESETS, AblationRow, AblationTable, MethodSpec, register_table
@@ -207,7 +207,7 @@ def negative_pool(cfg: XMLLossConfig, epoch: int) -> int | None:
     return cfg.early_pool or None
 
 
-def xml_objective(cfg: XMLLossConfig, scores: Scores, relations, context) -> dict[str, torch.Tensor]:
+def xml_objective(cfg: XMLLossConfig, scores: Scores, relations: Relations, context: StepContext) -> LossOutput:
     """Eq. 9 for the config's condition: `loss` and its named parts."""
     w = Weights.of(cfg)
     pool = negative_pool(cfg, context.epoch)

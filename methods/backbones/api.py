@@ -1,10 +1,10 @@
-"""The backbone seam: what every backbone provides, and the one type its scores come in.
+"""The backbone seam: what every backbone provides (`Backbone`, `Scores`: harness/contract.py).
 
 A backbone is an `nn.Module` registered in `BACKBONES` with a `config_cls` (its `model`
 config section) and four methods:
 
-    encode_queries(QueryBatch) -> dict of tensors (the query side; backbone-specific keys)
-    encode_videos(VideoBatch)  -> dict of tensors (the video side; backbone-specific keys)
+    encode_queries(QueryBatch) -> Encoded (named tensors of the query side; backbone-specific keys)
+    encode_videos(VideoBatch)  -> Encoded (named tensors of the video side; backbone-specific keys)
     index_videos(videos)       -> videos (query-independent work done once per collection)
     score(queries, videos)     -> Scores (the same fields in training and in evaluation)
 
@@ -23,11 +23,8 @@ and one that provides `span_logits` (a backbone that localizes moments, e.g. XML
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Protocol, runtime_checkable
-
-import torch
+# The types of the seam live in the contract (harness/contract.py); importable from here too.
+from prvr.harness.contract import Backbone, OnDemand, Scores  # noqa: F401
 
 # The outputs a backbone may provide, each with what it is (used in refusals and in docs).
 OUTPUTS: dict[str, str] = {
@@ -50,82 +47,6 @@ OUTPUTS: dict[str, str] = {
                    "of each query, span_logits_batch(queries, videos) -> ([Q, B, T], [Q, B, T]) for every pair; "
                    "padding rows -inf",
 }
-
-
-class OnDemand(Mapping[str, torch.Tensor]):
-    """A mapping whose keys are fixed and whose values are computed on first access: scores
-    that only the losses read (GMMFormer's raw dot products) cost evaluation nothing."""
-
-    def __init__(self, makers: dict[str, Callable[[], torch.Tensor]]) -> None:
-        self._makers, self._made = makers, {}
-
-    def __getitem__(self, key: str) -> torch.Tensor:
-        if key not in self._made:
-            self._made[key] = self._makers[key]()
-        return self._made[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._makers)
-
-    def __len__(self) -> int:
-        return len(self._makers)
-
-
-@dataclass
-class Scores:
-    """What `score` returns, in training and evaluation alike.
-
-    fused: [Q, V], the score the evaluator ranks by.
-    branches: named [Q, V] scores that `fused` combines (e.g. clip and frame; ARL's theta, phi).
-    raw: named [Q, V] scores before normalisation, by branch (e.g. MS-SL's dot products); a
-        backbone may give them `OnDemand`, computed when read.
-    items: named [Q, V, N] per-item similarities, by branch (e.g. ARL's text-frame level).
-    """
-
-    fused: torch.Tensor
-    branches: dict[str, torch.Tensor] = field(default_factory=dict)
-    raw: Mapping[str, torch.Tensor] = field(default_factory=dict)
-    items: dict[str, torch.Tensor] = field(default_factory=dict)
-
-    def ranked(self) -> dict[str, torch.Tensor]:
-        """Every [Q, V] score that can be ranked on its own: the branches and `fused`."""
-        return {**self.branches, "fused": self.fused}
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        """Every tensor by a flat name: fused, the branches, raw.<branch>, items.<branch>."""
-        return {"fused": self.fused, **self.branches, **{f"raw.{k}": t for k, t in self.raw.items()},
-                **{f"items.{k}": t for k, t in self.items.items()}}
-
-    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "Scores":
-        """The same fields with `fn` applied to every tensor."""
-        fields = (self.branches, self.raw, self.items)
-        return Scores(fn(self.fused), *({k: fn(t) for k, t in d.items()} for d in fields))
-
-    @staticmethod
-    def cat(parts: list["Scores"]) -> "Scores":
-        """Scores of consecutive slices of the queries, joined along the queries (what was on
-        demand stays on demand)."""
-        def join(dicts: list[Mapping[str, torch.Tensor]]) -> Any:
-            if any(isinstance(d, OnDemand) for d in dicts):
-                return OnDemand({k: lambda k=k: torch.cat([d[k] for d in dicts]) for k in dicts[0]})
-            return {k: torch.cat([d[k] for d in dicts]) for k in dicts[0]}
-
-        return Scores(torch.cat([p.fused for p in parts]), join([p.branches for p in parts]),
-                      join([p.raw for p in parts]), join([p.items for p in parts]))
-
-
-@runtime_checkable
-class Backbone(Protocol):
-    config_cls: ClassVar[type]
-    provides: ClassVar[frozenset[str]]
-
-    def encode_queries(self, batch: Any) -> dict[str, torch.Tensor]: ...
-
-    def encode_videos(self, batch: Any) -> dict[str, torch.Tensor]: ...
-
-    def index_videos(self, videos: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]: ...
-
-    def score(self, queries: dict[str, torch.Tensor], videos: dict[str, torch.Tensor]) -> Scores: ...
 
 
 def missing_outputs(needs: frozenset[str] | set[str], backbone_cls: type) -> list[str]:

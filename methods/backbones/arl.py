@@ -21,9 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from prvr.datasets.loader import QueryBatch, VideoBatch
 from prvr.harness.checks import DROPOUT, FLAG, Range, at_least, param
+from prvr.harness.contract import Encoded, Scores
 from prvr.harness.registry import BACKBONES
-from prvr.methods.backbones.api import Scores
 from prvr.methods.backbones.baseline import AttentionPool
 from prvr.methods.backbones.blocks import check_heads, rowwise, unit, with_units
 
@@ -138,19 +139,19 @@ class ArlBackbone(nn.Module):
         self.names = BRANCHES[: cfg.branches]
         self.models = nn.ModuleDict({b: ArlModel(cfg, video_dim, query_dim) for b in self.names})
 
-    def encode_queries(self, qb) -> dict[str, torch.Tensor]:
+    def encode_queries(self, qb: QueryBatch) -> Encoded:
         return {f"query.{b}": m.encode_queries(qb.tokens, qb.token_mask) for b, m in self.models.items()}
 
-    def encode_videos(self, vb) -> dict[str, torch.Tensor]:
+    def encode_videos(self, vb: VideoBatch) -> Encoded:
         out = {f"frames.{b}": m.encode_videos(vb.frames, vb.frame_mask) for b, m in self.models.items()}
         out["frame_mask"] = vb.frame_mask
         return out
 
-    def index_videos(self, v: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def index_videos(self, v: Encoded) -> Encoded:
         """Query-independent work before scoring many queries: each branch's unit frame vectors."""
         return with_units(v, *(f"frames.{b}" for b in self.names))
 
-    def score(self, q: dict[str, torch.Tensor], v: dict[str, torch.Tensor]) -> Scores:
+    def score(self, q: Encoded, v: Encoded) -> Scores:
         branches, items = {}, {}
         for b in self.names:
             items[b] = frame_similarity(q[f"query.{b}"], unit(v, f"frames.{b}"), frames_unit=True)

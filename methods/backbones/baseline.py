@@ -16,9 +16,10 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from prvr.datasets.loader import QueryBatch, VideoBatch
 from prvr.harness.checks import DROPOUT, FLAG, PROBABILITY, at_least, param
+from prvr.harness.contract import Encoded, Scores
 from prvr.harness.registry import BACKBONES
-from prvr.methods.backbones.api import Scores
 from prvr.methods.backbones.blocks import check_heads, max_similarity, rowwise, unit, with_units
 
 
@@ -98,11 +99,11 @@ class DualBranch(nn.Module):
         self.clip_encoder = Encoder(cfg)
         self.frame_encoder = Encoder(cfg)
 
-    def encode_queries(self, qb) -> dict[str, torch.Tensor]:
+    def encode_queries(self, qb: QueryBatch) -> Encoded:
         h = self.query_encoder(self.query_proj(qb.tokens), qb.token_mask)
         return {"query": self.query_pool(h, qb.token_mask)}
 
-    def encode_videos(self, vb) -> dict[str, torch.Tensor]:
+    def encode_videos(self, vb: VideoBatch) -> Encoded:
         frames = rowwise(self.video_proj, vb.frames, vb.frame_mask)  # padding rows skip the costly map
         clips = torch.bmm(vb.clip_pool, frames)
         clip_mask = torch.ones(clips.shape[:2], dtype=torch.bool, device=clips.device)
@@ -112,11 +113,11 @@ class DualBranch(nn.Module):
             "frame_mask": vb.frame_mask,
         }
 
-    def index_videos(self, v: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def index_videos(self, v: Encoded) -> Encoded:
         """Query-independent work before scoring many queries: the items' unit vectors."""
         return with_units(v, "clip", "frame")
 
-    def score(self, q: dict[str, torch.Tensor], v: dict[str, torch.Tensor]) -> Scores:
+    def score(self, q: Encoded, v: Encoded) -> Scores:
         clip = max_cosine(q["query"], unit(v, "clip"), items_unit=True)
         frame = max_cosine(q["query"], unit(v, "frame"), v["frame_mask"], items_unit=True)
         w = self.cfg.clip_weight

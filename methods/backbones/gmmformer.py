@@ -21,9 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from prvr.datasets.loader import QueryBatch, VideoBatch
 from prvr.harness.checks import DROPOUT, NON_NEGATIVE, POSITIVE, PROBABILITY, ListOf, at_least, param
+from prvr.harness.contract import Encoded, OnDemand, Scores
 from prvr.harness.registry import BACKBONES
-from prvr.methods.backbones.api import OnDemand, Scores
 from prvr.methods.backbones.blocks import (AttentionPool, GMMBlock, InputEmbedding, QueryEncoder, best_clip_scores,
                                            check_heads, init_weights, unit, with_units)
 
@@ -68,10 +69,10 @@ class GMMFormer(nn.Module):
         self.frame_pool = AttentionPool(h)
         init_weights(self, cfg.init_std)
 
-    def encode_queries(self, qb) -> dict[str, torch.Tensor]:
+    def encode_queries(self, qb: QueryBatch) -> Encoded:
         return {"query": self.query_encoder(qb.tokens, qb.token_mask)}
 
-    def encode_videos(self, vb) -> dict[str, torch.Tensor]:
+    def encode_videos(self, vb: VideoBatch) -> Encoded:
         clips = self.clip_embed(vb.clips)
         for block in self.clip_blocks:
             clips = block(clips)
@@ -83,11 +84,11 @@ class GMMFormer(nn.Module):
             out.update(frames=frames, frame_mask=vb.frame_mask)
         return out
 
-    def index_videos(self, v: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def index_videos(self, v: Encoded) -> Encoded:
         """Query-independent work before scoring many queries: the unit clip and frame vectors."""
         return with_units(v, "clips", "frame")
 
-    def score(self, q: dict[str, torch.Tensor], v: dict[str, torch.Tensor]) -> Scores:
+    def score(self, q: Encoded, v: Encoded) -> Scores:
         query = q["query"]
         clips = best_clip_scores(query, v)
         clip = clips.fused

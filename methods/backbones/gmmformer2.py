@@ -18,9 +18,10 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from prvr.datasets.loader import QueryBatch, VideoBatch
 from prvr.harness.checks import DROPOUT, NON_NEGATIVE, POSITIVE, PROBABILITY, ListOf, at_least, param
+from prvr.harness.contract import Encoded, OnDemand, Scores
 from prvr.harness.registry import BACKBONES
-from prvr.methods.backbones.api import OnDemand, Scores
 from prvr.methods.backbones.blocks import (DynamicGMMBlock, InputEmbedding, QueryEncoder, best_clip_scores, check_heads,
                                            init_weights, max_similarity, score_in_chunks, unit, with_units)
 
@@ -70,19 +71,19 @@ class GMMFormer2(nn.Module):
         init_weights(self, cfg.init_std)
         self.weight_token = nn.Parameter(torch.randn(1, 1, h))
 
-    def encode_queries(self, qb) -> dict[str, torch.Tensor]:
+    def encode_queries(self, qb: QueryBatch) -> Encoded:
         return {"query": self.query_encoder(qb.tokens, qb.token_mask)}
 
-    def encode_videos(self, vb) -> dict[str, torch.Tensor]:
+    def encode_videos(self, vb: VideoBatch) -> Encoded:
         clips = self.clip_block(self.clip_embed(vb.clips), None, self.weight_token)
         frames = self.frame_block(self.frame_embed(vb.frames, vb.frame_mask), vb.frame_mask, self.weight_token)
         return {"clips": clips, "frames": frames, "frame_mask": vb.frame_mask}
 
-    def index_videos(self, v: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def index_videos(self, v: Encoded) -> Encoded:
         """Query-independent work before scoring many queries: the unit clip and frame vectors."""
         return with_units(v, "clips", "frames")
 
-    def score(self, q: dict[str, torch.Tensor], v: dict[str, torch.Tensor]) -> Scores:
+    def score(self, q: Encoded, v: Encoded) -> Scores:
         per_query = v["frames"].shape[0] * v["frames"].shape[1]
         return score_in_chunks(lambda chunk: self._score(chunk, v), q, per_query, self.cfg.eval_budget)
 

@@ -28,9 +28,10 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from prvr.datasets.loader import QueryBatch, VideoBatch
 from prvr.harness.checks import DROPOUT, POSITIVE, PROBABILITY, at_least, param
+from prvr.harness.contract import Encoded, Scores
 from prvr.harness.registry import BACKBONES
-from prvr.methods.backbones.api import Scores
 from prvr.methods.backbones.blocks import (PLAIN, GMMBlock, InputEmbedding, QueryEncoder, check_heads, init_weights,
                                            score_in_chunks)
 
@@ -187,10 +188,10 @@ class MSSL(nn.Module):
         self.value_map = nn.Linear(h, h, bias=False)  # mapping_linear[1]
         init_weights(self, cfg.init_std)
 
-    def encode_queries(self, qb) -> dict[str, torch.Tensor]:
+    def encode_queries(self, qb: QueryBatch) -> Encoded:
         return {"query": self.query_encoder(qb.tokens, qb.token_mask)}
 
-    def encode_videos(self, vb) -> dict[str, torch.Tensor]:
+    def encode_videos(self, vb: VideoBatch) -> Encoded:
         clips = self.clip_encoder(self.clip_embed(vb.clips))
         frames = self.frame_encoder(self.frame_embed(vb.frames, vb.frame_mask), vb.frame_mask)
         out = {"clips": clips, "frame_keys": self.key_map(frames), "frame_values": self.value_map(frames),
@@ -199,13 +200,13 @@ class MSSL(nn.Module):
             out["frames"] = frames
         return out
 
-    def index_videos(self, v: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def index_videos(self, v: Encoded) -> Encoded:
         """Query-independent work before scoring many queries: proposal norms, clip . frame
         keys and Gram matrices, computed once for the collection."""
         norms, clip_keys, gram = VideoSide.parts(v, proposal_matrix_like(v["clips"]))
         return {**v, "side.norms": norms, "side.clip_keys": clip_keys, "side.gram": gram}
 
-    def score(self, q: dict[str, torch.Tensor], v: dict[str, torch.Tensor]) -> Scores:
+    def score(self, q: Encoded, v: Encoded) -> Scores:
         side = VideoSide.of(v)
         per_query = side.clips.shape[0] * max(side.pool.shape[0], side.mask.shape[1])
         budget = self.cfg.eval_budget

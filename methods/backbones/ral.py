@@ -13,8 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from prvr.datasets.loader import QueryBatch, VideoBatch
+from prvr.harness.contract import Encoded, OnDemand, Scores
 from prvr.harness.io import UserError
-from prvr.methods.backbones.api import OnDemand, Scores
 from prvr.methods.backbones.blocks import PLAIN, UNIT, GMMBlock, init_weights, rowwise, unit
 from prvr.methods.objectives.ral import csa_scores, word_confidences
 
@@ -244,30 +245,30 @@ class RalModel(nn.Module):
     def cfg(self):
         return self.base.cfg
 
-    def encode_queries(self, qb) -> dict[str, torch.Tensor]:
+    def encode_queries(self, qb: QueryBatch) -> Encoded:
         out = self.base.encode_queries(qb)
         if self.tokens is not None:
             out["ral.tokens"] = self.tokens(qb.tokens, qb.token_mask)
             out["ral.token_mask"] = qb.token_mask
         return out
 
-    def encode_videos(self, vb) -> dict[str, torch.Tensor]:
+    def encode_videos(self, vb: VideoBatch) -> Encoded:
         return self.base.encode_videos(vb)
 
-    def index_videos(self, v: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def index_videos(self, v: Encoded) -> Encoded:
         v = self.base.index_videos(v)
         if self.gate is not None and "frames" + UNIT not in v:
             v = {**v, "frames" + UNIT: F.normalize(v["frames"], dim=-1)}
         return v
 
-    def frame_views(self):
+    def frame_views(self) -> list[tuple[str, str, str]]:
         return self.base.frame_views()
 
     def clip_weight(self) -> float:
         w = self.settings.clip_weight
         return self.base.cfg.clip_weight if w < 0 else w
 
-    def score(self, q: dict[str, torch.Tensor], v: dict[str, torch.Tensor]) -> Scores:
+    def score(self, q: Encoded, v: Encoded) -> Scores:
         if self.gate is None:
             s = self.base.score(q, v)
             if self.settings.clip_weight < 0:

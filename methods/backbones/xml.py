@@ -31,9 +31,10 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from prvr.datasets.loader import QueryBatch, VideoBatch
 from prvr.harness.checks import DROPOUT, FLAG, POSITIVE, at_least, param, require
+from prvr.harness.contract import Encoded, Scores
 from prvr.harness.registry import BACKBONES
-from prvr.methods.backbones.api import Scores
 from prvr.methods.backbones.blocks import (PLAIN, GMMBlock, InputEmbedding, QueryEncoder, check_heads, init_weights,
                                            max_similarity, score_in_chunks, unit, with_units)
 
@@ -94,10 +95,10 @@ class XML(nn.Module):
         self.end_conv = nn.Conv1d(**conv)  # merged_ed_predictor
         init_weights(self, cfg.init_std)  # the convolutions keep torch's init, as XML's reset_parameters
 
-    def encode_queries(self, qb) -> dict[str, torch.Tensor]:
+    def encode_queries(self, qb: QueryBatch) -> Encoded:
         return {"query": self.query_encoder(qb.tokens, qb.token_mask)}
 
-    def encode_videos(self, vb) -> dict[str, torch.Tensor]:
+    def encode_videos(self, vb: VideoBatch) -> Encoded:
         rows = vb.frames
         if self.cfg.tef:
             rows = torch.cat([rows, temporal_endpoints(vb.frame_mask).to(rows.dtype)], -1)
@@ -105,11 +106,11 @@ class XML(nn.Module):
         h2 = self.encoder3(self.encoder2(h1, vb.frame_mask), vb.frame_mask)
         return {"h1": h1, "h2": h2, "frame_mask": vb.frame_mask}
 
-    def index_videos(self, v: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def index_videos(self, v: Encoded) -> Encoded:
         """Query-independent work before scoring many queries: unit H1 rows."""
         return with_units(v, "h1")
 
-    def score(self, q: dict[str, torch.Tensor], v: dict[str, torch.Tensor]) -> Scores:
+    def score(self, q: Encoded, v: Encoded) -> Scores:
         """s_vr [Q, V] (Eq. 1), in query slices of `eval_budget` elements without gradients."""
         h1, mask = unit(v, "h1"), v["frame_mask"]
 

@@ -12,71 +12,19 @@ A detector is a `Detector` subclass registered in `DETECTORS`, with
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
-from prvr.harness import masks
 from prvr.harness.checks import OneOf, param
+# The types a detector's seam carries live in the contract (harness/contract.py); importable from here too.
+from prvr.harness.contract import DetectorState, Relations, StepOutputs
 from prvr.harness.io import UserError
 from prvr.harness.registry import DETECTORS
 
 ORACLE_MODES = ("ignore", "positive")
-
-
-@dataclass
-class DetectorState:
-    """What a detector's hooks see of training.
-
-    model: the model being trained (a detector may run passes of its own with it, e.g.
-    encode the training split in eval mode); train: the training split's batcher
-    (`train.split` the split, `train.videos(idx)` / `train.queries(idx)` batches of it, as the
-    trainer builds them); last_epoch: training ends after this epoch (early stop or the cap;
-    known at epoch end)."""
-
-    epoch: int
-    model: torch.nn.Module
-    device: torch.device
-    data: Any
-    train: Any
-    last_epoch: bool = False
-
-
-@dataclass
-class Relations:
-    """Relations of a batch's queries (rows) to its videos (columns).
-
-    positive: treated as matching; ambiguous: neither positive nor negative (how an
-    objective treats them is its business); every other pair is negative. confidence
-    in [0, 1] says how sure the detector is about each positive / ambiguous pair.
-    moments (optional, from detectors that know them): [Q, B, 2] seconds [start, end] of the
-    moment a pair carries, NaN where it carries none; a potentially relevant pair (q_i, v_j)
-    of the SBERT detector carries the moment of the matching query q_j in v_j. Keyword-only,
-    so subclasses keep their positional fields.
-    """
-
-    positive: torch.Tensor  # [Q, B] bool
-    ambiguous: torch.Tensor  # [Q, B] bool, disjoint from positive
-    confidence: torch.Tensor  # [Q, B] float
-    moments: torch.Tensor | None = field(default=None, kw_only=True)  # [Q, B, 2] seconds, NaN = none
-
-    @property
-    def negative(self) -> torch.Tensor:
-        return ~(self.positive | self.ambiguous)
-
-    @staticmethod
-    def one_to_one(query_item: torch.Tensor, num_videos: int) -> "Relations":
-        """The labels: query q is positive with video query_item[q] only. The positive mask is
-        described (harness/masks.py: its pairs, one per row, and whether every column has one,
-        as the loader found), so the losses read its pairs without asking the device."""
-        rows = torch.arange(len(query_item), device=query_item.device)
-        positive = torch.zeros(len(query_item), num_videos, dtype=torch.bool, device=query_item.device)
-        positive.scatter_(1, query_item[:, None], True)  # not `[rows, item] = True`: a host scalar copied to the GPU
-        every_video = masks.known(query_item).covers == num_videos or None
-        masks.describe(positive, index=rows * num_videos + query_item, rows=True, cols=every_video)
-        return Relations(positive, torch.zeros_like(positive), positive.float())
 
 
 class Detector:
@@ -109,7 +57,7 @@ class Detector:
     def on_epoch_end(self, state: DetectorState, summary: dict) -> None:
         """Called after each epoch (after validation)."""
 
-    def detect(self, batch, outputs: dict) -> Relations:
+    def detect(self, batch: Any, outputs: StepOutputs) -> Relations:
         return Relations.one_to_one(batch.query_item, batch.videos.frames.shape[0])
 
     def epoch_report(self) -> dict:
@@ -195,7 +143,7 @@ class OracleDetector(Detector):
         self._stats = {"pairs": 0, "unlabelled_relevant": 0}  # summed on the device, read once per epoch
         self._moments = PairMoments.of_world(data["train"])
 
-    def detect(self, batch, outputs: dict) -> Relations:
+    def detect(self, batch: Any, outputs: StepOutputs) -> Relations:
         rel = super().detect(batch, outputs)
         extra = batch.relevant & ~rel.positive
         self._stats["pairs"] += rel.positive.numel()

@@ -1,0 +1,276 @@
+"""The contract between the harness and its parts, as types (issue 37).
+
+Methods, backbones, relation detectors, objectives and the harness's engine all import this
+module, and it imports none of them: only torch and the plumbing below it (harness/masks.py).
+What crosses a seam is declared here:
+
+- a backbone's two sides, `Encoded` (named tensors; the keys are the backbone's, the outputs it
+  `provides` are listed in methods/backbones/api.py OUTPUTS), and its `Scores`;
+- a training step's forward pass, `StepOutputs` {"queries", "videos", "scores"};
+- a detector's answer, `Relations`, and what its hooks see of training, `DetectorState`;
+- what an objective gets besides scores and relations, `StepContext`, and what it returns,
+  `LossOutput` (the loss under "loss" and its named parts, which the trainer logs);
+- the parts themselves: the `Backbone` and `RelationDetector` protocols, an `Objective`,
+  `MethodSpec` (what `--method NAME` means) and `DatasetEntry` (a registered dataset).
+
+The registries of harness/registry.py are typed with these (`Registry[MethodSpec]`, ...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Protocol, TypedDict, runtime_checkable
+
+import torch
+
+from prvr.harness import masks
+
+# One side of a pair as a backbone encodes it: named tensors, e.g. {"query": [Q, d]} or
+# {"clips": [B, C, d], "frames": [B, T, d], "frame_mask": [B, T]}.
+Encoded = dict[str, torch.Tensor]
+
+# What an objective returns: the loss under "loss" (backpropagated) and its named parts, each a
+# 0-d tensor, which the trainer logs per step and sums per epoch.
+LossOutput = dict[str, torch.Tensor]
+
+
+class OnDemand(Mapping[str, torch.Tensor]):
+    """A mapping whose keys are fixed and whose values are computed on first access: scores
+    that only the losses read (GMMFormer's raw dot products) cost evaluation nothing."""
+
+    def __init__(self, makers: dict[str, Callable[[], torch.Tensor]]) -> None:
+        self._makers = makers
+        self._made: dict[str, torch.Tensor] = {}
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        if key not in self._made:
+            self._made[key] = self._makers[key]()
+        return self._made[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._makers)
+
+    def __len__(self) -> int:
+        return len(self._makers)
+
+
+@dataclass
+class Scores:
+    """What `score` returns, in training and evaluation alike.
+
+    fused: [Q, V], the score the evaluator ranks by.
+    branches: named [Q, V] scores that `fused` combines (e.g. clip and frame; ARL's theta, phi).
+    raw: named [Q, V] scores before normalisation, by branch (e.g. MS-SL's dot products); a
+        backbone may give them `OnDemand`, computed when read.
+    items: named [Q, V, N] per-item similarities, by branch (e.g. ARL's text-frame level).
+    """
+
+    fused: torch.Tensor
+    branches: dict[str, torch.Tensor] = field(default_factory=dict)
+    raw: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    items: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def ranked(self) -> dict[str, torch.Tensor]:
+        """Every [Q, V] score that can be ranked on its own: the branches and `fused`."""
+        return {**self.branches, "fused": self.fused}
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Every tensor by a flat name: fused, the branches, raw.<branch>, items.<branch>."""
+        return {"fused": self.fused, **self.branches, **{f"raw.{k}": t for k, t in self.raw.items()},
+                **{f"items.{k}": t for k, t in self.items.items()}}
+
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> Scores:
+        """The same fields with `fn` applied to every tensor."""
+        return Scores(fn(self.fused), {k: fn(t) for k, t in self.branches.items()},
+                      {k: fn(t) for k, t in self.raw.items()}, {k: fn(t) for k, t in self.items.items()})
+
+    @staticmethod
+    def cat(parts: list[Scores]) -> Scores:
+        """Scores of consecutive slices of the queries, joined along the queries (what was on
+        demand stays on demand)."""
+        def join(dicts: list[Mapping[str, torch.Tensor]]) -> Any:
+            if any(isinstance(d, OnDemand) for d in dicts):
+                return OnDemand({k: lambda k=k: torch.cat([d[k] for d in dicts]) for k in dicts[0]})
+            return {k: torch.cat([d[k] for d in dicts]) for k in dicts[0]}
+
+        return Scores(torch.cat([p.fused for p in parts]), join([p.branches for p in parts]),
+                      join([p.raw for p in parts]), join([p.items for p in parts]))
+
+
+class StepOutputs(TypedDict):
+    """A training step's forward pass, as the trainer hands it to the detector and, through
+    `StepContext.outputs`, to the objective."""
+
+    queries: Encoded
+    videos: Encoded
+    scores: Scores
+
+
+@dataclass
+class Relations:
+    """Relations of a batch's queries (rows) to its videos (columns).
+
+    positive: treated as matching; ambiguous: neither positive nor negative (how an
+    objective treats them is its business); every other pair is negative. confidence
+    in [0, 1] says how sure the detector is about each positive / ambiguous pair.
+    moments (optional, from detectors that know them): [Q, B, 2] seconds [start, end] of the
+    moment a pair carries, NaN where it carries none; a potentially relevant pair (q_i, v_j)
+    of the SBERT detector carries the moment of the matching query q_j in v_j. Keyword-only,
+    so subclasses keep their positional fields.
+    """
+
+    positive: torch.Tensor  # [Q, B] bool
+    ambiguous: torch.Tensor  # [Q, B] bool, disjoint from positive
+    confidence: torch.Tensor  # [Q, B] float
+    moments: torch.Tensor | None = field(default=None, kw_only=True)  # [Q, B, 2] seconds, NaN = none
+
+    @property
+    def negative(self) -> torch.Tensor:
+        return ~(self.positive | self.ambiguous)
+
+    @staticmethod
+    def one_to_one(query_item: torch.Tensor, num_videos: int) -> Relations:
+        """The labels: query q is positive with video query_item[q] only. The positive mask is
+        described (harness/masks.py: its pairs, one per row, and whether every column has one,
+        as the loader found), so the losses read its pairs without asking the device."""
+        rows = torch.arange(len(query_item), device=query_item.device)
+        positive = torch.zeros(len(query_item), num_videos, dtype=torch.bool, device=query_item.device)
+        positive.scatter_(1, query_item[:, None], True)  # not `[rows, item] = True`: a host scalar copied to the GPU
+        every_video = masks.known(query_item).covers == num_videos or None
+        masks.describe(positive, index=rows * num_videos + query_item, rows=True, cols=every_video)
+        return Relations(positive, torch.zeros_like(positive), positive.float())
+
+
+@dataclass
+class DetectorState:
+    """What a detector's hooks see of training.
+
+    model: the model being trained (a detector may run passes of its own with it, e.g.
+    encode the training split in eval mode); train: the training split's batcher
+    (`train.split` the split, `train.videos(idx)` / `train.queries(idx)` batches of it, as the
+    trainer builds them); last_epoch: training ends after this epoch (early stop or the cap;
+    known at epoch end)."""
+
+    epoch: int
+    model: torch.nn.Module
+    device: torch.device
+    data: Any  # the run's PRVRData (datasets/types.py)
+    train: Any  # the training split's Batcher (datasets/loader.py)
+    last_epoch: bool = False
+
+
+@dataclass
+class StepContext:
+    """What an objective may need besides scores and relations."""
+
+    epoch: int
+    step: int
+    generator: torch.Generator
+    batch: Any  # the step's TrainBatch (datasets/loader.py)
+    outputs: StepOutputs | None = None  # the step's forward pass
+    model: torch.nn.Module | None = None  # the model being trained (trainable heads of an objective live in it)
+    # [Q] each query's labelled video, as a column of the batch's videos (from the labels, never
+    # from a detector): which queries belong to which video
+    video_of_query: torch.Tensor | None = None
+
+
+# A method's objective: objective(loss config, scores, relations, context) -> LossOutput; a method
+# that extends its backbone's method also gets `base=` that method's objective (MethodSpec).
+Objective = Callable[..., LossOutput]
+
+
+@runtime_checkable
+class Backbone(Protocol):
+    """What every backbone provides (methods/backbones/api.py says what each method is for)."""
+
+    config_cls: ClassVar[type]
+    provides: ClassVar[frozenset[str]]
+
+    def encode_queries(self, batch: Any) -> Encoded: ...
+
+    def encode_videos(self, batch: Any) -> Encoded: ...
+
+    def index_videos(self, videos: Encoded) -> Encoded: ...
+
+    def score(self, queries: Encoded, videos: Encoded) -> Scores: ...
+
+
+class RelationDetector(Protocol):
+    """What every relation detector provides (methods/relations/base.py `Detector` is the base
+    class that gives each method a default)."""
+
+    needs: ClassVar[frozenset[str]]
+    config_cls: ClassVar[type | None]
+
+    def setup(self, data: Any, plan: Any = None) -> None: ...
+
+    def on_epoch_start(self, state: DetectorState) -> None: ...
+
+    def on_step(self, state: DetectorState, step: int, out: dict) -> None: ...
+
+    def on_epoch_end(self, state: DetectorState, summary: dict) -> None: ...
+
+    def detect(self, batch: Any, outputs: StepOutputs) -> Relations: ...
+
+    def epoch_report(self) -> dict: ...
+
+    def write_artifacts(self, folder: Any, stem: str) -> list[str]: ...
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """What `--method NAME` means.
+
+    objective(loss_cfg, scores, relations, context) -> LossOutput (`loss` and its named parts);
+    scores is the backbone's `Scores`; context (`StepContext`) carries the epoch, the step, a
+    torch.Generator for sampling, the batch, the step's outputs {"queries", "videos",
+    "scores"}, the model (for trainable heads of the objective) and `video_of_query` (each
+    query's labelled video in the batch, from the labels).
+    needs: the backbone outputs the objective reads (methods/backbones/api.py OUTPUTS);
+    a backbone that does not provide them is refused (methods/fit.py).
+    sections: method-specific config sections {name: dataclass}.
+    detector_plan(loss_cfg) -> what the method asks of its detector (given to
+    `Detector.setup`), e.g. ARL's variant and warm-up; None: nothing.
+    extends_backbone, wrap: see the fields.
+    objectives: the registered objective parts (`OBJECTIVES`, methods/objectives/) that the
+    objective combines, e.g. ("msl-triplet", "infonce"); `prvr-bench list` shows them and
+    tests/test_registries.py checks that each is registered and that they are exactly the
+    registered parts the objective calls.
+    """
+
+    name: str
+    backbone: str
+    relations: str
+    loss_cls: type
+    objective: Objective
+    preset: Path | None = None
+    sections: dict[str, type] = field(default_factory=dict)
+    needs: frozenset[str] = frozenset()
+    detector_plan: Callable[[Any], Any] | None = None
+    objectives: tuple[str, ...] = ()
+    # A method that extends the method whose own backbone it runs on (its home method, e.g.
+    # RAL on msl / gmmformer / gmmformer2): the home method's preset applies under this
+    # method's, the `loss` section joins the home method's loss fields and `loss_cls`'s, and
+    # `objective(..., base=<the home method's objective>)` gets the home method's objective.
+    extends_backbone: bool = False
+    # wrap(backbone, cfg, video_dim, query_dim) -> the run's model (e.g. RAL's modules around
+    # the backbone); None: the backbone itself
+    wrap: Callable[..., torch.nn.Module] | None = None
+
+
+class DatasetEntry(Protocol):
+    """A registered dataset (datasets/base.py `DatasetSpec`): `load(config)` gives its PRVRData;
+    `preset` holds its defaults."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def preset(self) -> Path: ...
+
+    @property
+    def simulated(self) -> bool: ...
+
+    def load(self, cfg: Any) -> Any: ...
