@@ -57,6 +57,10 @@ from prvr.methods.relations.text_parsers import (PARSERS, RULES_VERSION, ParserC
 
 CENSUS_FIELDS = ("dataset", "world", "split", "queries", "videos", "phi", "theta", "parser", "model", "share_with_pr",
                  "pr_queries_per_query", "pr_videos_per_query", "precision", "recall", "base_rate")
+# with ground truth (a simulated world, or a relevance file over the queries it covers): how
+# ambiguous the split is and how far above chance the detector is, the figures a simulated
+# world is calibrated on against the real split (docs/simulated-world.md, "Real ambiguity")
+TRUTH_FIELDS = ("lift", "multi_relevant_share", "relevant_per_query")
 # with a relevance file (--relevance), before precision: the pairs the file judges
 JUDGED_FIELDS = ("covered_queries", "judged_videos", "judged_pr_videos_per_query")
 VP_FIELDS = ("dataset", "split", "parser", "status", "queries", "gold_vps", "extracted_vps", "matched",
@@ -297,6 +301,18 @@ def census_split(ts: TextSplit, encoder: MemoEncoder, phis: list[str], thetas: l
     return rows, choice
 
 
+def ambiguity(relevance, covered: np.ndarray | None) -> dict:
+    """The split's multi-relevant share and relevant videos per query (the labelled one
+    included), over the covered queries when a relevance file covers only some."""
+    per_query = np.diff(relevance.indptr)
+    if covered is not None:
+        per_query = per_query[covered]
+    per_query = per_query[per_query > 0]  # a query the truth knows: at least its labelled video
+    if not len(per_query):
+        return {}
+    return {"multi_relevant_share": float(np.mean(per_query > 1)), "relevant_per_query": float(per_query.mean())}
+
+
 def _row(ts: TextSplit, phi: str, theta: float, choice: ParserChoice, model: str, counts: np.ndarray,
          keys: np.ndarray, truth: np.ndarray | None) -> dict:
     n, v = len(ts.text.texts), ts.text.num_videos
@@ -313,6 +329,9 @@ def _row(ts: TextSplit, phi: str, theta: float, choice: ParserChoice, model: str
         nq, nv = (int(judged.queries.sum()), int(judged.videos.sum())) if judged is not None else (n, v)
         row.update(precision=hits / len(keys) if len(keys) else None, recall=hits / len(truth) if len(truth) else None,
                    base_rate=len(truth) / max(1, nq * (nv - 1)))
+        row.update(ambiguity(ts.text.relevance, judged.queries if judged is not None else None))
+        if row["precision"] is not None and row["base_rate"]:
+            row["lift"] = row["precision"] / row["base_rate"]
         if judged is not None:
             row.update(covered_queries=nq, judged_videos=nv, judged_pr_videos_per_query=len(keys) / max(1, nq))
     return row
@@ -379,6 +398,8 @@ def write_census(out: Path, dataset: str, rows: list[dict], command: str, notes:
     fields = CENSUS_FIELDS if any(r["precision"] is not None for r in rows) else CENSUS_FIELDS[:-3]
     if any(r.get("covered_queries") is not None for r in rows):
         fields = (*CENSUS_FIELDS[:-3], *JUDGED_FIELDS, *CENSUS_FIELDS[-3:])
+    if any(r.get("multi_relevant_share") is not None for r in rows):
+        fields = (*fields, *TRUTH_FIELDS)
     if not any(r.get("world") for r in rows):
         fields = tuple(f for f in fields if f != "world")
     md = [f"# Census of the query text of {dataset}", "",
@@ -387,7 +408,10 @@ def write_census(out: Path, dataset: str, rows: list[dict], command: str, notes:
           "(Phi = 1 at theta), `pr_queries_per_query` = mean number of such queries per query, "
           "`pr_videos_per_query` = mean number of videos they are in. On simulated data, `precision` / `recall` "
           "of the detected (query, video) pairs against the truly relevant pairs the labels miss, and "
-          "`base_rate` = the precision of a random guess among the unlabelled pairs.", "",
+          "`base_rate` = the precision of a random guess among the unlabelled pairs; `lift` = precision / "
+          "base_rate (how many times chance: unlike precision, it does not fall as the collection grows); "
+          "`multi_relevant_share` and `relevant_per_query` = the split's share of queries with more than one "
+          "relevant video and its mean number of relevant videos per query (the labelled one included).", "",
           *(["On real text with a relevance file (`--relevance`): the same three against the file's relevant pairs "
              "that the labels miss, over the pairs it judges (`covered_queries` = queries it covers, "
              "`judged_videos` = videos it names; `judged_pr_videos_per_query` = detected videos per covered query "

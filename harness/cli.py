@@ -22,6 +22,7 @@ DEFAULT_DATASET = "sim-tvr"
 # Modules that add subcommands: each has add_commands(subparsers) and sets `func` on its parsers.
 PLUGIN_COMMANDS: list[str] = ["prvr.harness.ablate", "prvr.harness.reevaluate", "prvr.harness.profiling.command", "prvr.harness.data_cli",
                               "prvr.harness.detection", "prvr.harness.ral_uncertainty", "prvr.harness.census",
+                              "prvr.harness.world_calibration",
                               "prvr.harness.parity"]
 
 

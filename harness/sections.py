@@ -139,6 +139,10 @@ class SimConfig:
     repeat_prob: float = param(0.45, PROBABILITY)  # label ambiguity: chance an event re-occurs from the recurring pool
     repeat_copies: float = param(4.0, POSITIVE)  # mean videos a recurring event appears in, per split
     vague_prob: float = param(0.1, PROBABILITY)  # queries that omit the object or the character
+    # queries whose text says "someone" for the character their moment shows, while relevance still
+    # requires that character: texts alike, videos not relevant (real text's low detector lift).
+    # 0 = off: the world, its random draws and its cache key are those of before the knob
+    unnamed_prob: float = param(0.0, PROBABILITY)
     scene_prob: float = param(0.3, PROBABILITY)  # queries that name the scene
     filler_rate: float = param(0.3, PROBABILITY)  # chance of each filler slot (uninformative words)
     mislabel_rate: float = param(0.0, PROBABILITY)  # noisy correspondence: training queries moved to a random video

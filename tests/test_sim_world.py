@@ -139,3 +139,27 @@ def test_long_videos_keep_at_most_128_rows_and_true_durations():
     assert s.frames.lengths.max() == 128
     assert s.durations.min() > 128 * 1.5  # durations stay in seconds
     assert np.all(s.moments[:, 1] <= s.durations[s.query_video] + 1e-6)
+
+
+def test_unnamed_queries_keep_their_relevance_and_drop_the_name_from_their_text(tiny):
+    """`sim.unnamed_prob`: the text says "someone" for the character the query requires; the
+    relevance is the knob-off world's (drawn before the knob's draw), the character named in
+    none of the unnamed texts and in every named text that required one."""
+    d = generate("sim-tiny", tiny_sim(unnamed_prob=0.5))
+    for name in ("train", "test"):
+        s, off = d[name], tiny[name]
+        assert (s.relevance != off.relevance).nnz == 0
+        unnamed, spec = s.extra["query_unnamed"], s.extra["query_spec"]
+        assert unnamed.any() and (~unnamed & (spec[:, 1] >= 0)).any() and not (unnamed & (spec[:, 1] < 0)).any()
+        for q in range(s.num_queries):
+            if spec[q, 1] >= 0:
+                assert (lang.CHARACTERS[spec[q, 1]] in s.query_text[q]) != bool(unnamed[q]), s.query_text[q]
+
+
+def test_a_knob_added_later_leaves_the_worlds_made_before_it_alone(tiny):
+    """At 0 (off), `unnamed_prob` draws nothing and is not in the cache key: the world and its
+    key are those of before the knob."""
+    from prvr.datasets.sim import world_knobs
+
+    assert "unnamed_prob" not in world_knobs(tiny_sim()) and "query_unnamed" not in tiny["test"].extra
+    assert world_knobs(tiny_sim(unnamed_prob=0.2))["unnamed_prob"] == 0.2

@@ -28,7 +28,7 @@ def generate(name: str, sim_cfg) -> PRVRData:
         for split, n in sizes.items():
             splits[split] = world.generate_split(sim_cfg, concepts, split, n, name, advance)
     meta = {"simulated": True, "generator_version": world.GENERATOR_VERSION,
-            "sim": dataclasses.asdict(sim_cfg), **world_stats(splits)}
+            "sim": world_knobs(sim_cfg), **world_stats(splits)}
     return PRVRData(name, splits, meta)
 
 
@@ -51,9 +51,19 @@ def world_stats(splits) -> dict:
     return out
 
 
+# knobs added after worlds were cached and recorded: at their default (off) they are left out of
+# the cache key, so the worlds made before them keep their key (and their cache)
+LATER_KNOBS = {"unnamed_prob": 0.0}
+
+
+def world_knobs(sim_cfg) -> dict:
+    knobs = dataclasses.asdict(sim_cfg)
+    return {k: v for k, v in knobs.items() if not (k in LATER_KNOBS and v == LATER_KNOBS[k])}
+
+
 def load_sim(name: str, cfg) -> PRVRData:
     """Load the dataset from the cache, generating it on first use (or when corrupt)."""
-    key = cache.cache_key({"name": name, "version": world.GENERATOR_VERSION, "sim": dataclasses.asdict(cfg.sim)})
+    key = cache.cache_key({"name": name, "version": world.GENERATOR_VERSION, "sim": world_knobs(cfg.sim)})
     folder = cache.cache_root(cfg.data.cache_dir) / "sim" / f"{name}-{key}"
     return cache.load_or_build(folder, lambda: generate(name, cfg.sim), progress.log)
 

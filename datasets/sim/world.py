@@ -183,7 +183,9 @@ def build_events(cfg, plan: VideoPlan, rng: np.random.Generator) -> np.ndarray:
 
 
 def query_specs(cfg, events: np.ndarray, plan: VideoPlan, rng: np.random.Generator) -> np.ndarray:
-    """What each query names: [Q, 5] = event row, character, object, scene, paraphrase (-1 = omitted)."""
+    """What each query requires of a relevant video: [Q, 5] = event row, character, object,
+    scene, paraphrase (-1 = omitted). Its text names the same, except the character of an
+    `unnamed_text` query (`sim.unnamed_prob`)."""
     ann = np.nonzero(events[:, EV_ANNOT])[0]
     specs = np.full((len(ann), 5), -1, dtype=np.int64)
     for i, e in enumerate(ann):
@@ -197,6 +199,15 @@ def query_specs(cfg, events: np.ndarray, plan: VideoPlan, rng: np.random.Generat
                 c = -1  # "Someone sits down on the couch."
         specs[i] = (e, c, o, scene if named_scene else -1, rng.integers(lang.num_paraphrases(int(a))))
     return specs
+
+
+def unnamed_text(cfg, specs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """[Q] bool: the queries whose text says "someone" for the character they require
+    (`sim.unnamed_prob` of those that name one). No draw at all when the knob is 0, so the
+    worlds made before it are made the same."""
+    if cfg.unnamed_prob <= 0:
+        return np.zeros(len(specs), dtype=bool)
+    return (rng.random(len(specs)) < cfg.unnamed_prob) & (specs[:, 1] >= 0)
 
 
 def relevance_matrix(specs: np.ndarray, events: np.ndarray, plan: VideoPlan) -> sp.csr_matrix:
@@ -271,10 +282,12 @@ def generate_split(cfg, concepts: Concepts, split: str, n_videos: int, prefix: s
     events = build_events(cfg, plan, rng)
     specs = query_specs(cfg, events, plan, rng)
     relevance = relevance_matrix(specs, events, plan)
+    unnamed = unnamed_text(cfg, specs, rng)
     by_video = np.split(np.arange(len(events)), np.searchsorted(events[:, EV_VIDEO], np.arange(1, n_videos)))
 
     frames = _frame_features(cfg, concepts, plan, events, by_video, rng, progress)
-    text, tokens, parses = _queries(cfg, concepts, events, specs, rng)
+    text, tokens, parses = _queries(cfg, concepts, events, np.where(unnamed[:, None] & (np.arange(5) == 1), -1, specs),
+                                    rng)
     query_video = events[specs[:, 0], EV_VIDEO].copy()
     if split == "train" and cfg.mislabel_rate > 0:
         query_video = _mislabel(query_video, cfg.mislabel_rate, n_videos, rng)
@@ -293,7 +306,8 @@ def generate_split(cfg, concepts: Concepts, split: str, n_videos: int, prefix: s
         video_ids=video_ids, frames=frames, durations=plan.duration, query_ids=query_ids,
         query_text=text, tokens=tokens, query_video=query_video, moments=moments,
         relevance=relevance, parses=parses,
-        extra={"query_spec": specs, "events": events, "video_scene": plan.scene, "video_show": plan.show},
+        extra={"query_spec": specs, "events": events, "video_scene": plan.scene, "video_show": plan.show,
+               **({"query_unnamed": unnamed} if cfg.unnamed_prob > 0 else {})},
     )
 
 
