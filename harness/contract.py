@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Protocol, TypedDict, runtime_checkable
 
@@ -92,11 +93,15 @@ class Scores:
         demand stays on demand)."""
         def join(dicts: list[Mapping[str, torch.Tensor]]) -> Any:
             if any(isinstance(d, OnDemand) for d in dicts):
-                return OnDemand({k: lambda k=k: torch.cat([d[k] for d in dicts]) for k in dicts[0]})
+                return OnDemand({k: partial(_cat_key, dicts, k) for k in dicts[0]})
             return {k: torch.cat([d[k] for d in dicts]) for k in dicts[0]}
 
         return Scores(torch.cat([p.fused for p in parts]), join([p.branches for p in parts]),
                       join([p.raw for p in parts]), join([p.items for p in parts]))
+
+
+def _cat_key(dicts: list[Mapping[str, torch.Tensor]], key: str) -> torch.Tensor:
+    return torch.cat([d[key] for d in dicts])
 
 
 class StepOutputs(TypedDict):
@@ -169,11 +174,11 @@ class StepContext:
     step: int
     generator: torch.Generator
     batch: Any  # the step's TrainBatch (datasets/loader.py)
-    outputs: StepOutputs | None = None  # the step's forward pass
-    model: torch.nn.Module | None = None  # the model being trained (trainable heads of an objective live in it)
+    outputs: StepOutputs  # the step's forward pass
+    model: torch.nn.Module  # the model being trained (trainable heads of an objective live in it)
     # [Q] each query's labelled video, as a column of the batch's videos (from the labels, never
     # from a detector): which queries belong to which video
-    video_of_query: torch.Tensor | None = None
+    video_of_query: torch.Tensor
 
 
 # A method's objective: objective(loss config, scores, relations, context) -> LossOutput; a method
@@ -185,16 +190,16 @@ Objective = Callable[..., LossOutput]
 class Backbone(Protocol):
     """What every backbone provides (methods/backbones/api.py says what each method is for)."""
 
-    config_cls: ClassVar[type]
+    config_cls: type[Any]  # its `model` config dataclass (no common base); a class attribute
     provides: ClassVar[frozenset[str]]
 
-    def encode_queries(self, batch: Any) -> Encoded: ...
+    def encode_queries(self, batch: Any, /) -> Encoded: ...
 
-    def encode_videos(self, batch: Any) -> Encoded: ...
+    def encode_videos(self, batch: Any, /) -> Encoded: ...
 
-    def index_videos(self, videos: Encoded) -> Encoded: ...
+    def index_videos(self, videos: Encoded, /) -> Encoded: ...
 
-    def score(self, queries: Encoded, videos: Encoded) -> Scores: ...
+    def score(self, queries: Encoded, videos: Encoded, /) -> Scores: ...
 
 
 class RelationDetector(Protocol):
@@ -204,7 +209,7 @@ class RelationDetector(Protocol):
     needs: ClassVar[frozenset[str]]
     config_cls: ClassVar[type | None]
 
-    def setup(self, data: Any, plan: Any = None) -> None: ...
+    def setup(self, data: Any, plan: Any = None, /) -> None: ...
 
     def on_epoch_start(self, state: DetectorState) -> None: ...
 
@@ -212,7 +217,7 @@ class RelationDetector(Protocol):
 
     def on_epoch_end(self, state: DetectorState, summary: dict) -> None: ...
 
-    def detect(self, batch: Any, outputs: StepOutputs) -> Relations: ...
+    def detect(self, batch: Any, outputs: StepOutputs, /) -> Relations: ...
 
     def epoch_report(self) -> dict: ...
 

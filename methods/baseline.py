@@ -9,6 +9,7 @@ Relations come from the configured detector (`none` by default; `oracle` for the
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
@@ -39,7 +40,7 @@ def standard_objective(cfg: StandardLossConfig, scores: Scores, relations: Relat
     for b in cfg.branches:
         out[f"{b}_triplet"] = triplet(scores.branches[b], pos, neg, cfg.margin, hard, context.generator)
         out[f"{b}_nce"] = info_nce(scores.branches[b], pos, neg, cfg.temperature)
-    out["loss"] = sum(out[f"{b}_triplet"] + cfg.nce_weight * out[f"{b}_nce"] for b in cfg.branches)
+    out["loss"] = cast(torch.Tensor, sum(out[f"{b}_triplet"] + cfg.nce_weight * out[f"{b}_nce"] for b in cfg.branches))
     return out
 
 

@@ -17,6 +17,7 @@ How a row treats A (paper Table 6):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
@@ -187,7 +188,7 @@ def dual_triplet(scores: torch.Tensor, positive: torch.Tensor, ambiguous: torch.
         return zero, zero
     trip_a = sum(triplet_rows(r, r.ambiguous, margin_a, hard_pool, generator).mean() for r in (t2v, v2t))
     trip_n = sum(triplet_rows(r, r.negative, margin, hard_pool, generator).mean() for r in (t2v, v2t))
-    return trip_a, trip_n
+    return cast(torch.Tensor, trip_a), cast(torch.Tensor, trip_n)  # sums of two tensors
 
 
 @OBJECTIVES.register("arl-video", "ARL L^video = lambda_nce L_nce + L_a^trip + L_n^trip over the text-video pairs")

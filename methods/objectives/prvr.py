@@ -120,13 +120,15 @@ def hungarian_pairs(cos: torch.Tensor, positive: torch.Tensor, min_queries: int 
     cos [Q, V, C]: query-clip cosines; videos with fewer than `min_queries` positive queries
     are skipped (as in the reference). Returns index arrays (query, video, clip) of the matches.
     """
-    cos = cos.detach().cpu().numpy()
+    cos_host = cos.detach().cpu().numpy()
     pos = positive.cpu().numpy()
-    found = [[], [], []]
+    found: list[list[np.ndarray]] = [[], [], []]
     for v in np.flatnonzero(pos.sum(0) >= min_queries):
         qs = np.flatnonzero(pos[:, v])
-        rows, cols = linear_sum_assignment(-cos[qs, v])
-        found[0].append(qs[rows]), found[1].append(np.full(len(rows), v)), found[2].append(cols)
+        rows, cols = linear_sum_assignment(-cos_host[qs, v])
+        found[0].append(qs[rows])
+        found[1].append(np.full(len(rows), v))
+        found[2].append(cols)
     return tuple(np.concatenate(f) if f else np.zeros(0, dtype=np.int64) for f in found)
 
 
