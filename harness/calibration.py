@@ -31,6 +31,8 @@ from prvr.harness.io import write_text
 from prvr.harness.rows import BASELINE, build_rows, dataset_label, diverged, fmt, record_protocol
 from prvr.harness.rows import csv_cell as _csv_cell, p_value as _p_value
 from prvr.harness.records import budget_label
+from prvr.harness.registry import DATASETS
+from prvr.harness.sections import dataset_preset
 
 SUMR_RANGE = (120.0, 230.0)  # baseline test SumR: room above and below, like the real datasets' baselines
 MULTI_RELEVANT_MIN = 0.20  # share of test queries with more than one relevant video
@@ -40,6 +42,7 @@ ORACLE_GAP_MIN = 5.0  # baseline + oracle over baseline, labelled test SumR
 ALPHA = 0.05  # the significance level the oracle SumR target asks for
 MV_TOLERANCE = 0.02  # per M/V bin, absolute
 WORDS_TOLERANCE = 0.15  # words per query, relative to the imitated dataset's
+REAL_FACTOR = 1.5  # a world calibrated to a real split's verified relevance: within this factor of its figures
 
 # The imitated datasets' statistics (docs/datasets.md, measured on the original annotation
 # files), keyed by a simulated preset's `family`.
@@ -73,8 +76,6 @@ class Result:
 def simulated_datasets(records: list[dict[str, Any]]) -> list[str]:
     """The datasets among the records that are simulated: registered as such, or (not
     registered) with records whose data facts carry the generator's version."""
-    from prvr.harness.registry import DATASETS
-
     out = set()
     for r in records:
         name = r["dataset"]
@@ -90,12 +91,10 @@ def simulated_datasets(records: list[dict[str, Any]]) -> list[str]:
 
 def reference_for(dataset: str) -> dict[str, Any] | None:
     """The imitated dataset's statistics, through the simulated preset's `family`."""
-    from prvr.harness.config import load_yaml
-    from prvr.harness.registry import DATASETS
 
     if dataset not in DATASETS:
         return None
-    family = load_yaml(DATASETS.get(dataset).preset).get("family")
+    family = dataset_preset(dataset).get("family")
     return REFERENCES.get(family)
 
 
@@ -129,7 +128,14 @@ def evaluate(records: list[dict[str, Any]], dataset: str, reference: Any = FROM_
         (r for r in mine if r.get("run_name", r["method"]) == facts_row["run"] and not diverged(r)
          and budget_label(record_protocol(r)) == facts_row["budget"]), key=lambda r: r["seed"])
     return [_baseline_sumr(base), _oracle_sumr(base), _oracle_gap(base, oracle),
-            *_data_targets(facts_records, facts_row, reference)]
+            *_data_targets(facts_records, facts_row, reference, real_ambiguity(dataset))]
+
+
+def real_ambiguity(dataset: str) -> dict[str, Any] | None:
+    """The real split's verified ambiguity a world was calibrated to (its preset's
+    `calibrated_to`: docs/simulated-world.md, "Real ambiguity"), or None."""
+
+    return dataset_preset(dataset).get("calibrated_to") if dataset in DATASETS else None
 
 
 def _facts_row(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -203,7 +209,7 @@ def _p_text(p: float | None, seeds: list[int]) -> str:
 
 
 def _data_targets(records: list[dict[str, Any]], base: dict[str, Any] | None,
-                  reference: dict[str, Any] | None) -> list[Result]:
+                  reference: dict[str, Any] | None, real: dict[str, Any] | None = None) -> list[Result]:
     """The test split's facts, from `provenance.data.test` of one run's records (the
     baseline's when there are any, see `_facts_row`; the same generated world on every seed:
     the world's seed is fixed across run seeds)."""
@@ -238,11 +244,28 @@ def _data_targets(records: list[dict[str, Any]], base: dict[str, Any] | None,
                 f"{100 * bound:.1f}% of queries can have {DOZENS} or more (the share itself is not in the records)")
         return top >= DOZENS and bound <= DOZENS_SHARE_MAX, text, [m, top, bound]
 
-    out = [judged(f">= {100 * MULTI_RELEVANT_MIN:.0f}% of test queries with several relevant videos",
-                  ["multi_relevant_share"], multi),
-           judged(f"few test queries with dozens of relevant videos: some with >= {DOZENS}, at most "
-                  f"{100 * DOZENS_SHARE_MAX:.0f}% of queries (bounded by the mean relevant per query)",
-                  ["relevant_per_query_mean", "relevant_per_query_max"], dozens)]
+    def near(key: str):
+        def measure(values):
+            x, want = _one(values), float(real[key])
+            extra = key == "relevant_per_query"  # compared as extra relevant videos (the labelled one is always there)
+            ratio = (x - 1) / (want - 1) if extra else x / want
+            return 1 / REAL_FACTOR <= ratio <= REAL_FACTOR, f"{x:.3f} against {want:.3f} (x{ratio:.2f})", [x]
+        return measure
+
+    if real is not None:  # a world calibrated to a real split: its verified figures are the targets
+        split = real.get("split", "the real split")
+        out = [judged(f"share of test queries with several relevant videos within x{REAL_FACTOR:g} of {split}'s "
+                      f"({float(real['multi_relevant_share']):.3f}, {real.get('source', 'verified relevance')})",
+                      ["multi_relevant_share"], near("multi_relevant_share")),
+               judged(f"extra relevant videos per query within x{REAL_FACTOR:g} of {split}'s (relevant per query "
+                      f"{float(real['relevant_per_query']):.3f})", ["relevant_per_query_mean"],
+                      near("relevant_per_query"))]
+    else:
+        out = [judged(f">= {100 * MULTI_RELEVANT_MIN:.0f}% of test queries with several relevant videos",
+                      ["multi_relevant_share"], multi),
+               judged(f"few test queries with dozens of relevant videos: some with >= {DOZENS}, at most "
+                      f"{100 * DOZENS_SHARE_MAX:.0f}% of queries (bounded by the mean relevant per query)",
+                      ["relevant_per_query_mean", "relevant_per_query_max"], dozens)]
     if reference is None:
         for target in ("M/V fractions of the imitated dataset", "words per query of the imitated dataset"):
             out.append(Result(target, NO_REFERENCE, "no imitated dataset's statistics for this preset's `family`", [],

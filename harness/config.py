@@ -25,6 +25,7 @@ from prvr.harness.checks import Device, check_section, check_value, show
 from prvr.harness.io import UserError
 from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS, home_method, unknown_message
 from prvr.harness.sections import Config, detector_settings, load_yaml
+from prvr.harness.sections import dataset_preset as load_dataset_preset
 
 SCALARS = ("method", "dataset", "seed", "backbone")
 
@@ -48,11 +49,14 @@ def resolve(method: str, dataset: str, seed: int = 0, overrides: list[str] | Non
     user = load_yaml(user_yaml) if user_yaml else {}
     method_preset = load_yaml(spec.preset) if spec.preset else {}
     per_dataset = method_preset.pop("per_dataset", {}) or {}
-    dataset_preset = load_yaml(DATASETS.get(dataset).preset)
+    dataset_preset = load_dataset_preset(dataset)
     scales = dataset_preset.pop("scales", {}) or {}
     # A dataset's family (sim-tvr imitates tvr) selects the method's per-dataset defaults
-    # keyed by the family; a section keyed by the exact dataset name applies after it.
+    # keyed by the family; a section keyed by the exact dataset name applies after it. A variant
+    # (sim-tvr-v of sim-tvr) takes its base's sections first, then its own.
     family = dataset_preset.pop("family", None)
+    base = dataset_preset.pop("variant_of", None)
+    dataset_preset.pop("calibrated_to", None)  # the report's targets (harness/calibration.py), not settings
     user_data = user.get("data") if isinstance(user.get("data"), dict) else {}
     scale, scale_source = ((dict(sets)["data.scale"], "--set") if "data.scale" in dict(sets)
                            else (user_data.get("scale") or "default", str(user_yaml)))
@@ -64,7 +68,7 @@ def resolve(method: str, dataset: str, seed: int = 0, overrides: list[str] | Non
     # The backbone: the method's own, or another from its preset, the user's YAML or
     # --set backbone=B / --backbone B.
     backbones = method_preset.pop("backbones", {}) or {}
-    method_layers = preset_layers(method_preset, per_dataset, family, dataset, f"method preset {method}")
+    method_layers = preset_layers(method_preset, per_dataset, family, dataset, f"method preset {method}", base)
     backbone = _pick_backbone(spec.backbone, [*method_layers, (user, str(user_yaml))], sets)
     if backbone != spec.backbone or spec.extends_backbone:
         # Another backbone's `model` settings come from its home preset (the method whose
@@ -81,7 +85,7 @@ def resolve(method: str, dataset: str, seed: int = 0, overrides: list[str] | Non
             home_layers = [(layer if whole else {"model": layer["model"]},
                             source if whole else f"{source} (the model of backbone {backbone})")
                            for layer, source in preset_layers(home_preset, home_per_dataset, family, dataset,
-                                                              f"method preset {home}") if whole or "model" in layer]
+                                                              f"method preset {home}", base) if whole or "model" in layer]
         if backbone != spec.backbone:
             method_layers = [({k: v for k, v in layer.items() if k != "model"}, source)
                              for layer, source in method_layers]
@@ -95,7 +99,7 @@ def resolve(method: str, dataset: str, seed: int = 0, overrides: list[str] | Non
     layers = [
         (dataset_preset, f"dataset preset {dataset}"),
         *method_layers,
-        *preset_layers(own, own_per_dataset, family, dataset, f"method preset {method} [backbones.{backbone}]"),
+        *preset_layers(own, own_per_dataset, family, dataset, f"method preset {method} [backbones.{backbone}]", base),
         (scales.get(scale, {}), f"dataset preset {dataset} [scale {scale}]"),
         (user, str(user_yaml)),
     ]
@@ -156,12 +160,14 @@ def _field(cls: type, name: str) -> dataclasses.Field:
 
 
 def preset_layers(top: dict, per_dataset: dict, family: str | None, dataset: str,
-                  source: str) -> list[tuple[dict, str]]:
+                  source: str, base: str | None = None) -> list[tuple[dict, str]]:
     """A preset's layers for `dataset`: its top level, its section for the dataset's family
-    (sim-tvr imitates tvr), its section for the dataset itself."""
+    (sim-tvr imitates tvr), for the dataset a variant is of (sim-tvr-v of sim-tvr), and for the
+    dataset itself."""
     return [
         (top, source),
         (per_dataset.get(family, {}) if family and family != dataset else {}, f"{source} [{family}]"),
+        *([(per_dataset.get(base, {}), f"{source} [{base}]")] if base else []),
         (per_dataset.get(dataset, {}), f"{source} [{dataset}]"),
     ]
 

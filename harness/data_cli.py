@@ -80,12 +80,11 @@ def cmd_export(args: argparse.Namespace) -> None:
 
 def _family(dataset: str) -> str:
     from prvr.datasets.real.specs import SPECS
-    from prvr.harness.config import load_yaml
-    from prvr.harness.registry import DATASETS
+    from prvr.harness.sections import dataset_preset
 
     if dataset in SPECS:
         return dataset
-    family = load_yaml(DATASETS.get(dataset).preset).get("family")
+    family = dataset_preset(dataset).get("family")
     if not family:
         raise UserError(f"{dataset} has no family in its preset; pass --as {'|'.join(SPECS)}")
     return family

@@ -61,11 +61,10 @@ def _dataset_protocol(dataset: str) -> dict[str, Any]:
     """The training budget every row of `dataset` follows: its preset's `train.epochs`,
     `train.patience` and `train.select_on` (dataclass defaults where the preset is silent), and
     the selection rule they make."""
-    from prvr.harness.config import load_yaml
-    from prvr.harness.sections import TrainConfig
+    from prvr.harness.sections import TrainConfig, dataset_preset
     from prvr.harness.registry import DATASETS
 
-    train = (load_yaml(DATASETS.get(dataset).preset).get("train") or {}) if dataset in DATASETS else {}
+    train = (dataset_preset(dataset).get("train") or {}) if dataset in DATASETS else {}
     select_on = str(train.get("select_on", TrainConfig.select_on))
     return {"epochs": int(train.get("epochs", TrainConfig.epochs)),
             "patience": int(train.get("patience", TrainConfig.patience)), "select_on": select_on,

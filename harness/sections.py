@@ -41,11 +41,37 @@ def load_yaml(path: str | Path | None) -> dict[str, Any]:
     return data
 
 
+def dataset_preset(dataset: str) -> dict[str, Any]:
+    """A registered dataset's preset. A variant (`variant_of: BASE`, e.g. sim-tvr-v of sim-tvr)
+    is its base's preset with the variant's keys merged over it, section by section: its
+    protocol, scales and family are the base's unless it says otherwise."""
+    preset = load_yaml(DATASETS.get(dataset).preset)
+    base = preset.pop("variant_of", None)
+    if base is None:
+        return preset
+    where = DATASETS.get(dataset).preset
+    if not isinstance(base, str) or base not in DATASETS or base == dataset:
+        raise UserError(f"{where}: 'variant_of' must name another registered dataset, got {show(base)}; "
+                        f"fix the preset (datasets: {', '.join(DATASETS.names())})")
+    under = load_yaml(DATASETS.get(base).preset)
+    if "variant_of" in under:
+        raise UserError(f"{where}: 'variant_of: {base}' names a variant itself; name its base, "
+                        f"{under['variant_of']}, with the keys of both")
+    return {"variant_of": base, **_merged(under, preset)}
+
+
+def _merged(under: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(under)
+    for key, value in over.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
 def dataset_scales(cfg: Any) -> tuple[str, ...]:
     """data.scale: "default" and the scales the dataset's preset defines."""
     if cfg is None or cfg.dataset not in DATASETS:
         return ("default",)
-    return ("default", *(load_yaml(DATASETS.get(cfg.dataset).preset).get("scales") or {}))
+    return ("default", *(dataset_preset(cfg.dataset).get("scales") or {}))
 
 
 def _layouts(cfg: Any) -> tuple[str, ...]:

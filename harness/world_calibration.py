@@ -147,6 +147,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="census tables of the world's test split (its preset, remade worlds)")
     p.add_argument("--chosen", default=None, metavar="WORLD",
                    help="the world chosen as the new preset, as its table's `world` column names it")
+    p.add_argument("--before", default=None, metavar="WORLD",
+                   help="the world of the preset before calibration (default: the row named by the dataset), e.g. "
+                        "sim.seed=0 for a census of the preset made with --set sim.seed=0")
     p.add_argument("--out", default="results")
     p.set_defaults(func=cmd_calibrate_world)
 
@@ -158,13 +161,15 @@ def cmd_calibrate_world(args: argparse.Namespace) -> None:
     worlds = [w for path in args.tables for w in read_worlds(Path(path), "test")]
     thetas = sorted(real[0].recall)
     names = {w.name for w in worlds}
-    if args.chosen is not None and args.chosen not in names:
-        raise UserError(f"--chosen {args.chosen!r}: no such world in the tables; they have {', '.join(sorted(names))}")
-    marked = {args.world: "the preset before calibration", **({args.chosen: "chosen"} if args.chosen else {})}
+    for flag, name in (("--chosen", args.chosen), ("--before", args.before)):
+        if name is not None and name not in names:
+            raise UserError(f"{flag} {name!r}: no such world in the tables; they have {', '.join(sorted(names))}")
+    marked = {args.before or args.world: "the preset before calibration", **({args.chosen: "chosen"} if args.chosen else {})}
     worlds.sort(key=lambda w: distance(w, real[0], thetas))
     command = " ".join(["prvr-bench calibrate-world", "--world", args.world, "--real", Path(args.real).name,
                         "--tables", *(Path(t).name for t in args.tables),
-                        *(["--chosen", repr(args.chosen)] if args.chosen else [])])
+                        *(["--chosen", repr(args.chosen)] if args.chosen else []),
+                        *(["--before", repr(args.before)] if args.before else [])])
     md, table = render(args.world, real[0], worlds, thetas, command, marked)
     out = Path(args.out) / "calibration" / f"{args.world}~real"
     write_text(out.with_suffix(".md"), md)

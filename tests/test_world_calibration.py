@@ -1,6 +1,7 @@
 """`prvr-bench calibrate-world` and the census's ambiguity columns: figures made by hand."""
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -64,3 +65,81 @@ def test_a_table_without_the_columns_is_one_line_naming_file_line_and_fix(tmp_pa
                  "--out", str(tmp_path)]) == 2
     err_text = capsys.readouterr().err
     assert err_text.count("\n") == 1 and "prvr-bench census" in err_text
+
+
+def test_chosen_and_before_must_name_worlds_of_the_tables(tmp_path, capsys):
+    real = _table(tmp_path / "real.csv", ["tvr,,val,10,5,sent,0.7,0.01,0.2,0.0001,100,0.1,1.2"])
+    sims = _table(tmp_path / "sims.csv", ["sim-tvr,sim.seed=0,test,10,5,sent,0.7,0.1,0.5,0.001,100,0.3,2.0"])
+    args = ["calibrate-world", "--world", "sim-tvr", "--real", str(real), "--tables", str(sims), "--out", str(tmp_path)]
+    assert main([*args, "--before", "sim.seed=1"]) == 2
+    assert "--before 'sim.seed=1': no such world" in capsys.readouterr().err
+    assert main([*args, "--before", "sim.seed=0"]) == 0
+    assert "| sim.seed=0 |" in (tmp_path / "calibration" / "sim-tvr~real.md").read_text()
+    assert "the preset before calibration" in (tmp_path / "calibration" / "sim-tvr~real.csv").read_text()
+
+
+# ----------------------------------------------------------------------------- the calibrated variants
+def test_a_variant_resolves_as_its_base_but_for_its_world():
+    """sim-tvr-v: sim-tvr's protocol, scales and every method's sim-tvr settings; its own knobs."""
+    import dataclasses
+
+    from prvr.harness.config import resolve
+
+    for method in ("baseline", "arl", "xml", "gmmformer2"):
+        base, variant = (dataclasses.asdict(resolve(method, d, 0, [])) for d in ("sim-tvr", "sim-tvr-v"))
+        assert {k for k in base if base[k] != variant[k]} == {"dataset", "sim"}
+        assert {k for k in base["sim"] if base["sim"][k] != variant["sim"][k]} == {
+            "repeat_prob", "repeat_copies", "vague_prob", "extra_events", "unnamed_prob"}
+    assert resolve("baseline", "sim-tvr-v", 0, ["data.scale=full"]).sim.train_videos == 17435
+
+
+def test_a_variant_of_an_unknown_dataset_is_one_line_naming_the_preset(monkeypatch):
+    from prvr.harness import sections
+    from prvr.harness.io import UserError
+
+    real = sections.load_yaml
+    odd = {"sim-tvr-v.yaml": {"variant_of": "sim-nowhere"}, "sim-charades-v.yaml": {"variant_of": "sim-tvr-v"}}
+    monkeypatch.setattr(sections, "load_yaml", lambda path: dict(odd.get(Path(path).name) or real(path)))
+    with pytest.raises(UserError, match=r"sim-tvr-v.yaml: 'variant_of' must name another registered dataset, got "
+                                        r"'?sim-nowhere'?; fix the preset"):
+        sections.dataset_preset("sim-tvr-v")
+    with pytest.raises(UserError, match=r"sim-charades-v.yaml: 'variant_of: sim-tvr-v' names a variant itself"):
+        sections.dataset_preset("sim-charades-v")
+
+
+def test_a_calibrated_variant_is_judged_against_the_real_split_not_the_20_percent():
+    from prvr.harness import calibration
+    from test_calibration import CALIBRATED, sim_record
+
+    real = calibration.real_ambiguity("sim-tvr-v")
+    assert real["source"] == "results/census/tvr~relevance-sent.csv"
+    facts = {**CALIBRATED, "multi_relevant_share": 0.0908, "relevant_per_query_mean": 1.19}
+    recs = [sim_record(s, 180.0 + s, 210.0, facts=facts) for s in range(3)]
+    for r in recs:
+        r["dataset"] = "sim-tvr-v"
+    got = {r.target.split(" ")[0]: r for r in calibration.evaluate(recs, "sim-tvr-v")}
+    assert got["share"].status == calibration.MET and "0.091 against 0.100 (x0.91)" in got["share"].measured
+    assert got["extra"].status == calibration.MET and "1.190 against 1.177 (x1.07)" in got["extra"].measured
+    too_many = {**facts, "multi_relevant_share": 0.34}
+    for r in recs:
+        r["provenance"]["data"]["test"] = too_many
+    got = {r.target.split(" ")[0]: r for r in calibration.evaluate(recs, "sim-tvr-v")}
+    assert got["share"].status == calibration.NOT_MET
+
+
+def test_committed_world_reports_are_what_their_command_writes_from_the_committed_tables(tmp_path):
+    import re
+    import shlex
+
+    results = Path(__file__).parent.parent / "results"
+    reports = sorted((results / "calibration").glob("*~real.md"))
+    if not reports:
+        pytest.skip("no committed calibrate-world report")
+    for md in reports:
+        command = re.search(r"Written by `([^`]+)`", md.read_text()).group(1)
+        words = shlex.split(command)[1:]  # without "prvr-bench"
+        args = [str(results / "census" / w) if w.endswith(".csv") else w for w in words]
+        assert main([*args, "--out", str(tmp_path)]) == 0
+        for suffix in (".md", ".csv"):
+            name = md.with_suffix(suffix).name
+            assert (tmp_path / "calibration" / name).read_text() == (results / "calibration" / name).read_text(), name
