@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from prvr.harness.precision import set_encoders
-from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS, home_method
+from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS, extended_home
 from prvr.harness.timing import Timings
 
 
@@ -39,9 +39,9 @@ def method_spec(cfg):
     from functools import partial
 
     spec = METHODS.get(cfg.method)
-    if not spec.extends_backbone:
+    home = extended_home(spec, cfg.backbone)
+    if home is None:
         return spec
-    home = METHODS.get(home_method(cfg.backbone))
     return replace(spec, objective=partial(spec.objective, base=home.objective),
                    detector_plan=spec.detector_plan or home.detector_plan)
 

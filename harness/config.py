@@ -23,7 +23,8 @@ import yaml
 
 from prvr.harness.checks import Device, check_section, check_value, show
 from prvr.harness.io import UserError
-from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS, home_method, unknown_message
+from prvr.harness.registry import (BACKBONES, DATASETS, DETECTORS, METHODS, extended_home, home_method,
+                                   unknown_message)
 from prvr.harness.sections import Config, detector_settings, load_yaml
 from prvr.harness.sections import dataset_preset as load_dataset_preset
 
@@ -81,7 +82,7 @@ def resolve(method: str, dataset: str, seed: int = 0, overrides: list[str] | Non
             home_preset = load_yaml(METHODS.get(home).preset) if METHODS.get(home).preset else {}
             home_per_dataset = home_preset.pop("per_dataset", {}) or {}
             home_preset.pop("backbones", None)
-            whole = spec.extends_backbone
+            whole = extended_home(spec, backbone) is not None
             home_layers = [(layer if whole else {"model": layer["model"]},
                             source if whole else f"{source} (the model of backbone {backbone})")
                            for layer, source in preset_layers(home_preset, home_per_dataset, family, dataset,
@@ -179,12 +180,10 @@ def loss_class(spec: Any, backbone: str) -> type:
     """The `loss` section's class of a run: the method's own, or for a method that extends its
     backbone's home method (`MethodSpec.extends_backbone`), the home method's loss fields
     followed by the method's own, checked as both declare (`check(key)` of each)."""
-    if not spec.extends_backbone:
+    home = extended_home(spec, backbone)
+    if home is None:
         return spec.loss_cls
-    home = home_method(backbone)
-    if home is None or home == spec.name:
-        return spec.loss_cls
-    base, own = METHODS.get(home).loss_cls, spec.loss_cls
+    base, own = home.loss_cls, spec.loss_cls
     if (base, own) not in _MERGED:
         clash = {f.name for f in fields(base)} & {f.name for f in fields(own)}
         if clash:

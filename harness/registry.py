@@ -140,6 +140,18 @@ def load_all() -> None:
         raise
 
 
+def extended_home(spec: "MethodSpec", backbone: str) -> "MethodSpec | None":
+    """The method that `spec` extends on `backbone` (`MethodSpec.extends_backbone`, RAL): the
+    backbone's home method when it is another method; None for a method that extends nothing,
+    or a backbone without a home. The one place the rule lives: the loss section's fields
+    (config.loss_class), the presets taken whole (config.resolve), the objective's `base` and
+    detector plan (build.method_spec) and the outputs read (fit.method_needs) all ask it."""
+    if not spec.extends_backbone:
+        return None
+    home = home_method(backbone)
+    return None if home is None or home == spec.name else METHODS.get(home)
+
+
 def home_method(backbone: str) -> str | None:
     """The method whose own backbone `backbone` is (its preset holds the backbone's
     per-dataset `model` settings): the one named like it, else the first by name."""

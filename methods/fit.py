@@ -9,7 +9,7 @@ one line that names the fix, before any data is made.
 from __future__ import annotations
 
 from prvr.harness.io import UserError
-from prvr.harness.registry import BACKBONES, DETECTORS, METHODS, home_method
+from prvr.harness.registry import BACKBONES, DETECTORS, METHODS, extended_home
 from prvr.methods.backbones.api import OUTPUTS, missing_outputs
 
 
@@ -18,8 +18,8 @@ def method_needs(spec, backbone: str) -> frozenset[str]:
     extends its backbone's home method, the home method's too (None: no home method)."""
     if not spec.extends_backbone:
         return spec.needs
-    home = home_method(backbone)
-    return None if home is None or home == spec.name else spec.needs | METHODS.get(home).needs
+    home = extended_home(spec, backbone)
+    return None if home is None else spec.needs | home.needs
 
 
 def fitting_backbones(spec, detector_needs: frozenset[str] = frozenset()) -> list[str]:
