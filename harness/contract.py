@@ -263,6 +263,9 @@ class MethodSpec:
     # wrap(backbone, cfg, video_dim, query_dim) -> the run's model (e.g. RAL's modules around
     # the backbone); None: the backbone itself
     wrap: Callable[..., torch.nn.Module] | None = None
+    # the row the leaderboard's moment table compares every row with (its Δ VCMR SumR): the
+    # moment retrieval method the others build on (XML, the SBERT-PR paper's base); one method
+    moment_reference: bool = False
 
 
 class DatasetEntry(Protocol):

@@ -37,10 +37,10 @@ from prvr.harness.quick import QUICK_TAG, is_quick
 from prvr.harness.records import load_record_at
 # The rows and their figures (harness/rows.py); the names below that this file does not use are
 # kept importable from here, where callers and tests have always found them.
-from prvr.harness.rows import (COLUMNS, MOMENT_BASELINE, MOMENT_DECIMALS, MOMENT_DEFAULTS, MOMENT_SUM,  # noqa: F401
+from prvr.harness.rows import (COLUMNS, MOMENT_DECIMALS, MOMENT_DEFAULTS, MOMENT_SUM,  # noqa: F401
                                MOMENT_TIOUS, ORACLE_SUMR, PRVR_KEYS, RELEVANCE_COLUMNS, build_rows, carries_moments,
                                compare, csv_cell, dataset_label, diverged, fmt, is_metric_key, moment_columns,
-                               near_cap)
+                               moment_baseline, near_cap)
 
 
 KEY_COLUMNS = ("dataset", "method", "backbone", "relations", "tag")
@@ -292,7 +292,7 @@ def to_csv(rows: list[dict[str, Any]], reported: list[dict[str, Any]] | None = N
     for col in (*COLUMNS, *moments):
         header += [f"{col.name} mean", f"{col.name} std"]
     header += ["delta SumR vs baseline", "p"]
-    header += [f"delta VCMR SumR vs {MOMENT_BASELINE}", "p (VCMR SumR)"] if moments else []
+    header += [f"delta VCMR SumR vs {moment_baseline()}", "p (VCMR SumR)"] if moments else []
     lines = [",".join([*header, "source"])]
     for r in rows:
         cells = [r["dataset"], r["run"], r["budget"], str(r["on_protocol"]).lower(), r["method"], r["backbone"],
@@ -414,12 +414,12 @@ def moment_table(rows: list[dict[str, Any]]) -> list[str]:
     if not datasets:
         return []
     columns = (*moment_columns(rows), MOMENT_SUM)
-    head = ["dataset", "run", "budget", "seeds", *(c.name for c in columns), f"Δ VCMR SumR vs {MOMENT_BASELINE}"]
+    head = ["dataset", "run", "budget", "seeds", *(c.name for c in columns), f"Δ VCMR SumR vs {moment_baseline()}"]
     lines = ["", "## Moment retrieval", "",
              "The rows of the datasets whose runs localize (VCMR / SVMR: `harness/vcmr.py`, docs/evaluation.md, "
              "\"Moment retrieval\"): test split, percent, mean ± sample std over seeds, two decimals. VR R@K are the "
              "video ranks of the table above; VCMR SumR sums the VCMR R@K over k and tIoU (the SBERT-PR paper picks "
-             f"its conditions by this sum). Δ: difference of mean VCMR SumR to the `{MOMENT_BASELINE}` row of the "
+             f"its conditions by this sum). Δ: difference of mean VCMR SumR to the `{moment_baseline()}` row of the "
              "same dataset (p: paired t-test over shared seeds; * p < 0.05). An empty cell: a figure that not every "
              "seed of the row has (a backbone that does not localize has no VCMR / SVMR).", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

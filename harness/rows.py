@@ -17,6 +17,7 @@ import numpy as np
 from scipy import stats
 
 from prvr.harness.records import budget_label, run_protocol
+from prvr.harness.registry import METHODS
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,6 @@ MOMENT_DEFAULTS = {"VCMR": (1, 10, 100), "SVMR": (1, 5)}
 MOMENT_TIOUS = (0.5, 0.7)
 MOMENT_DECIMALS = 2  # as the SBERT-PR paper gives them (VCMR R@1 on Charades-STA is below 1 %)
 MOMENT_SUM = Column("VCMR SumR", ("VCMR SumR",), decimals=MOMENT_DECIMALS)
-MOMENT_BASELINE = "xml"  # the row the moment table's Δ VCMR SumR compares with (the SBERT-PR paper's XML)
 VR_KEYS = ("R@1", "R@5", "R@10", "R@100")
 PRVR_KEYS = (*VR_KEYS, "SumR")
 
@@ -187,10 +187,20 @@ def compare(row: dict[str, Any], other: dict[str, Any], key: str) -> tuple[float
             p_value(dict(zip(row["seeds"], row[key])), dict(zip(other["seeds"], other[key]))))
 
 
+def moment_baseline() -> str:
+    """The run the moment table's Δ VCMR SumR compares with: the registered method whose spec
+    says `moment_reference` (XML's, registered in methods/xml.py)."""
+    marked = [name for name in METHODS.names() if METHODS.get(name).moment_reference]
+    if len(marked) != 1:
+        raise RuntimeError(f"one registered method must say moment_reference=True, not {len(marked)}: {marked}")
+    return marked[0]
+
+
 def _add_moment_significance(rows: list[dict[str, Any]]) -> None:
     """Δ VCMR SumR (`vcmr_delta`, `vcmr_p`) of each row of a dataset whose runs localize, against
     the dataset's `xml` row, as `_add_significance` does for SumR."""
-    base = {r["dataset"]: r for r in rows if r["run"] == MOMENT_BASELINE and r["on_protocol"] and r.get("localizes")}
+    reference = moment_baseline()
+    base = {r["dataset"]: r for r in rows if r["run"] == reference and r["on_protocol"] and r.get("localizes")}
     for r in rows:
         b = base.get(r["dataset"])
         r["vcmr_delta"], r["vcmr_p"] = None, None

@@ -226,7 +226,8 @@ OBJECTIVES = ("xml-pos-neg", "xml-rel-neg", "xml-pos-rel", "xml-span-nll")
 
 def _recipe(name: str, loss_cls: type, relations: str, summary: str) -> None:
     METHODS.add(name, MethodSpec(name, backbone="xml", relations=relations, loss_cls=loss_cls, objective=xml_objective,
-                                 preset=PRESETS / "xml.yaml", needs=frozenset({"span_logits"}), objectives=OBJECTIVES),
+                                 preset=PRESETS / "xml.yaml", needs=frozenset({"span_logits"}), objectives=OBJECTIVES,
+                                 moment_reference=name == "xml"),  # the moment table's Δ is against XML
                 summary)
 
 

@@ -226,3 +226,12 @@ def test_every_method_on_every_backbone_resolves_for_every_dataset_without_its_d
 def test_the_file_watch_sees_a_read():
     path = Path(prvr.methods.__file__)
     assert touched_during(lambda: path.read_text(encoding="utf-8")) == [("open", str(path))]
+
+
+def test_the_moment_tables_reference_is_registered_by_its_method():
+    """The leaderboard's moment table compares with the one method whose spec says so (XML's,
+    methods/xml.py), not with a name kept in the leaderboard."""
+    from prvr.harness.rows import moment_baseline
+
+    assert moment_baseline() == "xml"
+    assert [n for n in METHODS.names() if METHODS.get(n).moment_reference] == ["xml"]
