@@ -246,7 +246,7 @@ def test_zero_padded_frames_floor_the_csa_score_of_short_videos():
     """ral.padded_frames=zero (the reference's zero frames in the max): the frame branch of a video
     shorter than model.max_frames is the floored CSA score, in the cosine and the raw score; a
     video at full length is scored as with exclude."""
-    from prvr.methods.objectives.ral import csa_scores, word_confidences
+    from prvr.methods.backbones.ral import csa_scores, word_confidences
 
     cfg, run = _tiny("gmmformer2", "ral.padded_frames=zero")
     model = run.model.eval()

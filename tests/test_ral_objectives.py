@@ -1,5 +1,5 @@
-"""RAL's pure functions (methods/objectives/ral.py) against closed forms, Monte Carlo and
-hand-computed values."""
+"""RAL's pure functions (methods/objectives/ral.py, and the CSA score in methods/backbones/ral.py)
+against closed forms, Monte Carlo and hand-computed values."""
 
 import math
 import os
@@ -8,8 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from prvr.methods.objectives.ral import (csa_reference, csa_scores, distribution_alignment, gaussian_kl,
-                                         kl_to_standard, proxy_matching, sample_proxies, word_confidences)
+from prvr.methods.backbones.ral import csa_reference, csa_scores, word_confidences
+from prvr.methods.objectives.ral import (distribution_alignment, gaussian_kl, kl_to_standard, proxy_matching,
+                                         sample_proxies)
 
 
 def test_gaussian_kl_closed_form_by_hand():

@@ -12,9 +12,8 @@ reference's mix, for parity runs only (`loss.kl_reading`).
 - `proxy_matching` (Eq. 10, L_PM): the paper's multi-instance InfoNCE on cosine / temperature
   from text proxies to video proxies, or the reference code's reading (raw dot products,
   the mean log-softmax over the K x K same-video pairs, both directions);
-- `csa_scores` (Eq. 11-12): sum over words of confidence x best frame cosine, computed in
-  chunks of videos so that no [queries, videos, words, frames] tensor exceeds a budget;
-  `csa_reference` is the unchunked definition the tests compare it with.
+- the CSA score (Eq. 11-12) and its word confidences are part of RAL's forward pass, so they
+  live with RAL's backbone: methods/backbones/ral.py (`csa_scores`, `word_confidences`).
 """
 
 from __future__ import annotations
@@ -103,84 +102,3 @@ def proxy_matching(text: torch.Tensor, video: torch.Tensor, temperature: float =
     return 0.5 * (t2v.mean() + (v2t.mean() if every else v2t[has_text].mean()))
 
 
-def word_confidences(logits: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
-    """Eq. 12's g: a softmax over each query's real words (padding gets 0). logits [Q, L]."""
-    return logits.masked_fill(~token_mask, float("-inf")).softmax(-1)
-
-
-class _BestFrame(torch.autograd.Function):
-    """best[q, v, l] = max over the real frames t of video v of <tokens[q, l], frames[v, t]>:
-    tokens [Q, L, d], frames [V, T, d], frame_mask [V, T] -> [Q, V, L].
-
-    The gradient is autograd's for a max (each word's gradient goes to its best frame), as two
-    products with the sparse [Q L, V T] matrix holding one entry per (query, word, video): Q V L d
-    multiply-adds, where autograd builds the dense [Q, V, L, T] gradient and runs two products
-    over it (T times more). Only the best frames' indices are kept for the backward."""
-
-    @staticmethod
-    def forward(ctx, tokens, frames, frame_mask):
-        sims = torch.einsum("qld,vtd->qvlt", tokens, frames)
-        sims.masked_fill_(~frame_mask[None, :, None, :], float("-inf"))
-        best, index = sims.max(-1)
-        ctx.save_for_backward(tokens, frames, index)
-        return best
-
-    @staticmethod
-    def backward(ctx, grad):
-        tokens, frames, index = ctx.saved_tensors
-        (q, length, d), (v, t) = tokens.shape, frames.shape[:2]
-        word = torch.arange(q * length, device=index.device).view(q, 1, length).expand(q, v, length)
-        best_row = index + (torch.arange(v, device=index.device) * t).view(1, v, 1)  # in frames viewed [V T, d]
-        routes = torch.sparse_coo_tensor(torch.stack([word.reshape(-1), best_row.reshape(-1)]), grad.reshape(-1),
-                                         (q * length, v * t), check_invariants=False)
-        grad_tokens = grad_frames = None
-        if ctx.needs_input_grad[0]:
-            grad_tokens = torch.sparse.mm(routes, frames.reshape(v * t, d)).view_as(tokens)
-        if ctx.needs_input_grad[1]:
-            grad_frames = torch.sparse.mm(routes.t(), tokens.reshape(q * length, d)).view_as(frames)
-        return grad_tokens, grad_frames, None
-
-
-def csa_scores(tokens: torch.Tensor, token_mask: torch.Tensor, weights: torch.Tensor, frames: torch.Tensor,
-               frame_mask: torch.Tensor, budget: int = 1 << 24, cosine: bool = True,
-               floor: torch.Tensor | None = None) -> torch.Tensor:
-    """Eq. 11-12: S(q, v) = sum_i g_i max_j sim(q_i, v_j) over real words i and real frames j.
-
-    tokens [Q, L, d], token_mask [Q, L], weights [Q, L] (zero on padding), frames [V, T, d],
-    frame_mask [V, T]; -> [Q, V]. `cosine`: cosine similarity (False: raw dot products, the
-    reference's unnormalised score for NCE). Computed over chunks of videos so that the
-    [Q, chunk, L, T] similarities stay within `budget` elements; with gradients each chunk keeps
-    only the index of each word's best frame (`_BestFrame`), not the similarities, and the
-    backward costs Q V L d instead of 2 Q V L T d.
-
-    `floor` [V] bool: videos whose every word scores at least 0, as if a zero frame were among
-    their frames (the reference pads each video's encoded frames to 128 with zero vectors, which
-    take part in the max: `ral.padded_frames=zero`)."""
-    if cosine:
-        tokens, frames = F.normalize(tokens, dim=-1), F.normalize(frames, dim=-1)
-    q, length = tokens.shape[:2]
-    v, t = frames.shape[:2]
-    step = max(1, budget // max(1, q * length * t))
-    parts = []
-    for s in range(0, v, step):
-        best = _BestFrame.apply(tokens, frames[s : s + step], frame_mask[s : s + step])  # [Q, chunk, L]
-        if floor is not None:
-            best = torch.where(floor[None, s : s + step, None], best.clamp_min(0.0), best)
-        best = best.masked_fill(~token_mask[:, None, :], 0.0)  # a video without frames never reaches here
-        parts.append((best * weights[:, None, :]).sum(-1))
-    return torch.cat(parts, 1) if parts else tokens.new_zeros((q, 0))
-
-
-def csa_reference(tokens: torch.Tensor, token_mask: torch.Tensor, weights: torch.Tensor, frames: torch.Tensor,
-                  frame_mask: torch.Tensor, cosine: bool = True, floor: torch.Tensor | None = None) -> torch.Tensor:
-    """The definition, one pair at a time, differentiated by autograd (tests only)."""
-    unit = (lambda x: F.normalize(x, dim=-1)) if cosine else (lambda x: x)
-    out = tokens.new_zeros((tokens.shape[0], frames.shape[0]))
-    for i in range(tokens.shape[0]):
-        words = unit(tokens[i][token_mask[i]])
-        for j in range(frames.shape[0]):
-            fr = unit(frames[j][frame_mask[j]])
-            if floor is not None and floor[j]:  # one zero frame among the real ones
-                fr = torch.cat([fr, fr.new_zeros((1, fr.shape[1]))])
-            out[i, j] = (weights[i][token_mask[i]] * (words @ fr.t()).max(1).values).sum()
-    return out
