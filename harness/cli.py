@@ -14,16 +14,18 @@ from prvr.harness import progress
 from prvr.harness.io import UserError, ensure_dir
 from prvr.harness.names import check_tag
 from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS, OBJECTIVES, RegistryError
+from prvr.harness.registry import COMMANDS as PART_COMMANDS
 
 if TYPE_CHECKING:
     from prvr.harness.jobs import Launch
 
 DEFAULT_DATASET = "sim-tvr"
-# Modules that add subcommands: each has add_commands(subparsers) and sets `func` on its parsers.
-PLUGIN_COMMANDS: list[str] = ["prvr.harness.ablate", "prvr.harness.reevaluate", "prvr.harness.profiling.command", "prvr.harness.data_cli",
-                              "prvr.harness.detection", "prvr.harness.ral_uncertainty", "prvr.harness.census",
-                              "prvr.harness.world_calibration",
-                              "prvr.harness.parity"]
+# The harness's own modules that add subcommands: each has add_commands(subparsers) and sets
+# `func` on its parsers. A method's or detector's commands are registered from its own file in
+# registry.COMMANDS (RAL's uncertainty report, the SBERT detector's census) and added after these.
+HARNESS_COMMANDS: list[str] = ["prvr.harness.ablate", "prvr.harness.reevaluate", "prvr.harness.profiling.command",
+                               "prvr.harness.data_cli", "prvr.harness.detection", "prvr.harness.world_calibration",
+                               "prvr.harness.parity"]
 
 
 def data_root_overrides(args: argparse.Namespace) -> list[str]:
@@ -117,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--set", dest="overrides", action="append", default=[])
     show.add_argument("--config")
     show.add_argument("--backbone", default=None, metavar="NAME", help="another backbone than the method's own")
-    for module in PLUGIN_COMMANDS:
+    for module in [*HARNESS_COMMANDS, *(PART_COMMANDS.get(name) for name in PART_COMMANDS.names())]:
         importlib.import_module(module).add_commands(sub)
     return parser
 

@@ -99,6 +99,10 @@ BACKBONES: Registry[type[Backbone]] = Registry("backbone")
 DETECTORS: Registry[type[RelationDetector]] = Registry("relation detector")
 OBJECTIVES: Registry[Callable[..., Any]] = Registry("objective")  # loss functions of tensors (methods/objectives/)
 DATASETS: Registry[DatasetEntry] = Registry("dataset")
+# Commands a part brings (RAL's `ral-uncertainty`, the SBERT detector's `census`): name -> the
+# module whose add_commands(subparsers) adds them, registered from the part's own file and
+# imported only when the command line is built (harness/cli.py), so a part's command lives with it
+COMMANDS: Registry[str] = Registry("command")
 
 _PLUGIN_MODULES = ("prvr.methods", "prvr.datasets")
 _loaded = False

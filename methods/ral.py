@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from prvr.harness.checks import FLAG, NON_NEGATIVE, POSITIVE, OneOf, Range, at_least, param
 from prvr.harness.contract import LossOutput, Objective, Relations, Scores, StepContext
-from prvr.harness.registry import METHODS
+from prvr.harness.registry import COMMANDS, METHODS
 from prvr.methods.backbones.ral import AGGREGATIONS, HEADS, PADDED_FRAMES, POOL_PADDINGS, RalModel, support_sets
 from prvr.methods.objectives.ral import (KL_READINGS, PM_READINGS, distribution_alignment, proxy_matching,
                                          sample_proxies)
@@ -212,3 +212,6 @@ register_table(AblationTable("ral", "4", "RAL Table 4: uncertainty modelling", (
     "X^q = Q": (17.6, 39.8, 51.5, 87.9, 196.9), "local only": (17.9, 40.2, 51.2, 87.4, 196.7),
     "global only": (18.0, 40.1, 51.6, 88.2, 197.9), "ours": (18.2, 40.4, 52.1, 88.0, 198.8)},
     reported_source="RAL paper Table 4, GMMFormer v2 on TVR, ResNet+I3D+RoBERTa"))
+
+# RAL's command: `prvr-bench uncertainty` (R@1 of query groups by its query uncertainty, RAL Fig. 3)
+COMMANDS.add("ral-uncertainty", "prvr.harness.ral_uncertainty", "R@1 of query groups by RAL's query uncertainty")

@@ -235,3 +235,23 @@ def test_the_moment_tables_reference_is_registered_by_its_method():
 
     assert moment_baseline() == "xml"
     assert [n for n in METHODS.names() if METHODS.get(n).moment_reference] == ["xml"]
+
+
+def test_a_parts_commands_are_registered_by_the_part_and_reach_the_command_line(capsys):
+    """RAL's uncertainty report and the SBERT detector's census are registered from
+    methods/ral.py and methods/relations/sbert.py (registry.COMMANDS), not listed in cli.py."""
+    import inspect
+
+    from prvr.harness import cli
+    from prvr.harness.registry import COMMANDS
+    from prvr.methods import ral
+    from prvr.methods.relations import sbert
+
+    assert {n: COMMANDS.get(n) for n in COMMANDS.names()} == {"census": "prvr.harness.census",
+                                                               "ral-uncertainty": "prvr.harness.ral_uncertainty"}
+    assert 'COMMANDS.add("census"' in inspect.getsource(sbert) and 'COMMANDS.add("ral-uncertainty"' in inspect.getsource(ral)
+    assert not any("census" in m or "uncertainty" in m for m in cli.HARNESS_COMMANDS)
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    assert "census" in out and "uncertainty" in out

@@ -32,7 +32,7 @@ import torch
 from prvr.harness import progress
 from prvr.harness.checks import Free, OneOf, Range, at_least, param
 from prvr.harness.io import UserError, atomic_path
-from prvr.harness.registry import DETECTORS
+from prvr.harness.registry import COMMANDS, DETECTORS
 from prvr.methods.relations.base import Detector, DetectorState, Relations, find_pairs
 from prvr.methods.relations.phrases import PHIS, elements
 from prvr.methods.relations.text_parsers import PARSERS, ParserChoice, choose_parser
@@ -455,3 +455,5 @@ class SbertDetector(Detector):
         # nested, so that no key reads as one of ARL's branches (theta, phi) in `prvr-bench detection`
         return {"active": True, "detection": self.facts, "split": self.split_quality, "batch": batch}
 
+# The detector's command: `prvr-bench census` (its pairs over a dataset's query text)
+COMMANDS.add("census", "prvr.harness.census", "the SBERT detector's census of a dataset's query text")
