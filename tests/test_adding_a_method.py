@@ -212,3 +212,26 @@ def test_the_guides_commands_on_sim_tiny_run(guide, tmp_path, capsys):
     assert runs == ["baseline+topk-sim", "baseline+topk-sim~k4", "hinge", "hinge+topk-sim", "hinge@msl"]
     record = json.loads((tmp_path / "runs" / "sim-tiny" / "baseline+topk-sim~k4" / "seed0.json").read_text())
     assert record["config"]["relations"]["topk-sim"]["k"] == 4
+
+
+def test_the_paper_sized_methods_table_names_its_files_and_what_they_register():
+    """The guide's RAL section: each file exists, and what its table says each registers is
+    registered, by that file."""
+    from prvr.harness.registry import COMMANDS
+
+    text = re.split(r"^## ", GUIDE.read_text(encoding="utf-8"), flags=re.M)
+    (section,) = [p for p in text if p.startswith("A paper-sized method: RAL")]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    files = [PATH.findall(row.split(" | ")[0])[0] for row in rows]
+    assert files == ["methods/objectives/ral.py", "methods/backbones/ral.py", "methods/ral.py",
+                     "methods/presets/ral.yaml", "harness/ral_uncertainty.py", "docs/methods/ral.md"]
+    assert all((ROOT / f).is_file() for f in files)
+    spec = METHODS.get("ral")
+    assert spec.extends_backbone and spec.wrap is not None and "ral" in spec.sections
+    assert spec.preset == ROOT / "methods" / "presets" / "ral.yaml"
+    for name in spec.objectives:
+        assert name in section and inspect.getsourcefile(OBJECTIVES.get(name)).endswith("methods/objectives/ral.py")
+    assert inspect.getsourcefile(spec.wrap).endswith("methods/ral.py")
+    assert COMMANDS.get("ral-uncertainty") == "prvr.harness.ral_uncertainty" and "ral-uncertainty" in section
+    assert "RalModel" in section and "RalModel" in (ROOT / "methods" / "backbones" / "ral.py").read_text()
+    assert "methods/ral.md" in (ROOT / "mkdocs.yml").read_text()
