@@ -128,6 +128,12 @@ BOOL_INDEX = {ATEN.index.Tensor, ATEN.index_put_.default, ATEN.index_put.default
 ELSEWHERE: dict[str, str] = {}  # (baseline's and ARL's frame maps now go through blocks.rowwise)
 INHERENT = {"hungarian_pairs": "GMMFormer v2's matching is solved on the host (scipy linear_sum_assignment)",
             "hungarian_matching": "and its pairs copied back to the device, one copy per step"}
+NOT_YET = {  # function -> why its step still reads the device: each a fix left to do (docs/profiling.md)
+    "support_sets": "RAL's query support sets: the longest set is read on the host, the tokens placed with nonzero",
+    "proxy_matching": "RAL's L_PM keeps the videos with a paired text by a boolean index",
+    "localization_terms": "XML's span losses select the labelled and ambiguous pairs by boolean indexing",
+    "pos_over_neg": "XML's ranking loss finds its positive pairs with nonzero where the mask is not described (SL)",
+}
 HOST_COPIES = ("numpy", "tolist", "cpu")  # Tensor methods that copy a device tensor to the host
 
 
@@ -208,7 +214,7 @@ def _step_batch(trainer, videos):
     return (batch.pin_memory() if trainer.device.type == "cuda" else batch).to(trainer.device)
 
 
-@pytest.mark.parametrize("method", ["baseline", "msl", "gmmformer", "gmmformer2", "arl"])
+@pytest.mark.parametrize("method", ["baseline", "msl", "gmmformer", "gmmformer2", "arl", "ral", "xml", "xml-sl"])
 def test_a_training_step_asks_the_device_nothing_it_knows_cpu_proxy(method):
     trainer, batches = _trainer(method, "cpu")
     trainer.train_step(_step_batch(trainer, batches[0]), 0, 0)  # warm-up
@@ -217,6 +223,7 @@ def test_a_training_step_asks_the_device_nothing_it_knows_cpu_proxy(method):
         for i, batch in enumerate(ready, start=1):
             trainer.train_step(batch, 0, i)
     allowed = {f for f in ELSEWHERE if any(k.startswith(f) for k in reads.where)}
+    allowed |= {k for k in reads.where if k.split(" ")[-1] in NOT_YET}
     unexplained = {k: n for k, n in reads.where.items() if not _explained(k, allowed)}
     assert not unexplained, f"{method}: host reads in a training step at {unexplained}"
 
@@ -237,6 +244,8 @@ def _syncs(fn) -> list[str]:
 
 STILL_SYNCS = {  # method -> why its step still syncs (not in this suite's data path or losses)
     "gmmformer2": "GMMFormer v2's Hungarian matching solves on the host (scipy): inherent",
+    "ral": NOT_YET["support_sets"] + "; " + NOT_YET["proxy_matching"],
+    "xml": NOT_YET["localization_terms"],
 }
 
 
@@ -244,7 +253,7 @@ STILL_SYNCS = {  # method -> why its step still syncs (not in this suite's data 
 @pytest.mark.parametrize("method", [
     pytest.param(m, marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=STILL_SYNCS[m]))
     if m in STILL_SYNCS else m
-    for m in ["baseline", "msl", "gmmformer", "gmmformer2", "arl"]])
+    for m in ["baseline", "msl", "gmmformer", "gmmformer2", "arl", "ral", "xml"]])
 def test_training_steps_do_not_sync_with_the_gpu(method, on_cuda):
     trainer, batches = _trainer(method)
     assert trainer.device.type == "cuda"
