@@ -169,6 +169,9 @@ class SimConfig:
     # requires that character: texts alike, videos not relevant (real text's low detector lift).
     # 0 = off: the world, its random draws and its cache key are those of before the knob
     unnamed_prob: float = param(0.0, PROBABILITY)
+    # queries whose relevance requires the scene their moment is in while their text does not
+    # name it: texts alike, videos in other scenes not relevant. 0 = off, as unnamed_prob
+    hidden_scene_prob: float = param(0.0, PROBABILITY)
     scene_prob: float = param(0.3, PROBABILITY)  # queries that name the scene
     filler_rate: float = param(0.3, PROBABILITY)  # chance of each filler slot (uninformative words)
     mislabel_rate: float = param(0.0, PROBABILITY)  # noisy correspondence: training queries moved to a random video

@@ -163,3 +163,18 @@ def test_a_knob_added_later_leaves_the_worlds_made_before_it_alone(tiny):
 
     assert "unnamed_prob" not in world_knobs(tiny_sim()) and "query_unnamed" not in tiny["test"].extra
     assert world_knobs(tiny_sim(unnamed_prob=0.2))["unnamed_prob"] == 0.2
+
+
+def test_hidden_scene_queries_require_their_scene_without_naming_it(tiny):
+    """`sim.hidden_scene_prob`: every relevant video of such a query is in the scene of its
+    moment, and its text names no scene; the knob off draws nothing (the world before it)."""
+    d = generate("sim-tiny", tiny_sim(hidden_scene_prob=0.7, scene_prob=0.0))
+    for name in ("train", "test"):
+        s = d[name]
+        hidden, spec, scene = s.extra["query_hidden_scene"], s.extra["query_spec"], s.extra["video_scene"]
+        assert hidden.any() and (~hidden).any() and np.all(spec[hidden, 3] >= 0) and np.all(spec[~hidden, 3] < 0)
+        for q in np.flatnonzero(hidden):
+            own = scene[s.extra["events"][spec[q, 0], world.EV_VIDEO]]
+            assert set(scene[s.relevance[q].indices]) == {own}
+            assert not any(lang.SCENES[k].name in s.query_text[q].lower() for k in range(len(lang.SCENES)))
+    assert "query_hidden_scene" not in tiny["test"].extra

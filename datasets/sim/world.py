@@ -201,6 +201,18 @@ def query_specs(cfg, events: np.ndarray, plan: VideoPlan, rng: np.random.Generat
     return specs
 
 
+def hidden_scene(cfg, specs: np.ndarray, events: np.ndarray, plan: VideoPlan, rng: np.random.Generator) -> np.ndarray:
+    """[Q] bool: the queries whose relevance requires the scene their moment is in while their
+    text does not name it (`sim.hidden_scene_prob` of those that name no scene): texts alike,
+    videos in other scenes not relevant. Sets the scene in `specs` (what relevance requires).
+    No draw at all when the knob is 0, so the worlds made before it are made the same."""
+    if cfg.hidden_scene_prob <= 0:
+        return np.zeros(len(specs), dtype=bool)
+    hidden = (rng.random(len(specs)) < cfg.hidden_scene_prob) & (specs[:, 3] < 0)
+    specs[hidden, 3] = plan.scene[events[specs[hidden, 0], EV_VIDEO]]
+    return hidden
+
+
 def unnamed_text(cfg, specs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """[Q] bool: the queries whose text says "someone" for the character they require
     (`sim.unnamed_prob` of those that name one). No draw at all when the knob is 0, so the
@@ -281,13 +293,15 @@ def generate_split(cfg, concepts: Concepts, split: str, n_videos: int, prefix: s
     plan = plan_videos(cfg, n_videos, rng)
     events = build_events(cfg, plan, rng)
     specs = query_specs(cfg, events, plan, rng)
+    hidden = hidden_scene(cfg, specs, events, plan, rng)
     relevance = relevance_matrix(specs, events, plan)
     unnamed = unnamed_text(cfg, specs, rng)
+    said = specs.copy()  # what the text names: neither an unnamed character nor a hidden scene
+    said[unnamed, 1], said[hidden, 3] = -1, -1
     by_video = np.split(np.arange(len(events)), np.searchsorted(events[:, EV_VIDEO], np.arange(1, n_videos)))
 
     frames = _frame_features(cfg, concepts, plan, events, by_video, rng, progress)
-    text, tokens, parses = _queries(cfg, concepts, events, np.where(unnamed[:, None] & (np.arange(5) == 1), -1, specs),
-                                    rng)
+    text, tokens, parses = _queries(cfg, concepts, events, said, rng)
     query_video = events[specs[:, 0], EV_VIDEO].copy()
     if split == "train" and cfg.mislabel_rate > 0:
         query_video = _mislabel(query_video, cfg.mislabel_rate, n_videos, rng)
@@ -307,7 +321,8 @@ def generate_split(cfg, concepts: Concepts, split: str, n_videos: int, prefix: s
         query_text=text, tokens=tokens, query_video=query_video, moments=moments,
         relevance=relevance, parses=parses,
         extra={"query_spec": specs, "events": events, "video_scene": plan.scene, "video_show": plan.show,
-               **({"query_unnamed": unnamed} if cfg.unnamed_prob > 0 else {})},
+               **({"query_unnamed": unnamed} if cfg.unnamed_prob > 0 else {}),
+               **({"query_hidden_scene": hidden} if cfg.hidden_scene_prob > 0 else {})},
     )
 
 
