@@ -33,6 +33,7 @@ from prvr.harness.rows import csv_cell as _csv_cell, p_value as _p_value
 from prvr.harness.records import budget_label
 from prvr.harness.registry import DATASETS
 from prvr.harness.sections import dataset_preset
+from prvr.harness.world_calibration import TOLERANCE, near_enough, ratio_to_real
 
 SUMR_RANGE = (120.0, 230.0)  # baseline test SumR: room above and below, like the real datasets' baselines
 MULTI_RELEVANT_MIN = 0.20  # share of test queries with more than one relevant video
@@ -42,7 +43,6 @@ ORACLE_GAP_MIN = 5.0  # baseline + oracle over baseline, labelled test SumR
 ALPHA = 0.05  # the significance level the oracle SumR target asks for
 MV_TOLERANCE = 0.02  # per M/V bin, absolute
 WORDS_TOLERANCE = 0.15  # words per query, relative to the imitated dataset's
-REAL_FACTOR = 1.5  # a world calibrated to a real split's verified relevance: within this factor of its figures
 
 # The imitated datasets' statistics (docs/datasets.md, measured on the original annotation
 # files), keyed by a simulated preset's `family`.
@@ -247,17 +247,16 @@ def _data_targets(records: list[dict[str, Any]], base: dict[str, Any] | None,
     def near(key: str):
         def measure(values):
             x, want = _one(values), float(real[key])
-            extra = key == "relevant_per_query"  # compared as extra relevant videos (the labelled one is always there)
-            ratio = (x - 1) / (want - 1) if extra else x / want
-            return 1 / REAL_FACTOR <= ratio <= REAL_FACTOR, f"{x:.3f} against {want:.3f} (x{ratio:.2f})", [x]
+            ratio = ratio_to_real(x, want, key)  # as calibrate-world compares them
+            return near_enough(ratio), f"{x:.3f} against {want:.3f} (x{ratio:.2f})", [x]
         return measure
 
     if real is not None:  # a world calibrated to a real split: its verified figures are the targets
         split = real.get("split", "the real split")
-        out = [judged(f"share of test queries with several relevant videos within x{REAL_FACTOR:g} of {split}'s "
+        out = [judged(f"share of test queries with several relevant videos within x{TOLERANCE:g} of {split}'s "
                       f"({float(real['multi_relevant_share']):.3f}, {real.get('source', 'verified relevance')})",
                       ["multi_relevant_share"], near("multi_relevant_share")),
-               judged(f"extra relevant videos per query within x{REAL_FACTOR:g} of {split}'s (relevant per query "
+               judged(f"extra relevant videos per query within x{TOLERANCE:g} of {split}'s (relevant per query "
                       f"{float(real['relevant_per_query']):.3f})", ["relevant_per_query_mean"],
                       near("relevant_per_query"))]
     else:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,7 +87,9 @@ def read_worlds(path: Path, split: str | None) -> list[World]:
     return list(worlds.values())
 
 
-def _ratio(world: float, real: float, key: str) -> float:
+def ratio_to_real(world: float, real: float, key: str) -> float:
+    """world / real for one figure (NaN where either is not positive); relevant videos per
+    query compared as the extra ones beyond the labelled video."""
     if key == "relevant_per_query":  # the extra relevant videos: 1.2 against 2.0 is a factor of 5, not 1.7
         world, real = world - 1, real - 1
     if not (world > 0 and real > 0):
@@ -94,10 +97,15 @@ def _ratio(world: float, real: float, key: str) -> float:
     return world / real
 
 
+def near_enough(ratio: float) -> bool:
+    """Within a factor of TOLERANCE (False for NaN)."""
+    return 1 / TOLERANCE <= ratio <= TOLERANCE
+
+
 def distance(world: World, real: World, thetas: list[float]) -> float:
     """Mean |ln(world / real)| over the compared figures (NaN where one is missing)."""
     w, r = world.figures(thetas), real.figures(thetas)
-    logs = [abs(math.log(_ratio(w[k], r[k], k))) for k in r]
+    logs = [abs(math.log(ratio_to_real(w[k], r[k], k))) for k in r]
     return sum(logs) / len(logs) if logs else math.nan
 
 
@@ -106,8 +114,7 @@ def within(world: World, real: World, thetas: list[float]) -> list[str]:
     w, r = world.figures(thetas), real.figures(thetas)
     off = []
     for k in r:
-        ratio = _ratio(w[k], r[k], k)
-        if not (1 / TOLERANCE <= ratio <= TOLERANCE):
+        if not near_enough(ratio_to_real(w[k], r[k], k)):
             off.append(k)
     return off
 
@@ -132,8 +139,9 @@ def render(dataset: str, real: World, worlds: list[World], thetas: list[float], 
           "(for relevant_per_query, of the extra relevant videos).", "",
           "| " + " | ".join(head) + " |", "|" + "---|" * len(head),
           *("| " + " | ".join(row) + " |" for row in body)]
-    buf = [",".join(head)] + [",".join(f'"{c}"' if "," in c else c for c in row) for row in body]
-    return "\n".join(md) + "\n", "\n".join(buf) + "\n"
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerows([head, *body])
+    return "\n".join(md) + "\n", buf.getvalue()
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
