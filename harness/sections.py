@@ -172,6 +172,9 @@ class SimConfig:
     # queries whose relevance requires the scene their moment is in while their text does not
     # name it: texts alike, videos in other scenes not relevant. 0 = off, as unnamed_prob
     hidden_scene_prob: float = param(0.0, PROBABILITY)
+    # how many of the vocabulary's 60 actions the world's events use: few = a small, generic
+    # vocabulary in which many queries of different moments read alike. 0 = all, as unnamed_prob
+    actions_in_use: int = param(0, at_least(0))
     scene_prob: float = param(0.3, PROBABILITY)  # queries that name the scene
     filler_rate: float = param(0.3, PROBABILITY)  # chance of each filler slot (uninformative words)
     mislabel_rate: float = param(0.0, PROBABILITY)  # noisy correspondence: training queries moved to a random video

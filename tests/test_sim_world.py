@@ -165,6 +165,24 @@ def test_a_knob_added_later_leaves_the_worlds_made_before_it_alone(tiny):
     assert world_knobs(tiny_sim(unnamed_prob=0.2))["unnamed_prob"] == 0.2
 
 
+def test_a_small_vocabulary_draws_every_event_of_every_split_from_the_same_few_actions(tiny):
+    """`sim.actions_in_use`: the events of all splits use the same k actions (from the world's
+    seed alone), so queries of different moments read alike more often; at 0 or at the whole
+    vocabulary, the world and its cache key are those of before the knob."""
+    from prvr.datasets.sim import world_knobs
+
+    d = generate("sim-tiny", tiny_sim(actions_in_use=6))
+    used = [set(d[name].extra["events"][:, world.EV_ACTION].tolist()) for name in ("train", "val", "test")]
+    assert len(used[0] | used[1] | used[2]) <= 6 and len(used[0]) > 1
+    assert set(world.actions_in_use(tiny_sim(actions_in_use=6)).tolist()) >= used[0] | used[1] | used[2]
+    off_actions = set(tiny["train"].extra["events"][:, world.EV_ACTION].tolist())
+    assert len(off_actions) > 6  # the knob-off world uses more
+    whole = generate("sim-tiny", tiny_sim(actions_in_use=len(lang.concept_vocab()["action"])))
+    assert whole["test"].query_text == tiny["test"].query_text
+    assert (whole["test"].relevance != tiny["test"].relevance).nnz == 0
+    assert "actions_in_use" not in world_knobs(tiny_sim()) and world_knobs(tiny_sim(actions_in_use=6))["actions_in_use"] == 6
+
+
 def test_hidden_scene_queries_require_their_scene_without_naming_it(tiny):
     """`sim.hidden_scene_prob`: every relevant video of such a query is in the scene of its
     moment, and its text names no scene; the knob off draws nothing (the world before it)."""

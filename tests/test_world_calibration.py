@@ -143,3 +143,24 @@ def test_committed_world_reports_are_what_their_command_writes_from_the_committe
         for suffix in (".md", ".csv"):
             name = md.with_suffix(suffix).name
             assert (tmp_path / "calibration" / name).read_text() == (results / "calibration" / name).read_text(), name
+
+
+def test_each_calibrated_preset_is_the_world_its_report_chose():
+    """A variant's `sim` knobs are those of the `chosen` row of its world's committed report, so
+    the preset the runs use is the world the report shows meeting (or missing) the targets."""
+    import re
+
+    from prvr.harness import sections
+    from prvr.harness.registry import DATASETS
+
+    results = Path(__file__).parent.parent / "results" / "calibration"
+    checked = 0
+    for name in ("sim-tvr-v", "sim-charades-v"):
+        preset = sections.load_yaml(DATASETS.get(name).preset)  # the variant's own keys
+        report = results / f"{preset['variant_of']}~real.md"
+        chosen = [line for line in report.read_text().splitlines() if line.endswith("| chosen |")]
+        assert len(chosen) == 1, report
+        knobs = dict(word.split("=", 1) for word in chosen[0].split("|")[1].split())
+        assert {f"sim.{k}": str(v) for k, v in preset["sim"].items()} == knobs, name
+        checked += 1
+    assert checked == 2

@@ -117,12 +117,25 @@ def count_events(cfg, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.
     return annotated, extra
 
 
+def actions_in_use(cfg) -> np.ndarray:
+    """The actions the world's events draw from: all of the vocabulary, or `sim.actions_in_use`
+    of them (a small, generic vocabulary: Charades-STA's "a person opens the door"), the same
+    for every split of one world (drawn from the world's seed alone). At 0 (all) nothing is
+    drawn, so the worlds made before the knob are made the same."""
+    n_actions = len(lang.concept_vocab()["action"])
+    if cfg.actions_in_use <= 0 or cfg.actions_in_use >= n_actions:
+        return np.arange(n_actions)
+    rng = np.random.default_rng([cfg.seed, 11])
+    return np.sort(rng.choice(n_actions, size=cfg.actions_in_use, replace=False))
+
+
 class EventSampler:
     """Draws event contents; recurring events make label ambiguity, fresh ones avoid it."""
 
     def __init__(self, cfg, plan: VideoPlan, total_events: int, rng: np.random.Generator) -> None:
         self.cfg, self.plan, self.rng = cfg, plan, rng
         self.used: set[tuple[int, int, int]] = set()
+        self.actions = actions_in_use(cfg)
         n_shows = len(lang.SHOWS)
         expected_recurring = total_events * cfg.repeat_prob / n_shows
         pool_size = max(1, int(round(expected_recurring / max(cfg.repeat_copies, 1.0))))
@@ -133,9 +146,8 @@ class EventSampler:
         return self._combo(np.asarray(chars))
 
     def _combo(self, chars: np.ndarray) -> tuple[int, int, int]:
-        n_actions = len(lang.concept_vocab()["action"])
         for _ in range(50):  # avoid accidental repeats so that `repeat_prob` is the knob
-            a = int(self.rng.integers(n_actions))
+            a = int(self.actions[self.rng.integers(len(self.actions))])
             o = int(self.rng.choice(lang.objects_of_action(a)))
             c = int(self.rng.choice(chars))
             if (c, a, o) not in self.used:
