@@ -45,6 +45,54 @@ def test_a_method_whose_extra_is_missing_is_a_skipped_row_not_a_failure(tmp_path
     assert all(r["ok"] for r in rows[1:]), rows  # the evaluate rows read baseline's record
 
 
+class _FakePytest:
+    """A `pytest -m cuda -k K` process that prints a canned summary and exits with a code."""
+
+    runs: list = []
+    answers = {"compile": ("1 passed in 70.00s", 0), "not compile": ("17 passed, 2 skipped in 20.00s", 0)}
+
+    def __init__(self, cmd, **kwargs):
+        self.k = cmd[cmd.index("-k") + 1]
+        self.runs.append(cmd)
+        self.out, self.returncode = self.answers[self.k]
+
+    def communicate(self):
+        return f"....\n{self.out}\n", None
+
+
+def test_cuda_tests_run_in_two_background_halves_and_come_back_as_the_first_row(tmp_path, monkeypatch):
+    """gpu-check starts `pytest -m cuda` (the compile test apart) before the functional rows and
+    waits for it before the timing rows; one row, first in the table, both halves' output kept."""
+    from prvr.harness.profiling import gpu_check
+
+    _FakePytest.runs = []
+    real = gpu_check.subprocess.Popen
+    monkeypatch.setattr(gpu_check.subprocess, "Popen",  # git and the other commands: the real ones
+                        lambda cmd, **kw: _FakePytest(cmd, **kw) if "pytest" in cmd else real(cmd, **kw))
+    monkeypatch.setattr(gpu_check, "precision_rows", lambda device: iter(()))  # timing rows: not here
+    monkeypatch.setattr(gpu_check, "evaluator_row", lambda device, quick: gpu_check.Row("evaluator", "not here"))
+    monkeypatch.setattr(gpu_check, "profile_row", lambda device, out: gpu_check.Row("profile", "skipped here"))
+    assert main(["gpu-check", "--device", "cpu", "--method", "baseline", "--out", str(tmp_path), "--quiet"]) == 0
+    assert sorted(cmd[cmd.index("-k") + 1] for cmd in _FakePytest.runs) == ["compile", "not compile"]
+    rows = json.loads((tmp_path / "gpu-check.json").read_text())
+    assert rows[0]["check"] == "pytest -m cuda" and rows[0]["ok"]
+    assert "the compile test: 1 passed in 70.00s" in rows[0]["result"]
+    assert "the other CUDA tests: 17 passed, 2 skipped" in rows[0]["result"]
+    assert [r["check"] for r in rows][-1] == "profile" and len(rows) == 7
+    log = (tmp_path / "pytest-cuda.log").read_text()
+    assert "-k 'compile'" in log and "-k 'not compile'" in log and "17 passed" in log
+
+
+def test_a_failing_cuda_test_half_fails_the_row(tmp_path, monkeypatch):
+    from prvr.harness.profiling import gpu_check
+
+    monkeypatch.setattr(gpu_check.subprocess, "Popen", _FakePytest)
+    monkeypatch.setattr(_FakePytest, "answers", {"compile": ("1 failed in 3.00s", 1),
+                                                 "not compile": ("17 passed in 20.00s", 0)})
+    row = gpu_check.CudaTests(tmp_path / "log.txt").wait()
+    assert not row.ok and "the compile test: 1 failed" in row.result
+
+
 def test_rehearsal_goes_from_world_to_export_to_real_loaders_to_an_epoch(tmp_path):
     work = tmp_path / "work"
     assert main(["rehearse", "--scale", "tiny", "--method", "baseline", "--train-batches", "1", "--out",

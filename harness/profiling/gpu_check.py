@@ -1,6 +1,7 @@
 """`prvr-bench gpu-check` (`nox -s gpu`): every GPU check in one short run, one table.
 
-Rows: the CUDA tests (`pytest -m cuda`); every registered method one epoch on sim-tiny on the
+Rows: the CUDA tests (`pytest -m cuda`, in the background beside the functional rows, waited
+for before the timing rows); every registered method one epoch on sim-tiny on the
 device (seconds, peak device memory, test SumR); `evaluate --parts` and `--noise-levels` on
 one of those records; a run killed after an epoch and resumed against the uninterrupted run
 (`train.deterministic=true`: equal metrics); the evaluator at the TVR test shape; one
@@ -68,8 +69,10 @@ def cmd_gpu_check(args: argparse.Namespace) -> None:
 
     with tempfile.TemporaryDirectory(prefix="prvr-gpu-check-") as tmp:
         work = Path(tmp)
-        if not (args.quick or args.skip_tests):
-            add(cuda_tests(Path(out) / "pytest-cuda.log"))
+        # the CUDA tests run beside the functional rows (their seconds are then not costs) and
+        # are waited for before the timing rows, which run alone: the check's wall time is
+        # about the tests' instead of their sum (the compile test alone is a minute of it)
+        tests = None if args.quick or args.skip_tests else CudaTests(Path(out) / "pytest-cuda.log")
         methods = args.method or METHODS.names()
         for m in methods:
             add(epoch_row(m, device, work))
@@ -79,6 +82,8 @@ def cmd_gpu_check(args: argparse.Namespace) -> None:
         add(reevaluate_row(first, device, "--noise-levels", "0", "0.5"))
         add(resume_row(device, work))
         add(evaluator_row(device, args.quick))
+        if tests is not None:
+            rows.insert(0, tests.wait())
         if not args.quick:
             for row in precision_rows(device):
                 add(row)
@@ -133,18 +138,37 @@ def _cfg(method: str, dataset: str, device: torch.device, extra: list[str]):
     return resolve(method, dataset, 0, [f"train.device={device}", *extra])
 
 
-def cuda_tests(log: Path) -> Row:
-    """`pytest -m cuda`; its whole output (failures' tracebacks too) kept in `log`."""
-    def run() -> tuple[str, bool]:
-        done = subprocess.run([sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-rfEX", "--durations=8",
-                               "-p", "no:cacheprovider"],
-                              capture_output=True, text=True)
-        with atomic_path(log) as tmp:
-            Path(tmp).write_text(done.stdout + done.stderr, encoding="utf-8")
-        tail = (done.stdout.strip().splitlines() or ["(no output)"])[-1]
-        return f"{tail} (output in {log.name})", done.returncode == 0
+# the compile test apart from the others: both halves at once, so the tests take about the
+# compile test's time (tests/test_cuda.py::test_tf32_and_compile_train_on_cuda, 71 of 92 s on an H100)
+COMPILE_TEST = "compile"
+TEST_HALVES = (("the compile test", COMPILE_TEST), ("the other CUDA tests", f"not {COMPILE_TEST}"))
 
-    return attempt("pytest -m cuda", torch.device("cpu"), run)
+
+class CudaTests:
+    """`pytest -m cuda` in the background, in two processes (the compile test, the rest); their
+    whole output (failures' tracebacks too) kept in `log`; `wait()` gives the one row."""
+
+    def __init__(self, log: Path) -> None:
+        progress.log("gpu-check: pytest -m cuda (in the background)")
+        self.log, self.start = log, time.perf_counter()
+        self.procs = [subprocess.Popen([sys.executable, "-m", "pytest", "-m", "cuda", "-k", k, "-q", "-rfEX",
+                                        "--durations=8", "-p", "no:cacheprovider"],
+                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                      for _, k in TEST_HALVES]
+
+    def wait(self) -> Row:
+        outputs = [proc.communicate()[0] for proc in self.procs]
+        seconds = time.perf_counter() - self.start
+        with atomic_path(self.log) as tmp:
+            Path(tmp).write_text("".join(f"# pytest -m cuda -k '{k}' ({name})\n{text}\n"
+                                         for (name, k), text in zip(TEST_HALVES, outputs)), encoding="utf-8")
+        tails = [(text.strip().splitlines() or ["(no output)"])[-1] for text in outputs]
+        ok = all(proc.returncode in (0, 5) for proc in self.procs)  # 5: nothing collected in a half
+        if not any(proc.returncode == 0 for proc in self.procs):
+            ok = False  # neither half ran a test: no CUDA test at all
+        result = "; ".join(f"{name}: {tail}" for (name, _), tail in zip(TEST_HALVES, tails))
+        return Row("pytest -m cuda", f"{result} (output in {self.log.name}; beside the rows up to the evaluator's)",
+                   seconds, float("nan"), ok)
 
 
 def epoch_row(method: str, device: torch.device, work: Path) -> Row:
