@@ -8,9 +8,8 @@ record's resolved config, load `<out>/checkpoints/<dataset>/<run>/seed<S>/best.p
   and frame branches of the MS-SL family, ARL's two models theta and Phi);
 - `--ensemble`: the mean of the fused scores of all given runs (e.g. two seeds of the
   baseline, to compare with ARL, whose prediction averages two models).
-- `--fusion-weights`: the branch weights of every dynamic GMM block (GMMFormer v2 and RAL on
-  it) over the split's videos: the mean weight each Gaussian branch gets over all real
-  positions, and the mean of the largest weight at a position (1 / branches when uniform).
+- `--NAME` of an analysis a method brings (registry.EVALUATIONS, registered from the method's
+  own file, e.g. GMMFormer v2's `--fusion-weights`: harness/fusion_weights.py): its rows.
 - `--score-levels`: where each score sits over the split: the mean over the labelled pairs,
   the mean, std, min and max over all pairs (with `--parts`, every score part). A model whose
   loss is lowered by moving every score down together shows it here: all pairs at one level,
@@ -31,6 +30,7 @@ Nothing is trained and no record is changed; `--json FILE` writes the figures at
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import shlex
 from pathlib import Path
@@ -43,6 +43,7 @@ from prvr.datasets.loader import Batcher
 from prvr.datasets.real.relevance import RelevanceFile, SplitKeys, join, read_relevance, report_lines
 from prvr.harness.evaluate import evaluate_model, evaluate_scores, score_matrices
 from prvr.harness.io import UserError, write_json
+from prvr.harness.registry import DATASETS, EVALUATIONS
 from prvr.harness.rankings import load_rankings, metrics_of, rankings_path
 
 SUMMARY = ("R@1", "R@5", "R@10", "R@100", "SumR")
@@ -137,7 +138,7 @@ def evaluate_runs(record_files: list[str | Path], split_name: str = "test", part
     fused: list[torch.Tensor] = []
     datasets: dict[str, Any] = {}
     for run in runs:
-        data = _data_of(run, split_name, datasets)
+        data = split_data(run, split_name, datasets)
         split, chunk = data[split_name], run.cfg.eval.chunk
         batcher = Batcher(split, run.cfg.data)
         model = run.model(data)
@@ -171,7 +172,7 @@ def score_level_rows(record_files: list[str | Path], split_name: str = "test", p
     rows: list[dict[str, Any]] = []
     datasets: dict[str, Any] = {}
     for run in (StoredRun(f, device, data_root) for f in record_files):
-        data = _data_of(run, split_name, datasets)
+        data = split_data(run, split_name, datasets)
         split = data[split_name]
         model = run.model(data)
         progress.log(f"evaluate {run.name}: score levels on {split_name}")
@@ -194,58 +195,6 @@ def format_score_level_rows(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def fusion_weight_rows(record_files: list[str | Path], split_name: str = "test", device: str = "auto",
-                       data_root: str | None = None) -> list[dict[str, Any]]:
-    """Rows {run, record, block, widths, mean, max_mean, positions} for each dynamic GMM block
-    (`blocks.DynamicGMMBlock`) of each run, read while the split's videos are encoded from the
-    best checkpoint: `mean[b]` is branch b's weight averaged over every real position of every
-    video, `max_mean` the largest weight at a position, averaged."""
-    from prvr.harness.evaluate import VIDEO_BATCH, encode_all
-    from prvr.methods.backbones.blocks import DynamicGMMBlock
-
-    rows: list[dict[str, Any]] = []
-    datasets: dict[str, Any] = {}
-    for run in (StoredRun(f, device, data_root) for f in record_files):
-        data = _data_of(run, split_name, datasets)
-        model = run.model(data)
-        blocks = {name: m for name, m in model.named_modules() if isinstance(m, DynamicGMMBlock)}
-        if not blocks:
-            raise UserError(f"{run.path}: its model ({run.record.get('method')}) has no dynamic GMM block, so no "
-                            "branch weights; --fusion-weights is for GMMFormer v2 and RAL on it")
-        seen: dict[str, list[torch.Tensor]] = {name: [] for name in blocks}
-        for name, block in blocks.items():
-            block.branch_weights = _recording(block.branch_weights, seen[name])  # instance attribute, this model only
-        progress.log(f"evaluate {run.name}: branch weights of {', '.join(blocks)} on {split_name}")
-        split = data[split_name]
-        with torch.no_grad():  # the videos only: the weights are the video encoders'
-            encode_all(model.encode_videos, Batcher(split, run.cfg.data).videos, split.num_videos, VIDEO_BATCH,
-                       run.device)
-        for name, block in blocks.items():
-            w = torch.cat(seen[name], dim=1).double()  # [branches, real positions]
-            rows.append({"run": run.name, "record": str(run.path), "block": name,
-                         "widths": list(block.branches.widths), "positions": w.shape[1],
-                         "mean": w.mean(1).tolist(), "max_mean": w.max(0).values.mean().item()})
-    return rows
-
-
-def _recording(fn, store: list[torch.Tensor]):
-    def wrapped(*args, **kwargs):
-        out = fn(*args, **kwargs)
-        store.append(out.detach().cpu())
-        return out
-    return wrapped
-
-
-def format_fusion_rows(rows: list[dict[str, Any]]) -> str:
-    lines = ["| run | block | positions | mean weight per branch (width) | mean largest weight | uniform |",
-             "|---|---|---|---|---|---|"]
-    for r in rows:
-        per = ", ".join(f"{m:.3f} ({'plain' if w == 0 else f'{w:g}'})" for w, m in zip(r["widths"], r["mean"]))
-        lines.append(f"| {r['run']} | {r['block']} | {r['positions']} | {per} | {r['max_mean']:.3f} | "
-                     f"{1 / len(r['widths']):.3f} |")
-    return "\n".join(lines)
-
-
 def noise_rows(record_files: list[str | Path], levels: list[float], source: str = "other", split_name: str = "test",
                device: str = "auto", data_root: str | None = None, store: bool = True) -> list[dict[str, Any]]:
     """Rows {run, record, score, source, level, metrics} of each run's noise curve (harness/noise.py)
@@ -260,7 +209,7 @@ def noise_rows(record_files: list[str | Path], levels: list[float], source: str 
     rows: list[dict[str, Any]] = []
     datasets: dict[str, Any] = {}
     for run in runs:
-        data = _data_of(run, split_name, datasets)
+        data = split_data(run, split_name, datasets)
         progress.log(f"evaluate {run.name}: noise levels {' '.join(f'{p:g}' for p in curve_levels(levels))} "
                      f"({source}) on {split_name}")
         curve = noise_curve(run.model(data), data[split_name], run.cfg.data, run.device, run.cfg.eval.chunk, levels,
@@ -331,7 +280,7 @@ def _stored_row(path: Path, file: RelevanceFile, split_name: str) -> dict[str, A
 
 
 def _checkpoint_row(run: StoredRun, file: RelevanceFile, split_name: str, datasets: dict[str, Any]) -> dict[str, Any]:
-    split = _data_of(run, split_name, datasets)[split_name]
+    split = split_data(run, split_name, datasets)[split_name]
     relevance, report = _joined(file, SplitKeys.of_split(split), split_name, run.path)
     split.relevance = relevance  # this evaluation's ground truth, in place of the split's own
     progress.log(f"evaluate {run.name}: {split_name} from {run.checkpoint.name} under {file.name}")
@@ -376,12 +325,10 @@ def format_relevance_rows(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _data_of(run: StoredRun, split_name: str, datasets: dict[str, Any]):
+def split_data(run: StoredRun, split_name: str, datasets: dict[str, Any]) -> Any:
     """The run's dataset, loaded once per world (`_world`) across runs; a missing split is one line."""
     key = _world(run)
     if key not in datasets:
-        from prvr.harness.registry import DATASETS
-
         datasets[key] = DATASETS.get(run.cfg.dataset).load(run.cfg)
     data = datasets[key]
     if split_name not in data.splits:
@@ -434,20 +381,29 @@ def add_commands(sub) -> None:
                         "from the rankings stored beside its record (no checkpoint, no training)")
     p.add_argument("--from-checkpoint", action="store_true",
                    help="with --relevance: rank the split again from the best checkpoint instead of the stored rankings")
-    p.add_argument("--fusion-weights", action="store_true",
-                   help="instead: the branch weights of each dynamic GMM block (GMMFormer v2, RAL on it) over the "
-                        "split's videos")
+    for entry in EVALUATIONS.entries():  # the analyses methods bring, e.g. --fusion-weights
+        p.add_argument(f"--{entry.name}", dest=_dest(entry.name), action="store_true", help=f"instead: {entry.summary}")
     p.set_defaults(func=cmd_evaluate)
+
+
+def _dest(name: str) -> str:
+    return "evaluation_" + name.replace("-", "_").replace(".", "_")
+
+
+def _analyses(args: argparse.Namespace) -> list[str]:
+    """The method-brought analyses (registry.EVALUATIONS) asked for on the command line."""
+    return [name for name in EVALUATIONS.names() if getattr(args, _dest(name), False)]
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
     root = args.data_root or os.environ.get("PRVR_DATA")
     if args.from_checkpoint and args.relevance is None:
         raise UserError("--from-checkpoint goes with --relevance FILE (plain `evaluate` ranks from the checkpoint already)")
+    analyses = _analyses(args)
     if args.relevance is not None:
-        if args.parts or args.ensemble or args.noise_levels is not None or args.score_levels or args.fusion_weights:
+        if args.parts or args.ensemble or args.noise_levels is not None or args.score_levels or analyses:
             raise UserError("--relevance scores each run's fused ranks; leave out --parts, --ensemble, --noise-levels, "
-                            "--score-levels and --fusion-weights")
+                            f"--score-levels and {', '.join('--' + n for n in EVALUATIONS.names())}")
         rows = relevance_rows(args.records, args.relevance, args.split, args.from_checkpoint, args.device, root)
         print(format_relevance_rows(rows))
         for r in rows:  # what joined and what did not, per run
@@ -455,12 +411,14 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
                              for i, line in enumerate(report_lines(r["relevance"]))]))
         _write_json(args, rows, relevance=Path(args.relevance).name)
         return
-    if args.fusion_weights:
-        if args.parts or args.ensemble or args.noise_levels is not None or args.score_levels:
-            raise UserError("--fusion-weights reads the models' branch weights; leave out --parts, --ensemble, "
-                            "--noise-levels and --score-levels")
-        rows = fusion_weight_rows(args.records, args.split, args.device, root)
-        print(format_fusion_rows(rows))
+    if analyses:
+        flags = " ".join(f"--{n}" for n in analyses)
+        if len(analyses) > 1 or args.parts or args.ensemble or args.noise_levels is not None or args.score_levels:
+            raise UserError(f"{flags} is an analysis of its own; leave out --parts, --ensemble, --noise-levels, "
+                            "--score-levels and the other analyses")
+        analysis = importlib.import_module(EVALUATIONS.get(analyses[0]))
+        rows = analysis.rows(args.records, args.split, args.device, root)
+        print(analysis.format_rows(rows))
         _write_json(args, rows)
         return
     if args.score_levels:

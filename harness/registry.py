@@ -103,6 +103,10 @@ DATASETS: Registry[DatasetEntry] = Registry("dataset")
 # module whose add_commands(subparsers) adds them, registered from the part's own file and
 # imported only when the command line is built (harness/cli.py), so a part's command lives with it
 COMMANDS: Registry[str] = Registry("command")
+# Analyses a part brings to `prvr-bench evaluate` (GMMFormer v2's `--fusion-weights`): flag name ->
+# the module whose rows(records, split, device, data_root) and format_rows(rows) make them,
+# registered from the part's own file and imported only when its flag is given (harness/reevaluate.py)
+EVALUATIONS: Registry[str] = Registry("evaluation")
 
 _PLUGIN_MODULES = ("prvr.methods", "prvr.datasets")
 _loaded = False

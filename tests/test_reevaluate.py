@@ -102,13 +102,14 @@ def test_fusion_weights_equal_the_blocks_weights_recomputed_from_their_inputs(v2
 
     from prvr.datasets.loader import Batcher
     from prvr.harness.evaluate import encode_split
-    from prvr.harness.reevaluate import StoredRun, _data_of, fusion_weight_rows
+    from prvr.harness.fusion_weights import rows as fusion_weight_rows
+    from prvr.harness.reevaluate import StoredRun, split_data
     from prvr.methods.backbones.blocks import DynamicGMMBlock, full_mask
 
     rows = fusion_weight_rows([v2_run])
     assert {r["block"] for r in rows} == {"clip_block", "frame_block"}
     run = StoredRun(v2_run)
-    data = _data_of(run, "test", {})
+    data = split_data(run, "test", {})
     model = run.model(data)
     inputs: dict[str, list] = {}
     for name, m in model.named_modules():
