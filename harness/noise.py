@@ -1,8 +1,8 @@
 """Noise robustness curves (RAL paper, Fig. 5): test SumR as a segment of p x each test
 video's length is inserted at its start (datasets/noise.py), for every method.
 
-- `noise_curve`: one model's curve, each level through the suite's evaluator
-  (`evaluate_model` on the noisy test split). `prvr-bench run` stores it in the record as
+- `noise_curve` (harness/robustness.py, the engine's: a run makes it): one model's curve,
+  each level through the suite's evaluator (`evaluate_model` on the noisy test split). `prvr-bench run` stores it in the record as
   `metrics.noise` when `eval.noise_levels` is set; `prvr-bench evaluate --noise-levels` makes
   it for a stored run from its best checkpoint and stores it beside the record as
   `seed<S>.noise-<source>.json` (the record itself is never changed).
@@ -25,13 +25,7 @@ from prvr.harness.names import check_name, inside
 from prvr.harness.records import budget_label
 from prvr.harness.rows import dataset_label, diverged, record_protocol
 
-SUMMARY = ("R@1", "R@5", "R@10", "R@100", "SumR")
 CURVE_FILE = re.compile(r"seed(\d+)\.noise-(\w+)\.json")
-
-
-def curve_levels(levels) -> list[float]:
-    """The levels of a curve: those asked for, with 0 (the plain test split), ascending."""
-    return sorted({0.0, *(float(p) for p in levels)})
 
 
 def check_levels(levels, what: str) -> list[float]:
@@ -42,34 +36,6 @@ def check_levels(levels, what: str) -> list[float]:
     if len({float(p) for p in levels}) != len(levels):
         raise UserError(f"{what} must be distinct, got {' '.join(f'{p:g}' for p in levels)}")
     return [float(p) for p in levels]
-
-
-def noise_curve(model, split, data_cfg, device, chunk: int, levels, source: str,
-                plain: dict | None = None, show: bool = False) -> dict[str, Any]:
-    """{"source": S, "levels": {"0.0": {R@1, R@5, R@10, R@100, SumR}, "0.1": ...}}: the split
-    ranked once per level with the segment inserted; level 0 is `plain` (the split's own
-    metrics) where given, else the split evaluated as it is."""
-    from prvr.datasets.loader import Batcher
-    from prvr.datasets.noise import level_key, with_noise
-    from prvr.harness.evaluate import evaluate_model
-
-    was_training = model.training
-    out: dict[str, dict[str, float]] = {}
-    for p in curve_levels(levels):
-        if p == 0.0 and plain is not None:
-            metrics = plain
-        else:
-            noisy = with_noise(split, p, source)
-            metrics = evaluate_model(model, noisy, Batcher(noisy, data_cfg), device, chunk,
-                                     f"eval test, noise {p:g} ({source})" if show else None, moments=False)
-        out[level_key(p)] = {k: float(metrics[k]) for k in SUMMARY}
-    model.train(was_training)
-    return {"source": source, "levels": out}
-
-
-def curve_line(curve: dict[str, Any]) -> str:
-    """One line for a log: SumR per level."""
-    return ", ".join(f"p={float(p):g}: {m['SumR']:.1f}" for p, m in curve["levels"].items())
 
 
 # --------------------------------------------------------------------------- stored curves

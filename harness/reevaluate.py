@@ -44,6 +44,7 @@ from prvr.datasets.real.relevance import RelevanceFile, SplitKeys, join, read_re
 from prvr.harness.evaluate import evaluate_model, evaluate_scores, score_matrices
 from prvr.harness.io import UserError, write_json
 from prvr.harness.registry import DATASETS, EVALUATIONS
+from prvr.harness.robustness import curve_levels, noise_curve
 from prvr.harness.rankings import load_rankings, metrics_of, rankings_path
 
 SUMMARY = ("R@1", "R@5", "R@10", "R@100", "SumR")
@@ -200,7 +201,7 @@ def noise_rows(record_files: list[str | Path], levels: list[float], source: str 
     """Rows {run, record, score, source, level, metrics} of each run's noise curve (harness/noise.py)
     from its best checkpoint; on the test split each curve is stored beside its record."""
     from prvr.datasets.noise import NOISE_SOURCES
-    from prvr.harness.noise import check_levels, curve_levels, noise_curve, store_curve
+    from prvr.harness.noise import check_levels, store_curve
 
     levels = check_levels(levels, "--noise-levels")
     if source not in NOISE_SOURCES:

@@ -13,6 +13,7 @@ from prvr.harness.rankings import TOP_K, rank_split, rankings_path, save_ranking
 from prvr.harness.records import (checkpoint_dir, provenance, provenance_time, record_path, run_protocol, run_tag,
                                   write_record)
 from prvr.harness.registry import METHODS
+from prvr.harness.robustness import curve_line, noise_curve
 from prvr.harness.timing import Timings
 from prvr.harness.trainer import device_name
 
@@ -60,9 +61,7 @@ def train_and_record(cfg, out: str | Path, resume: bool = False, tag: str = "", 
     with timings("eval_test"):
         test = trainer.evaluate("test", show=True)
     noise = None
-    if cfg.eval.noise_levels:  # robustness to an inserted segment (harness/noise.py), the same checkpoint
-        from prvr.harness.noise import curve_line, noise_curve
-
+    if cfg.eval.noise_levels:  # robustness to an inserted segment (harness/robustness.py), the same checkpoint
         with timings("eval_noise"):
             noise = noise_curve(trainer.model, data["test"], cfg.data, trainer.device, cfg.eval.chunk,
                                 cfg.eval.noise_levels, cfg.eval.noise_source, plain=test, show=True)
