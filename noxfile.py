@@ -19,9 +19,9 @@ def _install(session: nox.Session, extras: str = "") -> None:
 TYPED = (
     "harness/contract.py", "harness/registry.py", "methods/objectives",
     "methods/arl.py", "methods/baseline.py", "methods/gmmformer.py", "methods/gmmformer2.py", "methods/msl.py",
-    "methods/xml.py",
+    "methods/xml.py", "methods/ral.py",
     "methods/backbones/api.py", "methods/backbones/baseline.py", "methods/backbones/gmmformer.py",
-    "methods/backbones/gmmformer2.py",
+    "methods/backbones/gmmformer2.py", "methods/backbones/ral.py",
 )
 PACKAGE_DIRS = ("harness", "methods", "datasets")  # prvr.<folder> (pyproject.toml package-dir)
 

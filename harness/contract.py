@@ -6,11 +6,13 @@ What crosses a seam is declared here:
 
 - a backbone's two sides, `Encoded` (named tensors; the keys are the backbone's, the outputs it
   `provides` are listed in methods/backbones/api.py OUTPUTS), and its `Scores`;
-- a training step's forward pass, `StepOutputs` {"queries", "videos", "scores"};
+- a training step's forward pass, `StepOutputs` {"queries", "videos", "scores", "extras"}, its
+  extras what a backbone with `step_extras` (`StepExtras`) computes for its objective alone;
 - a detector's answer, `Relations`, and what its hooks see of training, `DetectorState`;
 - what an objective gets besides scores and relations, `StepContext`, and what it returns,
   `LossOutput` (the loss under "loss" and its named parts, which the trainer logs);
-- the parts themselves: the `Backbone` and `RelationDetector` protocols, an `Objective`,
+- the parts themselves: the `Backbone` and `RelationDetector` protocols (and `StepExtras`, a
+  backbone's optional part), an `Objective`,
   `MethodSpec` (what `--method NAME` means) and `DatasetEntry` (a registered dataset).
 
 The registries of harness/registry.py are typed with these (`Registry[MethodSpec]`, ...).
@@ -22,7 +24,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Protocol, TypedDict, runtime_checkable
+from typing import Any, Callable, ClassVar, Protocol, TypedDict, TypeVar, runtime_checkable
 
 import torch
 
@@ -36,16 +38,19 @@ Encoded = dict[str, torch.Tensor]
 # 0-d tensor, which the trainer logs per step and sums per epoch.
 LossOutput = dict[str, torch.Tensor]
 
+_V = TypeVar("_V")  # what an `OnDemand` holds
 
-class OnDemand(Mapping[str, torch.Tensor]):
+
+class OnDemand(Mapping[str, _V]):
     """A mapping whose keys are fixed and whose values are computed on first access: scores
-    that only the losses read (GMMFormer's raw dot products) cost evaluation nothing."""
+    that only the losses read (GMMFormer's raw dot products) cost evaluation nothing; a step's
+    extras (`StepExtras`) are computed where the objective reads them."""
 
-    def __init__(self, makers: dict[str, Callable[[], torch.Tensor]]) -> None:
+    def __init__(self, makers: dict[str, Callable[[], _V]]) -> None:
         self._makers = makers
-        self._made: dict[str, torch.Tensor] = {}
+        self._made: dict[str, _V] = {}
 
-    def __getitem__(self, key: str) -> torch.Tensor:
+    def __getitem__(self, key: str) -> _V:
         if key not in self._made:
             self._made[key] = self._makers[key]()
         return self._made[key]
@@ -106,11 +111,14 @@ def _cat_key(dicts: list[Mapping[str, torch.Tensor]], key: str) -> torch.Tensor:
 
 class StepOutputs(TypedDict):
     """A training step's forward pass, as the trainer hands it to the detector and, through
-    `StepContext.outputs`, to the objective."""
+    `StepContext.outputs`, to the objective. extras: what the backbone computes for its
+    objective alone (`StepExtras.step_extras`, e.g. RAL's Gaussians under "ral.gaussians"),
+    keyed by the backbone; {} from a backbone without it."""
 
     queries: Encoded
     videos: Encoded
     scores: Scores
+    extras: Mapping[str, object]
 
 
 @dataclass
@@ -202,6 +210,19 @@ class Backbone(Protocol):
     def score(self, queries: Encoded, videos: Encoded, /) -> Scores: ...
 
 
+@runtime_checkable
+class StepExtras(Protocol):
+    """An optional part of a backbone: what it computes in a training step for its method's
+    objective alone, beyond the scores (RAL: its Gaussians, methods/backbones/ral.py), from the
+    step's encodings and `video_of_query` (as `StepContext`'s). The trainer calls it after
+    `score`, for any model that has it, and hands the result on as the step outputs' `extras`;
+    a value may be `OnDemand`, computed where the objective first reads it, so an objective
+    that reads nothing costs nothing and the objective need not call back into the model."""
+
+    def step_extras(self, queries: Encoded, videos: Encoded,
+                    video_of_query: torch.Tensor, /) -> Mapping[str, object]: ...
+
+
 class RelationDetector(Protocol):
     """What every relation detector provides (methods/relations/base.py `Detector` is the base
     class that gives each method a default)."""
@@ -231,8 +252,8 @@ class MethodSpec:
     objective(loss_cfg, scores, relations, context) -> LossOutput (`loss` and its named parts);
     scores is the backbone's `Scores`; context (`StepContext`) carries the epoch, the step, a
     torch.Generator for sampling, the batch, the step's outputs {"queries", "videos",
-    "scores"}, the model (for trainable heads of the objective) and `video_of_query` (each
-    query's labelled video in the batch, from the labels).
+    "scores", "extras"} (`StepOutputs`), the model (for trainable heads of the objective) and
+    `video_of_query` (each query's labelled video in the batch, from the labels).
     needs: the backbone outputs the objective reads (methods/backbones/api.py OUTPUTS);
     a backbone that does not provide them is refused (methods/fit.py).
     sections: method-specific config sections {name: dataclass}.

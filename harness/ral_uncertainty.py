@@ -7,8 +7,8 @@ compares the R@1 of RAL and of its backbone per set. Here, for each given RAL ru
 
 - sigma^q of a test query is read from that query alone: its token features through RAL's
   token encoder (`model.tokens`, as `encode_queries` returns them) and the text head
-  (`model.text_head`: (mu, log sigma)). In training the text Gaussian is that of the query
-  support set (Eq. 5: all labelled queries of a video in the batch); at test time a query has
+  (`RalModel.query_gaussians`: (mu, log sigma)). In training the text Gaussian is that of the
+  query support set (Eq. 5: all labelled queries of a video in the batch); at test time a query has
   no support set (its video is what is being retrieved), so the single-query reading (the
   Table 4 "X^q = Q" input) is the only one available;
 - u_q = exp(mean over the d dimensions of log sigma), the geometric mean of sigma^q;
@@ -66,16 +66,14 @@ def check_ral_record(path: str | Path) -> dict[str, Any]:
 @torch.no_grad()
 def query_log_uncertainty(model, queries: dict[str, torch.Tensor], batch: int = 512) -> np.ndarray:
     """Per query, log u_q = the mean over d of log sigma^q, sigma^q from the query alone: its
-    token-encoder features (`ral.tokens`, from `encode_queries`) through `model.text_head`,
-    pooled as the run was trained: over the real tokens, or (`ral.pool_padding=code`) over every
-    padded token row, as the reference's unmasked poolings of a lone query see it."""
+    token-encoder features (`ral.tokens`, from `encode_queries`) through the model's text head
+    (`RalModel.query_gaussians`), pooled as the run was trained: over the real tokens, or
+    (`ral.pool_padding=code`) over every padded token row, as the reference's unmasked poolings
+    of a lone query see it."""
     tokens, mask = queries["ral.tokens"], queries["ral.token_mask"]
-    every_row = model.settings.pool_padding == "code"
     out = []
     for start in range(0, tokens.shape[0], batch):
-        part = mask[start : start + batch]
-        attend = torch.ones_like(part) if every_row else None
-        _, log_sigma = model.text_head(tokens[start : start + batch], part, attend)
+        _, log_sigma = model.query_gaussians(tokens[start : start + batch], mask[start : start + batch])
         out.append(log_sigma.float().mean(-1).cpu())
     return torch.cat(out).numpy().astype(np.float64) if out else np.zeros(0)
 

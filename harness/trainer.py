@@ -38,7 +38,8 @@ from prvr.harness import precision, progress, vcmr
 from prvr.harness.checkpoints import (BEFORE_DEVICE, RESUME_FIX, RESUME_FREE_KEYS, STATE_KEYS, _first_line,
                                       _jsonable, load_weights, read_checkpoint, restore_cuda_rng, resume_changes,
                                       save_checkpoint, with_device)
-from prvr.harness.contract import DetectorState, StepContext, StepOutputs  # StepContext importable from here too
+# StepContext importable from here too
+from prvr.harness.contract import DetectorState, StepContext, StepExtras, StepOutputs
 from prvr.harness.sections import ON_NONFINITE, SELECT_ON
 from prvr.harness.evaluate import evaluate_model
 from prvr.harness.io import UserError, atomic_path
@@ -251,7 +252,9 @@ class Trainer:
         q = self.model.encode_queries(batch.queries)  # in the run's precision (harness/precision.py)
         v = self.model.encode_videos(batch.videos)
         scores = self.model.score(q, v)
-        outputs: StepOutputs = {"queries": q, "videos": v, "scores": scores}
+        # what the backbone computes for its objective alone (contract.StepExtras, e.g. RAL's Gaussians)
+        extras = self.model.step_extras(q, v, batch.query_item) if isinstance(self.model, StepExtras) else {}
+        outputs: StepOutputs = {"queries": q, "videos": v, "scores": scores, "extras": extras}
         relations = self.detector.detect(batch, outputs)
         gen = torch.Generator(device=self.device).manual_seed(_mix(self.cfg.seed, step))
         ctx = StepContext(epoch, step, gen, batch, outputs, self.model, batch.query_item)

@@ -13,32 +13,24 @@ gmmformer2): that method's preset and loss apply, and RAL adds to them
 
 The text distributions come from the query support sets (Eq. 5: all labelled queries of a
 video in the batch, from the labels, never from a detector's relations) or, with
-`loss.text_source=query`, from each query alone (Table 4). Paper and code disagree on
-several values: each is a field below with both values named.
+`loss.text_source=query`, from each query alone (Table 4). The model computes them
+(`RalModel.gaussians`, given the `loss` settings when it is built) and hands them to the
+objective as a step output (`Gaussians`, the step's extras); the objective never calls into the
+model. Paper and code disagree on several values: each is a field below with both values named.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-import torch.nn.functional as F
-
 from prvr.harness.checks import FLAG, NON_NEGATIVE, POSITIVE, OneOf, Range, at_least, param
 from prvr.harness.contract import LossOutput, Objective, Relations, Scores, StepContext
 from prvr.harness.registry import COMMANDS, METHODS
-from prvr.methods.backbones.ral import AGGREGATIONS, HEADS, PADDED_FRAMES, POOL_PADDINGS, RalModel, support_sets
+from prvr.methods.backbones.ral import (AGGREGATIONS, GAUSSIANS, HEADS, MSRA_GRADS, PADDED_FRAMES, POOL_PADDINGS,
+                                        TEXT_SOURCES, Gaussians, RalModel)
 from prvr.methods.objectives.ral import (KL_READINGS, PM_READINGS, distribution_alignment, proxy_matching,
                                          sample_proxies)
 from prvr.methods.recipes import PRESETS, AblationRow, AblationTable, MethodSpec, register_table
-
-TEXT_SOURCES = ("support", "query")  # Table 4: X^q = Q_s (Eq. 5) or the query alone
-# which encoders L_DA and L_PM train besides MSRA's own heads (a diagnostic: docs/methods/ral.md,
-# "MSRA on top of CSA costs the CSA branch"): both (the paper, the code), text (the token
-# encoder only: the heads read the backbone's frames detached), video (the frame encoder only:
-# the heads read RAL's words detached), neither (the heads alone; the ranked score is then
-# CSA's, trained by the base losses only)
-MSRA_GRADS = ("both", "text", "video", "neither")
 
 
 @dataclass
@@ -98,57 +90,27 @@ class RalLossConfig:
     # mu; Eq. 9 fixes it) or code (the reference's, for parity runs: a variance in the prior KL,
     # a standard deviation in the cross-modal one, both at the mean of the K sampled proxies)
     kl_reading: str = param("std", OneOf(KL_READINGS))
-    # the encoders L_DA and L_PM reach (MSRA_GRADS above); both: the paper's and the code's
+    # the encoders L_DA and L_PM reach (MSRA_GRADS, methods/backbones/ral.py); both: the paper's and the code's
     msra_grad: str = param("both", OneOf(MSRA_GRADS))
 
 
 def wrap(base, cfg, video_dim: int, query_dim: int) -> RalModel:
-    """The run's model: the backbone with RAL in its frame branch (section `ral`)."""
-    return RalModel(base, cfg.extra["ral"], query_dim)
-
-
-def distributions(model: RalModel, cfg: RalLossConfig, outputs: dict, video_of_query: torch.Tensor):
-    """(mu_t, log_sigma_t, mu_v, log_sigma_v, video_of_text) of a training batch."""
-    q, v = outputs["queries"], outputs["videos"]
-    tokens, tmask = q["ral.tokens"], q["ral.token_mask"]
-    frames, fmask = v["frames"], v["frame_mask"]
-    if cfg.msra_grad in ("video", "neither"):
-        tokens = tokens.detach()
-    if cfg.msra_grad in ("text", "neither"):
-        frames = frames.detach()
-    num_videos = frames.shape[0]
-    support = cfg.text_source == "support"
-    video_of_text = torch.arange(num_videos, device=frames.device) if support else video_of_query
-    attend_t = zeros_t = zeros_v = None  # masked poolings: attention over the real rows only
-    if model.settings.pool_padding == "masked":
-        x_t, real_t = support_sets(tokens, tmask, video_of_query, num_videos) if support else (tokens, tmask)
-    else:
-        # the reference's padded rows: every token row of a query (its padding too) is attended
-        # to while the mean stays over real tokens; the support set is zero-padded to the
-        # capacity and a video's frames to max_frames, and those zero rows join the softmax
-        every = torch.ones_like(tmask)
-        x_t, attend_t, real_t = tokens, every, tmask
-        if support:  # the real-token mask rides along as one more channel, so the sets are laid out once
-            packed = torch.cat([tokens, tmask[..., None].to(tokens.dtype)], -1)
-            packed, attend_t = support_sets(packed, every, video_of_query, num_videos)
-            x_t, real_t = packed[..., :-1], packed[..., -1] > 0
-            zeros_t = (model.settings.support_capacity * tokens.shape[1] - attend_t.sum(1)).clamp_min(0)
-        zeros_v = (model.base.cfg.max_frames - fmask.sum(1)).clamp_min(0)
-    mu_t, ls_t = model.text_head(x_t, real_t, attend_t, zeros_t)
-    mu_v, ls_v = model.video_head(frames, fmask, None, zeros_v)
-    if cfg.normalize_mean:
-        mu_t, mu_v = F.normalize(mu_t, dim=-1), F.normalize(mu_v, dim=-1)
-    return mu_t, ls_t, mu_v, ls_v, video_of_text
+    """The run's model: the backbone with RAL in its frame branch (section `ral`); its Gaussians
+    follow the run's `loss` settings (text_source, msra_grad, normalize_mean)."""
+    return RalModel(base, cfg.extra["ral"], query_dim, cfg.loss)
 
 
 def ral_objective(cfg: RalLossConfig, scores: Scores, relations: Relations, context: StepContext,
                   base: Objective) -> LossOutput:
-    """Eq. 13: the home method's loss on RAL's scores + lambda_da L_DA + lambda_pm L_PM."""
+    """Eq. 13: the home method's loss on RAL's scores + lambda_da L_DA + lambda_pm L_PM, from the
+    step's Gaussians (`Gaussians`, a step output of the model: none without MSRA)."""
     out = base(cfg, scores, relations, context)
-    model = context.model
-    if getattr(model, "text_head", None) is None or not (cfg.use_da or cfg.use_pm):
+    if not (cfg.use_da or cfg.use_pm):
         return out
-    mu_t, ls_t, mu_v, ls_v, video_of_text = distributions(model, cfg, context.outputs, context.video_of_query)
+    g = context.outputs["extras"].get(GAUSSIANS)  # computed here, on first reading
+    if not isinstance(g, Gaussians):  # ral.msra=false: the model gives none
+        return out
+    mu_t, ls_t, mu_v, ls_v, video_of_text = g.mu_text, g.log_sigma_text, g.mu_video, g.log_sigma_video, g.video_of_text
     # the proxies (Eq. 9), text then video from the step's generator: L_PM's, and under the
     # code's KL reading also L_DA's means
     sample_means = cfg.kl_reading == "code" and cfg.proxies > 0

@@ -14,6 +14,7 @@ from prvr.harness.config import resolve
 from prvr.harness.registry import home_method
 from prvr.harness.io import UserError
 from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS
+from prvr.harness.contract import StepExtras
 from prvr.methods.backbones.api import OUTPUTS, missing_outputs
 from prvr.methods.fit import check_fit, method_needs
 from prvr.methods.relations.base import DetectorState, Relations
@@ -86,8 +87,10 @@ def test_an_accepted_pair_trains_a_step_and_a_refused_one_is_refused(method, bac
     scores = model.score(q, v)
     rel = Relations.one_to_one(LABELS, len(frames))
     rel.ambiguous[1, 2] = True
+    extras = model.step_extras(q, v, LABELS) if isinstance(model, StepExtras) else {}  # as the trainer does
     ctx = SimpleNamespace(epoch=50, step=0, generator=torch.Generator().manual_seed(0), batch=None,
-                          outputs={"queries": q, "videos": v, "scores": scores}, model=model, video_of_query=LABELS)
+                          outputs={"queries": q, "videos": v, "scores": scores, "extras": extras}, model=model,
+                          video_of_query=LABELS)
     out = method_spec(cfg).objective(cfg.loss, scores, rel, ctx)  # past every warm-up and hard-negative start
     assert torch.isfinite(out["loss"])
     out["loss"].backward()

@@ -272,24 +272,25 @@ def test_zero_padded_frames_floor_the_csa_score_of_short_videos():
 def test_code_pool_padding_attends_like_the_reference_padded_tensors():
     """ral.pool_padding=code: the text head attends over each query's whole padded token
     matrix, zero-padded to support_capacity queries, and the video head over frames zero-padded
-    to max_frames, while the means stay over real rows: distributions() against the explicitly
-    padded tensors built by hand."""
+    to max_frames, while the means stay over real rows: the model's Gaussians
+    (`RalModel.gaussians`) against the explicitly padded tensors built by hand."""
     from types import SimpleNamespace
 
     from prvr.methods.backbones.ral import CodeGaussianHead
-    from prvr.methods.ral import RalLossConfig, distributions
+    from prvr.methods.ral import RalLossConfig
 
     torch.manual_seed(0)
     d, length, capacity, max_frames = 4, 3, 3, 6
     settings = SimpleNamespace(pool_padding="code", support_capacity=capacity)
     model = SimpleNamespace(settings=settings, base=SimpleNamespace(cfg=SimpleNamespace(max_frames=max_frames)),
-                            text_head=CodeGaussianHead(d), video_head=CodeGaussianHead(d, unit_pool=True))
+                            text_head=CodeGaussianHead(d), video_head=CodeGaussianHead(d, unit_pool=True),
+                            loss_settings=RalLossConfig(normalize_mean=False))
     tokens, tmask = torch.randn(3, length, d), torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1]], dtype=torch.bool)
     frames, fmask = torch.randn(2, 4, d), torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.bool)
     video_of_query = torch.tensor([0, 1, 0])
-    outputs = {"queries": {"ral.tokens": tokens, "ral.token_mask": tmask},
-               "videos": {"frames": frames, "frame_mask": fmask}}
-    mu_t, ls_t, mu_v, ls_v, _ = distributions(model, RalLossConfig(normalize_mean=False), outputs, video_of_query)
+    q, v = {"ral.tokens": tokens, "ral.token_mask": tmask}, {"frames": frames, "frame_mask": fmask}
+    g = RalModel.gaussians(model, q, v, video_of_query)
+    mu_t, ls_t, mu_v, ls_v = g.mu_text, g.log_sigma_text, g.mu_video, g.log_sigma_video
     # by hand: video 0's set is query 0's three rows, query 2's three rows, then three zero rows
     x0 = torch.cat([tokens[0], tokens[2], torch.zeros(length, d)])[None]
     real0 = torch.cat([tmask[0], tmask[2], torch.zeros(length, dtype=torch.bool)])[None]
@@ -301,7 +302,7 @@ def test_code_pool_padding_attends_like_the_reference_padded_tensors():
                                         torch.ones(1, 6, dtype=torch.bool))
     assert torch.allclose(mu_v[0], want_mu[0], atol=1e-6) and torch.allclose(ls_v[0], want_ls[0], atol=1e-6)
     settings.pool_padding = "masked"  # the default attends over real rows only, so it differs
-    assert not torch.allclose(distributions(model, RalLossConfig(normalize_mean=False), outputs, video_of_query)[0], mu_t)
+    assert not torch.allclose(RalModel.gaussians(model, q, v, video_of_query).mu_text, mu_t)
 
 
 @pytest.mark.parametrize("backbone", RAL_BACKBONES)
@@ -321,7 +322,8 @@ def test_msra_grad_picks_the_encoders_that_l_da_and_l_pm_reach(backbone):
         q, v = model.encode_queries(batch.queries), model.encode_videos(batch.videos)
         q["ral.tokens"].retain_grad()
         v["frames"].retain_grad()
-        ctx = SimpleNamespace(model=model, outputs={"queries": q, "videos": v}, generator=torch.Generator().manual_seed(0),
+        outputs = {"queries": q, "videos": v, "extras": model.step_extras(q, v, batch.query_item)}
+        ctx = SimpleNamespace(model=model, outputs=outputs, generator=torch.Generator().manual_seed(0),
                               video_of_query=batch.query_item)
         out = ral_objective(cfg.loss, None, None, ctx, lambda *a: {"loss": torch.zeros(())})
         out["loss"].backward()
@@ -331,3 +333,56 @@ def test_msra_grad_picks_the_encoders_that_l_da_and_l_pm_reach(backbone):
         head = model.text_head.mu if hasattr(model.text_head, "mu") else model.text_head.mean_fc
         assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in head.parameters())
     assert len(set(values.values())) == 1  # detaching changes no value
+
+
+@pytest.mark.parametrize("backbone, sets", [
+    ("gmmformer2", ()),
+    ("msl", ("ral.heads=code", "ral.pool_padding=code", "loss.text_source=query", "loss.kl_reading=code")),
+])
+def test_the_objective_reads_the_gaussians_from_the_step_outputs_not_the_model(backbone, sets):
+    """RAL's Gaussians are a step output of the model (`RalModel.step_extras`, harness/contract.py
+    `StepExtras`): the objective computes L_DA and L_PM from them with a context whose model is a
+    stub without heads, the same figures as from the model's own `gaussians`; computed when first
+    read; none without MSRA, and then only the base loss."""
+    from types import SimpleNamespace
+
+    from prvr.harness.contract import StepExtras
+    from prvr.methods.backbones.ral import GAUSSIANS
+    from prvr.methods.objectives.ral import distribution_alignment, proxy_matching, sample_proxies
+    from prvr.methods.ral import ral_objective
+
+    cfg, run = _tiny(backbone, *sets)
+    model = run.model.train()
+    _, batch = _batch(run)
+    torch.manual_seed(0)
+    q, v = model.encode_queries(batch.queries), model.encode_videos(batch.videos)
+    assert isinstance(model, StepExtras)
+    calls = []
+    real = model.gaussians
+    model.gaussians = lambda *a: calls.append(1) or real(*a)
+    extras = model.step_extras(q, v, batch.query_item)
+    assert list(extras) == [GAUSSIANS] and not calls  # nothing computed until the objective reads it
+    ctx = SimpleNamespace(model=SimpleNamespace(), outputs={"queries": q, "videos": v, "extras": extras},
+                          generator=torch.Generator().manual_seed(0), video_of_query=batch.query_item)
+    out = ral_objective(cfg.loss, None, None, ctx, lambda *a: {"loss": torch.zeros(())})
+    assert calls == [1]
+    del model.gaussians
+    g = model.gaussians(q, v, batch.query_item)
+    gen = torch.Generator().manual_seed(0)
+    z_t, z_v = sample_proxies(g.mu_text, g.log_sigma_text, cfg.loss.proxies, gen), \
+        sample_proxies(g.mu_video, g.log_sigma_video, cfg.loss.proxies, gen)
+    m_t, m_v = (z_t.mean(1), z_v.mean(1)) if cfg.loss.kl_reading == "code" else (g.mu_text, g.mu_video)
+    vt = g.video_of_text
+    da = distribution_alignment(m_t, g.log_sigma_text, m_v[vt], g.log_sigma_video[vt], cfg.loss.kl_reading)
+    pm = proxy_matching(z_t, z_v, cfg.loss.pm_temperature, cfg.loss.pm_reading, vt)
+    assert torch.equal(out["ral_da"], da) and torch.equal(out["ral_pm"], pm)
+    assert torch.equal(out["loss"], cfg.loss.lambda_da * da + cfg.loss.lambda_pm * pm)
+    assert torch.equal(out["ral_sigma_text"], g.log_sigma_text.detach().mean().exp())
+
+    cfg, run = _tiny(backbone, *sets, "ral.msra=false")  # no MSRA: no Gaussians, the base loss alone
+    q, v = run.model.encode_queries(batch.queries), run.model.encode_videos(batch.videos)
+    extras = run.model.step_extras(q, v, batch.query_item)
+    assert dict(extras) == {}
+    ctx = SimpleNamespace(model=SimpleNamespace(), outputs={"queries": q, "videos": v, "extras": extras},
+                          generator=torch.Generator().manual_seed(0), video_of_query=batch.query_item)
+    assert set(ral_objective(cfg.loss, None, None, ctx, lambda *a: {"loss": torch.zeros(())})) == {"loss"}

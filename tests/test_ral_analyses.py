@@ -146,12 +146,13 @@ def test_query_uncertainty_pools_as_the_run_was_trained(padding):
     from types import SimpleNamespace
 
     from prvr.harness.ral_uncertainty import query_log_uncertainty
-    from prvr.methods.backbones.ral import GaussianHead
+    from prvr.methods.backbones.ral import GaussianHead, RalModel
 
     torch.manual_seed(0)
     head = GaussianHead(8)
     tokens, mask = torch.randn(5, 6, 8), torch.arange(6)[None, :] < torch.tensor([[2], [6], [3], [1], [4]])
     model = SimpleNamespace(settings=SimpleNamespace(pool_padding=padding), text_head=head)
+    model.query_gaussians = lambda *a: RalModel.query_gaussians(model, *a)  # the model's own reading
     got = query_log_uncertainty(model, {"ral.tokens": tokens, "ral.token_mask": mask}, batch=2)
     with torch.no_grad():
         masked = np.array([float(head(tokens[i : i + 1, : int(mask[i].sum())], mask[i : i + 1, : int(mask[i].sum())])[1].mean())

@@ -19,6 +19,14 @@ and one that provides `span_logits` (a backbone that localizes moments, e.g. XML
 
     span_logits(queries, videos, pairs [Q, K]) -> start, end logits [Q, K, T] (the VCMR evaluator)
     span_logits_batch(queries, videos)         -> start, end logits [Q, B, T] (training losses)
+
+Any backbone may also have (`StepExtras`, harness/contract.py)
+
+    step_extras(queries, videos, video_of_query) -> {name: value} (what its objective alone reads)
+
+which the trainer calls after `score` in each training step and hands on as the step outputs'
+`extras`, so that an objective reads what the model computed for it (RAL's `Gaussians`) instead
+of calling back into the model.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """RAL's modules (Zhang et al., RAL; shared/seeds/002_*): the Gaussian heads of MSRA
-(Eq. 3-7), the query support set (Eq. 5) and CSA's word-confidence gate (Eq. 12).
+(Eq. 3-7), the query support set (Eq. 5) and CSA's word-confidence gate (Eq. 12); `RalModel`
+gives a training step's Gaussians to the objective as a step output (`Gaussians`).
 
 Every module takes padding masks and is invariant to padding (the reference's attention
 poolings omit the mask; here padded rows never take part). Sizes at d = 384 reproduce the
@@ -9,12 +10,17 @@ reference's parameter counts: per modality, aggregator + mean and log-sigma head
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Protocol
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from prvr.datasets.loader import QueryBatch, VideoBatch
-from prvr.harness.contract import Encoded, OnDemand, Scores
+from prvr.harness.contract import Backbone, Encoded, OnDemand, Scores
 from prvr.harness.io import UserError
 from prvr.methods.backbones.blocks import PLAIN, UNIT, GMMBlock, init_weights, rowwise, unit
 
@@ -22,6 +28,13 @@ AGGREGATIONS = ("both", "local", "global")  # Table 4: g = LN(x^g + x^l), local 
 PADDED_FRAMES = ("exclude", "zero")  # ral.padded_frames: CSA's max over real frames, or with a zero frame
 HEADS = ("paper", "code")  # ral.heads: Eq. 3-7 as printed, or the reference's PIENet-style pair
 POOL_PADDINGS = ("masked", "code")  # ral.pool_padding: attention over real rows, or the reference's padded rows
+TEXT_SOURCES = ("support", "query")  # loss.text_source, Table 4: X^q = Q_s (Eq. 5) or the query alone
+# loss.msra_grad: which encoders L_DA and L_PM train besides MSRA's own heads (a diagnostic: docs/methods/ral.md,
+# "MSRA on top of CSA costs the CSA branch"): both (the paper, the code), text (the token encoder only: the heads
+# read the backbone's frames detached), video (the frame encoder only: the heads read RAL's words detached),
+# neither (the heads alone; the ranked score is then CSA's, trained by the base losses only)
+MSRA_GRADS = ("both", "text", "video", "neither")
+GAUSSIANS = "ral.gaussians"  # the key of a training step's `Gaussians` in its extras (`RalModel.step_extras`)
 
 
 # ----------------------------------------------------------------------------- CSA (Eq. 11-12)
@@ -258,7 +271,92 @@ def support_sets(tokens: torch.Tensor, mask: torch.Tensor, video_of_query: torch
 
 
 
+# ----------------------------------------------------------------------------- MSRA's Gaussians of a step
+@dataclass(frozen=True)
+class Gaussians:
+    """MSRA's diagonal Gaussians of a training batch (Eq. 3-5), what L_DA and L_PM read.
+
+    mu_text, log_sigma_text: [N, d], one per text: each video's query support set (N = the
+    batch's videos; Eq. 5) or each query alone (N = its queries; `loss.text_source=query`);
+    mu_video, log_sigma_video: [V, d], one per video of the batch; video_of_text: [N] each
+    text's video column. The means are L2-normalised with `loss.normalize_mean`."""
+
+    mu_text: torch.Tensor
+    log_sigma_text: torch.Tensor
+    mu_video: torch.Tensor
+    log_sigma_video: torch.Tensor
+    video_of_text: torch.Tensor
+
+
+class GaussianSettings(Protocol):
+    """The `loss` settings a step's Gaussians depend on (methods/ral.py `RalLossConfig`), given to
+    `RalModel` when it is built: `text_source` (TEXT_SOURCES), `msra_grad` (MSRA_GRADS),
+    `normalize_mean`."""
+
+    text_source: str
+    msra_grad: str
+    normalize_mean: bool
+
+
 # ----------------------------------------------------------------------------- RAL on a backbone
+class PositionLayer(Protocol):
+    """Learned positions, their LayerNorm and dropout (`Positions`, or the base query encoder's
+    input layer, `blocks.InputEmbedding`)."""
+
+    @property
+    def positions(self) -> nn.Embedding: ...
+
+    @property
+    def norm(self) -> nn.Module: ...
+
+    @property
+    def drop(self) -> nn.Module: ...
+
+
+class HomeConfig(Protocol):
+    """What RAL reads of its home backbone's `model` section (MS-SL, GMMFormer, GMMFormer v2)."""
+
+    @property
+    def hidden(self) -> int: ...
+
+    @property
+    def heads(self) -> int: ...
+
+    @property
+    def input_dropout(self) -> float: ...
+
+    @property
+    def dropout(self) -> float: ...
+
+    @property
+    def max_frames(self) -> int: ...
+
+    @property
+    def clip_weight(self) -> float: ...
+
+    @property
+    def init_std(self) -> float: ...
+
+
+class HomeBackbone(Backbone, Protocol):
+    """The backbones RAL wraps (MS-SL, GMMFormer, GMMFormer v2): a `Backbone` that returns its
+    encoded frames once `keep_frames` is set, scores its clip branch alone (`clip_scores`) and
+    has a query encoder whose input layer (`query_encoder.embed`) holds the positions RAL's
+    token encoder shares."""
+
+    keep_frames: bool
+
+    @property
+    def cfg(self) -> HomeConfig: ...
+
+    @property
+    def query_encoder(self) -> Any: ...  # its `embed`: a `PositionLayer`
+
+    def clip_scores(self, queries: Encoded, videos: Encoded, /) -> Scores: ...
+
+    def frame_views(self) -> list[tuple[str, str, str]]: ...
+
+
 class Positions(nn.Module):
     """Learned positions, their LayerNorm and dropout: the part of the MS-SL family's input layer
     (`blocks.InputEmbedding`) that RAL's token encoder takes from the base query encoder, or
@@ -278,11 +376,11 @@ class TokenEncoder(nn.Module):
     LayerNorm (the reference shares `query_pos_embed` between its two query encoders) or, when
     `positions` is None, its own."""
 
-    def __init__(self, positions: nn.Module | None, query_dim: int, hidden: int, heads: int, input_dropout: float,
-                 dropout: float, ffn_mult: int = 0, max_len: int = 0) -> None:
+    def __init__(self, positions: PositionLayer | None, query_dim: int, hidden: int, heads: int,
+                 input_dropout: float, dropout: float, ffn_mult: int = 0, max_len: int = 0) -> None:
         super().__init__()
         # shared: not owned, so counted and saved once, in the base
-        self._positions = (positions,) if positions is not None else ()
+        self._positions: tuple[PositionLayer, ...] = (positions,) if positions is not None else ()
         self.own_positions = Positions(max_len, hidden, input_dropout) if positions is None else None
         self.in_norm = nn.LayerNorm(query_dim)
         self.in_drop = nn.Dropout(input_dropout)
@@ -291,6 +389,7 @@ class TokenEncoder(nn.Module):
 
     def forward(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         pos = self._positions[0] if self._positions else self.own_positions
+        assert pos is not None  # shared, or its own
         h = rowwise(lambda r: F.relu(self.linear(self.in_drop(self.in_norm(r)))), tokens, mask)
         h = pos.drop(pos.norm(h + pos.positions.weight[: tokens.shape[1]]))
         return self.layer(h, mask)
@@ -300,24 +399,28 @@ class RalModel(nn.Module):
     """A backbone with RAL in its frame branch (appendix A, Fig. 9): the clip branch is the
     backbone's, unchanged; with CSA the frame score is Eq. 11-12 over the token encoder's words
     and the backbone's encoded frames, and the ranked score fuses the two; MSRA adds the
-    Gaussian heads, which only the losses read (the objective reaches them through the step
-    context's model). With both off it is the backbone itself."""
+    Gaussian heads, which only the losses read: a training step's Gaussians are one of its
+    outputs (`step_extras`), computed where the objective reads them, by the `loss` settings
+    given here (`GaussianSettings`). With both off it is the backbone itself."""
 
-    def __init__(self, base: nn.Module, settings, query_dim: int) -> None:
+    def __init__(self, base: HomeBackbone, settings: Any, query_dim: int, loss: GaussianSettings) -> None:
         super().__init__()
-        self.base, self.settings = base, settings
+        # settings: section `ral` (methods/ral.py RalConfig, a floor above)
+        self.base: HomeBackbone = base
+        self.settings, self.loss_settings = settings, loss
         base.keep_frames = True  # the backbones that return their encoded frames only when asked
         bc = base.cfg
         self.provides = base.provides
         self.config_cls = type(bc)
-        self.tokens = None
+        self.tokens: TokenEncoder | None = None
         if settings.msra or settings.csa:
             embed = base.query_encoder.embed
             self.tokens = TokenEncoder(embed if settings.share_positions else None, query_dim, bc.hidden, bc.heads,
                                        bc.input_dropout, bc.dropout, getattr(bc, "ffn_mult", 0),
                                        embed.positions.num_embeddings)
         self.gate = ConfidenceGate(bc.hidden) if settings.csa else None
-        self.text_head = self.video_head = None
+        self.text_head: nn.Module | None = None
+        self.video_head: nn.Module | None = None
         if settings.msra:
             self.text_head, self.video_head = gaussian_heads(bc.hidden, settings.heads, settings.aggregation)
         for part in (self.tokens, self.gate, self.text_head, self.video_head):
@@ -325,7 +428,7 @@ class RalModel(nn.Module):
                 init_weights(part, bc.init_std)  # the reference re-initialises every new layer N(0, 0.02)
 
     @property
-    def cfg(self):
+    def cfg(self) -> HomeConfig:
         return self.base.cfg
 
     def encode_queries(self, qb: QueryBatch) -> Encoded:
@@ -347,12 +450,73 @@ class RalModel(nn.Module):
     def frame_views(self) -> list[tuple[str, str, str]]:
         return self.base.frame_views()
 
+    # ------------------------------------------------------------------------- MSRA's Gaussians
+    def step_extras(self, queries: Encoded, videos: Encoded, video_of_query: torch.Tensor) -> Mapping[str, Gaussians]:
+        """A training step's outputs for the objective alone (harness/contract.py `StepExtras`):
+        its `Gaussians` under GAUSSIANS, computed when the objective first reads them (none
+        without MSRA)."""
+        if self.text_head is None:
+            return {}
+        return OnDemand({GAUSSIANS: partial(self.gaussians, queries, videos, video_of_query)})
+
+    def gaussians(self, queries: Encoded, videos: Encoded, video_of_query: torch.Tensor) -> Gaussians:
+        """The Gaussians of a training batch: the text side from RAL's words (`ral.tokens`) of
+        each video's query support set (Eq. 5; `video_of_query`: each query's video column, from
+        the labels) or of each query alone, the video side from the backbone's encoded frames;
+        the heads pool as `ral.pool_padding` says, and the `loss` settings pick the text source,
+        the encoders the losses reach (`msra_grad`) and whether the means are normalised."""
+        text_head, video_head = self.text_head, self.video_head
+        if text_head is None or video_head is None:
+            raise ValueError("the model has no MSRA (ral.msra=false), so no Gaussians")
+        loss = self.loss_settings
+        tokens, tmask = queries["ral.tokens"], queries["ral.token_mask"]
+        frames, fmask = videos["frames"], videos["frame_mask"]
+        if loss.msra_grad in ("video", "neither"):
+            tokens = tokens.detach()
+        if loss.msra_grad in ("text", "neither"):
+            frames = frames.detach()
+        num_videos = frames.shape[0]
+        support = loss.text_source == "support"
+        video_of_text = torch.arange(num_videos, device=frames.device) if support else video_of_query
+        masked = self.settings.pool_padding == "masked"  # attention over the real rows only
+        if not support:
+            mu_t, ls_t = self.query_gaussians(tokens, tmask)
+        elif masked:
+            mu_t, ls_t = text_head(*support_sets(tokens, tmask, video_of_query, num_videos))
+        else:
+            # the reference's padded rows: every token row of a query (its padding too) is attended
+            # to while the mean stays over real tokens; the support set is zero-padded to the
+            # capacity, and those zero rows join the softmax. The real-token mask rides along as
+            # one more channel, so the sets are laid out once
+            packed = torch.cat([tokens, tmask[..., None].to(tokens.dtype)], -1)
+            packed, attend_t = support_sets(packed, torch.ones_like(tmask), video_of_query, num_videos)
+            zeros_t = (self.settings.support_capacity * tokens.shape[1] - attend_t.sum(1)).clamp_min(0)
+            mu_t, ls_t = text_head(packed[..., :-1], packed[..., -1] > 0, attend_t, zeros_t)
+        # the reference's padded rows: a video's frames zero-padded to max_frames join the softmax
+        zeros_v = None if masked else (self.base.cfg.max_frames - fmask.sum(1)).clamp_min(0)
+        mu_v, ls_v = video_head(frames, fmask, None, zeros_v)
+        if loss.normalize_mean:
+            mu_t, mu_v = F.normalize(mu_t, dim=-1), F.normalize(mu_v, dim=-1)
+        return Gaussians(mu_t, ls_t, mu_v, ls_v, video_of_text)
+
+    def query_gaussians(self, tokens: torch.Tensor, token_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mu, log sigma) [Q, d] of each query alone (Table 4's X^q = Q; `prvr-bench
+        uncertainty`'s sigma^q): RAL's words (`ral.tokens`) through the text head, pooled as
+        the run was trained: over the real tokens, or (`ral.pool_padding=code`) over every
+        padded token row, as the reference's unmasked pooling of a lone query sees it. The
+        means are the head's, not normalised."""
+        if self.text_head is None:
+            raise ValueError("the model has no MSRA (ral.msra=false), so no Gaussians")
+        attend = torch.ones_like(token_mask) if self.settings.pool_padding == "code" else None
+        return self.text_head(tokens, token_mask, attend)
+
     def clip_weight(self) -> float:
         w = self.settings.clip_weight
         return self.base.cfg.clip_weight if w < 0 else w
 
     def score(self, q: Encoded, v: Encoded) -> Scores:
-        if self.gate is None:
+        gate = self.gate
+        if gate is None:
             s = self.base.score(q, v)
             if self.settings.clip_weight < 0:
                 return s
@@ -368,13 +532,13 @@ class RalModel(nn.Module):
         # the reference weighs the cosine score by the gate of the normalised words and the raw
         # score (for NCE) by the gate of the raw words
         unit_tokens = F.normalize(tokens, dim=-1)
-        frame = csa_scores(unit_tokens, tmask, word_confidences(self.gate(unit_tokens), tmask), frames, fmask, budget,
+        frame = csa_scores(unit_tokens, tmask, word_confidences(gate(unit_tokens), tmask), frames, fmask, budget,
                            floor=floor)
         raw_frames = v["frames"]
         raw = OnDemand({
             "clip": lambda: s.raw["clip"],
-            "frame": lambda: csa_scores(tokens, tmask, word_confidences(self.gate(tokens), tmask), raw_frames, fmask,
-                                        budget, cosine=False, floor=floor),
+            "frame": lambda: csa_scores(tokens, tmask, word_confidences(gate(tokens), tmask), raw_frames, fmask, budget,
+                                        cosine=False, floor=floor),
         })
         w = self.clip_weight()
         branches = {"clip": s.branches["clip"], "frame": frame}
