@@ -38,8 +38,11 @@ class Entry(Generic[T]):
 class Registry(Generic[T]):
     """A named collection of registered objects of one kind."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, members: tuple[str, ...] = (), contract: str = "") -> None:
         self.kind = kind
+        # what every registered class must have (its protocol's members), checked when it
+        # registers: a part that lacks one fails at import with one line, not mid-run
+        self.members, self.contract = members, contract
         self._entries: dict[str, Entry[T]] = {}
 
     def register(self, name: str, summary: str = "") -> Callable[[T], T]:
@@ -59,6 +62,10 @@ class Registry(Generic[T]):
         if sep:  # run names join method+detector@backbone~tag: a part holding one would read two ways
             raise RegistryError(f"{self.kind} name {name!r} holds {sep!r}, which separates the parts of a run name "
                                 "(method+detector@backbone~tag); use letters, digits, '.', '_' and '-'")
+        lacking = [m for m in self.members if not hasattr(obj, m)]
+        if lacking:
+            raise RegistryError(f"{self.kind} '{name}' ({_where(obj)}) lacks {', '.join(lacking)} of the {self.contract} "
+                                "contract (harness/contract.py); add them to the class")
         if name in self._entries:
             raise RegistryError(
                 f"duplicate {self.kind} '{name}': already registered by "
@@ -95,8 +102,13 @@ def _where(obj: Any) -> str:
 
 
 METHODS: Registry[MethodSpec] = Registry("method")
-BACKBONES: Registry[type[Backbone]] = Registry("backbone")
-DETECTORS: Registry[type[RelationDetector]] = Registry("relation detector")
+# the members of contract.Backbone and contract.RelationDetector (tests/test_registries.py keeps
+# them equal): registry.py does not import the contract, which imports torch
+BACKBONE_MEMBERS = ("config_cls", "provides", "encode_queries", "encode_videos", "index_videos", "score")
+DETECTOR_MEMBERS = ("needs", "config_cls", "setup", "on_epoch_start", "on_step", "on_epoch_end", "detect",
+                    "epoch_report", "write_artifacts")
+BACKBONES: Registry[type[Backbone]] = Registry("backbone", BACKBONE_MEMBERS, "Backbone")
+DETECTORS: Registry[type[RelationDetector]] = Registry("relation detector", DETECTOR_MEMBERS, "RelationDetector")
 OBJECTIVES: Registry[Callable[..., Any]] = Registry("objective")  # loss functions of tensors (methods/objectives/)
 DATASETS: Registry[DatasetEntry] = Registry("dataset")
 # Commands a part brings (RAL's `ral-uncertainty`, the SBERT detector's `census`): name -> the

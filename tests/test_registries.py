@@ -255,3 +255,36 @@ def test_a_parts_commands_are_registered_by_the_part_and_reach_the_command_line(
         cli.main(["--help"])
     out = capsys.readouterr().out
     assert "census" in out and "uncertainty" in out
+
+
+# ----------------------------------------------------------------------------- the contract at registration
+def test_the_registries_check_the_members_of_the_contract_protocols():
+    """BACKBONES and DETECTORS check the members of contract.Backbone / RelationDetector when a
+    class registers; the lists they check are the protocols' own members."""
+    from prvr.harness import contract, registry
+
+    for registry_members, protocol in ((registry.BACKBONE_MEMBERS, contract.Backbone),
+                                       (registry.DETECTOR_MEMBERS, contract.RelationDetector)):
+        own = {n for n, v in vars(protocol).items() if callable(v) and not n.startswith("_")}
+        assert set(registry_members) == own | set(protocol.__annotations__), protocol.__name__
+    for cls in (BACKBONES.get(n) for n in BACKBONES.names()):
+        assert all(hasattr(cls, m) for m in registry.BACKBONE_MEMBERS), cls
+
+
+def test_a_backbone_without_a_member_of_the_contract_is_refused_at_registration_in_one_line():
+    from prvr.harness.registry import Registry, RegistryError
+
+    backbones = Registry("backbone", ("config_cls", "provides", "encode_queries", "score"), "Backbone")
+
+    class NoScore(torch.nn.Module):
+        config_cls = object
+        provides = frozenset()
+
+        def encode_queries(self, batch):
+            return {}
+
+    with pytest.raises(RegistryError) as err:
+        backbones.add("no-score", NoScore)
+    message = str(err.value)
+    assert "\n" not in message and "backbone 'no-score'" in message and "lacks score of the Backbone contract" in message
+    assert "no-score" not in backbones
