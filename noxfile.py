@@ -22,6 +22,10 @@ TYPED = (
     "methods/xml.py", "methods/ral.py",
     "methods/backbones/api.py", "methods/backbones/baseline.py", "methods/backbones/gmmformer.py",
     "methods/backbones/gmmformer2.py", "methods/backbones/ral.py",
+    # the harness's engine: config, build, the trainer, evaluation, records, one run
+    "harness/sections.py", "harness/config.py", "harness/build.py", "harness/optim.py", "harness/precision.py",
+    "harness/checkpoints.py", "harness/trainer.py", "harness/evaluate.py", "harness/vcmr.py", "harness/rankings.py",
+    "harness/records.py", "harness/robustness.py", "harness/runner.py",
 )
 PACKAGE_DIRS = ("harness", "methods", "datasets")  # prvr.<folder> (pyproject.toml package-dir)
 

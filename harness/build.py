@@ -8,36 +8,37 @@ way (seeded by the run's seed before the backbone's weights are drawn).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
+from prvr.harness.contract import MethodSpec, RelationDetector
 from prvr.harness.precision import set_encoders
 from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS, extended_home
+from prvr.harness.sections import Config
 from prvr.harness.timing import Timings
+from prvr.harness.trainer import Trainer, seed_everything
 
 
-def build_model(cfg, video_dim: int, query_dim: int) -> torch.nn.Module:
+def build_model(cfg: Config, video_dim: int, query_dim: int) -> torch.nn.Module:
     """The run's model at the given input dims: the backbone, its weights drawn after seeding
     with the run's seed (as every command builds it), wrapped by the method where it adds
     modules of its own (`MethodSpec.wrap`, e.g. RAL), whose weights are drawn after the
     backbone's."""
-    from prvr.harness.trainer import seed_everything
-
     seed_everything(cfg.seed)
-    model = BACKBONES.get(cfg.backbone)(cfg.model, video_dim, query_dim)
+    backbone = BACKBONES.get(cfg.backbone)(cfg.model, video_dim, query_dim)
     spec = METHODS.get(cfg.method)
-    model = spec.wrap(model, cfg, video_dim, query_dim) if spec.wrap is not None else model
+    # every backbone is an nn.Module (methods/backbones/api.py), which its protocol cannot say
+    model = spec.wrap(backbone, cfg, video_dim, query_dim) if spec.wrap is not None else cast(torch.nn.Module, backbone)
     return set_encoders(model, cfg.train.precision, cfg.train.compile)  # train.precision / compile, everywhere
 
 
-def method_spec(cfg):
+def method_spec(cfg: Config) -> MethodSpec:
     """The method's spec for this run: for a method that extends its backbone's home method
     (`MethodSpec.extends_backbone`), its objective gets the home method's objective as `base`
     and its detector plan is the home method's unless it has its own."""
-    from functools import partial
-
     spec = METHODS.get(cfg.method)
     home = extended_home(spec, cfg.backbone)
     if home is None:
@@ -50,16 +51,14 @@ def method_spec(cfg):
 class Run:
     """The parts of one run. `trainer(...)` joins them into a Trainer."""
 
-    cfg: Any
+    cfg: Config
     data: Any
-    spec: Any  # MethodSpec: the objective and its config classes
+    spec: MethodSpec  # the objective and its config classes
     model: torch.nn.Module
-    detector: Any
+    detector: RelationDetector
     timings: Timings = field(default_factory=Timings)
 
-    def trainer(self, ckpt_dir: str | Path, hooks: list | None = None):
-        from prvr.harness.trainer import Trainer
-
+    def trainer(self, ckpt_dir: str | Path, hooks: list | None = None) -> Trainer:
         return Trainer(self.cfg, self.data, self.model, self.spec, self.detector, Path(ckpt_dir), hooks,
                        self.timings)
 
@@ -68,14 +67,14 @@ class Run:
         return sum(p.numel() for p in self.model.parameters())
 
 
-def load_data(cfg, timings: Timings | None = None):
+def load_data(cfg: Config, timings: Timings | None = None) -> Any:
     """The run's dataset (cached on disk by the dataset's own loader)."""
     timings = timings or Timings()
     with timings("data"):
         return DATASETS.get(cfg.dataset).load(cfg)
 
 
-def build_run(cfg, data=None, timings: Timings | None = None) -> Run:
+def build_run(cfg: Config, data: Any = None, timings: Timings | None = None) -> Run:
     """Data (loaded unless given), the backbone (seeded), the detector (set up on the data) and
     the method's spec. An unknown detector fails before any data is made."""
     timings = timings or Timings()

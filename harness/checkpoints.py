@@ -15,7 +15,7 @@ import pickle
 import shutil
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 import torch
@@ -48,11 +48,15 @@ RESUME_FIX = "run without --resume to train afresh (that overwrites it)"
 BEFORE_DEVICE = "cpu"
 
 
+@overload
+def with_device(config: dict, kind: str) -> dict: ...
+@overload
+def with_device(config: dict | None, kind: str) -> dict | None: ...
 def with_device(config: dict | None, kind: str) -> dict | None:
     """A stored or requested config whose train.device is the kind of device it trains on."""
     if not isinstance(config, dict):
         return config
-    train = config.get("train") if isinstance(config.get("train"), dict) else {}
+    train = found if isinstance(found := config.get("train"), dict) else {}
     return {**config, "train": {**train, "device": kind}}
 
 

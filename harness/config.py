@@ -58,7 +58,7 @@ def resolve(method: str, dataset: str, seed: int = 0, overrides: list[str] | Non
     family = dataset_preset.pop("family", None)
     base = dataset_preset.pop("variant_of", None)
     dataset_preset.pop("calibrated_to", None)  # the report's targets (harness/calibration.py), not settings
-    user_data = user.get("data") if isinstance(user.get("data"), dict) else {}
+    user_data = found if isinstance(found := user.get("data"), dict) else {}
     scale, scale_source = ((dict(sets)["data.scale"], "--set") if "data.scale" in dict(sets)
                            else (user_data.get("scale") or "default", str(user_yaml)))
     if not isinstance(scale, str):
@@ -191,8 +191,9 @@ def loss_class(spec: Any, backbone: str) -> type:
 
         def check(self, key: str) -> None:
             for cls in (base, own):
-                if callable(getattr(cls, "check", None)):
-                    cls.check(self, key)
+                check_of = getattr(cls, "check", None)
+                if callable(check_of):
+                    check_of(self, key)
 
         extra = [(f.name, f.type, dataclasses.field(default=f.default, default_factory=f.default_factory,
                                                      metadata=f.metadata)) for f in fields(own)]
@@ -379,8 +380,8 @@ def from_dict(data: dict[str, Any], source: str = "stored config") -> Config:
     cfg.extra = {name: cls() for name, cls in spec.sections.items()}
     rest = _upgrade_detector_settings({k: v for k, v in data.items() if k not in SCALARS}, cfg)
     relations = rest.get("relations")
-    name = relations.get("name") if isinstance(relations, dict) else None
-    cfg.relations.name = name if isinstance(name, str) and name in DETECTORS else cfg.relations.name
+    detector = relations.get("name") if isinstance(relations, dict) else None
+    cfg.relations.name = detector if isinstance(detector, str) and detector in DETECTORS else cfg.relations.name
     cfg.detector = detector_settings(cfg.relations.name) if cfg.relations.name in DETECTORS else None
     apply_dict(cfg, rest, source)
     check_config(cfg, source)

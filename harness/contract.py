@@ -201,6 +201,9 @@ class Backbone(Protocol):
     config_cls: type[Any]  # its `model` config dataclass (no common base); a class attribute
     provides: ClassVar[frozenset[str]]
 
+    # how harness/build.py makes one: (its `model` config, the video and query feature dims)
+    def __init__(self, cfg: Any, video_dim: int, query_dim: int, /) -> None: ...
+
     def encode_queries(self, batch: Any, /) -> Encoded: ...
 
     def encode_videos(self, batch: Any, /) -> Encoded: ...
@@ -229,6 +232,9 @@ class RelationDetector(Protocol):
 
     needs: ClassVar[frozenset[str]]
     config_cls: ClassVar[type | None]
+
+    # how harness/build.py makes one: from the run's Config (harness/sections.py, a floor above)
+    def __init__(self, cfg: Any, /) -> None: ...
 
     def setup(self, data: Any, plan: Any = None, /) -> None: ...
 

@@ -23,13 +23,15 @@ instead of first (NaN compares false, so counting `>=` alone would put it at ran
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable, cast
 
 import numpy as np
 import scipy.sparse as sp
 import torch
 
+from prvr.harness.contract import Backbone
 from prvr.harness.scores import worst_if_nonfinite
+from prvr.harness.sections import EvalConfig
 
 
 KS = (1, 5, 10, 100)
@@ -158,7 +160,7 @@ def metrics_from_ranks(ranks: dict[str, np.ndarray], moment_fraction: np.ndarray
                        relevance: sp.csr_matrix | None = None) -> dict:
     """The metrics block of a run record: R@K, SumR, ranks, M/V buckets, oracle."""
     lab = ranks["labelled"]
-    metrics = summarize_ranks(lab)
+    metrics: dict[str, Any] = summarize_ranks(lab)
     metrics["buckets"] = {}
     if moment_fraction is not None and np.isfinite(moment_fraction).any():
         names = bucket_of(np.asarray(moment_fraction, dtype=np.float64))
@@ -227,7 +229,7 @@ def encode_split(model: torch.nn.Module, split, batcher, device: torch.device) -
 
 @torch.no_grad()
 def evaluate_model(model: torch.nn.Module, split, batcher, device: torch.device, chunk: int,
-                   show: str | None = None, eval_cfg=None, moments: bool = True) -> dict:
+                   show: str | None = None, eval_cfg: EvalConfig | None = None, moments: bool = True) -> dict:
     """The metrics block of `split` for `model`: encode once, score the fused score in chunks
     of `chunk` queries, rank by counting. `show` names a progress bar. A backbone that
     localizes (provides span_logits) adds the moment metrics of harness/vcmr.py (VCMR / SVMR
@@ -298,8 +300,10 @@ class ScoreWatch:
 def fused_scores(model: torch.nn.Module, queries: dict[str, torch.Tensor], videos: dict[str, torch.Tensor]) -> ScoreFn:
     """The ScoreFn of a split the model has encoded: the fused score of queries start:end
     against every video."""
+    backbone = cast(Backbone, model)  # a backbone, or a wrapper that is one (build.build_model)
+
     def score(start: int, end: int) -> torch.Tensor:
-        return model.score({k: t[start:end] for k, t in queries.items()}, videos).fused
+        return backbone.score({k: t[start:end] for k, t in queries.items()}, videos).fused
 
     return score
 
@@ -311,9 +315,10 @@ def score_matrices(model: torch.nn.Module, split, batcher, device: torch.device,
     {key: matrix} for `keys` (None: every score that ranks on its own, e.g. clip, frame,
     fused). For score parts and ensembles; `evaluate_model` ranks without keeping them."""
     queries, videos = encode_split(model, split, batcher, device)
+    backbone = cast(Backbone, model)  # a backbone, or a wrapper that is one (build.build_model)
     parts: dict[str, list[torch.Tensor]] = {}
     for start in range(0, split.num_queries, chunk):
-        out = model.score({k: t[start : start + chunk] for k, t in queries.items()}, videos).ranked()
+        out = backbone.score({k: t[start : start + chunk] for k, t in queries.items()}, videos).ranked()
         for k in keys or list(out):
             parts.setdefault(k, []).append(out[k].float().cpu())
     return {k: torch.cat(v) for k, v in parts.items()}

@@ -95,7 +95,8 @@ def harness_groups(model: nn.Module) -> tuple[list, list]:
     tables (the backbones' learned positions) are not decayed; recognised by shape and module
     type, never by parameter name."""
     tables = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters(recurse=False)}
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     for p in model.parameters():
         if p.requires_grad:
             (no_decay if p.dim() < 2 or id(p) in tables else decay).append(p)
@@ -107,11 +108,12 @@ def reference_groups(model: nn.Module) -> tuple[list, list]:
     decayed, everything else is (positional tables included). The scripts match parameter
     names (`bias`, `LayerNorm.weight`); here LayerNorm is recognised by module type, so a
     norm under another attribute name is treated as one."""
-    norms = set()
+    norms: set[int] = set()  # ids of the norms' parameters
     for module in model.modules():
         if isinstance(module, nn.LayerNorm) or type(module).__name__ == "BranchLayerNorm":
             norms.update(id(p) for p in module.parameters(recurse=False))
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     for name, p in model.named_parameters():
         if p.requires_grad:
             (no_decay if id(p) in norms or name.split(".")[-1].endswith("bias") else decay).append(p)

@@ -152,7 +152,8 @@ def save_rankings(path: str | Path, rankings: dict[str, SplitRanking], meta: dic
                                               "query_text": r.keys.query_text, "top_k": r.top_k})
     path = Path(path)
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        np.savez_compressed(f, **arrays)
+        # numpy's stub lets a **dict of arrays fill its allow_pickle: bool; no key here is named so
+        np.savez_compressed(f, **arrays)  # type: ignore[arg-type]
     return path
 
 

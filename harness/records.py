@@ -374,8 +374,8 @@ def upgrade(data: dict[str, Any]) -> dict[str, Any]:
                 block.setdefault("buckets", {})
                 block.setdefault("oracle", {})
         data["metrics"] = metrics
-        cfg = data.get("config") if isinstance(data.get("config"), dict) else {}
-        relations = cfg.get("relations") if isinstance(cfg.get("relations"), dict) else {}
+        cfg = found if isinstance(found := data.get("config"), dict) else {}
+        relations = found if isinstance(found := cfg.get("relations"), dict) else {}
         data.setdefault("backbone", cfg.get("backbone", ""))
         data.setdefault("relations", relations.get("name", "none"))
         data.setdefault("run_name", data.get("method", "?"))

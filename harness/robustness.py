@@ -12,6 +12,7 @@ from typing import Any
 from prvr.datasets.loader import Batcher
 from prvr.datasets.noise import level_key, with_noise
 from prvr.harness.evaluate import evaluate_model
+from prvr.harness.sections import DataConfig
 
 SUMMARY = ("R@1", "R@5", "R@10", "R@100", "SumR")
 
@@ -21,7 +22,7 @@ def curve_levels(levels) -> list[float]:
     return sorted({0.0, *(float(p) for p in levels)})
 
 
-def noise_curve(model, split, data_cfg, device, chunk: int, levels, source: str,
+def noise_curve(model, split, data_cfg: DataConfig, device, chunk: int, levels, source: str,
                 plain: dict | None = None, show: bool = False) -> dict[str, Any]:
     """{"source": S, "levels": {"0.0": {R@1, R@5, R@10, R@100, SumR}, "0.1": ...}}: the split
     ranked once per level with the segment inserted; level 0 is `plain` (the split's own

@@ -14,6 +14,7 @@ from prvr.harness.records import (checkpoint_dir, provenance, provenance_time, r
                                   write_record)
 from prvr.harness.registry import METHODS
 from prvr.harness.robustness import curve_line, noise_curve
+from prvr.harness.sections import Config
 from prvr.harness.timing import Timings
 from prvr.harness.trainer import device_name
 
@@ -21,14 +22,14 @@ SPLIT_METRIC_KEYS = ("R@1", "R@5", "R@10", "R@100", "SumR", "median_rank", "mean
 RANKED_SPLITS = ("val", "test")  # stored beside the record (harness/rankings.py)
 
 
-def run_name(cfg, tag: str = "") -> str:
+def run_name(cfg: Config, tag: str = "") -> str:
     """The run's folder name (checked: harness/names.py)."""
     spec = METHODS.get(cfg.method)
     name = run_tag(cfg.method, cfg.relations.name, spec.relations, cfg.backbone, spec.backbone, check_tag(tag))
     return check_name(name, "run name", "use a shorter --tag")
 
 
-def run_one(cfg, out: str | Path, resume: bool = False, tag: str = "", hooks: list | None = None,
+def run_one(cfg: Config, out: str | Path, resume: bool = False, tag: str = "", hooks: list | None = None,
             command: str = "", force_resume: bool = False) -> dict[str, Any]:
     """`train_and_record`, with the run claimed for this process (one writer per run and seed:
     a second is refused in one line naming the first)."""
@@ -37,7 +38,7 @@ def run_one(cfg, out: str | Path, resume: bool = False, tag: str = "", hooks: li
         return train_and_record(cfg, out, resume, tag, hooks, command, force_resume)
 
 
-def train_and_record(cfg, out: str | Path, resume: bool = False, tag: str = "", hooks: list | None = None,
+def train_and_record(cfg: Config, out: str | Path, resume: bool = False, tag: str = "", hooks: list | None = None,
                      command: str = "", force_resume: bool = False) -> dict[str, Any]:
     """Train, early-stop on val SumR, test the best checkpoint, write the record; return it.
 
@@ -70,6 +71,7 @@ def train_and_record(cfg, out: str | Path, resume: bool = False, tag: str = "", 
         ranked = {s: rank_split(trainer.model, data[s], trainer.batchers[s], trainer.device, cfg.eval.chunk)
                   for s in RANKED_SPLITS if s in data.splits}
     val = trainer.best["metrics"]
+    assert val is not None  # fit evaluates val at its last epoch at least
     record = {
         "method": cfg.method, "dataset": cfg.dataset, "seed": cfg.seed, "backbone": cfg.backbone,
         "relations": cfg.relations.name, "run_name": name, "tag": tag, "command": command,

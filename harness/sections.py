@@ -67,14 +67,14 @@ def _merged(under: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def dataset_scales(cfg: Any) -> tuple[str, ...]:
+def dataset_scales(cfg: Config | None) -> tuple[str, ...]:
     """data.scale: "default" and the scales the dataset's preset defines."""
     if cfg is None or cfg.dataset not in DATASETS:
         return ("default",)
     return ("default", *(dataset_preset(cfg.dataset).get("scales") or {}))
 
 
-def _layouts(cfg: Any) -> tuple[str, ...]:
+def _layouts(cfg: Config | None) -> tuple[str, ...]:
     from prvr.datasets.real.store import LAYOUTS
 
     return tuple(LAYOUTS)
@@ -85,26 +85,26 @@ class RealDataFile(Free):
     """A file only a real dataset reads: set for a simulated world, which carries its own ground
     truth, it is an error rather than a setting that does nothing."""
 
-    def problem(self, value: Any, cfg: Any = None) -> str | None:
+    def problem(self, value: Any, cfg: Config | None = None) -> str | None:
         if value and cfg is not None and cfg.dataset in DATASETS and DATASETS.get(cfg.dataset).simulated:
             return (f"is {show(value)}, but {cfg.dataset} is simulated and carries its own ground truth; leave it "
                     "out (or `data export` the world and load the export with it)")
         return None
 
 
-def _pooling_rules(cfg: Any) -> tuple[str, ...]:
+def _pooling_rules(cfg: Config | None) -> tuple[str, ...]:
     from prvr.datasets.loader import POOLING_RULES
 
     return POOLING_RULES
 
 
-def _noise_sources(cfg: Any) -> tuple[str, ...]:
+def _noise_sources(cfg: Config | None) -> tuple[str, ...]:
     from prvr.datasets.noise import NOISE_SOURCES
 
     return NOISE_SOURCES
 
 
-def _decays(cfg: Any) -> tuple[str, ...]:
+def _decays(cfg: Config | None) -> tuple[str, ...]:
     from prvr.harness.optim import DECAYS
 
     return DECAYS
@@ -295,7 +295,7 @@ class Config:
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("extra", "detector")}
         out.update(self.extra)
-        out = {k: dataclasses.asdict(v) if is_dataclass(v) else v for k, v in out.items()}
+        out = {k: dataclasses.asdict(v) if is_dataclass(v) and not isinstance(v, type) else v for k, v in out.items()}
         if self.detector is not None:
             out["relations"][self.relations.name] = dataclasses.asdict(self.detector)
         return out

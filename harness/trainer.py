@@ -28,7 +28,7 @@ import math
 import os
 import random
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol, TypedDict, cast
 
 import numpy as np
 import torch
@@ -39,8 +39,9 @@ from prvr.harness.checkpoints import (BEFORE_DEVICE, RESUME_FIX, RESUME_FREE_KEY
                                       _jsonable, load_weights, read_checkpoint, restore_cuda_rng, resume_changes,
                                       save_checkpoint, with_device)
 # StepContext importable from here too
-from prvr.harness.contract import DetectorState, StepContext, StepExtras, StepOutputs
-from prvr.harness.sections import ON_NONFINITE, SELECT_ON
+from prvr.harness.contract import (Backbone, DetectorState, MethodSpec, RelationDetector, StepContext, StepExtras,
+                                   StepOutputs)
+from prvr.harness.sections import ON_NONFINITE, SELECT_ON, Config
 from prvr.harness.evaluate import evaluate_model
 from prvr.harness.io import UserError, atomic_path
 from prvr.harness.optim import build_optimizer, lr_lambda
@@ -76,9 +77,17 @@ def device_name(device: torch.device) -> str:
     return f"cpu ({torch.get_num_threads()} threads)"
 
 
+class Best(TypedDict):
+    """The best epoch so far: its val figure of the selection key, its index, its val metrics."""
+
+    score: float
+    epoch: int
+    metrics: dict[str, Any] | None
+
+
 class Trainer:
-    def __init__(self, cfg, data, model: torch.nn.Module, spec, detector, ckpt_dir: Path,
-                 hooks: list | None = None, timings: Timings | None = None) -> None:
+    def __init__(self, cfg: Config, data: Any, model: torch.nn.Module, spec: MethodSpec, detector: RelationDetector,
+                 ckpt_dir: Path, hooks: list | None = None, timings: Timings | None = None) -> None:
         self.cfg, self.data, self.model, self.spec, self.detector = cfg, data, model, spec, detector
         self.device = pick_device(cfg.train.device)
         precision.check_precision(cfg.train.precision, self.device)
@@ -106,7 +115,7 @@ class Trainer:
         if cfg.train.select_on == "vcmr" and self.select_key != SELECT_ON["vcmr"]:
             progress.log(f"train.select_on is vcmr, but backbone {cfg.backbone!r} gives no moments: selecting "
                          f"on val {self.select_key} (the record's protocol says so)")
-        self.best = {"score": -math.inf, "epoch": -1, "metrics": None}
+        self.best: Best = {"score": -math.inf, "epoch": -1, "metrics": None}
         self.bad_epochs = 0
         self.history: list[dict] = []
         self.finished = False
@@ -201,7 +210,7 @@ class Trainer:
             progress.log(f"[yellow]warning[/]: every loss part is exactly 0 in epoch {epoch}: nothing trains (no "
                          "negative or no positive in any batch?); the record is marked degenerate and the leaderboard "
                          "leaves it out of its means")
-        summary = {"epoch": epoch, **means, "lr": self.scheduler.get_last_lr()[0]}
+        summary: dict[str, Any] = {"epoch": epoch, **means, "lr": self.scheduler.get_last_lr()[0]}
         report = self.detector.epoch_report()
         if report:
             summary["relations"] = report
@@ -249,9 +258,10 @@ class Trainer:
         return min(4, os.cpu_count() or 1) if self.device.type == "cuda" else 0
 
     def train_step(self, batch, epoch: int, step: int) -> dict[str, torch.Tensor]:
-        q = self.model.encode_queries(batch.queries)  # in the run's precision (harness/precision.py)
-        v = self.model.encode_videos(batch.videos)
-        scores = self.model.score(q, v)
+        model = cast(Backbone, self.model)  # a backbone, or a wrapper that is one (build.build_model)
+        q = model.encode_queries(batch.queries)  # in the run's precision (harness/precision.py)
+        v = model.encode_videos(batch.videos)
+        scores = model.score(q, v)
         # what the backbone computes for its objective alone (contract.StepExtras, e.g. RAL's Gaussians)
         extras = self.model.step_extras(q, v, batch.query_item) if isinstance(self.model, StepExtras) else {}
         outputs: StepOutputs = {"queries": q, "videos": v, "scores": scores, "extras": extras}

@@ -49,6 +49,7 @@ import numpy as np
 import torch
 
 from prvr.harness.scores import worst_if_nonfinite
+from prvr.harness.sections import EvalConfig
 
 VCMR_KS = (1, 10, 100)
 SVMR_KS = (1, 5)
@@ -103,7 +104,8 @@ class MomentTruth:
                                                                       (np.nan, np.float64))]
         for arr, src in zip(out, (self.video, self.start, self.end)):
             arr[mask] = src[lo:hi]
-        return (*out, mask)
+        video, start, end = out
+        return video, start, end, mask
 
 
 @dataclass
@@ -151,6 +153,7 @@ def moment_ranks(pred: RankedMoments, chunk: int = 512) -> np.ndarray:
     one not kept scores >= it too (ties against the model, so a prediction tied at the cut ranks
     past every kept one); N + 1 for an empty slot."""
     n = pred.video.shape[1]
+    assert pred.beyond is not None  # __post_init__ fills it
     out = np.empty(pred.video.shape, dtype=np.int64)
     for lo in range(0, len(out), chunk):
         s = pred.score[lo : lo + chunk]
@@ -240,7 +243,8 @@ def select_videos(scores: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.T
     return index, keep
 
 
-def top_moments(scores: torch.Tensor, keep: int) -> tuple[torch.Tensor, ...]:
+def top_moments(scores: torch.Tensor,
+                keep: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The best `keep` spans of each query over its videos: scores [q, K, T, W] from
     `span_log_scores` (-inf: no candidate). Returns (video slot k, start row i, width w, score)
     [q, keep], -inf score in empty slots, and the best score not kept [q] (-inf if none)."""
@@ -264,13 +268,13 @@ def decode(slot: torch.Tensor, row: torch.Tensor, width: torch.Tensor, score: to
     """`top_moments`'s slots and rows as moments in seconds: video = videos[q, slot]; rows i ..
     i + n_min + w cover [i, i + n_min + w + 1) x the video's seconds per row."""
     video = videos.gather(1, slot).cpu().numpy()
-    score = score.double().cpu().numpy()
-    empty = ~np.isfinite(score)
+    values = score.double().cpu().numpy()
+    empty = ~np.isfinite(values)
     video = np.where(empty, -1, video)
     sec = np.where(empty, np.nan, row_seconds[np.maximum(video, 0)])
     first = row.cpu().numpy()
     last = first + n_min + width.cpu().numpy()
-    return RankedMoments(video, first * sec, (last + 1) * sec, np.where(empty, -np.inf, score),
+    return RankedMoments(video, first * sec, (last + 1) * sec, np.where(empty, -np.inf, values),
                          beyond.double().cpu().numpy())
 
 
@@ -299,10 +303,8 @@ class MomentSettings:
     tious: tuple[float, ...]
 
     @classmethod
-    def of(cls, eval_cfg: Any) -> "MomentSettings":
+    def of(cls, eval_cfg: EvalConfig | None) -> "MomentSettings":
         if eval_cfg is None:
-            from prvr.harness.sections import EvalConfig
-
             eval_cfg = EvalConfig()
         return cls(eval_cfg.vcmr_n_min, eval_cfg.vcmr_n_max, eval_cfg.vcmr_alpha, eval_cfg.vcmr_top_videos,
                    eval_cfg.vcmr_top_moments, tuple(eval_cfg.vcmr_tious))
@@ -335,7 +337,7 @@ def localize(model: Any, queries: dict[str, torch.Tensor], videos: dict[str, tor
 
 @torch.no_grad()
 def evaluate_moments(model: Any, split, batcher, queries: dict[str, torch.Tensor], videos: dict[str, torch.Tensor],
-                     chunk: int, eval_cfg: Any = None, show: str | None = None) -> dict[str, Any]:
+                     chunk: int, eval_cfg: EvalConfig | None = None, show: str | None = None) -> dict[str, Any]:
     """The moment metrics of a split whose queries and videos the model has encoded (and
     indexed): {"VCMR-<t> R@<k>": ..., "VCMR SumR", "VCMR n", "SVMR-<t> R@<k>": ..., "oracle":
     {"VCMR-<t> R@<k>": ...} (empty without simulated ground truth)}. Settings: the `eval`
