@@ -15,13 +15,16 @@ def _install(session: nox.Session, extras: str = "") -> None:
 
 
 # The files mypy checks with no error (issue 37): the contract between the harness and its parts,
-# the registries typed with it, the objectives, the methods' recipes and the backbones done so far.
+# the registries typed with it, the objectives, the methods' recipes, the backbones done so far
+# with their shared blocks, and the relation detectors.
 TYPED = (
     "harness/contract.py", "harness/registry.py", "methods/objectives",
     "methods/arl.py", "methods/baseline.py", "methods/gmmformer.py", "methods/gmmformer2.py", "methods/msl.py",
     "methods/xml.py", "methods/ral.py",
     "methods/backbones/api.py", "methods/backbones/baseline.py", "methods/backbones/gmmformer.py",
-    "methods/backbones/gmmformer2.py", "methods/backbones/ral.py",
+    "methods/backbones/gmmformer2.py", "methods/backbones/ral.py", "methods/backbones/arl.py",
+    "methods/backbones/msl.py", "methods/backbones/xml.py", "methods/backbones/blocks.py",
+    "methods/relations",
     # the harness's engine: config, build, the trainer, evaluation, records, one run
     "harness/sections.py", "harness/config.py", "harness/build.py", "harness/optim.py", "harness/precision.py",
     "harness/checkpoints.py", "harness/trainer.py", "harness/evaluate.py", "harness/vcmr.py", "harness/rankings.py",

@@ -15,7 +15,7 @@ branches at TVR dimensions hold 5.52 M parameters, against 5.34 M in the paper's
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -139,11 +139,15 @@ class ArlBackbone(nn.Module):
         self.names = BRANCHES[: cfg.branches]
         self.models = nn.ModuleDict({b: ArlModel(cfg, video_dim, query_dim) for b in self.names})
 
+    def branch_models(self) -> list[tuple[str, ArlModel]]:
+        """(branch, its model) in branch order (nn.ModuleDict gives its modules back as nn.Module)."""
+        return [(b, cast(ArlModel, m)) for b, m in self.models.items()]
+
     def encode_queries(self, qb: QueryBatch) -> Encoded:
-        return {f"query.{b}": m.encode_queries(qb.tokens, qb.token_mask) for b, m in self.models.items()}
+        return {f"query.{b}": m.encode_queries(qb.tokens, qb.token_mask) for b, m in self.branch_models()}
 
     def encode_videos(self, vb: VideoBatch) -> Encoded:
-        out = {f"frames.{b}": m.encode_videos(vb.frames, vb.frame_mask) for b, m in self.models.items()}
+        out = {f"frames.{b}": m.encode_videos(vb.frames, vb.frame_mask) for b, m in self.branch_models()}
         out["frame_mask"] = vb.frame_mask
         return out
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +19,7 @@ from torch import nn
 
 from prvr.harness import masks
 from prvr.harness.checks import require
-from prvr.methods.backbones.api import OnDemand, Scores
+from prvr.harness.contract import Encoded, OnDemand, Scores
 
 PLAIN = 0.0  # a branch width of 0 means plain attention (the reference's `wid=None`)
 
@@ -319,8 +319,9 @@ def init_weights(model: nn.Module, std: float) -> None:
     for m in model.modules():
         if isinstance(m, (nn.Linear, nn.Embedding, BranchLinear)):
             nn.init.normal_(m.weight, 0.0, std)
-            if getattr(m, "bias", None) is not None:
-                nn.init.zeros_(m.bias)
+            bias = getattr(m, "bias", None)  # nn.Embedding has none, nn.Linear may have none
+            if bias is not None:
+                nn.init.zeros_(bias)
         elif isinstance(m, (nn.LayerNorm, BranchLayerNorm)):
             nn.init.ones_(m.weight)
             nn.init.zeros_(m.bias)
@@ -362,7 +363,7 @@ def best_clip_scores(query: torch.Tensor, v: dict[str, torch.Tensor]) -> Scores:
     return Scores(clip, {"clip": clip}, OnDemand({"clip": lambda: max_similarity(query, v["clips"], cosine=False)}))
 
 
-def score_in_chunks(fn: Callable[[dict], Scores], q: dict, per_query: int, budget: int) -> Scores:
+def score_in_chunks(fn: Callable[[Encoded], Scores], q: Encoded, per_query: int, budget: int) -> Scores:
     """Without gradients, call fn on slices of the queries so that no [queries, videos, items]
     intermediate exceeds `budget` elements; with gradients, call it once on all queries."""
     n = next(iter(q.values())).shape[0]
@@ -372,7 +373,14 @@ def score_in_chunks(fn: Callable[[dict], Scores], q: dict, per_query: int, budge
     return Scores.cat([fn({k: t[s : s + step] for k, t in q.items()}) for s in range(0, n, step)])
 
 
-def check_heads(cfg, key: str) -> None:
+class HeadsConfig(Protocol):
+    """What `check_heads` reads of a backbone config (every `model` dataclass with attention)."""
+
+    hidden: int
+    heads: int
+
+
+def check_heads(cfg: HeadsConfig, key: str) -> None:
     """The cross-field rule of every backbone config (its `check`): attention splits `hidden`
     evenly across `heads`."""
     require(cfg.hidden % cfg.heads == 0, f"config key '{key}.hidden' ({cfg.hidden}) must be a multiple of "

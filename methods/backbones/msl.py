@@ -100,8 +100,9 @@ class VideoSide:
         when it stored them (keys `side.*`), else they are computed now."""
         clips, values = v["clips"], v["frame_values"]
         pool = proposal_matrix_like(clips)
-        norms, clip_keys, gram = v.get("side.norms"), v.get("side.clip_keys"), v.get("side.gram")
-        if norms is None:
+        if "side.norms" in v:  # the three stored together
+            norms, clip_keys, gram = v["side.norms"], v["side.clip_keys"], v["side.gram"]
+        else:
             norms, clip_keys, gram = VideoSide.parts(v, pool)
         return VideoSide(clips, pool, norms, clip_keys, values, gram, v["frame_mask"])
 

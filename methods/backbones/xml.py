@@ -89,10 +89,9 @@ class XML(nn.Module):
         self.encoder2 = GMMBlock(h, heads, [PLAIN], drop)  # video_encoder2
         self.encoder3 = GMMBlock(h, heads, [PLAIN], drop)  # video_encoder3 -> H2
         self.query_linear = nn.Linear(h, h)  # video_query_linear: the query of localization
-        conv = dict(in_channels=1, out_channels=1, kernel_size=cfg.conv_kernel, padding=cfg.conv_kernel // 2,
-                    bias=False)
-        self.start_conv = nn.Conv1d(**conv)  # merged_st_predictor
-        self.end_conv = nn.Conv1d(**conv)  # merged_ed_predictor
+        k = cfg.conv_kernel
+        self.start_conv = nn.Conv1d(1, 1, k, padding=k // 2, bias=False)  # merged_st_predictor
+        self.end_conv = nn.Conv1d(1, 1, k, padding=k // 2, bias=False)  # merged_ed_predictor
         init_weights(self, cfg.init_std)  # the convolutions keep torch's init, as XML's reset_parameters
 
     def encode_queries(self, qb: QueryBatch) -> Encoded:

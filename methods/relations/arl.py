@@ -19,13 +19,17 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from prvr.datasets.loader import TrainBatch
+from prvr.datasets.types import PRVRData
 from prvr.harness import masks
 from prvr.harness.checks import OneOf, at_least, param
+from prvr.harness.contract import Backbone, StepOutputs
 from prvr.harness.io import UserError
 from prvr.harness.registry import DETECTORS
 from prvr.methods.backbones.api import OUTPUTS
@@ -235,7 +239,7 @@ class BranchStats:
     probe_similarity: torch.Tensor | None = None  # [n_probe_queries, n_probe_videos] (Fig. 4)
 
 
-def branch_views(model) -> list[tuple[str, str, str]]:
+def branch_views(model: torch.nn.Module) -> list[tuple[str, str, str]]:
     """(branch, query key, frames key) of a backbone that provides `frame_views`: ARL's two
     branches, or the frame branch of a backbone that scores by the best frame (e.g. dual-branch)."""
     views = getattr(model, "frame_views", None)
@@ -342,9 +346,10 @@ class ArlDetector(Detector):
     unlabelled pairs, and the set sizes; `write_artifacts` draws Fig. 4."""
 
     needs = frozenset({"frame_views"})  # the per-epoch pass encodes each branch's queries and frames
-    config_cls = ArlDetectorConfig
+    config_cls: ClassVar[type | None] = ArlDetectorConfig  # the contract's type: a narrower one fails RelationDetector
+    settings: ArlDetectorConfig
 
-    def setup(self, data, plan: ArlPlan | None = None) -> None:
+    def setup(self, data: PRVRData, plan: ArlPlan | None = None) -> None:
         plan = plan if isinstance(plan, ArlPlan) else ArlPlan()
         self.variant, self.warmup = plan.variant, plan.warmup_epochs
         self.views: list[tuple[str, str, str]] = []
@@ -354,7 +359,7 @@ class ArlDetector(Detector):
         self._reset()
 
     def _reset(self) -> None:
-        self.counts: dict[str, dict[str, float]] = {}
+        self.counts: dict[str, dict[str, torch.Tensor | int]] = {}  # device tensors, or host ints
         self.pass_seconds = 0.0
 
     # hooks -----------------------------------------------------------------
@@ -374,14 +379,14 @@ class ArlDetector(Detector):
             self.figure = self._distributions(state)
 
     # detection -------------------------------------------------------------
-    def detect(self, batch, outputs: dict) -> Relations:
+    def detect(self, batch: Any, outputs: StepOutputs) -> Relations:
         base = super().detect(batch, outputs)
         if not self.active:
             return base
         pos = base.positive
         mask = batch.videos.frame_mask
         if self.settings.similarity == "eval":
-            outputs = self._eval_outputs(batch)
+            outputs = self._eval_outputs(batch, outputs)
         detected = {}
         for b, qk, fk in self.views:
             sims = self._frame_sims(outputs, b, (qk, fk))
@@ -393,19 +398,20 @@ class ArlDetector(Detector):
         return union
 
     @torch.no_grad()
-    def _eval_outputs(self, batch) -> dict:
-        """The batch's encodings and scores with the model in eval mode (dropout off), the kind
-        of similarity the per-epoch pass that sets tau_s computes."""
+    def _eval_outputs(self, batch: Any, outputs: StepOutputs) -> StepOutputs:
+        """The step's outputs with the batch's encodings and scores made again with the model in
+        eval mode (dropout off), the kind of similarity the per-epoch pass that sets tau_s computes."""
         model, was_training = self.model, self.model.training
         model.eval()
         try:
-            q, v = model.encode_queries(batch.queries), model.encode_videos(batch.videos)
-            return {"queries": q, "videos": v, "scores": model.score(q, v)}
+            backbone = cast(Backbone, model)  # the model being trained: a backbone, or a wrapper that is one
+            q, v = backbone.encode_queries(batch.queries), backbone.encode_videos(batch.videos)
+            return {**outputs, "queries": q, "videos": v, "scores": backbone.score(q, v)}
         finally:
             model.train(was_training)
 
     @staticmethod
-    def _frame_sims(outputs: dict, branch: str, keys: tuple[str, str]) -> torch.Tensor:
+    def _frame_sims(outputs: StepOutputs, branch: str, keys: tuple[str, str]) -> torch.Tensor:
         """The branch's [Q, B, T] text-frame cosines: the backbone's items when it scores them,
         else computed from its frame view."""
         given = outputs["scores"].items.get(branch)
@@ -413,7 +419,7 @@ class ArlDetector(Detector):
             return given.detach()
         return frame_similarity(outputs["queries"][keys[0]].detach(), outputs["videos"][keys[1]].detach())
 
-    def _detect_branch(self, st: BranchStats, sims: torch.Tensor, mask: torch.Tensor, batch,
+    def _detect_branch(self, st: BranchStats, sims: torch.Tensor, mask: torch.Tensor, batch: TrainBatch,
                        pos: torch.Tensor) -> ArlRelations:
         """Eq. 5-7 for one branch, text-video and (with T-F) text-frame."""
         t = sims.shape[2]
@@ -434,7 +440,8 @@ class ArlDetector(Detector):
         return ArlRelations(pos, amb, pos.float() + amb.float(), frame_amb)
 
     # reports ----------------------------------------------------------------
-    def _count(self, batch, pos, mask, detected, trained, union) -> None:
+    def _count(self, batch: TrainBatch, pos: torch.Tensor, mask: torch.Tensor, detected: dict[str, ArlRelations],
+               trained: dict[str, ArlRelations], union: ArlRelations) -> None:
         """Add this batch's set sizes to the epoch's counts (kept on the device: `_read_counts`
         reads them once, at the epoch's end)."""
         truth = batch.relevant & ~pos if batch.relevant is not None else None
@@ -456,11 +463,12 @@ class ArlDetector(Detector):
 
     def _read_counts(self) -> dict[str, dict[str, float]]:
         """The epoch's counts as numbers, every count kept on the device read in one go."""
-        on_device = [(name, k) for name, c in self.counts.items() for k, v in c.items() if isinstance(v, torch.Tensor)]
-        values = torch.stack([self.counts[name][k] for name, k in on_device]).tolist() if on_device else []
+        on_device = [(name, k, v) for name, c in self.counts.items() for k, v in c.items()
+                     if isinstance(v, torch.Tensor)]
+        values = torch.stack([v for _, _, v in on_device]).tolist() if on_device else []
         out = {name: {k: float(v) for k, v in c.items() if not isinstance(v, torch.Tensor)}
                for name, c in self.counts.items()}
-        for (name, k), v in zip(on_device, values):
+        for (name, k, _), v in zip(on_device, values):
             out[name][k] = float(v)
         return out
 
@@ -505,6 +513,7 @@ class ArlDetector(Detector):
             vu = video_mean(st.frame_u, st.frame_mask).cpu().numpy()
             qu = st.query_u.cpu().numpy()
             probe_u = 0.5 * (qu[pq][:, None] + vu[pv][None])
+            assert st.probe_similarity is not None  # epoch_statistics keeps them for every branch given a probe
             probe_s = st.probe_similarity.cpu().numpy()
             out[b] = {
                 "tau_s": st.tau_s, "tau_u": st.tau_u,
@@ -515,7 +524,7 @@ class ArlDetector(Detector):
             }
         return out
 
-    def write_artifacts(self, folder, stem: str) -> list[str]:
+    def write_artifacts(self, folder: str | Path, stem: str) -> list[str]:
         if not self.figure:
             return []
         from prvr.methods.relations.arl_figure import plot_distributions, summarise
@@ -538,6 +547,6 @@ def _union(pos: torch.Tensor, rels: list[ArlRelations]) -> ArlRelations:
     return ArlRelations(pos, amb, pos.float() + votes * amb, frame_amb)
 
 
-def _add(c: dict, key: str, value: torch.Tensor | int) -> None:
+def _add(c: dict[str, torch.Tensor | int], key: str, value: torch.Tensor | int) -> None:
     """c[key] += value, a count (a device tensor stays on the device: no host sync per step)."""
     c[key] = c[key] + value if key in c else value

