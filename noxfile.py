@@ -29,6 +29,8 @@ TYPED = (
     "harness/sections.py", "harness/config.py", "harness/build.py", "harness/optim.py", "harness/precision.py",
     "harness/checkpoints.py", "harness/trainer.py", "harness/evaluate.py", "harness/vcmr.py", "harness/rankings.py",
     "harness/records.py", "harness/robustness.py", "harness/runner.py",
+    # the plumbing that parts and engine share, and a method's evaluate analysis
+    "harness/devices.py", "harness/encoding.py", "harness/fusion_weights.py",
 )
 PACKAGE_DIRS = ("harness", "methods", "datasets")  # prvr.<folder> (pyproject.toml package-dir)
 

@@ -500,7 +500,7 @@ def add_commands(sub) -> None:
 
 def cmd_census(args: argparse.Namespace) -> None:
     from prvr.harness.config import check_device
-    from prvr.harness.trainer import pick_device
+    from prvr.harness.devices import pick_device
 
     check_device(args.device, "--device", "--device cpu (or auto)")
     if not all(-1 <= t <= 1 for t in args.theta):

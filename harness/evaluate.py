@@ -30,6 +30,7 @@ import scipy.sparse as sp
 import torch
 
 from prvr.harness.contract import Backbone
+from prvr.harness.encoding import QUERY_BATCH, VIDEO_BATCH, encode_batches
 from prvr.harness.scores import worst_if_nonfinite
 from prvr.harness.sections import EvalConfig
 
@@ -213,17 +214,15 @@ def evaluate_scores(scores: torch.Tensor | np.ndarray, labels: sp.csr_matrix,
     return metrics_from_ranks(ranks, moment_fraction, relevance)
 
 
-VIDEO_BATCH, QUERY_BATCH = 128, 512  # items encoded at a time (memory only: the results do not depend on them)
-
-
 @torch.no_grad()
 def encode_split(model: torch.nn.Module, split, batcher, device: torch.device) -> tuple[dict, dict]:
     """(queries, videos) of a whole split, encoded in eval mode; the videos indexed."""
     model.eval()
     pin = device.type == "cuda"  # the split's batches, made once (Batcher.in_order), go to the GPU asynchronously
-    videos = index_videos(model, encode_batches(model.encode_videos, batcher.in_order("videos", VIDEO_BATCH, pin),
+    backbone = cast(Backbone, model)  # a backbone, or a wrapper that is one (build.build_model)
+    videos = index_videos(model, encode_batches(backbone.encode_videos, batcher.in_order("videos", VIDEO_BATCH, pin),
                                                 device))
-    queries = encode_batches(model.encode_queries, batcher.in_order("queries", QUERY_BATCH, pin), device)
+    queries = encode_batches(backbone.encode_queries, batcher.in_order("queries", QUERY_BATCH, pin), device)
     return queries, videos
 
 
@@ -324,38 +323,12 @@ def score_matrices(model: torch.nn.Module, split, batcher, device: torch.device,
     return {k: torch.cat(v) for k, v in parts.items()}
 
 
-def encode_batches(encode, batches: Iterable, device: torch.device) -> dict[str, torch.Tensor]:
-    """Encode batches (e.g. `Batcher.in_order`) and concatenate, padding sequence dims (dim 1)
-    to the longest."""
-    parts = [encode(batch.to(device)) for batch in batches]
-    return {k: cat_padded([p[k] for p in parts]) for k in parts[0]}
-
-
-def encode_all(encode, make_batch, n: int, batch_size: int, device: torch.device) -> dict[str, torch.Tensor]:
-    """Encode items 0..n-1, `batch_size` at a time (`make_batch(index)` makes each batch)."""
-    return encode_batches(encode, (make_batch(np.arange(s, min(s + batch_size, n))) for s in range(0, n, batch_size)),
-                          device)
-
-
 def index_videos(model: torch.nn.Module, videos: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The backbone's query-independent work on a collection of encoded videos, done once
     before its queries are scored (e.g. unit vectors of the items); identity for a backbone
     without `index_videos`."""
     fn = getattr(model, "index_videos", None)
     return fn(videos) if fn is not None else videos
-
-
-def cat_padded(tensors: list[torch.Tensor]) -> torch.Tensor:
-    if tensors[0].dim() < 2:
-        return torch.cat(tensors)
-    longest = max(t.shape[1] for t in tensors)
-    out = tensors[0].new_zeros((sum(len(t) for t in tensors), longest, *tensors[0].shape[2:]))
-    start = 0
-    for t in tensors:
-        out[start : start + len(t), : t.shape[1]] = t
-        start += len(t)
-    return out
-
 
 
 def multi_relevant_share(relevance: sp.csr_matrix) -> float:

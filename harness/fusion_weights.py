@@ -11,13 +11,14 @@ knows no block of any method.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import torch
 
 from prvr.datasets.loader import Batcher
 from prvr.harness import progress
-from prvr.harness.evaluate import VIDEO_BATCH, encode_all
+from prvr.harness.contract import Backbone
+from prvr.harness.encoding import VIDEO_BATCH, encode_all
 from prvr.harness.io import UserError
 from prvr.harness.reevaluate import StoredRun, split_data
 from prvr.methods.backbones.blocks import DynamicGMMBlock
@@ -40,11 +41,12 @@ def rows(record_files: list[str | Path], split_name: str = "test", device: str =
                             "branch weights; --fusion-weights is for GMMFormer v2 and RAL on it")
         seen: dict[str, list[torch.Tensor]] = {name: [] for name in blocks}
         for name, block in blocks.items():
-            block.branch_weights = _recording(block.branch_weights, seen[name])  # instance attribute, this model only
+            # an instance attribute over the method: this model only
+            setattr(block, "branch_weights", _recording(block.branch_weights, seen[name]))
         progress.log(f"evaluate {run.name}: branch weights of {', '.join(blocks)} on {split_name}")
         split = data[split_name]
         with torch.no_grad():  # the videos only: the weights are the video encoders'
-            encode_all(model.encode_videos, Batcher(split, run.cfg.data).videos, split.num_videos, VIDEO_BATCH,
+            encode_all(cast(Backbone, model).encode_videos, Batcher(split, run.cfg.data).videos, split.num_videos, VIDEO_BATCH,
                        run.device)
         for name, block in blocks.items():
             w = torch.cat(seen[name], dim=1).double()  # [branches, real positions]

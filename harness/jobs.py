@@ -90,7 +90,7 @@ def wants_cuda(device: str, env: Mapping[str, str] | None = None) -> bool:
     """Whether a run with this train.device trains on CUDA where a GPU is visible: `cuda`, or
     `auto` unless $PRVR_DEVICE names another device. An indexed `cuda:N` keeps the GPUs it was
     given (handing it one GPU would leave no device N)."""
-    from prvr.harness.trainer import DEVICE_ENV  # torch comes with it: only when a plan asks
+    from prvr.harness.devices import DEVICE_ENV  # torch comes with it: only when a plan asks
 
     env = os.environ if env is None else env
     if device == "auto":

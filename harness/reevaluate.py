@@ -57,7 +57,7 @@ class StoredRun:
         from prvr.harness.config import apply_value, check_device, from_dict
         from prvr.harness.records import checkpoint_dir, load_record_at, record_layout
         from prvr.harness.registry import load_all
-        from prvr.harness.trainer import pick_device
+        from prvr.harness.devices import pick_device
 
         load_all()
         self.path = Path(record_file)

@@ -16,7 +16,7 @@ from prvr.harness.registry import METHODS
 from prvr.harness.robustness import curve_line, noise_curve
 from prvr.harness.sections import Config
 from prvr.harness.timing import Timings
-from prvr.harness.trainer import device_name
+from prvr.harness.devices import device_name
 
 SPLIT_METRIC_KEYS = ("R@1", "R@5", "R@10", "R@100", "SumR", "median_rank", "mean_rank", "n", "buckets", "oracle")
 RANKED_SPLITS = ("val", "test")  # stored beside the record (harness/rankings.py)

@@ -39,6 +39,7 @@ from prvr.harness.checkpoints import (BEFORE_DEVICE, RESUME_FIX, RESUME_FREE_KEY
                                       _jsonable, load_weights, read_checkpoint, restore_cuda_rng, resume_changes,
                                       save_checkpoint, with_device)
 # StepContext importable from here too
+from prvr.harness.devices import pick_device
 from prvr.harness.contract import (Backbone, DetectorState, MethodSpec, RelationDetector, StepContext, StepExtras,
                                    StepOutputs)
 from prvr.harness.sections import ON_NONFINITE, SELECT_ON, Config
@@ -59,22 +60,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-DEVICE_ENV = "PRVR_DEVICE"  # when set, the device that "auto" picks (the test suite sets cpu)
-
-
-def pick_device(name: str) -> torch.device:
-    """The device a setting names; "auto" is $PRVR_DEVICE when set, else CUDA when present."""
-    if name == "auto":
-        name = os.environ.get(DEVICE_ENV) or ("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return f"cuda: {torch.cuda.get_device_name(device)}"
-    return f"cpu ({torch.get_num_threads()} threads)"
 
 
 class Best(TypedDict):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from prvr.harness import progress
-from prvr.harness.trainer import DEVICE_ENV
+from prvr.harness.devices import DEVICE_ENV
 from prvr.methods.relations.sbert import missing_text_extra
 
 TEXT_MISSING = missing_text_extra()  # the `text` extra (in `test`): absent where only `pip install -e .` ran

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from prvr.datasets.loader import Batcher
 from prvr.harness.config import resolve
-from prvr.harness.evaluate import encode_all
+from prvr.harness.encoding import encode_all
 from prvr.harness.registry import BACKBONES, DATASETS
 from prvr.methods.backbones.api import Scores
 from prvr.methods.arl import arl_plan

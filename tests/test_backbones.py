@@ -12,7 +12,8 @@ import torch.nn.functional as F
 
 from prvr.datasets.loader import QueryBatch, VideoBatch, pooling_matrix
 from prvr.harness.registry import BACKBONES
-from prvr.harness.evaluate import cat_padded, index_videos
+from prvr.harness.encoding import cat_padded
+from prvr.harness.evaluate import index_videos
 from prvr.methods.backbones.api import OUTPUTS, Backbone, OnDemand, Scores
 from prvr.methods.backbones.blocks import GaussianBranches, gaussian_attention, gaussian_weights, max_similarity
 from prvr.methods.backbones.msl import VideoSide, msl_scores, proposal_matrix

@@ -18,7 +18,8 @@ from prvr.harness.config import resolve
 from prvr.harness.io import UserError
 from prvr.harness.registry import METHODS
 from prvr.harness.runner import run_one
-from prvr.harness.trainer import DEVICE_ENV, pick_device, restore_cuda_rng
+from prvr.harness.devices import DEVICE_ENV, pick_device
+from prvr.harness.trainer import restore_cuda_rng
 
 EPOCHS = ["train.epochs=2", "train.patience=10"]
 RUN = ["run", "--method", "baseline", "--dataset", "sim-tiny", "--out", "out", "--quiet",

@@ -21,7 +21,7 @@ from prvr.harness.profiling.runtime import runtime_per_query
 from prvr.harness.profiling.subjects import TVR_DIMS, Subject, build_model, count_params, subjects
 from prvr.harness.profiling.training import profile_epoch_isolated
 from prvr.harness.records import cpu_facts, provenance
-from prvr.harness.trainer import device_name, pick_device
+from prvr.harness.devices import device_name, pick_device
 
 PAPER_SIZES = [500, 1000, 1500, 2000, 2500]  # ARL Table 4, RAL Table 7
 QUICK_SIZES = [16, 32]

@@ -127,6 +127,6 @@ def _timed(fn: Callable[[], object], device: torch.device) -> tuple[float, objec
 
 
 def _device_label(device: torch.device) -> str:
-    from prvr.harness.trainer import device_name
+    from prvr.harness.devices import device_name
 
     return device_name(device)

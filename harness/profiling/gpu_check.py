@@ -282,7 +282,7 @@ def profile_row(device: torch.device, out: Path) -> Row:
 
 def render(rows: list[Row], device: torch.device, wall_s: float) -> str:
     from prvr.harness.records import provenance
-    from prvr.harness.trainer import device_name
+    from prvr.harness.devices import device_name
 
     prov = provenance(device_name(device))
     lines = [f"# GPU check on {prov['device']}", "",

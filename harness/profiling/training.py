@@ -36,7 +36,7 @@ from prvr.datasets.loader import epoch_batches
 from prvr.harness import progress
 from prvr.harness.profiling.subjects import Subject, subjects
 from prvr.harness.build import build_run
-from prvr.harness.trainer import device_name
+from prvr.harness.devices import device_name
 
 
 @dataclass

@@ -30,6 +30,7 @@ from prvr.datasets.types import PRVRData
 from prvr.harness import masks
 from prvr.harness.checks import OneOf, at_least, param
 from prvr.harness.contract import Backbone, StepOutputs
+from prvr.harness.encoding import QUERY_BATCH, encode_batches
 from prvr.harness.io import UserError
 from prvr.harness.registry import DETECTORS
 from prvr.methods.backbones.api import OUTPUTS
@@ -274,8 +275,6 @@ def epoch_statistics(model, batcher, device: torch.device, video_chunk: int = 64
     """Encode the whole split once per branch with the model in eval mode and return each
     branch's uncertainties and thresholds. `probe` = (query indices, video indices) whose
     similarities are kept for the Fig. 4 distributions."""
-    from prvr.harness.evaluate import QUERY_BATCH, encode_batches
-
     split, views = batcher.split, branch_views(model)
     was_training = model.training
     model.eval()

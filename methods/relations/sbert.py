@@ -33,6 +33,7 @@ from prvr.datasets.loader import TrainBatch
 from prvr.datasets.types import PRVRData, Split
 from prvr.harness import progress
 from prvr.harness.checks import Free, OneOf, Range, at_least, param
+from prvr.harness.devices import pick_device
 from prvr.harness.io import UserError, atomic_path
 from prvr.harness.registry import COMMANDS, DETECTORS
 from prvr.methods.relations.base import Detector, DetectorState, Relations, StepOutputs, find_pairs
@@ -416,7 +417,6 @@ class SbertDetector(Detector):
 
     def setup(self, data: PRVRData, plan: Any = None) -> None:
         from prvr.datasets.sim.cache import cache_root
-        from prvr.harness.trainer import pick_device
 
         split = data["train"]
         self.text = QueryText.of_split(split)

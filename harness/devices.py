@@ -1,0 +1,25 @@
+"""The device a run uses: `train.device` (`auto`, `cpu`, `cuda`, `cuda:N`) read into a torch
+device, and its name as records and tables give it. Plumbing: the trainer, the detectors that
+encode on their own (the SBERT detector) and the commands all pick devices the same way.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+DEVICE_ENV = "PRVR_DEVICE"  # when set, the device that "auto" picks (the test suite sets cpu)
+
+
+def pick_device(name: str) -> torch.device:
+    """The device a setting names; "auto" is $PRVR_DEVICE when set, else CUDA when present."""
+    if name == "auto":
+        name = os.environ.get(DEVICE_ENV) or ("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda: {torch.cuda.get_device_name(device)}"
+    return f"cpu ({torch.get_num_threads()} threads)"
