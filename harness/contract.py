@@ -24,7 +24,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Protocol, TypedDict, TypeVar, runtime_checkable
+from typing import Any, Callable, ClassVar, Protocol, TypedDict, TypeVar, cast, runtime_checkable
 
 import torch
 
@@ -211,6 +211,12 @@ class Backbone(Protocol):
     def index_videos(self, videos: Encoded, /) -> Encoded: ...
 
     def score(self, queries: Encoded, videos: Encoded, /) -> Scores: ...
+
+
+def as_backbone(model: torch.nn.Module) -> Backbone:
+    """The model as its backbone protocol: every model a run builds is a backbone, or a wrapper
+    that is one (harness/build.py `build_model`), which `nn.Module`'s type cannot say."""
+    return cast(Backbone, model)
 
 
 @runtime_checkable

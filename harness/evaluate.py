@@ -23,13 +23,13 @@ instead of first (NaN compares false, so counting `>=` alone would put it at ran
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable, cast
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import scipy.sparse as sp
 import torch
 
-from prvr.harness.contract import Backbone
+from prvr.harness.contract import as_backbone
 from prvr.harness.encoding import QUERY_BATCH, VIDEO_BATCH, encode_batches
 from prvr.harness.scores import worst_if_nonfinite
 from prvr.harness.sections import EvalConfig
@@ -219,7 +219,7 @@ def encode_split(model: torch.nn.Module, split, batcher, device: torch.device) -
     """(queries, videos) of a whole split, encoded in eval mode; the videos indexed."""
     model.eval()
     pin = device.type == "cuda"  # the split's batches, made once (Batcher.in_order), go to the GPU asynchronously
-    backbone = cast(Backbone, model)  # a backbone, or a wrapper that is one (build.build_model)
+    backbone = as_backbone(model)
     videos = index_videos(model, encode_batches(backbone.encode_videos, batcher.in_order("videos", VIDEO_BATCH, pin),
                                                 device))
     queries = encode_batches(backbone.encode_queries, batcher.in_order("queries", QUERY_BATCH, pin), device)
@@ -299,7 +299,7 @@ class ScoreWatch:
 def fused_scores(model: torch.nn.Module, queries: dict[str, torch.Tensor], videos: dict[str, torch.Tensor]) -> ScoreFn:
     """The ScoreFn of a split the model has encoded: the fused score of queries start:end
     against every video."""
-    backbone = cast(Backbone, model)  # a backbone, or a wrapper that is one (build.build_model)
+    backbone = as_backbone(model)
 
     def score(start: int, end: int) -> torch.Tensor:
         return backbone.score({k: t[start:end] for k, t in queries.items()}, videos).fused
@@ -314,7 +314,7 @@ def score_matrices(model: torch.nn.Module, split, batcher, device: torch.device,
     {key: matrix} for `keys` (None: every score that ranks on its own, e.g. clip, frame,
     fused). For score parts and ensembles; `evaluate_model` ranks without keeping them."""
     queries, videos = encode_split(model, split, batcher, device)
-    backbone = cast(Backbone, model)  # a backbone, or a wrapper that is one (build.build_model)
+    backbone = as_backbone(model)
     parts: dict[str, list[torch.Tensor]] = {}
     for start in range(0, split.num_queries, chunk):
         out = backbone.score({k: t[start : start + chunk] for k, t in queries.items()}, videos).ranked()

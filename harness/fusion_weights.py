@@ -11,13 +11,13 @@ knows no block of any method.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, cast
+from typing import Any, Callable
 
 import torch
 
 from prvr.datasets.loader import Batcher
 from prvr.harness import progress
-from prvr.harness.contract import Backbone
+from prvr.harness.contract import as_backbone
 from prvr.harness.encoding import VIDEO_BATCH, encode_all
 from prvr.harness.io import UserError
 from prvr.harness.reevaluate import StoredRun, split_data
@@ -46,8 +46,8 @@ def rows(record_files: list[str | Path], split_name: str = "test", device: str =
         progress.log(f"evaluate {run.name}: branch weights of {', '.join(blocks)} on {split_name}")
         split = data[split_name]
         with torch.no_grad():  # the videos only: the weights are the video encoders'
-            encode_all(cast(Backbone, model).encode_videos, Batcher(split, run.cfg.data).videos, split.num_videos, VIDEO_BATCH,
-                       run.device)
+            encode_all(as_backbone(model).encode_videos, Batcher(split, run.cfg.data).videos, split.num_videos,
+                       VIDEO_BATCH, run.device)
         for name, block in blocks.items():
             w = torch.cat(seen[name], dim=1).double()  # [branches, real positions]
             out.append({"run": run.name, "record": str(run.path), "block": name,

@@ -2,8 +2,8 @@
 video's length is inserted at its start (datasets/noise.py), for every method.
 
 - `noise_curve` (harness/robustness.py, the engine's: a run makes it): one model's curve,
-  each level through the suite's evaluator (`evaluate_model` on the noisy test split). `prvr-bench run` stores it in the record as
-  `metrics.noise` when `eval.noise_levels` is set; `prvr-bench evaluate --noise-levels` makes
+  each level through the suite's evaluator (`evaluate_model` on the noisy test split).
+  `prvr-bench run` stores it in the record as `metrics.noise` when `eval.noise_levels` is set; `prvr-bench evaluate --noise-levels` makes
   it for a stored run from its best checkpoint and stores it beside the record as
   `seed<S>.noise-<source>.json` (the record itself is never changed).
 - `write_reports`: for every dataset with curves, `<out>/noise/<dataset>.png` (SumR against

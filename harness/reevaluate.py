@@ -44,10 +44,9 @@ from prvr.datasets.real.relevance import RelevanceFile, SplitKeys, join, read_re
 from prvr.harness.evaluate import evaluate_model, evaluate_scores, score_matrices
 from prvr.harness.io import UserError, write_json
 from prvr.harness.registry import DATASETS, EVALUATIONS
-from prvr.harness.robustness import curve_levels, noise_curve
+from prvr.harness.robustness import SUMMARY, curve_levels, noise_curve
 from prvr.harness.rankings import load_rankings, metrics_of, rankings_path
 
-SUMMARY = ("R@1", "R@5", "R@10", "R@100", "SumR")
 
 
 class StoredRun:

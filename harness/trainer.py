@@ -28,7 +28,7 @@ import math
 import os
 import random
 from pathlib import Path
-from typing import Any, Protocol, TypedDict, cast
+from typing import Any, Protocol, TypedDict
 
 import numpy as np
 import torch
@@ -38,10 +38,10 @@ from prvr.harness import precision, progress, vcmr
 from prvr.harness.checkpoints import (BEFORE_DEVICE, RESUME_FIX, RESUME_FREE_KEYS, STATE_KEYS, _first_line,
                                       _jsonable, load_weights, read_checkpoint, restore_cuda_rng, resume_changes,
                                       save_checkpoint, with_device)
-# StepContext importable from here too
+# StepContext is importable from here too
+from prvr.harness.contract import (DetectorState, MethodSpec, RelationDetector, StepContext, StepExtras, StepOutputs,
+                                   as_backbone)
 from prvr.harness.devices import pick_device
-from prvr.harness.contract import (Backbone, DetectorState, MethodSpec, RelationDetector, StepContext, StepExtras,
-                                   StepOutputs)
 from prvr.harness.sections import ON_NONFINITE, SELECT_ON, Config
 from prvr.harness.evaluate import evaluate_model
 from prvr.harness.io import UserError, atomic_path
@@ -243,7 +243,7 @@ class Trainer:
         return min(4, os.cpu_count() or 1) if self.device.type == "cuda" else 0
 
     def train_step(self, batch, epoch: int, step: int) -> dict[str, torch.Tensor]:
-        model = cast(Backbone, self.model)  # a backbone, or a wrapper that is one (build.build_model)
+        model = as_backbone(self.model)
         q = model.encode_queries(batch.queries)  # in the run's precision (harness/precision.py)
         v = model.encode_videos(batch.videos)
         scores = model.score(q, v)

@@ -316,26 +316,13 @@ class PositionLayer(Protocol):
 class HomeConfig(Protocol):
     """What RAL reads of its home backbone's `model` section (MS-SL, GMMFormer, GMMFormer v2)."""
 
-    @property
-    def hidden(self) -> int: ...
-
-    @property
-    def heads(self) -> int: ...
-
-    @property
-    def input_dropout(self) -> float: ...
-
-    @property
-    def dropout(self) -> float: ...
-
-    @property
-    def max_frames(self) -> int: ...
-
-    @property
-    def clip_weight(self) -> float: ...
-
-    @property
-    def init_std(self) -> float: ...
+    hidden: int
+    heads: int
+    input_dropout: float
+    dropout: float
+    max_frames: int
+    clip_weight: float
+    init_std: float
 
 
 class HomeBackbone(Backbone, Protocol):

@@ -19,7 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -29,7 +29,7 @@ from prvr.datasets.loader import TrainBatch
 from prvr.datasets.types import PRVRData
 from prvr.harness import masks
 from prvr.harness.checks import OneOf, at_least, param
-from prvr.harness.contract import Backbone, StepOutputs
+from prvr.harness.contract import StepOutputs, as_backbone
 from prvr.harness.encoding import QUERY_BATCH, encode_batches
 from prvr.harness.io import UserError
 from prvr.harness.registry import DETECTORS
@@ -403,7 +403,7 @@ class ArlDetector(Detector):
         model, was_training = self.model, self.model.training
         model.eval()
         try:
-            backbone = cast(Backbone, model)  # the model being trained: a backbone, or a wrapper that is one
+            backbone = as_backbone(model)  # the model being trained
             q, v = backbone.encode_queries(batch.queries), backbone.encode_videos(batch.videos)
             return {**outputs, "queries": q, "videos": v, "scores": backbone.score(q, v)}
         finally:
