@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from prvr.datasets import selection
 from prvr.datasets.types import PRVRData
 
 PRESETS = Path(__file__).parent / "presets"
@@ -23,6 +24,4 @@ class DatasetSpec:
     simulated: bool = False
 
     def load(self, cfg) -> PRVRData:
-        from prvr.datasets import selection
-
         return selection.apply(self.loader(cfg), cfg)

@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from prvr.datasets.sim.world import EV_END, EV_START, EV_VIDEO
 from prvr.datasets.types import Ragged, Split
 from prvr.harness.io import UserError
 
@@ -92,8 +93,6 @@ def with_noise(split: Split, p: float, source: str = "other") -> Split:
     extra["noise"] = info
     events = extra.get("events")
     if isinstance(events, np.ndarray) and events.ndim == 2 and events.shape[1] == 7 and len(events):
-        from prvr.datasets.sim.world import EV_END, EV_START, EV_VIDEO
-
         events = events.copy()
         events[:, [EV_START, EV_END]] += k[events[:, EV_VIDEO]][:, None]
         extra["events"] = events

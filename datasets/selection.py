@@ -18,6 +18,8 @@ import zlib
 import numpy as np
 
 from prvr.datasets.types import PRVRData, Ragged, Split
+from prvr.harness import progress
+from prvr.harness.io import UserError
 
 SAME = 0.99  # share of the test queries found in val above which the splits "hold the same queries"
 
@@ -39,8 +41,6 @@ def held_out_videos(split: Split, n: int, dataset: str) -> np.ndarray:
     """The N training videos (sorted indices) held out for selection: a permutation seeded by
     the dataset name and N, so every method and run seed holds out the same videos."""
     if not 0 < n < split.num_videos:
-        from prvr.harness.io import UserError
-
         raise UserError(f"data.val_from_train={n} must be between 1 and {split.num_videos - 1} "
                         f"(the training videos of {dataset}); fix --set data.val_from_train")
     rng = np.random.default_rng([zlib.crc32(dataset.encode()), n])
@@ -90,8 +90,6 @@ def apply(data: PRVRData, cfg) -> PRVRData:
                                    "rule": "numpy default_rng([crc32(dataset name), N]).permutation, first N",
                                    "video_ids": data["val"].video_ids}
     elif facts["val_is_test"]:
-        from prvr.harness import progress
-
         progress.log(f"[yellow]warning[/]: {data.name}: val holds the test queries ({overlap:.0%} of test found in val, "
                      "by content), so checkpoints are selected on the test split as in the published figures; "
                      "--set data.val_from_train=N holds out N training videos for selection instead")

@@ -26,11 +26,17 @@ from typing import Any
 import numpy as np
 
 from prvr.harness import progress
+from prvr.harness.checkpoints import RESUME_FREE_KEYS
+from prvr.harness.cli import (_command_line, _common, _run_args, add_jobs_argument, data_root_overrides,
+                              launch_from_args, run_in_processes, set_threads)
+from prvr.harness.config import from_dict, resolve
 from prvr.harness.io import UserError, ensure_dir, write_text
 from prvr.harness.leaderboard import REPORTED_FILE, paper_figures
 from prvr.harness.names import check_name, check_tag, inside
-from prvr.harness.registry import METHODS
+from prvr.harness.records import load_record_at, record_path, run_tag
+from prvr.harness.registry import METHODS, home_method, load_all
 from prvr.harness.rows import COLUMNS, MOMENT_SUM, Column, fmt, is_metric_key, moment_columns, p_value, value_at
+from prvr.harness.runner import run_name, run_one
 from prvr.methods.recipes import TABLES, AblationRow, AblationTable
 
 METRICS = ("R@1", "R@5", "R@10", "R@100", "SumR")
@@ -78,8 +84,6 @@ def describe_source(rows: list[dict[str, Any]]) -> str:
 
 
 def get_table(method: str, name: str) -> AblationTable:
-    from prvr.harness.registry import load_all
-
     load_all()
     if (method, name) not in TABLES:
         known = ", ".join(f"--method {m} --table {n}" for m, n in sorted(TABLES)) or "(none)"
@@ -88,8 +92,6 @@ def get_table(method: str, name: str) -> AblationTable:
 
 
 def add_commands(sub) -> None:
-    from prvr.harness.cli import _common, add_jobs_argument
-
     p = sub.add_parser("ablate", help="train and tabulate a method's ablation table (e.g. --method arl --table 5)")
     p.add_argument("--method", required=True)
     p.add_argument("--table", required=True, help="table name, e.g. 5 or 6 for ARL")
@@ -120,8 +122,6 @@ class PlannedRun:
 def plan_runs(table: AblationTable, dataset: str, seeds: list[int], overrides: list[str], config: str | None,
               extra_tag: str = "") -> list[PlannedRun]:
     """Every row x seed, resolved up front so that a bad key fails before any training."""
-    from prvr.harness.config import resolve
-
     plain = {seed: resolve(table.method, dataset, seed, overrides, config).to_dict() for seed in seeds}
     plan = []
     for row in table.rows:
@@ -138,9 +138,6 @@ def resolve_row(table: AblationTable, row: AblationRow, dataset: str, seed: int,
                  config: str | None):
     """The config of one row: the table's method with the row's overrides, or for a `home` row
     the plain run of the backbone's own method (the table's overrides apply to it too)."""
-    from prvr.harness.config import resolve
-    from prvr.harness.registry import home_method
-
     try:
         cfg = resolve(table.method, dataset, seed, [*overrides, *row.overrides], config)
     except UserError as e:
@@ -157,8 +154,6 @@ def resolve_row(table: AblationTable, row: AblationRow, dataset: str, seed: int,
 
 
 def cmd_ablate(args: argparse.Namespace) -> None:
-    from prvr.harness.cli import data_root_overrides, launch_from_args, set_threads
-
     table = get_table(args.method, args.table)
     check_tag(args.tag)
     ensure_dir(args.out)
@@ -180,9 +175,6 @@ def cmd_ablate(args: argparse.Namespace) -> None:
 def _to_train(plan: list[PlannedRun], out: str, skip_existing: bool) -> list[PlannedRun]:
     """The planned runs to train: each run once (rows that are the same run share it), without
     those whose record exists under --skip-existing."""
-    from prvr.harness.records import record_path
-    from prvr.harness.runner import run_name
-
     todo, seen = [], set()
     for p in plan:
         path = record_path(out, p.cfg.dataset, run_name(p.cfg, p.tag), p.cfg.seed)
@@ -194,9 +186,6 @@ def _to_train(plan: list[PlannedRun], out: str, skip_existing: bool) -> list[Pla
 
 
 def _train_here(args: argparse.Namespace, table: AblationTable, todo: list[PlannedRun], planned: int) -> None:
-    from prvr.harness.cli import _command_line
-    from prvr.harness.runner import run_name, run_one
-
     for i, p in enumerate(todo):
         progress.log(f"[{i + 1}/{len(todo)} of {planned} planned] {table.title} {p.row.label}: "
                      f"{run_name(p.cfg, p.tag)}, seed {p.cfg.seed}")
@@ -207,9 +196,6 @@ def _train_here(args: argparse.Namespace, table: AblationTable, todo: list[Plann
 def _train_in_processes(args: argparse.Namespace, todo: list[PlannedRun], workers: int, launch) -> None:
     """ablate --jobs N (or --executor ray): each run as the `prvr-bench run` that trains it alone
     (--data-root and --backbone travel as the --set items they resolve to)."""
-    from prvr.harness.cli import _run_args, run_in_processes
-    from prvr.harness.runner import run_name
-
     runs = [(p.cfg, run_name(p.cfg, p.tag),
              _run_args(argparse.Namespace(**{**vars(args), "tag": p.tag, "data_root": None, "backbone": None}),
                        p.method, args.dataset, p.cfg.seed, list(p.overrides)))
@@ -226,9 +212,6 @@ def report(table: AblationTable, out: str, dataset: str, plan, extra_tag: str = 
     another backbone than the method's own, or another detector, the file is named after the
     method's run with them (`ral@msl_table2.md`, `ral+oracle@msl_table2.md`), so tables on
     several backbones and detectors sit side by side."""
-    from prvr.harness.records import load_record_at, record_path, run_tag
-    from prvr.harness.runner import run_name
-
     measured, mismatched = [], []
     for row in table.rows:
         runs = [p for p in plan if p.row is row]  # one per seed
@@ -342,9 +325,6 @@ def settings_diff(cfg, record: dict, shown: int = 3, source: str = "stored confi
     resume does (keys added since it was made take their defaults); keys that change no
     trained number (`RESUME_FREE_KEYS`: locations, chunking, the noise-robustness test) are
     left out."""
-    from prvr.harness.config import from_dict
-    from prvr.harness.checkpoints import RESUME_FREE_KEYS
-
     def flat(d: dict, prefix: str = "") -> dict:
         out = {}
         for k, v in d.items():

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from prvr.harness.evaluate import BUCKETS
 from prvr.harness.io import write_png, write_text
 from prvr.harness.names import check_name, inside
 from prvr.harness.records import budget_label
@@ -35,8 +36,6 @@ def bucket_groups(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any
     """dataset -> one group per (run, budget) on the dataset's protocol: {dataset, run, budget,
     seeds, values: {bucket: {metric: [per seed] or [] where a seed lacks it}}, n: {bucket:
     sorted distinct query counts over the seeds}}. Diverged and off-protocol runs are left out."""
-    from prvr.harness.evaluate import BUCKETS
-
     groups: dict[tuple[str, str, str], dict[str, Any]] = {}
     for r in records:
         if diverged(r):
@@ -85,16 +84,12 @@ def _counts(ns: list[int]) -> str:
 
 
 def _bucket_title(name: str) -> str:
-    from prvr.harness.evaluate import BUCKETS
-
     lo, hi = BUCKETS[name]
     return f"{name} ({lo:g}, {hi:g}]"
 
 
 def report_markdown(dataset: str, groups: list[dict[str, Any]], png_name: str,
                     command: str = "prvr-bench leaderboard") -> str:
-    from prvr.harness.evaluate import BUCKETS
-
     head = ["run", "seeds", *(f"{b} {m}" for m in METRICS for b in BUCKETS),
             "queries (" + " / ".join(BUCKETS) + ")"]
     shared = {b: sorted({n for g in groups for n in g["n"][b]}) for b in BUCKETS}
@@ -126,7 +121,6 @@ def plot(dataset: str, groups: list[dict[str, Any]], path: str | Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from prvr.harness.evaluate import BUCKETS
 
     names = list(BUCKETS)
     shared = {b: sorted({n for g in groups for n in g["n"][b]}) for b in names}

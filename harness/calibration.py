@@ -28,10 +28,11 @@ import numpy as np
 
 from prvr.harness import progress
 from prvr.harness.io import write_text
-from prvr.harness.rows import BASELINE, build_rows, dataset_label, diverged, fmt, record_protocol
-from prvr.harness.rows import csv_cell as _csv_cell, p_value as _p_value
+from prvr.harness.names import check_name, inside
 from prvr.harness.records import budget_label
 from prvr.harness.registry import DATASETS
+from prvr.harness.rows import (BASELINE, build_rows, csv_cell as _csv_cell, dataset_label, diverged, fmt,
+                               p_value as _p_value, record_protocol)
 from prvr.harness.sections import dataset_preset
 from prvr.harness.world_calibration import TOLERANCE, near_enough, ratio_to_real
 
@@ -354,8 +355,6 @@ def write_reports(root: str | Path, records: list[dict[str, Any]], show: bool = 
                   command: str = "prvr-bench leaderboard") -> list[Path]:
     """`<root>/calibration/<dataset>.{md,csv}` for every simulated dataset among the records;
     the files written (each atomically)."""
-    from prvr.harness.names import check_name, inside
-
     written: list[Path] = []
     for dataset in simulated_datasets(records):
         name = re.sub(r"[^A-Za-z0-9_.+@~-]+", "-", dataset).strip("-.")

@@ -39,17 +39,24 @@ import itertools
 import re
 import shlex
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
 
+from prvr.datasets.real import annotations as ann, didemo
+from prvr.datasets.real.problems import Report
+from prvr.datasets.real.relevance import SplitKeys, join, read_relevance, report_lines
 from prvr.harness import progress
+from prvr.harness.build import load_data
+from prvr.harness.config import check_device, parse_set, resolve
+from prvr.harness.devices import pick_device
 from prvr.harness.io import UserError, write_text
-from prvr.methods.relations.phrases import PHIS, read_tree, verb_phrases
+from prvr.harness.registry import DATASETS
 from prvr.methods.relations import sbert
+from prvr.methods.relations.phrases import PHIS, read_tree, verb_phrases
 from prvr.methods.relations.sbert import (PACKAGED_MODEL, THETAS, Encoder, QueryText, build_elements, element_strings,
                                           model_id, phi_blocks, unlabelled_truth)
 from prvr.methods.relations.text_parsers import (PARSERS, RULES_VERSION, ParserChoice, benepar_parse, benepar_status,
@@ -96,26 +103,18 @@ class Judged:
 
 
 def _tvr(path: Path, report) -> list:
-    from prvr.datasets.real import annotations as ann
-
     return ann.read_tvr_jsonl(path, report).rows
 
 
 def _activitynet(path: Path, report) -> list:
-    from prvr.datasets.real import annotations as ann
-
     return ann.read_activitynet(path, report).rows
 
 
 def _charades(path: Path, report) -> list:
-    from prvr.datasets.real import annotations as ann
-
     return ann.read_charades_sta(path, {}, report).rows  # durations are not needed here
 
 
 def _didemo(path: Path, report) -> list:
-    from prvr.datasets.real import didemo
-
     return didemo.to_table(didemo.read_didemo(path, report), report).rows
 
 
@@ -156,8 +155,6 @@ def real_files(name: str, root: Path) -> list[tuple[str, Path]]:
 
 
 def real_splits(name: str, root: Path, only: list[str] | None) -> list[TextSplit]:
-    from prvr.datasets.real.problems import Report
-
     out = []
     spec = REAL[ALIASES.get(name, name)]
     for split, path in real_files(name, root):
@@ -180,9 +177,6 @@ def real_splits(name: str, root: Path, only: list[str] | None) -> list[TextSplit
 
 def sim_splits(name: str, only: list[str] | None, overrides: list[str] | None = None) -> list[TextSplit]:
     """The text of a simulated world; `overrides` (--set KEY=VALUE) remake the world first."""
-    from prvr.harness.build import load_data
-    from prvr.harness.config import resolve
-
     data = load_data(resolve("baseline", name, 0, list(overrides or [])))
     missing = [s for s in only or [] if s not in data.splits]
     if missing:
@@ -191,8 +185,6 @@ def sim_splits(name: str, only: list[str] | None, overrides: list[str] | None = 
 
 
 def text_splits(name: str, data_root: str | None, only: list[str] | None) -> list[TextSplit]:
-    from prvr.harness.registry import DATASETS
-
     if ALIASES.get(name, name) in REAL:
         if not data_root:
             raise UserError(f"census --dataset {name} reads the annotation text under a data root: pass --data-root DIR")
@@ -207,9 +199,6 @@ def judged_splits(splits: list[TextSplit], path: str) -> tuple[list[TextSplit], 
     """The real text splits joined to a relevance file (by labelled video and caption: the
     annotation files have no MS-SL cap ids), with the join's report as note lines; a split the
     file covers none of is left out (and said so)."""
-    from dataclasses import replace
-
-    from prvr.datasets.real.relevance import SplitKeys, join, read_relevance, report_lines
 
     file = read_relevance(path)
     out, notes = [], [f"Relevance: `{file.name}` ({file.format} format, SHA-256 {file.sha256})."]
@@ -235,9 +224,6 @@ def judged_splits(splits: list[TextSplit], path: str) -> tuple[list[TextSplit], 
 def world_grid(dataset: str, sets: list[str], sweeps: list[str]) -> list[list[str]]:
     """The worlds of a knob census: the fixed `--set` items plus one value of each `--sweep
     KEY=V1,V2,...`, every combination in the order given. Only simulated worlds have knobs."""
-    from prvr.harness.config import parse_set
-    from prvr.harness.registry import DATASETS
-
     if not (sets or sweeps):
         return [[]]
     if not (dataset in DATASETS and DATASETS.get(dataset).simulated):
@@ -499,9 +485,6 @@ def add_commands(sub) -> None:
 
 
 def cmd_census(args: argparse.Namespace) -> None:
-    from prvr.harness.config import check_device
-    from prvr.harness.devices import pick_device
-
     check_device(args.device, "--device", "--device cpu (or auto)")
     if not all(-1 <= t <= 1 for t in args.theta):
         raise UserError(f"--theta takes cosines in [-1, 1], got {' '.join(map(str, args.theta))}")

@@ -8,16 +8,23 @@ import os
 import shlex
 import sys
 import time
-from typing import TYPE_CHECKING
+from pathlib import Path
 
-from prvr.harness import progress
+from prvr.harness import leaderboard, progress
+from prvr.harness.config import resolve
+from prvr.harness.executors import check_ready, run_on_ray
 from prvr.harness.io import UserError, ensure_dir
+from prvr.harness.jobs import (EXECUTORS, Job, Launch, expected_seconds, parse_jobs, run_jobs, threads_per_job,
+                               visible_gpus, wants_cuda)
 from prvr.harness.names import check_tag
-from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS, OBJECTIVES, RegistryError
-from prvr.harness.registry import COMMANDS as PART_COMMANDS
+from prvr.harness.plan import (PROFILE_FILE, BenchRun, PlanRow, commands, estimate, plan_table, prepare_data,
+                               profile_costs, profiled_memory_mb, quick_summary)
+from prvr.harness.quick import QUICK_DATASET, QUICK_OUT, QUICK_TAG
+from prvr.harness.records import log_path, record_path
+from prvr.harness.registry import (BACKBONES, COMMANDS as PART_COMMANDS, DATASETS, DETECTORS, METHODS, OBJECTIVES,
+                                   RegistryError)
+from prvr.harness.runner import run_name, run_one
 
-if TYPE_CHECKING:
-    from prvr.harness.jobs import Launch
 
 DEFAULT_DATASET = "sim-tvr"
 # The harness's own modules that add subcommands: each has add_commands(subparsers) and sets
@@ -38,8 +45,6 @@ def data_root_overrides(args: argparse.Namespace) -> list[str]:
 
 def add_jobs_argument(p: argparse.ArgumentParser) -> None:
     """--jobs, --runs-per-gpu, --executor, --address: how `bench` and `ablate` fan their runs out."""
-    from prvr.harness.jobs import EXECUTORS
-
     p.add_argument("--jobs", default=None, metavar="N",
                    help="runs at a time, each in its own process with its output in OUT/logs/ (default 1: "
                         "one after another in this process; auto: GPUs x --runs-per-gpu where CUDA trains, "
@@ -125,9 +130,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_run(args: argparse.Namespace) -> None:
-    from prvr.harness.config import resolve
-    from prvr.harness.runner import run_name, run_one
-
     check_tag(args.tag)
     set_threads(args.threads)
     cfg = resolve(args.method, args.dataset, args.seed, [*data_root_overrides(args), *args.overrides], args.config)
@@ -148,9 +150,6 @@ def set_threads(threads: int | None) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
-    from prvr.harness import leaderboard
-    from prvr.harness.plan import commands, prepare_data, quick_summary
-
     check_tag(args.tag)
     _apply_quick(args)
     set_threads(args.threads)  # checks --threads for both ways of running; the runs started in processes get their own
@@ -187,8 +186,6 @@ def cmd_bench(args: argparse.Namespace) -> None:
 def _apply_quick(args: argparse.Namespace) -> None:
     """--quick: the bench's methods on sim-tiny, tagged quick, into results/quick/ (harness/quick.py),
     as many at once as --jobs auto gives; without it, the results folder defaults to results/."""
-    from prvr.harness.quick import QUICK_DATASET, QUICK_OUT, QUICK_TAG
-
     if not args.quick:
         args.out = args.out or "results"
         return
@@ -204,16 +201,12 @@ def _apply_quick(args: argparse.Namespace) -> None:
 def launch_from_args(args: argparse.Namespace, cfgs: list) -> tuple[int, "Launch"]:
     """--jobs, --runs-per-gpu, --executor, --address of `bench` / `ablate`: how many runs at once
     and how they start. GPUs are counted only where a planned run trains on CUDA."""
-    from prvr.harness.jobs import Launch, parse_jobs, visible_gpus, wants_cuda
-
     if args.address and args.executor != "ray":
         raise UserError("--address names a Ray cluster; add --executor ray")
     if args.address and args.jobs is not None:
         raise UserError("--jobs does not apply to a Ray cluster (--address): its CPUs and GPUs set how many runs "
                         "go at once; leave --jobs out")
     if args.executor == "ray":
-        from prvr.harness.executors import check_ready
-
         check_ready(args.address)  # not installed, no cluster there: one line now, before any data is made
     gpus = visible_gpus() if any(wants_cuda(c.train.device) for c in cfgs) else []
     jobs = "auto" if args.jobs is None and args.executor == "ray" else args.jobs
@@ -222,9 +215,6 @@ def launch_from_args(args: argparse.Namespace, cfgs: list) -> tuple[int, "Launch
 
 
 def _plan_text(args: argparse.Namespace, plan: list, workers: int) -> str:
-    from pathlib import Path
-
-    from prvr.harness.plan import PROFILE_FILE, PlanRow, estimate, plan_table, profile_costs
 
     costs = profile_costs(Path(args.out) / PROFILE_FILE)
     rows = [PlanRow(p.name, p.cfg.dataset, p.cfg.seed, estimate(p.cfg, p.record, costs),
@@ -235,11 +225,6 @@ def _plan_text(args: argparse.Namespace, plan: list, workers: int) -> str:
 def _bench_plan(args: argparse.Namespace) -> list:
     """Every (method, dataset, variant, seed) of the bench, resolved up front so that a bad
     name or key fails before any training (plan.BenchRun each)."""
-    from prvr.harness.config import resolve
-    from prvr.harness.plan import BenchRun
-    from prvr.harness.records import record_path
-    from prvr.harness.runner import run_name
-
     plan = []
     for dataset in args.dataset:
         for method in args.method or METHODS.names():
@@ -271,8 +256,6 @@ def _run_args(args: argparse.Namespace, method: str, dataset: str, seed: int, ov
 
 
 def _bench_here(args: argparse.Namespace, todo: list) -> None:
-    from prvr.harness.runner import run_one
-
     for i, p in enumerate(todo):
         progress.log(f"[{i + 1}/{len(todo)}] {p.name} on {p.cfg.dataset}, seed {p.cfg.seed}")
         run_one(p.cfg, args.out, resume=args.resume, tag=args.tag, command=_command_line(),
@@ -284,12 +267,6 @@ def run_in_processes(out, todo: list[tuple], workers: int, threads: int | None, 
     """Planned runs (config, run name, `prvr-bench run` arguments), `workers` at a time, each in its own
     process with its output in OUT/logs/ (bench --jobs, ablate --jobs), or as Ray tasks; the
     datasets are loaded here first, so each one's cache is built once."""
-    from pathlib import Path
-
-    from prvr.harness.jobs import Job, Launch, expected_seconds, run_jobs, threads_per_job, wants_cuda
-    from prvr.harness.plan import PROFILE_FILE, prepare_data, profile_costs, profiled_memory_mb
-    from prvr.harness.records import log_path, record_path
-
     launch = launch or Launch()
     threads = (threads or 1) if launch.address else threads_per_job(workers, threads)
     costs = profile_costs(Path(out) / PROFILE_FILE)
@@ -304,8 +281,6 @@ def run_in_processes(out, todo: list[tuple], workers: int, threads: int | None, 
     prepare_data([cfg for cfg, _, _ in todo])
     each = f"{threads} torch thread{'s' if threads > 1 else ''} each"
     if launch.executor == "ray":
-        from prvr.harness.executors import run_on_ray
-
         progress.log(f"{len(jobs)} run{'s' if len(jobs) > 1 else ''} as Ray tasks, {each}")
         run_on_ray(jobs, launch, workers, command)
         return
@@ -316,8 +291,6 @@ def run_in_processes(out, todo: list[tuple], workers: int, threads: int | None, 
 
 
 def cmd_leaderboard(args: argparse.Namespace) -> None:
-    from prvr.harness import leaderboard
-
     leaderboard.rebuild(args.out, skip_bad=args.skip_bad)
 
 
@@ -338,7 +311,6 @@ def cmd_list(args: argparse.Namespace) -> None:
 def cmd_config(args: argparse.Namespace) -> None:
     import yaml
 
-    from prvr.harness.config import resolve
 
     cfg = resolve(args.method, args.dataset, args.seed, [*data_root_overrides(args), *args.overrides], args.config)
     print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")

@@ -23,10 +23,9 @@ import yaml
 
 from prvr.harness.checks import Device, check_section, check_value, show
 from prvr.harness.io import UserError
-from prvr.harness.registry import (BACKBONES, DATASETS, DETECTORS, METHODS, extended_home, home_method,
-                                   unknown_message)
-from prvr.harness.sections import Config, detector_settings, load_yaml
-from prvr.harness.sections import dataset_preset as load_dataset_preset
+from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS, extended_home, home_method, unknown_message
+from prvr.harness.sections import Config, dataset_preset as load_dataset_preset, detector_settings, load_yaml
+from prvr.methods.fit import check_fit
 
 SCALARS = ("method", "dataset", "seed", "backbone")
 
@@ -119,7 +118,6 @@ def resolve(method: str, dataset: str, seed: int = 0, overrides: list[str] | Non
         apply_value(cfg, key, raw, "--set", from_cli=True)
     cfg.seed, cfg.method, cfg.dataset = seed, method, dataset
     check_config(cfg, "the resolved config")
-    from prvr.methods.fit import check_fit  # (prvr.methods imports this module)
 
     check_fit(cfg.method, cfg.backbone, cfg.relations.name)  # what the objective and detector read, provided?
     check_device(cfg.train.device, "config key 'train.device'", "--set train.device=cpu (or auto)")

@@ -5,7 +5,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from prvr.datasets.real.check import run_check
+from prvr.datasets.real.export import export
+from prvr.datasets.real.specs import SPECS
+from prvr.harness import progress
+from prvr.harness.cli import data_root_overrides
+from prvr.harness.config import resolve
 from prvr.harness.io import UserError
+from prvr.harness.registry import DATASETS
+from prvr.harness.sections import dataset_preset
 
 
 def add_commands(subparsers) -> None:
@@ -39,19 +47,11 @@ def _options(p: argparse.ArgumentParser) -> None:
 
 
 def _config(args: argparse.Namespace):
-    from prvr.harness.cli import data_root_overrides
-    from prvr.harness.config import resolve
-
     return resolve("baseline", args.dataset, 0, [*data_root_overrides(args), *args.overrides])
 
 
 def cmd_check(args: argparse.Namespace) -> None:
-    from prvr.datasets.real.check import run_check
-    from prvr.datasets.real.specs import SPECS
-
     if args.dataset not in SPECS:
-        from prvr.harness.registry import DATASETS
-
         DATASETS.get(args.dataset)  # unknown name: error with suggestions
         raise UserError(f"data check reads real layouts; {args.dataset} is not one (use {', '.join(SPECS)})")
     result = run_check(args.dataset, _config(args))
@@ -61,10 +61,6 @@ def cmd_check(args: argparse.Namespace) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> None:
-    from prvr.datasets.real.export import export
-    from prvr.harness import progress
-    from prvr.harness.registry import DATASETS
-
     cfg = _config(args)
     collection = args.collection or _family(args.dataset)
     data = DATASETS.get(args.dataset).load(cfg)
@@ -79,9 +75,6 @@ def cmd_export(args: argparse.Namespace) -> None:
 
 
 def _family(dataset: str) -> str:
-    from prvr.datasets.real.specs import SPECS
-    from prvr.harness.sections import dataset_preset
-
     if dataset in SPECS:
         return dataset
     family = dataset_preset(dataset).get("family")

@@ -17,6 +17,9 @@ import numpy as np
 
 from prvr.harness import progress
 from prvr.harness.io import UserError, write_text
+from prvr.harness.leaderboard import RECORD_NAME
+from prvr.harness.names import check_name, inside
+from prvr.harness.records import load_record_at
 
 FIELDS = ("per_query", "precision", "recall")  # from the chosen part's report (a branch or the union)
 BRANCH_FIELDS = ("frame_share", "tau_s", "tau_u", "tau_s_frame", "tau_u_frame")  # the first branch's
@@ -89,10 +92,6 @@ def _first_branch(rel: dict) -> str:
 
 
 def write_table(out: str | Path, dataset: str, run: str, part: str = "union") -> Path:
-    from prvr.harness.leaderboard import RECORD_NAME
-    from prvr.harness.names import check_name, inside
-    from prvr.harness.records import load_record_at
-
     check_name(run, "--run", "give the run's folder name, e.g. arl or arl~tv_only")
     check_name(dataset, "--dataset", "give a dataset name, e.g. sim-tvr")
     folder = inside(Path(out) / "runs" / dataset / run, out, "run folder")

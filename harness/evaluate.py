@@ -29,6 +29,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from prvr.harness import progress, vcmr
 from prvr.harness.contract import as_backbone
 from prvr.harness.encoding import QUERY_BATCH, VIDEO_BATCH, encode_batches
 from prvr.harness.scores import worst_if_nonfinite
@@ -235,8 +236,6 @@ def evaluate_model(model: torch.nn.Module, split, batcher, device: torch.device,
     R@K per tIoU, and oracle VCMR under `oracle`), with the `eval` section's vcmr_* settings
     (`eval_cfg`; None: their defaults); `moments=False` skips them (e.g. the noise curves,
     which keep the retrieval figures only)."""
-    from prvr.harness import vcmr
-
     queries, videos = encode_split(model, split, batcher, device)
     watch = ScoreWatch(fused_scores(model, queries, videos))
     ranks = _encoded_ranks(model, split, queries, videos, chunk, show, watch)
@@ -262,8 +261,6 @@ def split_ranks(model: torch.nn.Module, split, batcher, device: torch.device, ch
 def _encoded_ranks(model: torch.nn.Module, split, queries: dict[str, torch.Tensor], videos: dict[str, torch.Tensor],
                    chunk: int, show: str | None, score_fn: ScoreFn | None = None) -> dict[str, np.ndarray]:
     """The `compute_ranks` dict of the fused score of a split the model has encoded."""
-    from prvr.harness import progress
-
     with progress.task(show, total=split.num_queries) as advance:
         return compute_ranks(score_fn or fused_scores(model, queries, videos), split.num_queries, split.labels(),
                              split.relevance, chunk=chunk, progress=advance)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prvr.harness import progress
+from prvr.harness.devices import DEVICE_ENV
 from prvr.harness.io import UserError, ensure_dir, read_json
 
 POLL_S = 0.5
@@ -90,8 +91,6 @@ def wants_cuda(device: str, env: Mapping[str, str] | None = None) -> bool:
     """Whether a run with this train.device trains on CUDA where a GPU is visible: `cuda`, or
     `auto` unless $PRVR_DEVICE names another device. An indexed `cuda:N` keeps the GPUs it was
     given (handing it one GPU would leave no device N)."""
-    from prvr.harness.devices import DEVICE_ENV  # torch comes with it: only when a plan asks
-
     env = os.environ if env is None else env
     if device == "auto":
         device = env.get(DEVICE_ENV) or "cuda"

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from prvr.harness.io import MAX_TEXT_BYTES, UserError, ensure_dir, read_text, write_text
+from prvr.harness.records import load_record_at
 
 TOLERANCE = 2.0  # SumR: the suite's rule for a faithful re-implementation
 
@@ -100,8 +101,6 @@ def read_official_log(path: str | Path) -> dict[str, Any]:
 
 
 def our_run(record_file: str | Path) -> dict[str, Any]:
-    from prvr.harness.records import load_record_at
-
     record = load_record_at(record_file)
     val = [{"epoch": int(h["epoch"]), "SumR": float(h["val"]["SumR"])}
            for h in record.get("history", []) if isinstance(h.get("val"), dict) and "SumR" in h["val"]]

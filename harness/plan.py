@@ -20,8 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from prvr.harness import progress
+from prvr.harness.build import load_data
 from prvr.harness.io import UserError, read_json
 from prvr.harness.jobs import expected_seconds
+from prvr.harness.records import run_tag
+from prvr.harness.registry import METHODS
 
 PROFILE_FILE = "profile.csv"
 PROFILED_DATASET = re.compile(r"one epoch on ([^:]+):")
@@ -79,9 +82,6 @@ def profile_costs(path: Path) -> dict[tuple[str, str], dict[str, float]]:
 def profiled_name(cfg) -> str:
     """The name the profile gives the run's model: the method, @backbone where not its own
     (the detector and the tag change little of the cost)."""
-    from prvr.harness.records import run_tag
-    from prvr.harness.registry import METHODS
-
     spec = METHODS.get(cfg.method)
     return run_tag(cfg.method, spec.relations, spec.relations, cfg.backbone, spec.backbone)
 
@@ -156,8 +156,6 @@ def prepare_data(cfgs: list[Any]) -> None:
     """Load each distinct dataset of the plan once here, so that its cache is built before the runs
     fan out (runs started together would each build it). A dataset that fails to load is left to
     its runs, whose logs name the error."""
-    from prvr.harness.build import load_data
-
     seen = set()
     for cfg in cfgs:
         d = cfg.to_dict()

@@ -41,8 +41,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from prvr.datasets.loader import Batcher
 from prvr.harness import progress
-from prvr.harness.io import UserError, write_json, write_png, write_text
+from prvr.harness.evaluate import BUCKETS, bucket_of, split_ranks
+from prvr.harness.io import UserError, ensure_dir, write_json, write_png, write_text
+from prvr.harness.names import inside
+from prvr.harness.records import load_record_at, record_layout
+from prvr.harness.reevaluate import StoredRun, _shown_path, _world
+from prvr.harness.registry import DATASETS
 
 SPLIT = "test"
 
@@ -50,8 +56,6 @@ SPLIT = "test"
 # ----------------------------------------------------------------------------- measuring
 def check_ral_record(path: str | Path) -> dict[str, Any]:
     """A record given as --run: a run of method `ral` whose model has MSRA (one-line errors)."""
-    from prvr.harness.records import load_record_at
-
     record = load_record_at(path)
     if record["method"] != "ral":
         raise UserError(f"--run takes runs of method ral; {path} is a run of method {record['method']!r} "
@@ -94,8 +98,6 @@ class _Measured:
     """One stored run on the split: its name, seed, labelled ranks and (RAL) log u_q."""
 
     def __init__(self, run, ranks: np.ndarray, log_u: np.ndarray | None) -> None:
-        from prvr.harness.records import record_layout
-
         self.path = run.path
         _, self.dataset, self.run, self.seed = record_layout(run.path)
         self.ranks, self.log_u = ranks, log_u
@@ -104,11 +106,6 @@ class _Measured:
 def _measure(files: list[str | Path], ral: bool, device: str, data_root: str | None, datasets: dict,
              reference: list) -> list[_Measured]:
     """Rank the split with each run's best checkpoint (and, for RAL runs, measure log u_q)."""
-    from prvr.harness.evaluate import split_ranks
-    from prvr.harness.registry import DATASETS
-    from prvr.harness.reevaluate import StoredRun, _world
-    from prvr.datasets.loader import Batcher
-
     out = []
     for f in files:
         run = StoredRun(f, device, data_root)
@@ -145,8 +142,6 @@ def uncertainty_reports(run_files: list[str | Path], against_files: list[str | P
     """One report per RAL run name among `run_files` (its seeds averaged, see the module note):
     {dataset, run, bucket, bounds, group, seeds, runs, groups: [{index, uncertainty, R@1: {run:
     mean}, ...}], ...}."""
-    from prvr.harness.evaluate import BUCKETS, bucket_of
-
     if isinstance(group, bool) or not isinstance(group, int) or group < 1:
         raise UserError(f"--group must be a whole number >= 1, got {group!r}")
     if bucket not in BUCKETS:
@@ -188,8 +183,6 @@ def uncertainty_reports(run_files: list[str | Path], against_files: list[str | P
 
 def _report(name: str, seeds: list[_Measured], others: dict[str, list[_Measured]], selected: np.ndarray,
             size: int, bucket: str, command: str) -> dict[str, Any]:
-    from prvr.harness.evaluate import BUCKETS
-
     per_seed = [make_groups(m.log_u, selected, size) for m in seeds]
     groups, dropped = per_seed[0][0], per_seed[0][1]
     rows = []
@@ -300,9 +293,6 @@ def plot(report: dict[str, Any], path: str | Path, window: int = 5) -> None:
 
 def write_report(report: dict[str, Any], out: str | Path, window: int = 5) -> list[Path]:
     """`<out>/uncertainty_<dataset>_<run>.{png,md,json}`, each written atomically."""
-    from prvr.harness.io import ensure_dir
-    from prvr.harness.names import inside
-
     stem = f"uncertainty_{report['dataset']}_{report['run']}"  # both checked names (harness/names.py)
     out = ensure_dir(out)
     png, md, js = (inside(Path(out) / f"{stem}{ext}", out, "uncertainty report") for ext in (".png", ".md", ".json"))
@@ -314,8 +304,6 @@ def write_report(report: dict[str, Any], out: str | Path, window: int = 5) -> li
 
 # ----------------------------------------------------------------------------- command
 def add_commands(sub) -> None:
-    from prvr.harness.evaluate import BUCKETS
-
     p = sub.add_parser("uncertainty", help="R@1 of query groups by RAL's query uncertainty (RAL Fig. 3), from best "
                                            "checkpoints")
     p.add_argument("--run", nargs="+", required=True, metavar="RAL_RECORD",
@@ -338,8 +326,6 @@ def add_commands(sub) -> None:
 def _command(args: argparse.Namespace) -> str:
     """The command as stored: record paths shown as `prvr-bench evaluate` stores them, --out
     only where it is relative (no path of this machine)."""
-    from prvr.harness.reevaluate import _shown_path
-
     parts = ["prvr-bench", "uncertainty", "--run", *(_shown_path(Path(f)) for f in args.run)]
     if args.against:
         parts += ["--against", *(_shown_path(Path(f)) for f in args.against)]

@@ -22,6 +22,8 @@ from typing import Any
 from prvr.harness.checks import show
 from prvr.harness.io import UserError, read_json, write_json
 from prvr.harness.names import check_name, inside
+from prvr.harness.registry import DATASETS
+from prvr.harness.sections import SELECT_ON, SETTLED_BEFORE, TrainConfig, dataset_preset
 
 SCHEMA_VERSION = 2
 REQUIRED = ("method", "dataset", "seed", "config", "provenance", "metrics")
@@ -47,8 +49,6 @@ SELECTION = "val SumR"  # the default selection rule: the epoch with the best va
 def selection_metric(select_on: str, localizes: bool = True) -> str:
     """The val metric key a run selects on (harness/trainer.py): `train.select_on` "vcmr" is the
     VCMR SumR for a backbone that localizes, the VR SumR for one that does not."""
-    from prvr.harness.sections import SELECT_ON
-
     return SELECT_ON["vcmr"] if select_on == "vcmr" and localizes else SELECT_ON["vr"]
 
 
@@ -61,9 +61,6 @@ def _dataset_protocol(dataset: str) -> dict[str, Any]:
     """The training budget every row of `dataset` follows: its preset's `train.epochs`,
     `train.patience` and `train.select_on` (dataclass defaults where the preset is silent), and
     the selection rule they make."""
-    from prvr.harness.sections import TrainConfig, dataset_preset
-    from prvr.harness.registry import DATASETS
-
     train = (dataset_preset(dataset).get("train") or {}) if dataset in DATASETS else {}
     select_on = str(train.get("select_on", TrainConfig.select_on))
     return {"epochs": int(train.get("epochs", TrainConfig.epochs)),
@@ -90,8 +87,6 @@ def run_protocol(config: dict[str, Any], dataset: str, selection: dict[str, Any]
     """The budget a run was trained under (from its resolved config and, for the selection
     split, its data facts; `localizes`: whether its backbone gives moments to select on) and
     whether it is the dataset's protocol."""
-    from prvr.harness.sections import SETTLED_BEFORE
-
     train = config.get("train", {}) if isinstance(config, dict) else {}
     select_on = train.get("select_on", SETTLED_BEFORE["train.select_on"])
     own = {"epochs": train.get("epochs"), "patience": train.get("patience"), "select_on": select_on,

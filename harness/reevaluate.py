@@ -38,26 +38,27 @@ from typing import Any
 
 import torch
 
-from prvr.harness import progress
 from prvr.datasets.loader import Batcher
+from prvr.datasets.noise import NOISE_SOURCES
 from prvr.datasets.real.relevance import RelevanceFile, SplitKeys, join, read_relevance, report_lines
+from prvr.harness import progress
+from prvr.harness.build import build_model
+from prvr.harness.config import apply_value, check_device, from_dict
+from prvr.harness.devices import pick_device
 from prvr.harness.evaluate import evaluate_model, evaluate_scores, score_matrices
 from prvr.harness.io import UserError, write_json
-from prvr.harness.registry import DATASETS, EVALUATIONS
-from prvr.harness.robustness import SUMMARY, curve_levels, noise_curve
+from prvr.harness.noise import check_levels, store_curve
 from prvr.harness.rankings import load_rankings, metrics_of, rankings_path
-
+from prvr.harness.records import checkpoint_dir, load_record, load_record_at, record_layout
+from prvr.harness.registry import DATASETS, EVALUATIONS, load_all
+from prvr.harness.robustness import SUMMARY, curve_levels, noise_curve
+from prvr.harness.trainer import load_weights, read_checkpoint
 
 
 class StoredRun:
     """A run record with its model, restored from the best checkpoint."""
 
     def __init__(self, record_file: str | Path, device: str = "auto", data_root: str | None = None) -> None:
-        from prvr.harness.config import apply_value, check_device, from_dict
-        from prvr.harness.records import checkpoint_dir, load_record_at, record_layout
-        from prvr.harness.registry import load_all
-        from prvr.harness.devices import pick_device
-
         load_all()
         self.path = Path(record_file)
         # The checkpoint is found from where the record lies, never from names inside it.
@@ -78,9 +79,6 @@ class StoredRun:
         self.name = f"{run} seed {seed}"
 
     def model(self, data) -> torch.nn.Module:
-        from prvr.harness.build import build_model
-        from prvr.harness.trainer import load_weights, read_checkpoint
-
         model = build_model(self.cfg, data.video_dim, data.query_dim)
         fix = f"re-run the run of {self.path} (`prvr-bench run` with the record's command) to write it again"
         state = read_checkpoint(self.checkpoint, ("model",), fix, self.device)
@@ -97,8 +95,6 @@ def check_checkpoint_of_record(checkpoint: Path, state: dict[str, Any], record_f
     that training's model under the record's name. Checkpoints written before `best` was stored
     are checked against the run state beside them (`last.pt`: its best epoch; its best score
     does not name its metric), when it is there; with neither, nothing can be checked."""
-    from prvr.harness.trainer import read_checkpoint
-
     best, by = state.get("best"), ""
     if not isinstance(best, dict):
         last = checkpoint.with_name("last.pt")
@@ -199,9 +195,6 @@ def noise_rows(record_files: list[str | Path], levels: list[float], source: str 
                device: str = "auto", data_root: str | None = None, store: bool = True) -> list[dict[str, Any]]:
     """Rows {run, record, score, source, level, metrics} of each run's noise curve (harness/noise.py)
     from its best checkpoint; on the test split each curve is stored beside its record."""
-    from prvr.datasets.noise import NOISE_SOURCES
-    from prvr.harness.noise import check_levels, store_curve
-
     levels = check_levels(levels, "--noise-levels")
     if source not in NOISE_SOURCES:
         raise UserError(f"--noise-source must be one of {', '.join(NOISE_SOURCES)}, got {source!r}")
@@ -227,8 +220,6 @@ def noise_rows(record_files: list[str | Path], levels: list[float], source: str 
 def _shown_path(path: Path) -> str:
     """A record's path for a stored command: relative to the working folder where it lies below
     it, else from its results folder on (no path of this machine)."""
-    from prvr.harness.records import record_layout
-
     if not path.is_absolute():
         return str(path)
     try:
@@ -261,8 +252,6 @@ def relevance_rows(record_files: list[str | Path], relevance: str | Path, split_
 
 
 def _stored_row(path: Path, file: RelevanceFile, split_name: str) -> dict[str, Any]:
-    from prvr.harness.records import load_record
-
     record = load_record(path)
     stored = rankings_path(path)
     if not stored.is_file():

@@ -11,9 +11,13 @@ from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
+from prvr.datasets.loader import POOLING_RULES
+from prvr.datasets.noise import NOISE_SOURCES
+from prvr.datasets.real.store import LAYOUTS
 from prvr.harness.checks import (FLAG, NON_NEGATIVE, POSITIVE, PROBABILITY, SEED, Device, Free, ListOf, OneOf, Range,
                                  Registered, at_least, param, require, section, show)
 from prvr.harness.io import UserError, read_yaml
+from prvr.harness.optim import DECAYS, OPTIMIZERS
 from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS
 
 
@@ -75,8 +79,6 @@ def dataset_scales(cfg: Config | None) -> tuple[str, ...]:
 
 
 def _layouts(cfg: Config | None) -> tuple[str, ...]:
-    from prvr.datasets.real.store import LAYOUTS
-
     return tuple(LAYOUTS)
 
 
@@ -93,26 +95,18 @@ class RealDataFile(Free):
 
 
 def _pooling_rules(cfg: Config | None) -> tuple[str, ...]:
-    from prvr.datasets.loader import POOLING_RULES
-
     return POOLING_RULES
 
 
 def _noise_sources(cfg: Config | None) -> tuple[str, ...]:
-    from prvr.datasets.noise import NOISE_SOURCES
-
     return NOISE_SOURCES
 
 
 def _decays(cfg: Config | None) -> tuple[str, ...]:
-    from prvr.harness.optim import DECAYS
-
     return DECAYS
 
 
 def _optimizers():
-    from prvr.harness.optim import OPTIMIZERS
-
     return OPTIMIZERS
 
 

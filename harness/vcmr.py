@@ -48,6 +48,8 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
+from prvr.datasets.sim.world import relevant_moments
+from prvr.harness import progress
 from prvr.harness.scores import worst_if_nonfinite
 from prvr.harness.sections import EvalConfig
 
@@ -342,8 +344,6 @@ def evaluate_moments(model: Any, split, batcher, queries: dict[str, torch.Tensor
     indexed): {"VCMR-<t> R@<k>": ..., "VCMR SumR", "VCMR n", "SVMR-<t> R@<k>": ..., "oracle":
     {"VCMR-<t> R@<k>": ...} (empty without simulated ground truth)}. Settings: the `eval`
     section's vcmr_* fields (`eval_cfg`; None: their defaults)."""
-    from prvr.harness import progress
-
     setting = MomentSettings.of(eval_cfg)
     n_rows, row_seconds = rows_and_seconds(split, batcher.cfg.max_frames)
     device = next(iter(videos.values())).device
@@ -382,8 +382,6 @@ def moment_block(vcmr: RankedMoments, svmr: RankedMoments, split, tious: Iterabl
 
 def true_moments(split) -> MomentTruth | None:
     """Every truly relevant moment of a simulated split (None for other data)."""
-    from prvr.datasets.sim.world import relevant_moments
-
     found = relevant_moments(split)
     return None if found is None else MomentTruth.from_pairs(*found, split.num_queries)
 

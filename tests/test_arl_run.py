@@ -10,11 +10,11 @@ import torch
 import torch.nn.functional as F
 
 from prvr.datasets.loader import Batcher
-from prvr.harness import cli
+from prvr.harness import ablate, cli
 from prvr.harness.config import resolve
 from prvr.harness.records import record_path, write_record
 from prvr.harness.registry import BACKBONES, DATASETS
-from prvr.harness.runner import run_one
+from prvr.harness.runner import run_name, run_one
 from prvr.methods.arl import arl_objective
 from prvr.methods.backbones.arl import ArlBackbone, ArlEncoderConfig
 from prvr.methods.relations.base import Relations
@@ -172,8 +172,6 @@ def test_ablate_command_runs_every_row_and_tabulates(tmp_path, monkeypatch):
     calls = []
 
     def fake_run_one(cfg, out, resume=False, tag="", hooks=None, command="", force_resume=False):
-        from prvr.harness.runner import run_name
-
         calls.append((tag, cfg.loss.variant, cfg.loss.treatment, cfg.seed))
         sumr = {"base": 100.0, "tv_only": 110.0}.get(tag, 120.0) + cfg.seed
         half = (sumr - 3.0) / 2  # R@10 and R@100 within [0, 100], as a record's must be (records.METRIC_RANGES)
@@ -183,7 +181,7 @@ def test_ablate_command_runs_every_row_and_tabulates(tmp_path, monkeypatch):
                       "provenance": {}, "metrics": {"val": metrics, "test": metrics}, "run_name": run_name(cfg, tag),
                       "tag": tag})
 
-    monkeypatch.setattr("prvr.harness.runner.run_one", fake_run_one)
+    monkeypatch.setattr(ablate, "run_one", fake_run_one)  # where ablate calls it
     args = ["ablate", "--method", "arl", "--table", "5", "--dataset", "sim-tiny", "--seeds", "0", "1",
             "--out", str(tmp_path), "--quiet"]
     assert cli.main(args) == 0

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from prvr.harness import ablate
 from prvr.harness.cli import main
 from prvr.harness.jobs import Job, expected_seconds, schedule
 
@@ -100,10 +101,8 @@ def _as_run(run_args):
 def test_ablate_jobs_start_each_row_as_the_run_that_trains_it_alone(monkeypatch, tmp_path, method, table, extra):
     """`ablate --jobs N` hands every planned row x seed to `prvr-bench run` processes: each one's
     arguments resolve to the row's own config and run name, each run once."""
-    from prvr.harness import ablate, cli
-
     started = []
-    monkeypatch.setattr(cli, "run_in_processes", lambda out, runs, workers, threads, command, launch: started.append(
+    monkeypatch.setattr(ablate, "run_in_processes", lambda out, runs, workers, threads, command, launch: started.append(
         (runs, workers, threads, command)))
     assert main(["ablate", "--method", method, "--table", table, "--dataset", "sim-tiny", "--seeds", "0", "1",
                  "--out", str(tmp_path), "--jobs", "2", "--threads", "1", "--quiet", *extra]) == 0

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from prvr.harness import cli, jobs
+from prvr.harness import cli, jobs, leaderboard
 from prvr.harness.cli import main
 from prvr.harness.jobs import GpuRoundRobin, Job, parse_jobs, visible_gpus, wants_cuda
 from prvr.harness.registry import METHODS
@@ -134,12 +134,10 @@ def test_each_cuda_run_process_sees_one_gpu(monkeypatch, tmp_path):
 @pytest.mark.parametrize("device, gpus, workers", [("auto", ("0", "1"), 4), ("cpu", (), 16)])
 def test_bench_hands_the_visible_gpus_to_its_runs(monkeypatch, tmp_path, device, gpus, workers):
     monkeypatch.delenv("PRVR_DEVICE", raising=False)  # train.device=auto means CUDA where there is one
-    monkeypatch.setattr(jobs, "visible_gpus", lambda: ["0", "1"])
+    monkeypatch.setattr(cli, "visible_gpus", lambda: ["0", "1"])  # where the CLI looks them up
     monkeypatch.setattr(jobs, "usable_cores", lambda: 16)
-    from prvr.harness import leaderboard
-
     started = []
-    monkeypatch.setattr(jobs, "run_jobs", lambda runs, n, command, gpus: started.append((runs, n, tuple(gpus))))
+    monkeypatch.setattr(cli, "run_jobs", lambda runs, n, command, gpus: started.append((runs, n, tuple(gpus))))
     monkeypatch.setattr(leaderboard, "rebuild", lambda out: None)
     assert main(["bench", "--method", "baseline", "--dataset", "sim-tiny", "--seeds", "0", "1", "--out", str(tmp_path),
                  "--jobs", "auto", "--runs-per-gpu", "2", "--set", f"train.device={device}", "--quiet"]) == 0

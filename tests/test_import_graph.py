@@ -17,9 +17,9 @@ A module may import its own floor and the floors below. What this file holds tru
   function to dodge a circle is still a circle);
 - no arrow runs up a floor (`KNOWN_UPWARD` would list one with the reason it is still there;
   it is empty): a new one fails, and one that is gone must leave the list;
-- no module has more `prvr` imports inside functions than it has today (`INNER_IMPORTS`); the
-  plugin loaders (`registry.import_modules`, the CLI's method commands) import by name through
-  importlib and are no import statements.
+- no `prvr` import inside a function: the modules import each other at module level, where the
+  graph above is what runs. The plugin loaders (`registry.import_modules`, the CLI's command
+  modules) import by name through importlib and are no import statements.
 
 `python tests/test_import_graph.py` prints the counts.
 """
@@ -61,28 +61,11 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
 # (harness/robustness.py) and the device and split encoding to the plumbing (devices, encoding).
 KNOWN_UPWARD: dict[tuple[str, str], str] = {}
 
-# prvr imports inside functions per module today: most defer torch or a heavy part until a
-# command needs it, some still dodge a floor. The count of a module may fall, never rise.
-INNER_IMPORTS: dict[str, int] = {
-    "prvr.datasets.base": 1, "prvr.datasets.noise": 1, "prvr.datasets.real": 3, "prvr.datasets.real.bigfile": 1,
-    "prvr.datasets.real.check": 2, "prvr.datasets.selection": 2,
-    "prvr.harness.ablate": 16, "prvr.harness.buckets": 4, "prvr.harness.build": 0, "prvr.harness.calibration": 4,
-    "prvr.harness.census": 13, "prvr.harness.cli": 20, "prvr.harness.config": 1,
-    "prvr.harness.data_cli": 11, "prvr.harness.detection": 3, "prvr.harness.evaluate": 2, "prvr.harness.jobs": 1,
-    "prvr.harness.noise": 0, "prvr.harness.parity": 1, "prvr.harness.plan": 3, "prvr.harness.records": 5,
-    "prvr.harness.reevaluate": 11, "prvr.harness.ral_uncertainty": 12, "prvr.harness.runner": 0,
-    "prvr.harness.sections": 5, "prvr.harness.vcmr": 2,
-    "prvr.harness.profiling.evaluator_speed": 1, "prvr.harness.profiling.gpu_check": 12,
-    "prvr.harness.profiling.rehearsal": 10, "prvr.harness.profiling.report": 1,
-    "prvr.methods.relations.arl": 2, "prvr.methods.relations.base": 1, "prvr.methods.relations.sbert": 2,
-}
-
-
 @dataclass
 class Graph:
     files: dict[str, Path]
     arrows: dict[str, set[str]] = field(default_factory=lambda: collections.defaultdict(set))
-    inner: collections.Counter = field(default_factory=collections.Counter)  # module -> imports in functions
+    inner: list[str] = field(default_factory=list)  # "module:line" of each prvr import inside a function
 
 
 def package_files() -> dict[str, Path]:
@@ -114,20 +97,27 @@ def imported(node: ast.Import | ast.ImportFrom, module: str, is_package: bool, k
     return [m for m in out if m in known]
 
 
+def imports_of(source: str, module: str, is_package: bool, known: dict) -> list[tuple[str, int, bool]]:
+    """(imported prvr module, line, inside a function) for every import statement of a source."""
+    found = []
+
+    def walk(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                found.extend((t, child.lineno, in_function) for t in imported(child, module, is_package, known)
+                             if t != module)
+            walk(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+    walk(ast.parse(source), False)
+    return found
+
+
 def read_graph() -> Graph:
     graph = Graph(package_files())
     for module, path in graph.files.items():
-        is_package = path.name == "__init__.py"
-
-        def walk(node: ast.AST, in_function: bool) -> None:
-            for child in ast.iter_child_nodes(node):
-                if isinstance(child, (ast.Import, ast.ImportFrom)):
-                    targets = [t for t in imported(child, module, is_package, graph.files) if t != module]
-                    graph.arrows[module].update(targets)
-                    graph.inner[module] += bool(targets) and in_function
-                walk(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
-
-        walk(ast.parse(path.read_text(encoding="utf-8")), False)
+        found = imports_of(path.read_text(encoding="utf-8"), module, path.name == "__init__.py", graph.files)
+        graph.arrows[module].update(t for t, _, _ in found)
+        graph.inner += sorted({f"{module}:{line}" for _, line, inner in found if inner})
     return graph
 
 
@@ -199,7 +189,6 @@ def test_every_module_has_a_floor(graph):
 
 
 def test_the_graph_sees_the_package(graph):
-    # the walk reads module-level and function-level imports
     assert "prvr.harness.io" in graph.arrows["prvr.harness.records"]
     assert "prvr.datasets.loader" in graph.arrows["prvr.harness.trainer"]
     assert len(graph.files) > 100
@@ -228,15 +217,22 @@ def test_no_new_arrow_runs_up_a_floor(graph):
     assert gone == [], f"gone, remove them from KNOWN_UPWARD: {gone}"
 
 
-def test_no_module_gains_imports_inside_functions(graph):
-    grown = {m: (n, INNER_IMPORTS.get(m, 0)) for m, n in graph.inner.items() if n > INNER_IMPORTS.get(m, 0)}
-    assert grown == {}, f"prvr imports inside functions (now, allowed): {grown}; import at module level"
+def test_no_prvr_import_inside_a_function(graph):
+    assert graph.inner == [], f"prvr imports inside functions: {graph.inner}; import at module level"
+
+
+def test_imports_inside_functions_are_found():
+    known = {"prvr.a": None, "prvr.b": None, "prvr.c": None}
+    source = "import prvr.a\n\ndef f():\n    from prvr import b\n    import os\n\nclass C:\n    def g(self):\n" \
+             "        x = lambda: None\n        from prvr.c import name\n"
+    assert imports_of(source, "prvr.z", False, known) == [("prvr.a", 1, False), ("prvr.b", 4, True),
+                                                          ("prvr.c", 10, True)]
 
 
 def summary(graph: Graph) -> dict[str, int]:
     return {"modules": len(graph.files), "arrows": sum(len(t) for t in graph.arrows.values()),
             "circles": len(circles(graph.arrows)), "upward arrows": len(upward(graph)),
-            "imports inside functions": sum(graph.inner.values())}
+            "imports inside functions": len(graph.inner)}
 
 
 if __name__ == "__main__":
@@ -245,6 +241,5 @@ if __name__ == "__main__":
         print(f"{key}: {value}")
     for a, b in sorted(upward(g)):
         print(f"up: {a} ({FLOORS[floor_of(a)][0]}) -> {b} ({FLOORS[floor_of(b)][0]})")
-    for m, n in sorted(g.inner.items()):
-        if n:
-            print(f"inner: {m} {n}")
+    for where in g.inner:
+        print(f"inner: {where}")

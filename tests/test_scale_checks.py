@@ -7,6 +7,7 @@ import csv
 import json
 
 from prvr.harness.cli import main
+from prvr.harness.profiling import gpu_check
 
 
 def test_gpu_check_runs_every_check_and_writes_one_table(tmp_path, capsys):
@@ -34,9 +35,7 @@ def test_a_failed_gpu_check_is_a_failed_row_and_one_line(tmp_path, capsys):
 def test_a_method_whose_extra_is_missing_is_a_skipped_row_not_a_failure(tmp_path, monkeypatch):
     """On a GPU machine without the `text` extra, xml-pr's epoch row says so and the check passes
     (seen on the first H100 run, where it was a failed row)."""
-    from prvr.methods.relations import sbert
-
-    monkeypatch.setattr(sbert, "missing_text_extra", lambda model: f"needs {model}, not installed")
+    monkeypatch.setattr(gpu_check, "missing_text_extra", lambda model: f"needs {model}, not installed")
     assert main(["gpu-check", "--device", "cpu", "--quick", "--method", "xml-pr", "baseline", "--out", str(tmp_path),
                  "--quiet"]) == 0
     rows = json.loads((tmp_path / "gpu-check.json").read_text())
@@ -63,8 +62,6 @@ class _FakePytest:
 def test_cuda_tests_run_in_two_background_halves_and_come_back_as_the_first_row(tmp_path, monkeypatch):
     """gpu-check starts `pytest -m cuda` (the compile test apart) before the functional rows and
     waits for it before the timing rows; one row, first in the table, both halves' output kept."""
-    from prvr.harness.profiling import gpu_check
-
     _FakePytest.runs = []
     real = gpu_check.subprocess.Popen
     monkeypatch.setattr(gpu_check.subprocess, "Popen",  # git and the other commands: the real ones
@@ -84,7 +81,6 @@ def test_cuda_tests_run_in_two_background_halves_and_come_back_as_the_first_row(
 
 
 def test_a_failing_cuda_test_half_fails_the_row(tmp_path, monkeypatch):
-    from prvr.harness.profiling import gpu_check
 
     monkeypatch.setattr(gpu_check.subprocess, "Popen", _FakePytest)
     monkeypatch.setattr(_FakePytest, "answers", {"compile": ("1 failed in 3.00s", 1),

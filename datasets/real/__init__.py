@@ -11,16 +11,15 @@ joined to the splits on every load (not cached: they are small, and may change).
 # No `from __future__ import annotations` here: it would bind the name `annotations` in this
 # package and hide the submodule prvr.datasets.real.annotations.
 from prvr.datasets.base import PRESETS, DatasetSpec
+from prvr.datasets.real.relevance import attach
 from prvr.datasets.real.specs import SPECS
+from prvr.datasets.real.store import load_real, make_layout
+from prvr.harness import progress
 from prvr.harness.registry import DATASETS
 
 
 def _load(name: str):
     def load(cfg):
-        from prvr.datasets.real.relevance import attach
-        from prvr.datasets.real.store import load_real, make_layout
-        from prvr.harness import progress
-
         data = load_real(name, cfg)
         for line in attach(data, make_layout(name, cfg), cfg.data.relevance):  # relevance files, where there are
             progress.log(line)

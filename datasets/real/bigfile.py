@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from prvr.datasets.real.problems import Report, layout_error
+from prvr.harness.io import atomic_path, write_text
 
 ROW_DTYPE = np.dtype("<f4")  # feature.bin: little-endian float32 rows
 FILES = ("feature.bin", "id.txt", "shape.txt", "video2frames.txt")
@@ -225,8 +226,6 @@ def read_frames_seek(path: str | Path, rows: np.ndarray, dim: int) -> np.ndarray
 
 def write_bigfile(folder: Path, frame_ids: list[str], blocks, dim: int, video2frames: dict[str, list[str]]) -> None:
     """Write a feature folder: `blocks` yields [n, dim] arrays in frame-id order."""
-    from prvr.harness.io import atomic_path, write_text
-
     folder.mkdir(parents=True, exist_ok=True)
     written = 0
     with atomic_path(folder / "feature.bin") as tmp:

@@ -17,6 +17,8 @@ from prvr.datasets.overlap import shared_captions
 from prvr.datasets.real.annotations import mv_fractions
 from prvr.datasets.real.assemble import Built, BuiltSplit
 from prvr.datasets.real.problems import LayoutError, Report
+from prvr.datasets.real.relevance import SplitKeys, join, read_relevance, split_files
+from prvr.datasets.real.store import make_layout
 
 MAX_LISTED = 20
 
@@ -34,8 +36,6 @@ class CheckResult:
 
 
 def run_check(name: str, cfg) -> CheckResult:
-    from prvr.datasets.real.store import make_layout
-
     report = Report(strict=False)
     result = CheckResult()
     try:
@@ -78,8 +78,6 @@ def summary_lines(built: Built, report: Report) -> list[str]:
 def relevance_lines(built: Built, layout, setting: str, report: Report) -> list[str]:
     """The join of each split's relevance file (datasets/real/relevance.py), as the loader does it;
     a file that cannot be read is an error of the check."""
-    from prvr.datasets.real.relevance import SplitKeys, join, read_relevance, split_files
-
     lines = []
     try:
         for split, path in split_files(layout, setting, built.splits).items():

@@ -25,6 +25,7 @@ import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
 
+from prvr.harness.devices import device_name
 from prvr.harness.evaluate import compute_ranks
 
 
@@ -127,6 +128,4 @@ def _timed(fn: Callable[[], object], device: torch.device) -> tuple[float, objec
 
 
 def _device_label(device: torch.device) -> str:
-    from prvr.harness.devices import device_name
-
     return device_name(device)

@@ -28,7 +28,16 @@ from typing import Callable, Iterator
 import torch
 
 from prvr.harness import progress
+from prvr.harness.cli import main
+from prvr.harness.config import check_device, resolve
+from prvr.harness.devices import device_name
 from prvr.harness.io import UserError, atomic_path, ensure_dir
+from prvr.harness.profiling import evaluator_speed as ev
+from prvr.harness.records import provenance
+from prvr.harness.registry import METHODS
+from prvr.harness.runner import run_one
+from prvr.harness.trainer import Hook
+from prvr.methods.relations.sbert import missing_text_extra
 
 
 @dataclass
@@ -53,9 +62,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_gpu_check(args: argparse.Namespace) -> None:
-    from prvr.harness.config import check_device
-    from prvr.harness.registry import METHODS
-
     check_device(args.device, "--device", "--device cpu (or a CUDA device this machine has)")
     device = torch.device(args.device)
     out = ensure_dir(args.out)
@@ -133,8 +139,6 @@ def attempt(check: str, device: torch.device, fn: Callable[[], tuple[str, bool]]
 
 
 def _cfg(method: str, dataset: str, device: torch.device, extra: list[str]):
-    from prvr.harness.config import resolve
-
     return resolve(method, dataset, 0, [f"train.device={device}", *extra])
 
 
@@ -171,13 +175,9 @@ class CudaTests:
 
 
 def epoch_row(method: str, device: torch.device, work: Path) -> Row:
-    from prvr.harness.runner import run_one
-
     def run() -> tuple[str, bool]:
         cfg = _cfg(method, "sim-tiny", device, ["train.epochs=1"])
         if cfg.relations.name == "sbert":
-            from prvr.methods.relations.sbert import missing_text_extra
-
             if why := missing_text_extra(cfg.detector.model):
                 return f"skipped: its detector {why}", True  # an extra not installed, not a GPU failure
         record = run_one(cfg, work)
@@ -187,8 +187,6 @@ def epoch_row(method: str, device: torch.device, work: Path) -> Row:
 
 
 def reevaluate_row(record: Path, device: torch.device, *flags: str) -> Row:
-    from prvr.harness.cli import main
-
     def run() -> tuple[str, bool]:
         if not record.exists():
             raise RuntimeError(f"no record to evaluate (the epoch that writes {record.name} failed)")
@@ -204,9 +202,6 @@ def reevaluate_row(record: Path, device: torch.device, *flags: str) -> Row:
 
 
 def resume_row(device: torch.device, work: Path) -> Row:
-    from prvr.harness.runner import run_one
-    from prvr.harness.trainer import Hook
-
     class Kill(Hook):
         def on_epoch_start(self, trainer, epoch): ...
         def on_step(self, trainer, step, out): ...
@@ -232,8 +227,6 @@ def resume_row(device: torch.device, work: Path) -> Row:
 
 
 def evaluator_row(device: torch.device, quick: bool) -> Row:
-    from prvr.harness.profiling import evaluator_speed as ev
-
     shape = ev.QUICK if quick else ev.TVR_TEST
 
     def run() -> tuple[str, bool]:
@@ -247,8 +240,6 @@ def evaluator_row(device: torch.device, quick: bool) -> Row:
 def precision_rows(device: torch.device) -> Iterator[Row]:
     """One sim-tvr epoch of the baseline per setting, after a sim-tiny warm-up epoch in the same
     setting: what each precision and determinism cost."""
-    from prvr.harness.runner import run_one
-
     settings = [["train.precision=fp32"], ["train.precision=bf16"], ["train.deterministic=true"]]
     if device.type == "cuda":
         settings.insert(1, ["train.precision=tf32"])
@@ -280,9 +271,6 @@ def profile_row(device: torch.device, out: Path) -> Row:
 
 
 def render(rows: list[Row], device: torch.device, wall_s: float) -> str:
-    from prvr.harness.records import provenance
-    from prvr.harness.devices import device_name
-
     prov = provenance(device_name(device))
     lines = [f"# GPU check on {prov['device']}", "",
              f"Written by `prvr-bench gpu-check` (git {str(prov['git_revision'])[:12]}"

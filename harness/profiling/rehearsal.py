@@ -20,6 +20,7 @@ import csv
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -29,8 +30,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from prvr.datasets.real.export import export
 from prvr.harness import progress
-from prvr.harness.io import UserError, atomic_path, ensure_dir
+from prvr.harness.build import build_run
+from prvr.harness.config import resolve
+from prvr.harness.io import UserError, atomic_path, ensure_dir, read_json, write_json
+from prvr.harness.profiling.subjects import subjects
+from prvr.harness.profiling.training import StopAfter, _sync, timed_epoch
+from prvr.harness.records import provenance
+from prvr.harness.registry import DATASETS
 
 SECTION = "## Real scale: TVR-sized rehearsal"
 DEFAULT_METHODS = ["baseline", "msl", "gmmformer", "gmmformer2", "arl", "ral@msl", "ral@gmmformer", "ral"]
@@ -153,7 +161,6 @@ def _child(job: dict[str, Any]) -> Phase:
     if job["phase"] == "load":
         name += " (first)" if job["first"] else " (cached)"
     windows = [figures.get(k, 0) for k in ("build_peak_mb", "prepare_peak_mb", "train_peak_mb", "eval_peak_mb")]
-    from prvr.harness.records import provenance
 
     prov = provenance("")
     revision = str(prov["git_revision"])[:8] + ("+dirty" if prov["git_dirty"] else "")
@@ -169,8 +176,6 @@ def _world(job: dict[str, Any], work: Path) -> dict[str, Any]:
 
 
 def _export(job: dict[str, Any], work: Path) -> dict[str, Any]:
-    from prvr.datasets.real.export import export
-
     data = _load("sim-tvr", job, work)
     loaded = time.perf_counter()
     export(data, "tvr", work / "data", "msl", force=True)
@@ -184,10 +189,6 @@ def _real_load(job: dict[str, Any], work: Path) -> dict[str, Any]:
 
 
 def _method(job: dict[str, Any], work: Path) -> dict[str, Any]:
-    from prvr.harness.build import build_run
-    from prvr.harness.profiling.subjects import subjects
-    from prvr.harness.profiling.training import StopAfter, _sync, timed_epoch
-
     (subject,) = subjects([job["method"]], "tvr", _overrides("tvr", job, work))
     cfg = subject.cfg
     t0 = time.perf_counter()
@@ -240,9 +241,6 @@ def _overrides(dataset: str, job: dict[str, Any], work: Path) -> list[str]:
 
 
 def _load(dataset: str, job: dict[str, Any], work: Path):
-    from prvr.harness.config import resolve
-    from prvr.harness.registry import DATASETS
-
     return DATASETS.get(dataset).load(resolve("baseline", dataset, 0, _overrides(dataset, job, work)))
 
 
@@ -287,14 +285,11 @@ def with_rehearsal(profile_md: str, out: Path) -> str:
     return head + "\n" + rehearsal.read_text(encoding="utf-8")
 
 
-
 CSV_FIELDS = ["phase", "seconds", "peak_rss_mb", "figure", "value"]
 
 
 def previous_phases(out: Path) -> list[Phase]:
     """The phases of the rehearsal written in `out` before (rehearsal.json), each checked."""
-    from prvr.harness.io import read_json
-
     path = out / "rehearsal.json"
     rows = read_json(path, "rehearsal file")
     # rows written before phases named their code: the revision in the header of the table they made
@@ -309,8 +304,6 @@ def previous_phases(out: Path) -> list[Phase]:
 
 
 def write_rehearsal(out: Path, phases: list[Phase], header: str) -> tuple[Path, Path]:
-    from prvr.harness.io import write_json
-
     write_json(out / "rehearsal.json", [asdict(p) for p in phases])
     md, csv_path = out / "rehearsal.md", out / "rehearsal.csv"
     with atomic_path(md) as tmp:
@@ -354,8 +347,6 @@ def _thousands(value: Any) -> str:
 
 
 def _header(args: argparse.Namespace, wall_s: float) -> str:
-    from prvr.harness.records import provenance
-
     prov = provenance("")
     cpu = prov["cpu"].get("model", prov["cpu"].get("machine", ""))
     return (f"Written by `{_command(args)}` on {prov['created']} (git "
@@ -366,8 +357,6 @@ def _header(args: argparse.Namespace, wall_s: float) -> str:
 
 def _command(args: argparse.Namespace) -> str:
     """The command as given, folders shown as DIR / OUT (no path of the machine in the table)."""
-    import shlex
-
     parts = ["prvr-bench rehearse"]
     if args.method:
         parts.append("--method " + " ".join(shlex.quote(m) for m in args.method))

@@ -14,6 +14,7 @@ from prvr.harness.io import write_text
 from prvr.harness.profiling import evaluator_speed, flops, training
 from prvr.harness.profiling.evaluator_speed import EvaluatorSpeed
 from prvr.harness.profiling.flops import QueryFlops
+from prvr.harness.profiling.rehearsal import with_rehearsal
 from prvr.harness.profiling.reported import Reported
 from prvr.harness.profiling.runtime import Runtime
 from prvr.harness.profiling.training import EpochProfile
@@ -321,8 +322,6 @@ def _secs(v: float) -> str:
 def write_profile(out: str | Path, p: Profile) -> tuple[Path, Path]:
     """Write profile.csv and profile.md under `out`: both rendered first, then each written
     atomically, so a failure leaves the previous pair in place."""
-    from prvr.harness.profiling.rehearsal import with_rehearsal
-
     out = Path(out)
     texts = render_csv(p), with_rehearsal(render_markdown(p), out)
     paths = out / "profile.csv", out / "profile.md"

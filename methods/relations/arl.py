@@ -31,11 +31,12 @@ from prvr.harness import masks
 from prvr.harness.checks import OneOf, at_least, param
 from prvr.harness.contract import StepOutputs, as_backbone
 from prvr.harness.encoding import QUERY_BATCH, encode_batches
-from prvr.harness.io import UserError
+from prvr.harness.io import UserError, write_json
 from prvr.harness.registry import DETECTORS
 from prvr.methods.backbones.api import OUTPUTS
 from prvr.methods.backbones.arl import frame_similarity
 from prvr.methods.backbones.blocks import max_similarity
+from prvr.methods.relations.arl_figure import plot_distributions, summarise
 from prvr.methods.relations.base import Detector, DetectorState, Relations
 
 EPS = 1e-12
@@ -526,13 +527,11 @@ class ArlDetector(Detector):
     def write_artifacts(self, folder: str | Path, stem: str) -> list[str]:
         if not self.figure:
             return []
-        from prvr.methods.relations.arl_figure import plot_distributions, summarise
 
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         png, summary = f"{stem}.fig4.png", f"{stem}.fig4.json"
         plot_distributions(self.figure, folder / png)
-        from prvr.harness.io import write_json
 
         write_json(folder / summary, summarise(self.figure))
         return [png, summary]

