@@ -10,7 +10,8 @@ What crosses a seam is declared here:
   extras what a backbone with `step_extras` (`StepExtras`) computes for its objective alone;
 - a detector's answer, `Relations`, and what its hooks see of training, `DetectorState`;
 - what an objective gets besides scores and relations, `StepContext`, and what it returns,
-  `LossOutput` (the loss under "loss" and its named parts, which the trainer logs);
+  `LossOutput` (the loss, its named parts, and diagnostics kept apart: all logged, only the
+  loss and its parts checked);
 - the parts themselves: the `Backbone` and `RelationDetector` protocols (and `StepExtras`, a
   backbone's optional part), an `Objective`,
   `MethodSpec` (what `--method NAME` means) and `DatasetEntry` (a registered dataset).
@@ -34,11 +35,54 @@ from prvr.harness import masks
 # {"clips": [B, C, d], "frames": [B, T, d], "frame_mask": [B, T]}.
 Encoded = dict[str, torch.Tensor]
 
-# What an objective returns: the loss under "loss" (backpropagated) and its named parts, each a
-# 0-d tensor, which the trainer logs per step and sums per epoch.
-LossOutput = dict[str, torch.Tensor]
 
 _V = TypeVar("_V")  # what an `OnDemand` holds
+
+LOSS = "loss"  # the key of the loss itself among what a step logs
+
+
+@dataclass
+class LossOutput(Mapping[str, torch.Tensor]):
+    """What a method's objective returns.
+
+    loss: the 0-d tensor that is backpropagated.
+    parts: its named terms (0-d tensors, e.g. "clip_triplet", "ral_da"), which the trainer sums
+        per epoch into the run's history; a method that extends another adds its own.
+    diagnostics: named 0-d figures that are no term of the loss (detached; e.g. RAL's batch
+        uncertainty "ral_sigma_text"): logged beside the parts, left out of the loss checks (an
+        epoch whose loss and parts are all exactly 0 is degenerate, whatever its diagnostics).
+
+    As a mapping it is everything a step logs, in the history's order: the parts, "loss", the
+    diagnostics (`out["ral_da"]`, `out["loss"]`)."""
+
+    loss: torch.Tensor
+    parts: dict[str, torch.Tensor] = field(default_factory=dict)
+    diagnostics: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        names = [*self.parts, *self.diagnostics]
+        clash = sorted({n for n in names if n == LOSS or names.count(n) > 1})
+        if clash:
+            raise ValueError(f"a loss output names {clash} twice: the loss, each part and each diagnostic "
+                             "need names of their own")
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        if key == LOSS:
+            return self.loss
+        return self.parts[key] if key in self.parts else self.diagnostics[key]
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self.parts
+        yield LOSS
+        yield from self.diagnostics
+
+    def __len__(self) -> int:
+        return len(self.parts) + 1 + len(self.diagnostics)
+
+    def detached(self) -> LossOutput:
+        """The same figures cut from the graph (what the trainer keeps of a step)."""
+        return LossOutput(self.loss.detach(), {k: v.detach() for k, v in self.parts.items()},
+                          {k: v.detach() for k, v in self.diagnostics.items()})
 
 
 class OnDemand(Mapping[str, _V]):
@@ -246,7 +290,7 @@ class RelationDetector(Protocol):
 
     def on_epoch_start(self, state: DetectorState) -> None: ...
 
-    def on_step(self, state: DetectorState, step: int, out: dict) -> None: ...
+    def on_step(self, state: DetectorState, step: int, out: LossOutput) -> None: ...
 
     def on_epoch_end(self, state: DetectorState, summary: dict) -> None: ...
 
@@ -261,7 +305,8 @@ class RelationDetector(Protocol):
 class MethodSpec:
     """What `--method NAME` means.
 
-    objective(loss_cfg, scores, relations, context) -> LossOutput (`loss` and its named parts);
+    objective(loss_cfg, scores, relations, context) -> LossOutput (the loss, its named parts,
+    diagnostics apart);
     scores is the backbone's `Scores`; context (`StepContext`) carries the epoch, the step, a
     torch.Generator for sampling, the batch, the step's outputs {"queries", "videos",
     "scores", "extras"} (`StepOutputs`), the model (for trainable heads of the objective) and

@@ -39,8 +39,8 @@ from prvr.harness.checkpoints import (BEFORE_DEVICE, RESUME_FIX, RESUME_FREE_KEY
                                       _jsonable, load_weights, read_checkpoint, restore_cuda_rng, resume_changes,
                                       save_checkpoint, with_device)
 # StepContext is importable from here too
-from prvr.harness.contract import (DetectorState, MethodSpec, RelationDetector, StepContext, StepExtras, StepOutputs,
-                                   as_backbone)
+from prvr.harness.contract import (DetectorState, LossOutput, MethodSpec, RelationDetector, StepContext, StepExtras,
+                                   StepOutputs, as_backbone)
 from prvr.harness.devices import pick_device
 from prvr.harness.sections import ON_NONFINITE, SELECT_ON, Config
 from prvr.harness.evaluate import evaluate_model
@@ -52,7 +52,7 @@ from prvr.harness.timing import Timings
 
 class Hook(Protocol):
     def on_epoch_start(self, trainer: "Trainer", epoch: int) -> None: ...
-    def on_step(self, trainer: "Trainer", step: int, out: dict) -> None: ...
+    def on_step(self, trainer: "Trainer", step: int, out: LossOutput) -> None: ...
     def on_epoch_end(self, trainer: "Trainer", epoch: int, summary: dict) -> None: ...
 
 
@@ -190,7 +190,7 @@ class Trainer:
         means = sums.means(len(batches))  # the epoch's one read of the loss parts
         if self.nonfinite is None:  # on CUDA, read here once
             self.check_finite(sums, epoch)
-        if self.degenerate is None and means and all(v == 0.0 for v in means.values()):
+        if self.degenerate is None and means and all(means[k] == 0.0 for k in means if k not in sums.diagnostics):
             self.degenerate = {"epoch": epoch}
             progress.log(f"[yellow]warning[/]: every loss part is exactly 0 in epoch {epoch}: nothing trains (no "
                          "negative or no positive in any batch?); the record is marked degenerate and the leaderboard "
@@ -242,7 +242,7 @@ class Trainer:
             return n
         return min(4, os.cpu_count() or 1) if self.device.type == "cuda" else 0
 
-    def train_step(self, batch, epoch: int, step: int) -> dict[str, torch.Tensor]:
+    def train_step(self, batch, epoch: int, step: int) -> LossOutput:
         model = as_backbone(self.model)
         q = model.encode_queries(batch.queries)  # in the run's precision (harness/precision.py)
         v = model.encode_videos(batch.videos)
@@ -254,13 +254,16 @@ class Trainer:
         gen = torch.Generator(device=self.device).manual_seed(_mix(self.cfg.seed, step))
         ctx = StepContext(epoch, step, gen, batch, outputs, self.model, batch.query_item)
         out = self.spec.objective(self.cfg.loss, scores, relations, ctx)
+        if not isinstance(out, LossOutput):
+            raise UserError(f"method '{self.cfg.method}': its objective returned {type(out).__name__}, not a "
+                            "LossOutput (harness/contract.py; docs/adding-a-method.md): return LossOutput(loss, parts)")
         self.optimizer.zero_grad(set_to_none=True)
         out["loss"].backward()
         if self.cfg.train.grad_clip > 0 and not self.optimizer_spec.clips_inside:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip)
         self.optimizer.step()
         self.scheduler.step()
-        return {k: t.detach() for k, t in out.items()}
+        return out.detached()
 
     def after_epoch(self, summary: dict) -> str | None:
         """Evaluate on val when due, keep the best checkpoint, save the state; returns the
@@ -359,14 +362,16 @@ class LossSums:
 
     def __init__(self, device: torch.device) -> None:
         self.sums: dict[str, torch.Tensor] = {}
+        self.diagnostics: set[str] = set()  # the names that are no part of the loss (LossOutput.diagnostics)
         self.first_bad = torch.full((), -1, dtype=torch.int64, device=device)
         self.bad_loss = torch.zeros((), dtype=torch.float64, device=device)
 
-    def add(self, out: dict[str, torch.Tensor], step: int) -> None:
+    def add(self, out: LossOutput, step: int) -> None:
         for k, v in out.items():
             v = v.detach().to(torch.float64)
             self.sums[k] = self.sums[k] + v if k in self.sums else v
-        loss = out["loss"].detach().to(torch.float64)
+        self.diagnostics.update(out.diagnostics)
+        loss = out.loss.detach().to(torch.float64)
         new = (self.first_bad < 0) & ~torch.isfinite(loss)
         self.first_bad = torch.where(new, step, self.first_bad)
         self.bad_loss = torch.where(new, loss, self.bad_loss)

@@ -94,8 +94,7 @@ def arl_objective(cfg: ArlConfig, scores: Scores, relations: Relations, context:
             parts.update({f"{b}_frame_{k}": v for k, v in frame.items() if k != "loss"})
             total = total + cfg.frame_weight * frame["loss"]
         out.update(parts)
-    out["loss"] = total
-    return out
+    return LossOutput(total, out)
 
 
 def arl_plan(cfg: ArlConfig) -> ArlPlan:

@@ -40,8 +40,8 @@ def standard_objective(cfg: StandardLossConfig, scores: Scores, relations: Relat
     for b in cfg.branches:
         out[f"{b}_triplet"] = triplet(scores.branches[b], pos, neg, cfg.margin, hard, context.generator)
         out[f"{b}_nce"] = info_nce(scores.branches[b], pos, neg, cfg.temperature)
-    out["loss"] = cast(torch.Tensor, sum(out[f"{b}_triplet"] + cfg.nce_weight * out[f"{b}_nce"] for b in cfg.branches))
-    return out
+    loss = cast(torch.Tensor, sum(out[f"{b}_triplet"] + cfg.nce_weight * out[f"{b}_nce"] for b in cfg.branches))
+    return LossOutput(loss, out)
 
 
 METHODS.add(

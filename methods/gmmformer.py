@@ -40,8 +40,7 @@ def gmmformer_objective(cfg: GMMFormerLossConfig, scores: Scores, relations: Rel
     pairs = same_video_pairs(relations.positive)
     out["diversity"] = query_diversity(context.outputs["queries"]["query"], pairs, cfg.diversity_margin,
                                        cfg.diversity_alpha)
-    out["loss"] = two_branch_sum(cfg, out) + cfg.diversity_weight * out["diversity"]
-    return out
+    return LossOutput(two_branch_sum(cfg, out) + cfg.diversity_weight * out["diversity"], out)
 
 
 METHODS.add(

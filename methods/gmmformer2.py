@@ -44,9 +44,9 @@ def gmmformer2_objective(cfg: GMMFormer2LossConfig, scores: Scores, relations: R
     out["diversity"] = focal_query_diversity(queries, same_video_pairs(relations.positive), cfg.diversity_margin,
                                              cfg.diversity_alpha, cfg.diversity_gamma)
     out["matching"] = hungarian_matching(queries, context.outputs["videos"]["clips"], relations.positive)
-    out["loss"] = (two_branch_sum(cfg, out) + cfg.diversity_weight * out["diversity"]
-                   + cfg.matching_weight * out["matching"])
-    return out
+    loss = (two_branch_sum(cfg, out) + cfg.diversity_weight * out["diversity"]
+            + cfg.matching_weight * out["matching"])
+    return LossOutput(loss, out)
 
 
 METHODS.add(

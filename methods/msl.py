@@ -32,8 +32,7 @@ class MSLLossConfig:
 def msl_objective(cfg: MSLLossConfig, scores: Scores, relations: Relations, context: StepContext) -> LossOutput:
     hard = hard_pool_at(context.epoch, cfg.hard_negative_epoch, cfg.hard_pool)
     out = two_branch_ranking(scores, relations.positive, relations.negative, cfg.margin, hard, context.generator)
-    out["loss"] = two_branch_sum(cfg, out)
-    return out
+    return LossOutput(two_branch_sum(cfg, out), out)
 
 
 METHODS.add(

@@ -119,17 +119,16 @@ def ral_objective(cfg: RalLossConfig, scores: Scores, relations: Relations, cont
         z_v = sample_proxies(mu_v, ls_v, cfg.proxies, context.generator)
     # the geometric mean of sigma over the batch, text and video: the epoch's uncertainty in the
     # run's history (appendix B.1, Fig. 10: it falls as training goes on); not part of the loss
-    out["ral_sigma_text"] = ls_t.detach().mean().exp()
-    out["ral_sigma_video"] = ls_v.detach().mean().exp()
-    loss = out["loss"]
+    out.diagnostics["ral_sigma_text"] = ls_t.detach().mean().exp()
+    out.diagnostics["ral_sigma_video"] = ls_v.detach().mean().exp()
     if cfg.use_da:
         m_t, m_v = (z_t.mean(1), z_v.mean(1)) if sample_means else (mu_t, mu_v)
-        out["ral_da"] = distribution_alignment(m_t, ls_t, m_v[video_of_text], ls_v[video_of_text], cfg.kl_reading)
-        loss = loss + cfg.lambda_da * out["ral_da"]
+        out.parts["ral_da"] = distribution_alignment(m_t, ls_t, m_v[video_of_text], ls_v[video_of_text],
+                                                     cfg.kl_reading)
+        out.loss = out.loss + cfg.lambda_da * out.parts["ral_da"]
     if cfg.use_pm:
-        out["ral_pm"] = proxy_matching(z_t, z_v, cfg.pm_temperature, cfg.pm_reading, video_of_text)
-        loss = loss + cfg.lambda_pm * out["ral_pm"]
-    out["loss"] = loss
+        out.parts["ral_pm"] = proxy_matching(z_t, z_v, cfg.pm_temperature, cfg.pm_reading, video_of_text)
+        out.loss = out.loss + cfg.lambda_pm * out.parts["ral_pm"]
     return out
 
 

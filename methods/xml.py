@@ -217,8 +217,7 @@ def xml_objective(cfg: XMLLossConfig, scores: Scores, relations: Relations, cont
                               cfg.margin, pool, context.generator, w.rel_neg_vr, w.pos_rel_vr, cfg.confidence_on)
     out.update(localization_terms(cfg, w, s_vr, relations, confidence, pool, context))
     tl = out["nll1"] + w.tl2 * out.get("nll2", 0.0)
-    out["loss"] = out["vr"] + w.tl * tl + w.vcmr * out.get("vcmr", 0.0)
-    return out
+    return LossOutput(out["vr"] + w.tl * tl + w.vcmr * out.get("vcmr", 0.0), out)
 
 
 OBJECTIVES = ("xml-pos-neg", "xml-rel-neg", "xml-pos-rel", "xml-span-nll")

@@ -11,6 +11,7 @@ import torch
 
 from prvr.harness import io, leaderboard, progress
 from prvr.harness.config import resolve
+from prvr.harness.contract import LossOutput
 from prvr.harness.io import UserError, claim
 from prvr.harness.records import record_path
 from prvr.harness.runner import run_one
@@ -25,11 +26,13 @@ def test_a_batch_of_one_video_is_refused_at_resolve_time():
         resolve("baseline", "sim-tiny", 0, ["train.batch_size=1"])
 
 
-def test_an_epoch_whose_loss_parts_are_all_zero_marks_the_record_and_leaves_the_means(tmp_path, monkeypatch):
+@pytest.mark.parametrize("diagnostics", [{}, {"sigma": torch.ones(())}])  # a diagnostic is no part of the loss
+def test_an_epoch_whose_loss_parts_are_all_zero_marks_the_record_and_leaves_the_means(tmp_path, monkeypatch,
+                                                                                      diagnostics):
     lines = []
     monkeypatch.setattr(progress, "log", lines.append)
-    monkeypatch.setattr(Trainer, "train_step", lambda self, batch, epoch, step: {
-        "loss": torch.zeros(()), "triplet": torch.zeros(())})  # a loss that trains nothing
+    monkeypatch.setattr(Trainer, "train_step", lambda self, batch, epoch, step: LossOutput(
+        torch.zeros(()), {"triplet": torch.zeros(())}, diagnostics))  # a loss that trains nothing
     record = run_one(resolve("baseline", "sim-tiny", 0, EPOCHS), tmp_path)
     assert record["degenerate"] == {"epoch": 0}
     assert sum("every loss part is exactly 0 in epoch 0" in line for line in lines) == 1

@@ -11,6 +11,7 @@ import torch
 from prvr.datasets.loader import epoch_batches
 from prvr.harness.build import build_model, build_run
 from prvr.harness.config import resolve
+from prvr.harness.contract import LossOutput
 from prvr.harness.io import UserError
 from prvr.methods.backbones.ral import RalModel
 
@@ -150,6 +151,7 @@ def test_ral_trains_two_steps(backbone, sets):
         assert run.detector.active and run.detector.stats  # it detected on v2's frame branch
     assert ("ral_pm" in out) == cfg.loss.use_pm and ("ral_da" in out) == cfg.loss.use_da
     assert float(out["ral_sigma_text"]) > 0 and float(out["ral_sigma_video"]) > 0  # the history's uncertainty (Fig. 10)
+    assert set(out.diagnostics) == {"ral_sigma_text", "ral_sigma_video"} and not set(out.diagnostics) & set(out.parts)
     head = run.model.text_head  # MSRA's heads learn from L_DA / L_PM
     grads = [p.grad for p in (head.mu if hasattr(head, "mu") else head.mean_fc).parameters()]
     assert all(g is not None and torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads)
@@ -325,7 +327,7 @@ def test_msra_grad_picks_the_encoders_that_l_da_and_l_pm_reach(backbone):
         outputs = {"queries": q, "videos": v, "extras": model.step_extras(q, v, batch.query_item)}
         ctx = SimpleNamespace(model=model, outputs=outputs, generator=torch.Generator().manual_seed(0),
                               video_of_query=batch.query_item)
-        out = ral_objective(cfg.loss, None, None, ctx, lambda *a: {"loss": torch.zeros(())})
+        out = ral_objective(cfg.loss, None, None, ctx, lambda *a: LossOutput(torch.zeros(())))
         out["loss"].backward()
         values[reach] = (out["ral_da"].item(), out["ral_pm"].item())
         assert (q["ral.tokens"].grad is not None) == (reach in ("both", "text")), reach
@@ -364,7 +366,7 @@ def test_the_objective_reads_the_gaussians_from_the_step_outputs_not_the_model(b
     assert list(extras) == [GAUSSIANS] and not calls  # nothing computed until the objective reads it
     ctx = SimpleNamespace(model=SimpleNamespace(), outputs={"queries": q, "videos": v, "extras": extras},
                           generator=torch.Generator().manual_seed(0), video_of_query=batch.query_item)
-    out = ral_objective(cfg.loss, None, None, ctx, lambda *a: {"loss": torch.zeros(())})
+    out = ral_objective(cfg.loss, None, None, ctx, lambda *a: LossOutput(torch.zeros(())))
     assert calls == [1]
     del model.gaussians
     g = model.gaussians(q, v, batch.query_item)
@@ -385,4 +387,4 @@ def test_the_objective_reads_the_gaussians_from_the_step_outputs_not_the_model(b
     assert dict(extras) == {}
     ctx = SimpleNamespace(model=SimpleNamespace(), outputs={"queries": q, "videos": v, "extras": extras},
                           generator=torch.Generator().manual_seed(0), video_of_query=batch.query_item)
-    assert set(ral_objective(cfg.loss, None, None, ctx, lambda *a: {"loss": torch.zeros(())})) == {"loss"}
+    assert set(ral_objective(cfg.loss, None, None, ctx, lambda *a: LossOutput(torch.zeros(())))) == {"loss"}

@@ -23,7 +23,7 @@ from prvr.datasets.loader import TrainBatch
 from prvr.datasets.sim.world import relevant_moments
 from prvr.datasets.types import PRVRData, Split
 from prvr.harness.checks import OneOf, param
-from prvr.harness.contract import DetectorState, Relations, StepOutputs
+from prvr.harness.contract import DetectorState, LossOutput, Relations, StepOutputs
 from prvr.harness.io import UserError
 from prvr.harness.registry import DETECTORS
 
@@ -55,7 +55,7 @@ class Detector:
     def on_epoch_start(self, state: DetectorState) -> None:
         """Refresh per-epoch state (e.g. dataset-wide statistics)."""
 
-    def on_step(self, state: DetectorState, step: int, out: dict) -> None:
+    def on_step(self, state: DetectorState, step: int, out: LossOutput) -> None:
         """Called after each optimisation step."""
 
     def on_epoch_end(self, state: DetectorState, summary: dict) -> None:
