@@ -227,7 +227,6 @@ class StepContext:
     generator: torch.Generator
     batch: Any  # the step's TrainBatch (datasets/loader.py)
     outputs: StepOutputs  # the step's forward pass
-    model: torch.nn.Module  # the model being trained (trainable heads of an objective live in it)
     # [Q] each query's labelled video, as a column of the batch's videos (from the labels, never
     # from a detector): which queries belong to which video
     video_of_query: torch.Tensor
@@ -309,8 +308,9 @@ class MethodSpec:
     diagnostics apart);
     scores is the backbone's `Scores`; context (`StepContext`) carries the epoch, the step, a
     torch.Generator for sampling, the batch, the step's outputs {"queries", "videos",
-    "scores", "extras"} (`StepOutputs`), the model (for trainable heads of the objective) and
-    `video_of_query` (each query's labelled video in the batch, from the labels).
+    "scores", "extras"} (`StepOutputs`; what the model computes for the objective alone is in
+    its extras, so no objective calls back into the model) and `video_of_query` (each query's
+    labelled video in the batch, from the labels).
     needs: the backbone outputs the objective reads (methods/backbones/api.py OUTPUTS);
     a backbone that does not provide them is refused (methods/fit.py).
     sections: method-specific config sections {name: dataclass}.

@@ -252,7 +252,7 @@ class Trainer:
         outputs: StepOutputs = {"queries": q, "videos": v, "scores": scores, "extras": extras}
         relations = self.detector.detect(batch, outputs)
         gen = torch.Generator(device=self.device).manual_seed(_mix(self.cfg.seed, step))
-        ctx = StepContext(epoch, step, gen, batch, outputs, self.model, batch.query_item)
+        ctx = StepContext(epoch, step, gen, batch, outputs, batch.query_item)
         out = self.spec.objective(self.cfg.loss, scores, relations, ctx)
         if not isinstance(out, LossOutput):
             raise UserError(f"method '{self.cfg.method}': its objective returned {type(out).__name__}, not a "

@@ -31,6 +31,7 @@ from prvr.datasets.loader import moment_rows
 from prvr.harness.checks import FLAG, NON_NEGATIVE, ListOf, OneOf, at_least, param, require
 from prvr.harness.contract import LossOutput, Relations, Scores, StepContext
 from prvr.harness.registry import METHODS
+from prvr.methods.backbones.xml import SPAN_LOGITS
 from prvr.methods.objectives.xml import (CONFIDENCE_ON, pos_at_least_rel, pos_over_neg, rel_over_neg,
                                          sample_hard_negatives, segment_rows, span_nll, vcmr_relevance)
 from prvr.methods.recipes import PRESETS, AblationRow, AblationTable, MethodSpec, register_table
@@ -185,7 +186,7 @@ def localization_terms(cfg: XMLLossConfig, w: Weights, s_vr: torch.Tensor, relat
     if seg is None:
         out = {"nll1": zero, **({"nll2": zero} if w.tl2 > 0 else {})}
         return {**out, **({"vcmr_pos_neg": zero, "vcmr": zero} if w.vcmr > 0 else {})}
-    start, end = context.model.span_logits_batch(context.outputs["queries"], context.outputs["videos"])
+    start, end = context.outputs["extras"][SPAN_LOGITS]  # the step's, computed on this first reading
     amb = relations.ambiguous & seg.own
     out = {"nll1": span_nll(start[seg.labelled], end[seg.labelled], seg.rows[seg.labelled])}
     if w.tl2 > 0:

@@ -89,8 +89,8 @@ def test_an_accepted_pair_trains_a_step_and_a_refused_one_is_refused(method, bac
     rel.ambiguous[1, 2] = True
     extras = model.step_extras(q, v, LABELS) if isinstance(model, StepExtras) else {}  # as the trainer does
     ctx = SimpleNamespace(epoch=50, step=0, generator=torch.Generator().manual_seed(0), batch=None,
-                          outputs={"queries": q, "videos": v, "scores": scores, "extras": extras}, model=model,
-                          video_of_query=LABELS)
+                          outputs={"queries": q, "videos": v, "scores": scores, "extras": extras},
+                          video_of_query=LABELS)  # no model: an objective reads what it needs from the outputs
     out = method_spec(cfg).objective(cfg.loss, scores, rel, ctx)  # past every warm-up and hard-negative start
     assert torch.isfinite(out["loss"])
     out["loss"].backward()

@@ -193,7 +193,7 @@ def test_frame_branch_losses_can_be_weighed_out(method):
     outputs = {"queries": {"query": queries}, "videos": {"clips": torch.randn(2, 5, 3, generator=g)}}
 
     def context():  # the same random negatives in both calls
-        return SimpleNamespace(epoch=0, generator=torch.Generator().manual_seed(1), model=None, outputs=outputs)
+        return SimpleNamespace(epoch=0, generator=torch.Generator().manual_seed(1), outputs=outputs)
 
     full_cfg, clip_cfg = spec.loss_cls(), spec.loss_cls(frame_nce_weight=0.0, frame_triplet_weight=0.0)
     full = spec.objective(full_cfg, scores, rel, context())

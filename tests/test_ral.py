@@ -325,7 +325,7 @@ def test_msra_grad_picks_the_encoders_that_l_da_and_l_pm_reach(backbone):
         q["ral.tokens"].retain_grad()
         v["frames"].retain_grad()
         outputs = {"queries": q, "videos": v, "extras": model.step_extras(q, v, batch.query_item)}
-        ctx = SimpleNamespace(model=model, outputs=outputs, generator=torch.Generator().manual_seed(0),
+        ctx = SimpleNamespace(outputs=outputs, generator=torch.Generator().manual_seed(0),
                               video_of_query=batch.query_item)
         out = ral_objective(cfg.loss, None, None, ctx, lambda *a: LossOutput(torch.zeros(())))
         out["loss"].backward()
@@ -364,7 +364,7 @@ def test_the_objective_reads_the_gaussians_from_the_step_outputs_not_the_model(b
     model.gaussians = lambda *a: calls.append(1) or real(*a)
     extras = model.step_extras(q, v, batch.query_item)
     assert list(extras) == [GAUSSIANS] and not calls  # nothing computed until the objective reads it
-    ctx = SimpleNamespace(model=SimpleNamespace(), outputs={"queries": q, "videos": v, "extras": extras},
+    ctx = SimpleNamespace(outputs={"queries": q, "videos": v, "extras": extras},
                           generator=torch.Generator().manual_seed(0), video_of_query=batch.query_item)
     out = ral_objective(cfg.loss, None, None, ctx, lambda *a: LossOutput(torch.zeros(())))
     assert calls == [1]
@@ -385,6 +385,6 @@ def test_the_objective_reads_the_gaussians_from_the_step_outputs_not_the_model(b
     q, v = run.model.encode_queries(batch.queries), run.model.encode_videos(batch.videos)
     extras = run.model.step_extras(q, v, batch.query_item)
     assert dict(extras) == {}
-    ctx = SimpleNamespace(model=SimpleNamespace(), outputs={"queries": q, "videos": v, "extras": extras},
+    ctx = SimpleNamespace(outputs={"queries": q, "videos": v, "extras": extras},
                           generator=torch.Generator().manual_seed(0), video_of_query=batch.query_item)
     assert set(ral_objective(cfg.loss, None, None, ctx, lambda *a: LossOutput(torch.zeros(())))) == {"loss"}

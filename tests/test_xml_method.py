@@ -136,7 +136,8 @@ def _step(condition: str, unit_confidence: bool = False, pair_moments: bool = Tr
         rel.moments[0, 2] = torch.tensor([12.0, 18.0])
     batch = SimpleNamespace(moments=moments, videos=vb, query_item=labels)
     ctx = SimpleNamespace(epoch=0, step=0, generator=torch.Generator().manual_seed(3), batch=batch,
-                          outputs={"queries": q, "videos": v, "scores": scores}, model=model, video_of_query=labels)
+                          outputs={"queries": q, "videos": v, "scores": scores,
+                                   "extras": model.step_extras(q, v, labels)}, video_of_query=labels)
     cfg = XMLLossConfig(condition=condition, unit_confidence=unit_confidence, margin=0.2, confidence_on=confidence_on)
     return cfg, xml_objective(cfg, scores, rel, ctx), model, q, v, scores, rel, moments, vb
 
@@ -204,7 +205,8 @@ def test_the_xml_condition_trains_the_labels_only():
 def test_a_step_without_moments_trains_the_ranking_on_s_vr():
     cfg, _, model, q, v, scores, rel, *_ = _step("sl_pr")
     ctx = SimpleNamespace(epoch=0, step=0, generator=torch.Generator().manual_seed(3), batch=None,
-                          outputs={"queries": q, "videos": v, "scores": scores}, model=model,
+                          outputs={"queries": q, "videos": v, "scores": scores,
+                                   "extras": model.step_extras(q, v, torch.tensor([0, 1, 2, 0]))},
                           video_of_query=torch.tensor([0, 1, 2, 0]))
     out = xml_objective(cfg, scores, rel, ctx)
     assert out["nll1"].item() == 0.0 and out["vcmr"].item() == 0.0 and math.isfinite(out["loss"].item())

@@ -14,7 +14,8 @@ Scores. s_vr = max over a video's rows of cos(q, H1_n) (Eq. 1) is `Scores.fused`
 PRVR evaluator ranks. Localization (Eq. 2): the similarity (W q + b) . H2_n of every row goes
 through two one-channel convolutions of width 5 (XML's ConvSE, `conv_kernel_size` 5, no bias),
 giving start and end logits over the rows; softmax over the real rows gives P_st, P_ed. The VCMR
-evaluator and the losses read them through `span_logits` / `span_logits_batch`.
+evaluator reads them through `span_logits`; a training step's, `span_logits_batch`, are one of
+its outputs (`step_extras`, under SPAN_LOGITS), which the losses read.
 
 Padding. XML's convolution also reads the similarities of padding rows (it masks the logits
 only after the convolution), so a video's end logits depend on its batch mates' lengths; here
@@ -25,7 +26,9 @@ loaders' `data.max_frames`, and the preset sets the paper's 20 (Charades-STA) / 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import ClassVar
 
 import torch
@@ -33,7 +36,7 @@ from torch import nn
 
 from prvr.datasets.loader import QueryBatch, VideoBatch
 from prvr.harness.checks import DROPOUT, FLAG, POSITIVE, at_least, param, require
-from prvr.harness.contract import Encoded, Scores
+from prvr.harness.contract import Encoded, OnDemand, Scores
 from prvr.harness.registry import BACKBONES
 from prvr.methods.backbones.blocks import (PLAIN, GMMBlock, InputEmbedding, QueryEncoder, check_heads, init_weights,
                                            max_similarity, score_in_chunks, unit, with_units)
@@ -63,6 +66,7 @@ class XMLConfig:
 
 
 NEG_INF = float("-inf")
+SPAN_LOGITS = "xml.span_logits"  # the key of a training step's (start, end) logits in its extras (`XML.step_extras`)
 
 
 def temporal_endpoints(mask: torch.Tensor) -> torch.Tensor:
@@ -119,6 +123,13 @@ class XML(nn.Module):
         return score_in_chunks(vr, q, h1.shape[0] * h1.shape[1], self.cfg.eval_budget)
 
     # ------------------------------------------------------------------ localization
+    def step_extras(self, queries: Encoded, videos: Encoded,
+                    video_of_query: torch.Tensor) -> Mapping[str, tuple[torch.Tensor, torch.Tensor]]:
+        """A training step's outputs for the objective alone (harness/contract.py `StepExtras`):
+        the batch's start and end logits (`span_logits_batch`) under SPAN_LOGITS, computed when
+        the objective first reads them (a step without moments reads none)."""
+        return OnDemand({SPAN_LOGITS: partial(self.span_logits_batch, queries, videos)})
+
     def span_logits_batch(self, q: dict[str, torch.Tensor],
                           v: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Start and end logits [Q, B, T] of every query over the rows of every video (training)."""
