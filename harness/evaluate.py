@@ -322,10 +322,9 @@ def score_matrices(model: torch.nn.Module, split, batcher, device: torch.device,
 
 def index_videos(model: torch.nn.Module, videos: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The backbone's query-independent work on a collection of encoded videos, done once
-    before its queries are scored (e.g. unit vectors of the items); identity for a backbone
-    without `index_videos`."""
-    fn = getattr(model, "index_videos", None)
-    return fn(videos) if fn is not None else videos
+    before its queries are scored (e.g. unit vectors of the items): `Backbone.index_videos`,
+    which every registered backbone has (harness/registry.py BACKBONE_MEMBERS)."""
+    return as_backbone(model).index_videos(videos)
 
 
 def multi_relevant_share(relevance: sp.csr_matrix) -> float:
