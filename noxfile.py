@@ -18,7 +18,7 @@ def _install(session: nox.Session, extras: str = "") -> None:
 # the registries typed with it, the objectives, the methods' recipes, the backbones done so far
 # with their shared blocks, and the relation detectors.
 TYPED = (
-    "harness/contract.py", "harness/registry.py", "methods/objectives",
+    "harness/contract.py", "harness/batches.py", "harness/registry.py", "methods/objectives",
     "methods/arl.py", "methods/baseline.py", "methods/gmmformer.py", "methods/gmmformer2.py", "methods/msl.py",
     "methods/xml.py", "methods/ral.py",
     "methods/backbones/api.py", "methods/backbones/baseline.py", "methods/backbones/gmmformer.py",

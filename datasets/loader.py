@@ -16,7 +16,7 @@ changes a number: every batch is bit for bit the one made per video from the raw
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from prvr.datasets.types import Ragged, Split
-from prvr.harness import masks
+from prvr.harness.batches import QueryBatch, TrainBatch, VideoBatch
 
 
 POOLING_RULES = ("even", "reference")
@@ -99,79 +99,6 @@ def rows_to_seconds(rows: torch.Tensor, durations: torch.Tensor, lengths: torch.
     w = durations.to(torch.float64) / lengths.to(torch.float64).clamp(min=1)
     span = torch.stack([rows[..., 0] * w, (rows[..., 1] + 1) * w], -1)
     return torch.minimum(span, durations.to(torch.float64)[..., None])
-
-
-class _Tensors:
-    """Device moves and pinning for the batch dataclasses (nested ones included). A move also
-    describes the batch's masks on the device from their host copies (harness/masks.py), so
-    that the model packing the real rows, and the losses reading the labelled pairs, ask the
-    device nothing (no host sync)."""
-
-    _mask_fields: tuple[str, ...] = ()  # the bool masks among the fields
-
-    def to(self, device: torch.device):
-        moved = _map_tensors(self, lambda t: t.to(device, non_blocking=True))
-        self._describe(moved)
-        return moved
-
-    def pin_memory(self):
-        return _map_tensors(self, lambda t: t.pin_memory())
-
-    def _describe(self, moved) -> None:
-        for f in fields(self):
-            part = getattr(self, f.name)
-            if isinstance(part, _Tensors):
-                part._describe(getattr(moved, f.name))
-        for name in self._mask_fields:
-            host = getattr(self, name)
-            if host.device.type == "cpu":
-                masks.describe_from_host(host, getattr(moved, name))
-
-
-@dataclass
-class VideoBatch(_Tensors):
-    frames: torch.Tensor  # [B, T, Dv]
-    frame_mask: torch.Tensor  # [B, T] bool
-    clips: torch.Tensor  # [B, C, Dv] mean-pooled raw frames (MS-SL clip branch input)
-    clip_pool: torch.Tensor  # [B, C, T] the same pooling as a matrix over the (padded) frames
-    video_index: torch.Tensor  # [B] index into the split's videos
-    durations: torch.Tensor | None = None  # [B] float seconds (None: batches built without them)
-
-    _mask_fields = ("frame_mask",)
-
-
-@dataclass
-class QueryBatch(_Tensors):
-    tokens: torch.Tensor  # [Q, L, Dq]
-    token_mask: torch.Tensor  # [Q, L] bool
-    query_index: torch.Tensor  # [Q]
-
-    _mask_fields = ("token_mask",)
-
-
-@dataclass
-class TrainBatch(_Tensors):
-    videos: VideoBatch
-    queries: QueryBatch
-    query_item: torch.Tensor  # [Q] which batch video each query is labelled with
-    relevant: torch.Tensor | None  # [Q, B] bool ground truth (simulated data), else None
-    moments: torch.Tensor | None = None  # [Q, 2] float seconds of each query's labelled moment, NaN where unknown
-
-    def _describe(self, moved) -> None:
-        """And whether every batch video has a labelled query (the one-to-one labels then have
-        a positive in every column; methods/relations/base.py)."""
-        super()._describe(moved)
-        item, videos = self.query_item, self.videos.frames.shape[0]
-        if item.device.type == "cpu" and torch.unique(item).numel() == videos:
-            masks.describe(moved.query_item, covers=videos)
-
-
-def _map_tensors(obj, fn):
-    if isinstance(obj, torch.Tensor):
-        return fn(obj)
-    if obj is None or not hasattr(obj, "__dataclass_fields__"):
-        return obj
-    return type(obj)(**{f.name: _map_tensors(getattr(obj, f.name), fn) for f in fields(obj)})
 
 
 # ----------------------------------------------------------------------------- one video, one query

@@ -1,9 +1,11 @@
 """The contract between the harness and its parts, as types (issue 37).
 
 Methods, backbones, relation detectors, objectives and the harness's engine all import this
-module, and it imports none of them: only torch and the plumbing below it (harness/masks.py).
-What crosses a seam is declared here:
+module, and it imports none of them: only torch, the plumbing below it (harness/masks.py) and
+the batches beside it (harness/batches.py). What crosses a seam is declared here:
 
+- the batches a backbone encodes and a step sees (`QueryBatch`, `VideoBatch`, `TrainBatch`,
+  harness/batches.py);
 - a backbone's two sides, `Encoded` (named tensors; the keys are the backbone's, the outputs it
   `provides` are listed in methods/backbones/api.py OUTPUTS), and its `Scores`;
 - a training step's forward pass, `StepOutputs` {"queries", "videos", "scores", "extras"}, its
@@ -30,6 +32,7 @@ from typing import Any, Callable, ClassVar, Protocol, TypedDict, TypeVar, cast, 
 import torch
 
 from prvr.harness import masks
+from prvr.harness.batches import QueryBatch, TrainBatch, VideoBatch
 
 # One side of a pair as a backbone encodes it: named tensors, e.g. {"query": [Q, d]} or
 # {"clips": [B, C, d], "frames": [B, T, d], "frame_mask": [B, T]}.
@@ -225,7 +228,7 @@ class StepContext:
     epoch: int
     step: int
     generator: torch.Generator
-    batch: Any  # the step's TrainBatch (datasets/loader.py)
+    batch: TrainBatch  # the step's videos with all their queries (harness/batches.py)
     outputs: StepOutputs  # the step's forward pass
     # [Q] each query's labelled video, as a column of the batch's videos (from the labels, never
     # from a detector): which queries belong to which video
@@ -247,9 +250,9 @@ class Backbone(Protocol):
     # how harness/build.py makes one: (its `model` config, the video and query feature dims)
     def __init__(self, cfg: Any, video_dim: int, query_dim: int, /) -> None: ...
 
-    def encode_queries(self, batch: Any, /) -> Encoded: ...
+    def encode_queries(self, batch: QueryBatch, /) -> Encoded: ...
 
-    def encode_videos(self, batch: Any, /) -> Encoded: ...
+    def encode_videos(self, batch: VideoBatch, /) -> Encoded: ...
 
     def index_videos(self, videos: Encoded, /) -> Encoded: ...
 
@@ -293,7 +296,7 @@ class RelationDetector(Protocol):
 
     def on_epoch_end(self, state: DetectorState, summary: dict) -> None: ...
 
-    def detect(self, batch: Any, outputs: StepOutputs, /) -> Relations: ...
+    def detect(self, batch: TrainBatch, outputs: StepOutputs, /) -> Relations: ...
 
     def epoch_report(self) -> dict: ...
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from prvr.datasets.loader import QueryBatch, VideoBatch, pooling_matrix
+from prvr.datasets.loader import pooling_matrix
+from prvr.harness.batches import QueryBatch, VideoBatch
 from prvr.harness.registry import BACKBONES
 from prvr.harness.encoding import cat_padded
 from prvr.harness.evaluate import index_videos

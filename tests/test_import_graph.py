@@ -42,7 +42,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("plumbing", ("prvr.harness", "prvr.harness.io", "prvr.harness.checks", "prvr.harness.names",
                   "prvr.harness.progress", "prvr.harness.timing", "prvr.harness.masks", "prvr.harness.scores",
                   "prvr.harness.devices", "prvr.harness.encoding")),
-    ("contract", ("prvr.harness.contract", "prvr.harness.registry")),
+    ("contract", ("prvr.harness.batches", "prvr.harness.contract", "prvr.harness.registry")),
     ("parts", ("prvr.datasets.*", "prvr.methods.*")),
     ("engine", ("prvr.harness.sections", "prvr.harness.config", "prvr.harness.build", "prvr.harness.optim",
                 "prvr.harness.precision", "prvr.harness.checkpoints", "prvr.harness.trainer",

@@ -9,12 +9,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from prvr.datasets.loader import QueryBatch, VideoBatch, pooling_matrix
-from prvr.harness.config import resolve
-from prvr.harness.sections import Config
+from prvr.datasets.loader import pooling_matrix
 from prvr.harness import build
+from prvr.harness.batches import QueryBatch, VideoBatch
+from prvr.harness.config import resolve
 from prvr.harness.records import run_tag
 from prvr.harness.registry import METHODS
+from prvr.harness.sections import Config
 from prvr.methods.fit import fitting_backbones
 
 TVR_DIMS = (3072, 768)  # ResNet+I3D video features, RoBERTa token features (MS-SL release)

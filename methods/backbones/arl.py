@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from prvr.datasets.loader import QueryBatch, VideoBatch
+from prvr.harness.batches import QueryBatch, VideoBatch
 from prvr.harness.checks import DROPOUT, FLAG, Range, at_least, param
 from prvr.harness.contract import Encoded, Scores
 from prvr.harness.registry import BACKBONES

@@ -16,7 +16,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from prvr.datasets.loader import QueryBatch, VideoBatch
+from prvr.harness.batches import QueryBatch, VideoBatch
 from prvr.harness.checks import DROPOUT, FLAG, PROBABILITY, at_least, param
 from prvr.harness.contract import Encoded, Scores
 from prvr.harness.registry import BACKBONES

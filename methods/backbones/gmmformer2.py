@@ -18,7 +18,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from prvr.datasets.loader import QueryBatch, VideoBatch
+from prvr.harness.batches import QueryBatch, VideoBatch
 from prvr.harness.checks import DROPOUT, NON_NEGATIVE, POSITIVE, PROBABILITY, ListOf, at_least, param
 from prvr.harness.contract import Encoded, OnDemand, Scores
 from prvr.harness.registry import BACKBONES

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from prvr.datasets.loader import QueryBatch, VideoBatch
+from prvr.harness.batches import QueryBatch, VideoBatch
 from prvr.harness.contract import Backbone, Encoded, OnDemand, Scores
 from prvr.harness.io import UserError
 from prvr.methods.backbones.blocks import PLAIN, UNIT, GMMBlock, init_weights, rowwise, unit

@@ -34,7 +34,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from prvr.datasets.loader import QueryBatch, VideoBatch
+from prvr.harness.batches import QueryBatch, VideoBatch
 from prvr.harness.checks import DROPOUT, FLAG, POSITIVE, at_least, param, require
 from prvr.harness.contract import Encoded, OnDemand, Scores
 from prvr.harness.registry import BACKBONES

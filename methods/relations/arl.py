@@ -25,9 +25,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from prvr.datasets.loader import TrainBatch
 from prvr.datasets.types import PRVRData
 from prvr.harness import masks
+from prvr.harness.batches import TrainBatch
 from prvr.harness.checks import OneOf, at_least, param
 from prvr.harness.contract import StepOutputs, as_backbone
 from prvr.harness.encoding import QUERY_BATCH, encode_batches

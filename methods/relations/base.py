@@ -19,9 +19,9 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from prvr.datasets.loader import TrainBatch
 from prvr.datasets.sim.world import relevant_moments
 from prvr.datasets.types import PRVRData, Split
+from prvr.harness.batches import TrainBatch
 from prvr.harness.checks import OneOf, param
 from prvr.harness.contract import DetectorState, LossOutput, Relations, StepOutputs
 from prvr.harness.io import UserError

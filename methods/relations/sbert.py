@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Protocol
 import numpy as np
 import torch
 
-from prvr.datasets.loader import TrainBatch
 from prvr.datasets.sim.cache import cache_key, cache_root
 from prvr.datasets.types import PRVRData, Split
 from prvr.harness import progress
+from prvr.harness.batches import TrainBatch
 from prvr.harness.checks import Free, OneOf, Range, at_least, param
 from prvr.harness.devices import pick_device
 from prvr.harness.io import UserError, atomic_path
