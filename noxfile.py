@@ -24,7 +24,7 @@ TYPED = (
     "methods/backbones/api.py", "methods/backbones/baseline.py", "methods/backbones/gmmformer.py",
     "methods/backbones/gmmformer2.py", "methods/backbones/ral.py", "methods/backbones/arl.py",
     "methods/backbones/msl.py", "methods/backbones/xml.py", "methods/backbones/blocks.py",
-    "methods/relations",
+    "methods/relations", "methods/fit.py",
     # the harness's engine: config, build, the trainer, evaluation, records, one run
     "harness/sections.py", "harness/config.py", "harness/build.py", "harness/optim.py", "harness/precision.py",
     "harness/checkpoints.py", "harness/trainer.py", "harness/evaluate.py", "harness/vcmr.py", "harness/rankings.py",

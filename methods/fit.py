@@ -8,12 +8,13 @@ one line that names the fix, before any data is made.
 
 from __future__ import annotations
 
+from prvr.harness.contract import MethodSpec
 from prvr.harness.io import UserError
 from prvr.harness.registry import BACKBONES, DETECTORS, METHODS, extended_home
 from prvr.methods.backbones.api import OUTPUTS, missing_outputs
 
 
-def method_needs(spec, backbone: str) -> frozenset[str]:
+def method_needs(spec: MethodSpec, backbone: str) -> frozenset[str] | None:
     """What `spec`'s objective reads from `backbone`: its own needs, and for a method that
     extends its backbone's home method, the home method's too (None: no home method)."""
     if not spec.extends_backbone:
@@ -22,7 +23,7 @@ def method_needs(spec, backbone: str) -> frozenset[str]:
     return None if home is None else spec.needs | home.needs
 
 
-def fitting_backbones(spec, detector_needs: frozenset[str] = frozenset()) -> list[str]:
+def fitting_backbones(spec: MethodSpec, detector_needs: frozenset[str] = frozenset()) -> list[str]:
     """The registered backbones that provide every output the method and detector read, sorted."""
     out = []
     for b in BACKBONES.names():
