@@ -25,6 +25,7 @@ import argparse
 import csv
 import io
 import math
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -174,8 +175,8 @@ def cmd_calibrate_world(args: argparse.Namespace) -> None:
             raise UserError(f"{flag} {name!r}: no such world in the tables; they have {', '.join(sorted(names))}")
     marked = {args.before or args.world: "the preset before calibration", **({args.chosen: "chosen"} if args.chosen else {})}
     worlds.sort(key=lambda w: distance(w, real[0], thetas))
-    command = " ".join(["prvr-bench calibrate-world", "--world", args.world, "--real", Path(args.real).name,
-                        "--tables", *(Path(t).name for t in args.tables),
+    command = " ".join(["prvr-bench calibrate-world", "--world", args.world, "--real", _shown(args.real),
+                        "--tables", *(_shown(t) for t in args.tables),
                         *(["--chosen", repr(args.chosen)] if args.chosen else []),
                         *(["--before", repr(args.before)] if args.before else [])])
     md, table = render(args.world, real[0], worlds, thetas, command, marked)
@@ -183,3 +184,15 @@ def cmd_calibrate_world(args: argparse.Namespace) -> None:
     write_text(out.with_suffix(".md"), md)
     write_text(out.with_suffix(".csv"), table)
     print(md)
+
+
+def _shown(path: str) -> str:
+    """A path as the report's command names it: as given, relative to where the command ran
+    (so it runs again from there); a path outside that folder by its name (no machine path)."""
+    p = Path(path)
+    if not p.is_absolute():
+        return shlex.quote(str(p))
+    try:
+        return shlex.quote(str(p.relative_to(Path.cwd())))
+    except ValueError:
+        return shlex.quote(p.name)

@@ -55,6 +55,28 @@ def test_calibrate_world_ranks_the_worlds_and_marks_the_preset_and_the_chosen(tm
     assert md in capsys.readouterr().out
 
 
+def test_the_written_command_runs_again_from_where_it_ran(tmp_path, monkeypatch):
+    """Relative paths as given, so the command beside the figures runs again; a path outside the
+    folder it ran in by its name only (no machine path in a committed report)."""
+    census = tmp_path / "results" / "census"
+    census.mkdir(parents=True)
+    real = _table(census / "tvr~relevance.csv", ["tvr,,val,10,5,sent,0.7,0.01,0.2,0.0001,100,0.1,1.2"])
+    sims = _table(census / "sim-tvr~sweep.csv", ["sim-tvr,,test,10,5,sent,0.7,0.1,0.5,0.001,100,0.3,2.0"])
+    monkeypatch.chdir(tmp_path)
+    assert main(["calibrate-world", "--world", "sim-tvr", "--real", "results/census/tvr~relevance.csv",
+                 "--tables", str(sims), "--out", "results"]) == 0
+    md = (tmp_path / "results" / "calibration" / "sim-tvr~real.md").read_text()
+    assert ("`prvr-bench calibrate-world --world sim-tvr --real 'results/census/tvr~relevance.csv' --tables "
+            "'results/census/sim-tvr~sweep.csv'`") in md
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    monkeypatch.chdir(other)
+    assert main(["calibrate-world", "--world", "sim-tvr", "--real", str(real), "--tables", str(sims),
+                 "--out", str(other)]) == 0
+    md = (other / "calibration" / "sim-tvr~real.md").read_text()
+    assert "--real 'tvr~relevance.csv' --tables 'sim-tvr~sweep.csv'`" in md and str(tmp_path) not in md
+
+
 def test_a_table_without_the_columns_is_one_line_naming_file_line_and_fix(tmp_path, capsys):
     old = tmp_path / "old.csv"
     old.write_text("dataset,split,phi,theta,precision,recall,base_rate\ntvr,val,sent,0.7,0.01,0.2,0.0001\n")
@@ -127,7 +149,7 @@ def test_a_calibrated_variant_is_judged_against_the_real_split_not_the_20_percen
     assert got["share"].status == calibration.NOT_MET
 
 
-def test_committed_world_reports_are_what_their_command_writes_from_the_committed_tables(tmp_path):
+def test_committed_world_reports_are_what_their_command_writes_from_the_committed_tables(tmp_path, monkeypatch):
     import re
     import shlex
 
@@ -135,11 +157,11 @@ def test_committed_world_reports_are_what_their_command_writes_from_the_committe
     reports = sorted((results / "calibration").glob("*~real.md"))
     if not reports:
         pytest.skip("no committed calibrate-world report")
+    monkeypatch.chdir(results.parent)  # the commands name the tables from the repository's root
     for md in reports:
         command = re.search(r"Written by `([^`]+)`", md.read_text()).group(1)
         words = shlex.split(command)[1:]  # without "prvr-bench"
-        args = [str(results / "census" / w) if w.endswith(".csv") else w for w in words]
-        assert main([*args, "--out", str(tmp_path)]) == 0
+        assert main([*words, "--out", str(tmp_path)]) == 0
         for suffix in (".md", ".csv"):
             name = md.with_suffix(suffix).name
             assert (tmp_path / "calibration" / name).read_text() == (results / "calibration" / name).read_text(), name
