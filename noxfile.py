@@ -25,10 +25,10 @@ TYPED = (
     "methods/backbones/gmmformer2.py", "methods/backbones/ral.py", "methods/backbones/arl.py",
     "methods/backbones/msl.py", "methods/backbones/xml.py", "methods/backbones/blocks.py",
     "methods/relations", "methods/fit.py",
-    # the harness's engine: config, build, the trainer, evaluation, records, one run
+    # the harness's engine: config, build, the trainer, evaluation, records and their types, one run
     "harness/sections.py", "harness/config.py", "harness/build.py", "harness/optim.py", "harness/precision.py",
     "harness/checkpoints.py", "harness/trainer.py", "harness/evaluate.py", "harness/vcmr.py", "harness/rankings.py",
-    "harness/records.py", "harness/robustness.py", "harness/runner.py",
+    "harness/record_types.py", "harness/records.py", "harness/robustness.py", "harness/runner.py",
     # the plumbing that parts and engine share, and a method's evaluate analysis
     "harness/devices.py", "harness/encoding.py", "harness/fusion_weights.py",
 )

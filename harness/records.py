@@ -3,7 +3,8 @@
 Keys other tools read: method, dataset, seed, config, provenance, metrics.val,
 metrics.test (R@1, R@5, R@10, R@100, SumR, buckets, oracle), and where a run measured it,
 metrics.noise ({source, levels: {p: R@K and SumR}}: harness/noise.py; optional, so records
-without it load as they are). Records from older schema versions are upgraded on load.
+without it load as they are). Records from older schema versions are upgraded on load. Every key
+a record holds, with its type: harness/record_types.py (`RunRecord`).
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ import sys
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, cast
 
 from prvr.harness.checks import show
 from prvr.harness.io import UserError, read_json, write_json
 from prvr.harness.names import check_name, inside
+from prvr.harness.record_types import Budget, CpuFacts, Provenance, RunProtocol, RunRecord
 from prvr.harness.registry import DATASETS
 from prvr.harness.sections import SELECT_ON, SETTLED_BEFORE, TrainConfig, dataset_preset
 
@@ -52,12 +54,12 @@ def selection_metric(select_on: str, localizes: bool = True) -> str:
     return SELECT_ON["vcmr"] if select_on == "vcmr" and localizes else SELECT_ON["vr"]
 
 
-def dataset_protocol(dataset: str) -> dict[str, Any]:
-    return dict(_dataset_protocol(dataset))  # a copy: callers may keep or change it
+def dataset_protocol(dataset: str) -> Budget:
+    return _dataset_protocol(dataset).copy()  # a copy: callers may keep or change it
 
 
 @functools.lru_cache(maxsize=None)
-def _dataset_protocol(dataset: str) -> dict[str, Any]:
+def _dataset_protocol(dataset: str) -> Budget:
     """The training budget every row of `dataset` follows: its preset's `train.epochs`,
     `train.patience` and `train.select_on` (dataclass defaults where the preset is silent), and
     the selection rule they make."""
@@ -83,13 +85,13 @@ def selection_rule(config: dict[str, Any], selection: dict[str, Any] | None, sel
 
 
 def run_protocol(config: dict[str, Any], dataset: str, selection: dict[str, Any] | None = None,
-                 localizes: bool = True) -> dict[str, Any]:
+                 localizes: bool = True) -> RunProtocol:
     """The budget a run was trained under (from its resolved config and, for the selection
     split, its data facts; `localizes`: whether its backbone gives moments to select on) and
     whether it is the dataset's protocol."""
     train = config.get("train", {}) if isinstance(config, dict) else {}
     select_on = train.get("select_on", SETTLED_BEFORE["train.select_on"])
-    own = {"epochs": train.get("epochs"), "patience": train.get("patience"), "select_on": select_on,
+    own: Budget = {"epochs": train.get("epochs"), "patience": train.get("patience"), "select_on": select_on,
            "selection": selection_rule(config, selection, select_on, localizes)}
     # the matrix-product precision (train.precision), named where it is not the fp32 of the committed runs
     precision = train.get("precision", SETTLED_BEFORE["train.precision"])
@@ -102,7 +104,7 @@ def run_protocol(config: dict[str, Any], dataset: str, selection: dict[str, Any]
     return {**own, "dataset_protocol": expected, "follows_protocol": follows}
 
 
-def budget_label(protocol: dict[str, Any]) -> str:
+def budget_label(protocol: Mapping[str, Any]) -> str:
     label = f"{protocol['epochs']} ep / stop {protocol['patience']}"
     if "precision" in protocol:
         label += f", {protocol['precision']}"
@@ -153,7 +155,7 @@ def record_layout(path: str | Path) -> tuple[Path, str, str, int]:
     return out, dataset, run, int(match.group(1))
 
 
-def provenance(device: str) -> dict[str, Any]:
+def provenance(device: str) -> Provenance:
     return {
         "git_revision": _git("rev-parse", "HEAD"),
         # the code, not the results: a record written into a checkout's results/ does not make
@@ -173,7 +175,7 @@ def provenance_time() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def cpu_facts(cpuinfo: str | Path = "/proc/cpuinfo") -> dict[str, str]:
+def cpu_facts(cpuinfo: str | Path = "/proc/cpuinfo") -> CpuFacts:
     """The processor a run was made on: its model (name, family and model numbers, from
     `cpuinfo` where the system has one) and the vector instructions torch's kernels use. A run
     retrained on another machine agreed with its record to about 1e-6 in the first losses, not
@@ -181,7 +183,7 @@ def cpu_facts(cpuinfo: str | Path = "/proc/cpuinfo") -> dict[str, str]:
     are what tells such machines apart."""
     import torch
 
-    facts = {"machine": platform.machine(), "capability": str(torch.backends.cpu.get_cpu_capability())}
+    facts: CpuFacts = {"machine": platform.machine(), "capability": str(torch.backends.cpu.get_cpu_capability())}
     try:
         text = Path(cpuinfo).read_text(errors="replace")
     except OSError:
@@ -216,12 +218,12 @@ def _version(pkg: str) -> str | None:
         return None
 
 
-def write_record(path: str | Path, record: dict[str, Any]) -> None:
-    record = {"schema_version": SCHEMA_VERSION, **record}
-    write_json(path, record)
+def write_record(path: str | Path, record: RunRecord) -> None:
+    stored: RunRecord = {"schema_version": SCHEMA_VERSION, **record}
+    write_json(path, stored)
 
 
-def load_record(path: str | Path) -> dict[str, Any]:
+def load_record(path: str | Path) -> RunRecord:
     """Read a record, upgrading older schema versions, and check the keys tools rely on."""
     data = read_json(path, what="run record")
     if not isinstance(data, dict):
@@ -238,10 +240,11 @@ def load_record(path: str | Path) -> dict[str, Any]:
     if problem:
         key, what = problem
         raise UserError(f"run record {path} key {key!r}: {what}; delete it or re-run that run")
-    return data
+    # the cast: the checks above hold the keys RunRecord requires and the types of those tools read
+    return cast(RunRecord, data)
 
 
-def load_record_at(path: str | Path) -> dict[str, Any]:
+def load_record_at(path: str | Path) -> RunRecord:
     """`load_record` of a record at its place in a results folder (<out>/runs/<dataset>/<run>/
     seed<S>.json), which must name the dataset, run and seed of that place: a record copied
     under another seed, or into another run's folder, is an error, not a second seed."""

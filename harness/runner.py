@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, cast
 
 from prvr.harness import progress
 from prvr.harness.build import build_run
 from prvr.harness.io import claim
 from prvr.harness.names import check_name, check_tag
 from prvr.harness.rankings import TOP_K, rank_split, rankings_path, save_rankings
+from prvr.harness.record_types import (MOMENT_METRIC_PREFIXES, SPLIT_METRIC_KEYS, DataFacts, Degenerate, Nonfinite,
+                                       Resume, RunMetrics, RunRecord, SplitMetrics)
 from prvr.harness.records import (checkpoint_dir, provenance, provenance_time, record_path, run_protocol, run_tag,
                                   write_record)
 from prvr.harness.registry import METHODS
@@ -18,7 +20,6 @@ from prvr.harness.sections import Config
 from prvr.harness.timing import Timings
 from prvr.harness.devices import device_name
 
-SPLIT_METRIC_KEYS = ("R@1", "R@5", "R@10", "R@100", "SumR", "median_rank", "mean_rank", "n", "buckets", "oracle")
 RANKED_SPLITS = ("val", "test")  # stored beside the record (harness/rankings.py)
 
 
@@ -30,7 +31,7 @@ def run_name(cfg: Config, tag: str = "") -> str:
 
 
 def run_one(cfg: Config, out: str | Path, resume: bool = False, tag: str = "", hooks: list | None = None,
-            command: str = "", force_resume: bool = False) -> dict[str, Any]:
+            command: str = "", force_resume: bool = False) -> RunRecord:
     """`train_and_record`, with the run claimed for this process (one writer per run and seed:
     a second is refused in one line naming the first)."""
     name = run_name(cfg, tag)
@@ -39,7 +40,7 @@ def run_one(cfg: Config, out: str | Path, resume: bool = False, tag: str = "", h
 
 
 def train_and_record(cfg: Config, out: str | Path, resume: bool = False, tag: str = "", hooks: list | None = None,
-                     command: str = "", force_resume: bool = False) -> dict[str, Any]:
+                     command: str = "", force_resume: bool = False) -> RunRecord:
     """Train, early-stop on val SumR, test the best checkpoint, write the record; return it.
 
     `force_resume` resumes even from a checkpoint trained with other settings (the record's
@@ -72,7 +73,10 @@ def train_and_record(cfg: Config, out: str | Path, resume: bool = False, tag: st
                   for s in RANKED_SPLITS if s in data.splits}
     val = trainer.best["metrics"]
     assert val is not None  # fit evaluates val at its last epoch at least
-    record = {
+    metrics: RunMetrics = {"val": _keep(val), "test": _keep(test)}
+    if noise is not None:
+        metrics["noise"] = noise
+    record: RunRecord = {
         "method": cfg.method, "dataset": cfg.dataset, "seed": cfg.seed, "backbone": cfg.backbone,
         "relations": cfg.relations.name, "run_name": name, "tag": tag, "command": command,
         "config": cfg.to_dict(),
@@ -81,19 +85,21 @@ def train_and_record(cfg: Config, out: str | Path, resume: bool = False, tag: st
                                  localizes=trainer.localizes),
         "timings": timings.as_dict(),
         "best_epoch": trainer.best["epoch"], "epochs_run": trainer.epoch,
-        "metrics": {"val": _keep(val), "test": _keep(test), **({"noise": noise} if noise is not None else {})},
+        "metrics": metrics,
         "history": trainer.history,
     }
+    # the trainer keeps its marks as plain dicts of these types' keys (trainer.py: on_nonfinite,
+    # train_epoch, load_state)
     if trainer.nonfinite is not None:
-        record["nonfinite"] = trainer.nonfinite
+        record["nonfinite"] = cast(Nonfinite, trainer.nonfinite)
     if trainer.degenerate is not None:
-        record["degenerate"] = trainer.degenerate
+        record["degenerate"] = cast(Degenerate, trainer.degenerate)
     elif test.get("degenerate_scores"):  # the tested checkpoint's scores tell no video apart
         record["degenerate"] = {"scores": test["degenerate_scores"]}
         progress.log(f"[yellow]warning[/]: the test scores of the best checkpoint: {test['degenerate_scores']}; the "
                      "record is marked degenerate and the leaderboard leaves it out of its means")
     if trainer.resumes:
-        record["resumes"] = trainer.resumes
+        record["resumes"] = cast(list[Resume], trainer.resumes)
     # Detector figures and tables (e.g. ARL's similarity / uncertainty distributions) go
     # next to the record, named after it: seed<S>.<what>.png
     record["artifacts"] = detector.write_artifacts(path.parent, path.stem) or []
@@ -107,16 +113,17 @@ def train_and_record(cfg: Config, out: str | Path, resume: bool = False, tag: st
     return record
 
 
-MOMENT_METRIC_PREFIXES = ("VCMR", "SVMR")  # harness/vcmr.py: VCMR-0.5 R@1, SVMR-0.7 R@5, VCMR SumR, ...
-
-
-def _keep(metrics: dict) -> dict:
+def _keep(metrics: Mapping[str, Any]) -> SplitMetrics:
+    """A split's block of the record: of the evaluator's figures, the retrieval ones
+    (SPLIT_METRIC_KEYS), then the moment ones (harness/vcmr.py: VCMR-0.5 R@1, SVMR-0.7 R@5, VCMR
+    SumR, ...); scratch such as `degenerate_scores` is left out."""
     kept = {k: metrics[k] for k in SPLIT_METRIC_KEYS if k in metrics}
-    return {**kept, **{k: v for k, v in metrics.items() if k.startswith(MOMENT_METRIC_PREFIXES)}}
+    # the cast: every key kept is one SplitMetrics declares, by name or by its moment prefix
+    return cast(SplitMetrics, {**kept, **{k: v for k, v in metrics.items() if k.startswith(MOMENT_METRIC_PREFIXES)}})
 
 
-def _data_facts(data) -> dict:
-    facts = {"name": data.name}
+def _data_facts(data: Any) -> DataFacts:
+    facts: DataFacts = {"name": data.name}
     for key in ("generator_version", "test", "train", "selection", "relevance"):
         if key in data.meta:
             facts[key] = data.meta[key]
