@@ -10,8 +10,8 @@ from prvr.harness.build import build_run
 from prvr.harness.io import claim
 from prvr.harness.names import check_name, check_tag
 from prvr.harness.rankings import TOP_K, rank_split, rankings_path, save_rankings
-from prvr.harness.record_types import (MOMENT_METRIC_PREFIXES, SPLIT_METRIC_KEYS, DataFacts, Degenerate, Nonfinite,
-                                       Resume, RunMetrics, RunRecord, SplitMetrics)
+from prvr.harness.record_types import (MOMENT_METRIC_PREFIXES, SPLIT_METRIC_KEYS, DataFacts, RunMetrics, RunRecord,
+                                       SplitMetrics)
 from prvr.harness.records import (checkpoint_dir, provenance, provenance_time, record_path, run_protocol, run_tag,
                                   write_record)
 from prvr.harness.registry import METHODS
@@ -88,18 +88,16 @@ def train_and_record(cfg: Config, out: str | Path, resume: bool = False, tag: st
         "metrics": metrics,
         "history": trainer.history,
     }
-    # the trainer keeps its marks as plain dicts of these types' keys (trainer.py: on_nonfinite,
-    # train_epoch, load_state)
     if trainer.nonfinite is not None:
-        record["nonfinite"] = cast(Nonfinite, trainer.nonfinite)
+        record["nonfinite"] = trainer.nonfinite
     if trainer.degenerate is not None:
-        record["degenerate"] = cast(Degenerate, trainer.degenerate)
+        record["degenerate"] = trainer.degenerate
     elif test.get("degenerate_scores"):  # the tested checkpoint's scores tell no video apart
         record["degenerate"] = {"scores": test["degenerate_scores"]}
         progress.log(f"[yellow]warning[/]: the test scores of the best checkpoint: {test['degenerate_scores']}; the "
                      "record is marked degenerate and the leaderboard leaves it out of its means")
     if trainer.resumes:
-        record["resumes"] = cast(list[Resume], trainer.resumes)
+        record["resumes"] = trainer.resumes
     # Detector figures and tables (e.g. ARL's similarity / uncertainty distributions) go
     # next to the record, named after it: seed<S>.<what>.png
     record["artifacts"] = detector.write_artifacts(path.parent, path.stem) or []

@@ -46,6 +46,7 @@ from prvr.harness.sections import ON_NONFINITE, SELECT_ON, Config
 from prvr.harness.evaluate import evaluate_model
 from prvr.harness.io import UserError, atomic_path
 from prvr.harness.optim import build_optimizer, lr_lambda
+from prvr.harness.record_types import Degenerate, Nonfinite, Resume
 from prvr.harness.records import selection_metric
 from prvr.harness.timing import Timings
 
@@ -107,9 +108,9 @@ class Trainer:
         if cfg.train.on_nonfinite not in ON_NONFINITE:
             raise UserError(f"config key 'train.on_nonfinite' must be one of {', '.join(ON_NONFINITE)}, got "
                             f"{cfg.train.on_nonfinite!r}; fix --set train.on_nonfinite")
-        self.nonfinite: dict | None = None  # first non-finite loss {epoch, step}, with on_nonfinite=continue
-        self.degenerate: dict | None = None  # first epoch whose loss parts were all exactly 0 {epoch}
-        self.resumes: list[dict] = []  # each resume: {from_epoch, changed settings, forced}
+        self.nonfinite: Nonfinite | None = None  # first non-finite loss {epoch, step}, with on_nonfinite=continue
+        self.degenerate: Degenerate | None = None  # first epoch whose loss parts were all exactly 0 {epoch}
+        self.resumes: list[Resume] = []  # each resume: {from_epoch, changed settings, forced}
         self.written: set[Path] = set()  # checkpoint files this process wrote
         self.epochs_done = 0  # epochs this process completed
         self.ckpt_dir_existed = self.ckpt_dir.exists()
