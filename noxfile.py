@@ -31,6 +31,9 @@ TYPED = (
     "harness/record_types.py", "harness/records.py", "harness/robustness.py", "harness/runner.py",
     # the plumbing that parts and engine share, and a method's evaluate analysis
     "harness/devices.py", "harness/encoding.py", "harness/fusion_weights.py",
+    # the reports that read run records (RunRecord): the leaderboard, its rows and side reports, re-evaluation
+    "harness/leaderboard.py", "harness/rows.py", "harness/buckets.py", "harness/noise.py", "harness/calibration.py",
+    "harness/reevaluate.py", "harness/quick.py",
 )
 PACKAGE_DIRS = ("harness", "methods", "datasets")  # prvr.<folder> (pyproject.toml package-dir)
 

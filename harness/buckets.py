@@ -22,6 +22,7 @@ import numpy as np
 from prvr.harness.evaluate import BUCKETS
 from prvr.harness.io import write_png, write_text
 from prvr.harness.names import check_name, inside
+from prvr.harness.record_types import RunRecord
 from prvr.harness.records import budget_label
 from prvr.harness.rows import BASELINE, dataset_label, diverged, record_protocol
 
@@ -32,7 +33,7 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def bucket_groups(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+def bucket_groups(records: list[RunRecord]) -> dict[str, list[dict[str, Any]]]:
     """dataset -> one group per (run, budget) on the dataset's protocol: {dataset, run, budget,
     seeds, values: {bucket: {metric: [per seed] or [] where a seed lacks it}}, n: {bucket:
     sorted distinct query counts over the seeds}}. Diverged and off-protocol runs are left out."""
@@ -147,7 +148,7 @@ def plot(dataset: str, groups: list[dict[str, Any]], path: str | Path) -> None:
     write_png(fig, path)
 
 
-def write_reports(root: str | Path, records: list[dict[str, Any]],
+def write_reports(root: str | Path, records: list[RunRecord],
                   command: str = "prvr-bench leaderboard") -> list[Path]:
     """`<root>/buckets/<dataset>.{png,md}` for every dataset with bucket metrics; the files written."""
     written: list[Path] = []

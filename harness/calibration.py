@@ -29,6 +29,7 @@ import numpy as np
 from prvr.harness import progress
 from prvr.harness.io import write_text
 from prvr.harness.names import check_name, inside
+from prvr.harness.record_types import DataFacts, RunRecord
 from prvr.harness.records import budget_label
 from prvr.harness.registry import DATASETS
 from prvr.harness.rows import (BASELINE, build_rows, csv_cell as _csv_cell, dataset_label, diverged, fmt,
@@ -74,7 +75,7 @@ class Result:
     commands: list[str] = field(default_factory=list)
 
 
-def simulated_datasets(records: list[dict[str, Any]]) -> list[str]:
+def simulated_datasets(records: list[RunRecord]) -> list[str]:
     """The datasets among the records that are simulated: registered as such, or (not
     registered) with records whose data facts carry the generator's version."""
     out = set()
@@ -96,16 +97,16 @@ def reference_for(dataset: str) -> dict[str, Any] | None:
     if dataset not in DATASETS:
         return None
     family = dataset_preset(dataset).get("family")
-    return REFERENCES.get(family)
+    return REFERENCES.get(family) if isinstance(family, str) else None
 
 
-def _data(record: dict[str, Any]) -> dict[str, Any]:
+def _data(record: RunRecord) -> DataFacts:
     prov = record.get("provenance")
     data = prov.get("data") if isinstance(prov, dict) else None
     return data if isinstance(data, dict) else {}
 
 
-def _test_facts(record: dict[str, Any]) -> dict[str, Any]:
+def _test_facts(record: RunRecord) -> dict[str, Any]:
     test = _data(record).get("test")
     return test if isinstance(test, dict) else {}
 
@@ -113,7 +114,7 @@ def _test_facts(record: dict[str, Any]) -> dict[str, Any]:
 FROM_PRESET: Any = object()
 
 
-def evaluate(records: list[dict[str, Any]], dataset: str, reference: Any = FROM_PRESET) -> list[Result]:
+def evaluate(records: list[RunRecord], dataset: str, reference: Any = FROM_PRESET) -> list[Result]:
     """Every calibration target of `dataset`, judged on its records on the protocol.
     `reference`: the imitated dataset's statistics (`REFERENCES`), None for none; by default
     `reference_for(dataset)`."""
@@ -209,7 +210,7 @@ def _p_text(p: float | None, seeds: list[int]) -> str:
         else f"Welch t-test: p = {p:.3f}"
 
 
-def _data_targets(records: list[dict[str, Any]], base: dict[str, Any] | None,
+def _data_targets(records: list[RunRecord], base: dict[str, Any] | None,
                   reference: dict[str, Any] | None, real: dict[str, Any] | None = None) -> list[Result]:
     """The test split's facts, from `provenance.data.test` of one run's records (the
     baseline's when there are any, see `_facts_row`; the same generated world on every seed:
@@ -230,8 +231,9 @@ def _data_targets(records: list[dict[str, Any]], base: dict[str, Any] | None,
             run = base["run"] if base else BASELINE
             return Result(target, NO_RECORDS, f"not in the `{run}` records on the protocol ({absent})", full,
                           **fields)
-        ok, measured, values = measure(*got)
-        return Result(target, MET if ok else NOT_MET, measured + _same_note(got), full, values=values,
+        known = [g for g in got if g is not None]  # every one, as checked above
+        ok, measured, values = measure(*known)
+        return Result(target, MET if ok else NOT_MET, measured + _same_note(known), full, values=values,
                       per_seed=False, **fields)
 
     def multi(share):
@@ -351,7 +353,7 @@ def to_csv(dataset: str, results: list[Result]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_reports(root: str | Path, records: list[dict[str, Any]], show: bool = False,
+def write_reports(root: str | Path, records: list[RunRecord], show: bool = False,
                   command: str = "prvr-bench leaderboard") -> list[Path]:
     """`<root>/calibration/<dataset>.{md,csv}` for every simulated dataset among the records;
     the files written (each atomically)."""

@@ -34,6 +34,7 @@ import numpy as np
 from prvr.harness import buckets, calibration, noise, progress
 from prvr.harness.io import UserError, read_yaml, write_text
 from prvr.harness.quick import QUICK_TAG, is_quick
+from prvr.harness.record_types import RunRecord
 from prvr.harness.records import load_record_at
 # The rows and their figures (harness/rows.py); the names below that this file does not use are
 # kept importable from here, where callers and tests have always found them.
@@ -131,12 +132,12 @@ def reported_moment_rows(path: str | Path | None = None) -> list[dict[str, Any]]
 TABLE_METRICS = ("R@1", "R@5", "R@10", "R@100", "SumR")  # every record on the leaderboard has them
 
 
-def collect(root: str | Path, skip_bad: bool = False) -> list[dict[str, Any]]:
+def collect(root: str | Path, skip_bad: bool = False) -> list[RunRecord]:
     """All run records under root/runs (sorted); a bad record is an error unless skipped."""
     return collect_checked(root, skip_bad)[0]
 
 
-def collect_checked(root: str | Path, skip_bad: bool = False) -> tuple[list[dict[str, Any]], list[str]]:
+def collect_checked(root: str | Path, skip_bad: bool = False) -> tuple[list[RunRecord], list[str]]:
     """All run records under root/runs (sorted), each checked (records.load_record_at: its shape,
     its values, its place), and no two seeds of a run with the same results (a record copied
     under another seed); a bad record is an error, or with `skip_bad` left out and listed
@@ -144,7 +145,9 @@ def collect_checked(root: str | Path, skip_bad: bool = False) -> tuple[list[dict
     # Records are runs/<dataset>/<run>/seed<S>.json; other files there (figures, tables
     # written next to a record, e.g. seed0.fig4.json) are not records.
     files = sorted(f for f in Path(root).glob("runs/*/*/seed*.json") if RECORD_NAME.fullmatch(f.name))
-    records, skipped, seen = [], [], {}
+    records: list[RunRecord] = []
+    skipped: list[str] = []
+    seen: dict[tuple[Path, str], Path] = {}
     for f in files:
         try:
             record = load_record_at(f)
@@ -176,14 +179,14 @@ def protocol_sentence(protocol: dict[str, Any]) -> str:
             f"{figure} gain{fallback}, the best {figure} epoch tested")
 
 
-def diverged_runs(records: list[dict[str, Any]]) -> list[str]:
+def diverged_runs(records: list[RunRecord]) -> list[str]:
     """The marked runs, one phrase each, for the note under the table."""
     out = []
     for r in sorted(records, key=lambda r: (r["dataset"], r.get("run_name", ""), r["seed"])):
         if r.get("nonfinite"):
-            at = r["nonfinite"] if isinstance(r["nonfinite"], dict) else {}
+            nonfinite = r["nonfinite"] if isinstance(r["nonfinite"], dict) else {}
             out.append(f"{dataset_label(r)} {r.get('run_name', r['method'])} seed {r['seed']} (loss not finite "
-                       f"from epoch {at.get('epoch', '?')}, step {at.get('step', '?')})")
+                       f"from epoch {nonfinite.get('epoch', '?')}, step {nonfinite.get('step', '?')})")
         elif diverged(r):
             at = r["degenerate"] if isinstance(r["degenerate"], dict) else {}
             why = (f"test scores: {at['scores']}" if "scores" in at else

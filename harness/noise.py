@@ -22,6 +22,7 @@ import numpy as np
 from prvr.harness import progress
 from prvr.harness.io import UserError, read_json, write_json, write_png, write_text
 from prvr.harness.names import check_name, inside
+from prvr.harness.record_types import NoiseCurve, RunRecord
 from prvr.harness.records import budget_label
 from prvr.harness.rows import dataset_label, diverged, record_protocol
 
@@ -45,7 +46,7 @@ def curve_path(record_file: str | Path, source: str) -> Path:
     return record_file.parent / f"{record_file.stem}.noise-{source}.json"
 
 
-def store_curve(record_file: str | Path, record: dict[str, Any], curve: dict[str, Any], command: str) -> Path:
+def store_curve(record_file: str | Path, record: RunRecord, curve: NoiseCurve, command: str) -> Path:
     """Write a curve beside its record (levels already stored there for the source are kept
     unless measured again)."""
     path = curve_path(record_file, curve["source"])
@@ -64,7 +65,7 @@ def store_curve(record_file: str | Path, record: dict[str, Any], curve: dict[str
     return path
 
 
-def _curves_of(record: dict[str, Any], folder: Path | None) -> dict[str, dict[str, Any]]:
+def _curves_of(record: RunRecord, folder: Path | None) -> dict[str, dict[str, Any]]:
     """source -> {"levels": {...}, "commands": [...]} of one record: its `metrics.noise` and
     the curves stored beside it (a stored level wins: it was measured later)."""
     out: dict[str, dict[str, Any]] = {}
@@ -92,7 +93,7 @@ def _curves_of(record: dict[str, Any], folder: Path | None) -> dict[str, dict[st
 
 
 # --------------------------------------------------------------------------- reports
-def noise_groups(root: str | Path, records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+def noise_groups(root: str | Path, records: list[RunRecord]) -> dict[str, list[dict[str, Any]]]:
     """dataset -> one group per (run, budget, source): {run, budget, source, seeds, levels:
     {level: [SumR per seed] (only levels every seed has)}, all_levels, commands}. Diverged
     runs are left out, as in the leaderboard."""
@@ -194,7 +195,7 @@ def plot(dataset: str, groups: list[dict[str, Any]], path: str | Path) -> None:
     write_png(fig, path)
 
 
-def write_reports(root: str | Path, records: list[dict[str, Any]],
+def write_reports(root: str | Path, records: list[RunRecord],
                   command: str = "prvr-bench leaderboard") -> list[Path]:
     """`<root>/noise/<dataset>.{png,md}` for every dataset with curves; the files written."""
     written: list[Path] = []

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from prvr.harness.record_types import RunRecord
+
 QUICK_TAG = "quick"
 QUICK_DATASET = "sim-tiny"
 QUICK_OUT = "results/quick"
 
 
-def is_quick(record: dict[str, Any]) -> bool:
+def is_quick(record: RunRecord) -> bool:
     """Whether a run record was made by `bench --quick` (its tag is `quick`)."""
     return record.get("tag") == QUICK_TAG

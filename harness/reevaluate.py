@@ -34,7 +34,7 @@ import importlib
 import os
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
@@ -49,6 +49,7 @@ from prvr.harness.evaluate import evaluate_model, evaluate_scores, score_matrice
 from prvr.harness.io import UserError, write_json
 from prvr.harness.noise import check_levels, store_curve
 from prvr.harness.rankings import load_rankings, metrics_of, rankings_path
+from prvr.harness.record_types import RunRecord
 from prvr.harness.records import checkpoint_dir, load_record, load_record_at, record_layout
 from prvr.harness.registry import DATASETS, EVALUATIONS, load_all
 from prvr.harness.robustness import SUMMARY, curve_levels, noise_curve
@@ -87,7 +88,7 @@ class StoredRun:
         return model.to(self.device).eval()
 
 
-def check_checkpoint_of_record(checkpoint: Path, state: dict[str, Any], record_file: Path, record: dict[str, Any],
+def check_checkpoint_of_record(checkpoint: Path, state: dict[str, Any], record_file: Path, record: RunRecord,
                                fix: str) -> None:
     """A best checkpoint is the one its record's training selected: same best epoch, same val
     figure of the selection key. Another training of the same run (an interrupted re-run, a run
@@ -106,7 +107,8 @@ def check_checkpoint_of_record(checkpoint: Path, state: dict[str, Any], record_f
         raise UserError(f"checkpoint {checkpoint} is a checkpoint of method {best.get('method')!r}, not of record "
                         f"{record_file}'s {record.get('method')!r}; {fix}")
     key, score = best.get("select"), best.get("score")
-    want = (record.get("metrics") or {}).get("val", {}).get(key) if key else None
+    val: Mapping[str, Any] = (record.get("metrics") or {}).get("val", {})
+    want = val.get(key) if key else None
     same_epoch = best.get("epoch") == record.get("best_epoch")
     same_score = want is None or score is None or abs(float(score) - float(want)) <= 1e-6 * max(1.0, abs(float(want)))
     if not (same_epoch and same_score):
@@ -246,7 +248,8 @@ def relevance_rows(record_files: list[str | Path], relevance: str | Path, split_
     scored under a relevance file: from its stored rankings, or from its best checkpoint."""
     file = read_relevance(relevance)
     if from_checkpoint:
-        runs, datasets = [StoredRun(f, device, data_root) for f in record_files], {}
+        runs = [StoredRun(f, device, data_root) for f in record_files]
+        datasets: dict[str, Any] = {}
         return [_checkpoint_row(run, file, split_name, datasets) for run in runs]
     return [_stored_row(Path(f), file, split_name) for f in record_files]
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 from scipy import stats
 
+from prvr.harness.record_types import RunProtocol, RunRecord
 from prvr.harness.records import budget_label, run_protocol
 from prvr.harness.registry import METHODS
 
@@ -66,17 +67,20 @@ def is_metric_key(key: object) -> bool:
     return key in PRVR_KEYS or is_moment_key(key)
 
 
-def carries_moments(block: dict[str, Any]) -> bool:
+def carries_moments(block: Mapping[str, Any]) -> bool:
     """Whether a metrics block (or a reported row) holds VCMR / SVMR figures."""
     return isinstance(block, dict) and any(is_moment_key(k) for k in block)
 
 
 def _moment_order(key: str) -> tuple[int, float, int]:
-    task, tiou, k = MOMENT_KEY.fullmatch(key).groups()
+    match = MOMENT_KEY.fullmatch(key)
+    if match is None:
+        raise ValueError(f"{key!r} is not a moment figure (MOMENT_KEY)")
+    task, tiou, k = match.groups()
     return (0 if task == "VCMR" else 1, float(tiou), int(k))
 
 
-def moment_columns(blocks: Iterable[dict[str, Any]]) -> tuple[Column, ...]:
+def moment_columns(blocks: Iterable[Mapping[str, Any]]) -> tuple[Column, ...]:
     """The moment columns of a table whose metric blocks (records' `metrics.test`, reported rows)
     are `blocks`: none when no block holds VCMR / SVMR figures, else VCMR R@{1, 10, 100} and SVMR
     R@{1, 5} at each default tIoU, any other VCMR / SVMR key a block holds, then VR R@1/5/10/100."""
@@ -88,7 +92,7 @@ def moment_columns(blocks: Iterable[dict[str, Any]]) -> tuple[Column, ...]:
             *(Column(f"VR {k}", (k,), decimals=MOMENT_DECIMALS) for k in VR_KEYS))
 
 
-def value_at(block: dict, path: tuple[str, ...]) -> float | None:
+def value_at(block: Mapping[str, Any], path: tuple[str, ...]) -> float | None:
     """The number at `path` in a metrics block; None where it is missing or not a number."""
     for p in path:
         if not isinstance(block, dict) or p not in block:
@@ -97,7 +101,7 @@ def value_at(block: dict, path: tuple[str, ...]) -> float | None:
     return float(block) if isinstance(block, (int, float)) and not isinstance(block, bool) else None
 
 
-def dataset_label(record: dict[str, Any]) -> str:
+def dataset_label(record: RunRecord) -> str:
     """The dataset column: a real-layout dataset loaded from an export of a simulated one is
     marked as such, so it never sits unmarked beside the papers' figures for the real data."""
     data = record.get("provenance", {}).get("data", {})
@@ -106,7 +110,7 @@ def dataset_label(record: dict[str, Any]) -> str:
     return f"{record['dataset']} (export of {source})" if source else record["dataset"]
 
 
-def record_protocol(record: dict[str, Any]) -> dict[str, Any]:
+def record_protocol(record: RunRecord) -> RunProtocol:
     """The run's budget, judged against its dataset's protocol as the presets state it now; a run
     whose test metrics hold VCMR figures had moments to select on."""
     data = record.get("provenance", {}).get("data", {}) if isinstance(record.get("provenance"), dict) else {}
@@ -115,17 +119,17 @@ def record_protocol(record: dict[str, Any]) -> dict[str, Any]:
                         localizes=MOMENT_SUM.name in test)
 
 
-def diverged(record: dict[str, Any]) -> bool:
+def diverged(record: RunRecord) -> bool:
     """Whether the run's loss became non-finite, or every loss part was exactly 0 for an epoch
     (nothing trained: `degenerate`); the trainer marks its record either way."""
     return bool(record.get("nonfinite")) or bool(record.get("degenerate"))
 
 
-def build_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def build_rows(records: list[RunRecord]) -> list[dict[str, Any]]:
     """One row per (dataset, run name, budget): seeds trained under different budgets never
     average together, and a row off its dataset's protocol is marked and gets no Δ. Diverged
     runs (`diverged`) enter no row."""
-    groups: dict[tuple[str, str, str], list[dict]] = {}
+    groups: dict[tuple[str, str, str], list[RunRecord]] = {}
     kept = [r for r in records if not diverged(r)]
     moments = moment_columns(r["metrics"].get("test", {}) for r in kept)
     columns = (*COLUMNS, *moments, *((MOMENT_SUM,) if moments else ()),
@@ -157,7 +161,7 @@ def build_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def relevance_coverage(records: list[dict[str, Any]]) -> list[str]:
+def relevance_coverage(records: list[RunRecord]) -> list[str]:
     """What the test split's relevance file covered in these runs, one phrase per distinct file
     (`provenance.data.relevance.test`, written where a real dataset joined one); [] for none."""
     phrases = []
@@ -237,13 +241,13 @@ def csv_cell(text: str) -> str:
     return f'"{text}"' if "," in text or '"' in text else text
 
 
-def near_cap(record: dict[str, Any]) -> dict[str, Any] | None:
+def near_cap(record: RunRecord) -> dict[str, Any] | None:
     """Where the selected epoch lies among the last `patience` epochs of the run's epoch cap
     (so the cap, not early stopping, may have ended a rising curve): the seed, the selected
     epoch (1-based), the cap and the range of the last `patience` validation SumRs; else None."""
     protocol = record_protocol(record)
     best, cap, patience = record.get("best_epoch"), protocol.get("epochs"), protocol.get("patience")
-    if not all(isinstance(v, int) for v in (best, cap, patience)) or best + 1 <= cap - patience:
+    if not (isinstance(best, int) and isinstance(cap, int) and isinstance(patience, int)) or best + 1 <= cap - patience:
         return None
     last = [h["val"]["SumR"] for h in record.get("history", []) if isinstance(h.get("val"), dict)
             and isinstance(h["val"].get("SumR"), (int, float))][-patience:]
