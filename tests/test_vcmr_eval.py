@@ -39,6 +39,9 @@ class FakeLocalizer(torch.nn.Module):
     def encode_videos(self, batch):
         return {"index": batch.video_index, "mask": batch.frame_mask}
 
+    def index_videos(self, videos):  # the backbone contract's query-independent step: nothing to do here
+        return videos
+
     def score(self, queries, videos):
         return Scores(fused=self.vr[queries["index"]][:, videos["index"]])
 
