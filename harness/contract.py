@@ -63,8 +63,8 @@ class LossOutput(Mapping[str, torch.Tensor]):
     diagnostics: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        names = [*self.parts, *self.diagnostics]
-        clash = sorted({n for n in names if n == LOSS or names.count(n) > 1})
+        named = self.parts.keys() | self.diagnostics.keys()
+        clash = sorted((self.parts.keys() & self.diagnostics.keys()) | ({LOSS} & named))
         if clash:
             raise ValueError(f"a loss output names {clash} twice: the loss, each part and each diagnostic "
                              "need names of their own")

@@ -62,6 +62,19 @@ def inside(path: str | Path, root: str | Path, what: str) -> Path:
     return Path(path)
 
 
+def from_here(path: str | Path) -> str | None:
+    """A path as a command written beside a result names it, so the command runs again from the
+    working folder: as given where relative, relative to the working folder where it lies below
+    it; None for a path elsewhere (the caller names it without this machine's folders)."""
+    p = Path(path)
+    if not p.is_absolute():
+        return str(p)
+    try:
+        return str(p.relative_to(Path.cwd()))
+    except ValueError:
+        return None
+
+
 def _show(value: object, limit: int = 40) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 4] + "...'"

@@ -47,6 +47,7 @@ from prvr.harness.config import apply_value, check_device, from_dict
 from prvr.harness.devices import pick_device
 from prvr.harness.evaluate import evaluate_model, evaluate_scores, score_matrices
 from prvr.harness.io import UserError, write_json
+from prvr.harness.names import from_here
 from prvr.harness.noise import check_levels, store_curve
 from prvr.harness.rankings import load_rankings, metrics_of, rankings_path
 from prvr.harness.record_types import RunRecord
@@ -220,15 +221,13 @@ def noise_rows(record_files: list[str | Path], levels: list[float], source: str 
 
 
 def _shown_path(path: Path) -> str:
-    """A record's path for a stored command: relative to the working folder where it lies below
-    it, else from its results folder on (no path of this machine)."""
-    if not path.is_absolute():
-        return str(path)
-    try:
-        return str(path.relative_to(Path.cwd()))
-    except ValueError:
+    """A record's path for a stored command (`names.from_here`), else from its results folder on
+    (no path of this machine)."""
+    shown = from_here(path)
+    if shown is None:
         out = record_layout(path)[0]
-        return str(Path(out.name) / path.relative_to(out))
+        shown = str(Path(out.name) / path.relative_to(out))
+    return shown
 
 
 def format_noise_rows(rows: list[dict[str, Any]]) -> str:

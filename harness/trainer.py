@@ -259,7 +259,7 @@ class Trainer:
             raise UserError(f"method '{self.cfg.method}': its objective returned {type(out).__name__}, not a "
                             "LossOutput (harness/contract.py; docs/adding-a-method.md): return LossOutput(loss, parts)")
         self.optimizer.zero_grad(set_to_none=True)
-        out["loss"].backward()
+        out.loss.backward()
         if self.cfg.train.grad_clip > 0 and not self.optimizer_spec.clips_inside:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip)
         self.optimizer.step()

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prvr.harness.io import UserError, write_text
+from prvr.harness.names import from_here
 
 TOLERANCE = 1.5  # each figure within a factor of 1.5 of the real split's
 PHI = "sent"
@@ -187,12 +188,6 @@ def cmd_calibrate_world(args: argparse.Namespace) -> None:
 
 
 def _shown(path: str) -> str:
-    """A path as the report's command names it: as given, relative to where the command ran
-    (so it runs again from there); a path outside that folder by its name (no machine path)."""
-    p = Path(path)
-    if not p.is_absolute():
-        return shlex.quote(str(p))
-    try:
-        return shlex.quote(str(p.relative_to(Path.cwd())))
-    except ValueError:
-        return shlex.quote(p.name)
+    """A table as the report's command names it (`names.from_here`), else by its file name (no
+    path of this machine)."""
+    return shlex.quote(from_here(path) or Path(path).name)

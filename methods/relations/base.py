@@ -23,6 +23,7 @@ from prvr.datasets.sim.world import relevant_moments
 from prvr.datasets.types import PRVRData, Split
 from prvr.harness.batches import TrainBatch
 from prvr.harness.checks import OneOf, param
+# The types a detector's seam carries live in the contract (harness/contract.py); importable from here too.
 from prvr.harness.contract import DetectorState, LossOutput, Relations, StepOutputs
 from prvr.harness.io import UserError
 from prvr.harness.registry import DETECTORS
