@@ -102,6 +102,10 @@ def test_rehearsal_goes_from_world_to_export_to_real_loaders_to_an_epoch(tmp_pat
     assert figures[("load (first)", "val_videos_queries")] == figures[("world", "val_videos_queries")]
     assert float(figures[("load (first)", "cache_added_mb")]) > 0 and float(figures[("load (cached)", "cache_added_mb")]) == 0
     assert int(figures[("method baseline", "val_queries")]) == int(figures[("world", "val_videos_queries")].split(" / ")[1])
+    # the anonymous peak (what must stay in RAM) is sampled beside VmHWM and can never exceed it
+    phase = json.loads((tmp_path / "rehearsal.json").read_text())[-1]
+    assert 0 < phase["peak_anon_mb"] <= phase["peak_rss_mb"]
+    assert 0 < int(figures[("method baseline", "train_anon_mb")]) <= int(figures[("method baseline", "train_peak_mb")])
     md = (tmp_path / "rehearsal.md").read_text()
     assert "## Real scale" in md and "--work DIR" in md and "--out OUT" in md and str(tmp_path) not in md
     # --only-methods: the method phases again on the kept export, the other rows kept
@@ -111,6 +115,23 @@ def test_rehearsal_goes_from_world_to_export_to_real_loaders_to_an_epoch(tmp_pat
     after = json.loads((tmp_path / "rehearsal.json").read_text())
     assert after[:5] == before and [p["name"] for p in after[5:]] == ["method arl"]
     assert after[5]["figures"]["detector_pass_s"] >= 0 and "eval_val_s" not in after[5]["figures"]
+
+
+def test_the_anonymous_peak_sees_an_allocation_and_starts_again_on_reset():
+    import numpy as np
+
+    from prvr.harness.profiling.rehearsal import AnonPeak
+
+    peak = AnonPeak()
+    peak.reset()
+    before = peak.peak_mb()
+    block = np.ones(64 * 2**20 // 8)  # 64 MB, touched
+    held = peak.peak_mb()
+    del block
+    assert held >= before + 60  # read while held
+    assert peak.peak_mb() >= held  # a peak outlives the allocation
+    peak.reset()
+    assert peak.peak_mb() < held - 30  # a new window starts from what is resident now
 
 
 def test_the_profile_keeps_the_rehearsal_as_its_real_scale_section(tmp_path):

@@ -9,8 +9,12 @@ and the table says so), evaluates the val split once (10,895 queries x 2,179 vid
 for ARL, times the detector's per-epoch pass over the training split.
 
 Every phase runs in a fresh Python process; its peak resident size is the kernel's VmHWM
-of that process (the dataset, the model and the work together: what must fit in RAM). Disk
-sizes are the files' sizes under the rehearsal's own work folder (its own dataset cache).
+of that process (the dataset, the model and the work together). VmHWM also counts the pages
+of the memory-mapped feature files the process has read, which the kernel drops and reads
+again when RAM runs short; the peak anonymous size (RssAnon: the arrays, the model, the work,
+what cannot be given back) is sampled every 50 ms (`ANON_EVERY_S`) by a thread of the phase's process
+and is the floor that must fit in RAM. Disk sizes are the files' sizes under the rehearsal's
+own work folder (its own dataset cache).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -55,6 +60,7 @@ class Phase:
     figures: dict[str, Any] = field(default_factory=dict)
     error: str = ""
     revision: str = ""  # the code that ran it (git, short): rows kept by --only-methods may be older
+    peak_anon_mb: float = float("nan")  # sampled RssAnon peak (rows measured before it have none)
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -153,6 +159,7 @@ def _child(job: dict[str, Any]) -> Phase:
     progress.set_enabled(False)
     if job.get("threads"):
         torch.set_num_threads(job["threads"])
+    ANON.start()
     work = Path(job["work"])
     os.environ["PRVR_CACHE"] = str(work / "cache")
     start = time.perf_counter()
@@ -161,10 +168,12 @@ def _child(job: dict[str, Any]) -> Phase:
     if job["phase"] == "load":
         name += " (first)" if job["first"] else " (cached)"
     windows = [figures.get(k, 0) for k in ("build_peak_mb", "prepare_peak_mb", "train_peak_mb", "eval_peak_mb")]
+    anon = [figures.get(k, 0) for k in ("build_anon_mb", "prepare_anon_mb", "train_anon_mb", "eval_anon_mb")]
 
     prov = provenance("")
     revision = str(prov["git_revision"])[:8] + ("+dirty" if prov["git_dirty"] else "")
-    return Phase(name, time.perf_counter() - start, max(_peak_rss_mb(), *windows), figures, revision=revision)
+    return Phase(name, time.perf_counter() - start, max(_peak_rss_mb(), *windows), figures, revision=revision,
+                 peak_anon_mb=max(ANON.peak_mb(), *anon))
 
 
 def _world(job: dict[str, Any], work: Path) -> dict[str, Any]:
@@ -195,22 +204,24 @@ def _method(job: dict[str, Any], work: Path) -> dict[str, Any]:
     run = build_run(cfg)
     trainer = run.trainer(work / "ckpt" / job["method"], [StopAfter(job["batches"])])
     built = time.perf_counter() - t0
-    rss_before, build_peak = _rss_mb(), _peak_rss_mb()
+    rss_before, build_peak, build_anon = _rss_mb(), _peak_rss_mb(), ANON.peak_mb()
     # once per run, before its first epoch: the training split's features processed (what fits
     # in RAM is kept: datasets/loader.py) and the loader's workers started
     _reset_peak()
     start = time.perf_counter()
     trainer.epoch_loader()
-    prepare_s, prepare_peak = time.perf_counter() - start, _peak_rss_mb()
+    prepare_s, prepare_peak, prepare_anon = time.perf_counter() - start, _peak_rss_mb(), ANON.peak_mb()
     kept = trainer.batchers["train"].kept
     _reset_peak()
     seconds = timed_epoch(trainer)
     per_batch = seconds / job["batches"]
-    out = {"build_s": round(built, 1), "build_peak_mb": build_peak, "rss_after_build_mb": round(rss_before),
+    out = {"build_s": round(built, 1), "build_peak_mb": build_peak, "build_anon_mb": build_anon,
+           "rss_after_build_mb": round(rss_before),
            "prepare_s": round(prepare_s, 1), "prepare_peak_mb": prepare_peak,
            "train_kept": "+".join(k for k in ("clips", "tokens", "frames") if getattr(kept, k, None) is not None)
            or "none",
-           "train_peak_mb": _peak_rss_mb(), "batches": job["batches"],
+           "prepare_anon_mb": prepare_anon, "train_peak_mb": _peak_rss_mb(), "train_anon_mb": ANON.peak_mb(),
+           "batches": job["batches"],
            "epoch_batches": trainer.steps_per_epoch, "s_per_batch": round(per_batch, 2),
            "epoch_s_extrapolated": round(per_batch * trainer.steps_per_epoch), "device": str(trainer.device)}
     # the detector's per-epoch work once its warm-up is over (ARL: the pass over the training
@@ -226,6 +237,7 @@ def _method(job: dict[str, Any], work: Path) -> dict[str, Any]:
         val = trainer.evaluate("val")
         _sync(trainer.device)
         out.update(eval_val_s=round(time.perf_counter() - start, 1), eval_peak_mb=_peak_rss_mb(),
+                   eval_anon_mb=ANON.peak_mb(),
                    val_queries=int(val["n"]), val_videos=run.data["val"].num_videos)
     return out
 
@@ -266,8 +278,52 @@ def _peak_rss_mb() -> float:
 
 
 def _reset_peak() -> None:
-    """Start a new peak-resident window (Linux: VmHWM reset through /proc/self/clear_refs)."""
+    """Start a new peak window, resident (Linux: VmHWM reset through /proc/self/clear_refs) and
+    anonymous."""
     Path("/proc/self/clear_refs").write_text("5")
+    ANON.reset()
+
+
+ANON_EVERY_S = 0.05
+
+
+class AnonPeak:
+    """The peak of this process's anonymous resident memory (RssAnon), sampled every
+    `ANON_EVERY_S` by a daemon thread from `start()`: a peak between two samples can be missed,
+    so the figure is a lower bound of the true peak by at most what 50 ms can allocate."""
+
+    def __init__(self) -> None:
+        self._kb = 0
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._sample, name="anon-peak", daemon=True)
+            self._thread.start()
+
+    def _sample(self) -> None:
+        while True:
+            self.observe()
+            time.sleep(ANON_EVERY_S)
+
+    def observe(self) -> None:
+        now = _status_kb("RssAnon")
+        with self._lock:
+            self._kb = max(self._kb, now)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._kb = 0
+        self.observe()
+
+    def peak_mb(self) -> float:
+        self.observe()  # the moment of reading counts too
+        with self._lock:
+            return round(self._kb / 1024)
+
+
+ANON = AnonPeak()
 
 
 def _rss_mb() -> float:
@@ -319,27 +375,38 @@ def write_rehearsal(out: Path, phases: list[Phase], header: str) -> tuple[Path, 
 
 
 def render(phases: list[Phase], header: str) -> str:
-    lines = [SECTION, "", header, "", "| phase | code | seconds | peak resident (MB) | figures |",
-             "|---|---|---|---|---|"]
+    lines = [SECTION, "", header, "", "| phase | code | seconds | peak resident (MB) | peak anonymous (MB) | figures |",
+             "|---|---|---|---|---|---|"]
     for p in phases:
         figures = p.error and f"failed: {p.error}" or ", ".join(f"{k} {v}" for k, v in p.figures.items())
-        lines.append(f"| {p.name} | {p.revision} | {p.seconds:,.1f} | {p.peak_rss_mb:,.0f} | {figures} |")
+        anon = "" if p.peak_anon_mb != p.peak_anon_mb else f"{p.peak_anon_mb:,.0f}"  # NaN: measured before it
+        lines.append(f"| {p.name} | {p.revision} | {p.seconds:,.1f} | {p.peak_rss_mb:,.0f} | {anon} | {figures} |")
     methods = [p for p in phases if p.name.startswith("method ") and not p.error]
     if methods:
         lines += ["", "Per method (one fresh process each): the run's one-time preparation (the training split's "
                   "features processed, what fits in RAM kept), then the first training batches timed and the epoch "
                   "extrapolated from them (s / batch x batches of an epoch + the detector's per-epoch pass), then "
-                  "one val evaluation (its first: the val batches are made then and reused by later epochs):", "",
+                  "one val evaluation (its first: the val batches are made then and reused by later epochs). Peak "
+                  "resident counts the mapped feature files' pages the kernel can drop; peak anonymous (sampled "
+                  "every 50 ms; blank where measured before it) is what must stay in RAM:", "",
                   "| method | prepare (s), kept | timed batches | s / batch | epoch (s, extrapolated) "
-                  "| detector's per-epoch pass (s) | val eval (s) | peak resident (MB): build / prepare / train / eval |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "| detector's per-epoch pass (s) | val eval (s) | peak resident (MB): build / prepare / train / eval "
+                  "| peak anonymous (MB): build / prepare / train / eval |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for p in methods:
             f = p.figures
             lines.append(f"| {p.name.removeprefix('method ')} | {f['prepare_s']}, {f['train_kept']} | "
                          f"{f['batches']} of {f['epoch_batches']} | {f['s_per_batch']} | {f['epoch_s_extrapolated']:,} | "
                          f"{f.get('detector_pass_s', '')} | {f.get('eval_val_s', '')} | {f['build_peak_mb']:,} / "
-                         f"{f['prepare_peak_mb']:,} / {f['train_peak_mb']:,} / {_thousands(f.get('eval_peak_mb'))} |")
+                         f"{f['prepare_peak_mb']:,} / {f['train_peak_mb']:,} / {_thousands(f.get('eval_peak_mb'))} | "
+                         f"{_anon(f)} |")
     return "\n".join(lines) + "\n"
+
+
+def _anon(f: dict[str, Any]) -> str:
+    if "train_anon_mb" not in f:
+        return ""
+    return " / ".join(_thousands(f.get(f"{w}_anon_mb")) for w in ("build", "prepare", "train", "eval"))
 
 
 def _thousands(value: Any) -> str:
