@@ -60,7 +60,7 @@ class Phase:
     figures: dict[str, Any] = field(default_factory=dict)
     error: str = ""
     revision: str = ""  # the code that ran it (git, short): rows kept by --only-methods may be older
-    peak_anon_mb: float = float("nan")  # sampled RssAnon peak (rows measured before it have none)
+    peak_anon_mb: float | None = None  # sampled RssAnon peak (None: measured before it)
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -167,8 +167,8 @@ def _child(job: dict[str, Any]) -> Phase:
     name = job["phase"] + (f" {job['method']}" if "method" in job else "")
     if job["phase"] == "load":
         name += " (first)" if job["first"] else " (cached)"
-    windows = [figures.get(k, 0) for k in ("build_peak_mb", "prepare_peak_mb", "train_peak_mb", "eval_peak_mb")]
-    anon = [figures.get(k, 0) for k in ("build_anon_mb", "prepare_anon_mb", "train_anon_mb", "eval_anon_mb")]
+    windows = [figures.get(f"{w}_peak_mb", 0) for w in WINDOWS]
+    anon = [figures.get(f"{w}_anon_mb", 0) for w in WINDOWS]
 
     prov = provenance("")
     revision = str(prov["git_revision"])[:8] + ("+dirty" if prov["git_dirty"] else "")
@@ -242,6 +242,7 @@ def _method(job: dict[str, Any], work: Path) -> dict[str, Any]:
     return out
 
 
+WINDOWS = ("build", "prepare", "train", "eval")  # a method phase's peak windows (`_reset_peak` between)
 LATE_EPOCH = 10**6  # past any detector's warm-up
 PHASES = {"world": _world, "export": _export, "load": _real_load, "method": _method}
 
@@ -308,9 +309,8 @@ class AnonPeak:
             time.sleep(ANON_EVERY_S)
 
     def observe(self) -> None:
-        now = _status_kb("RssAnon")
-        with self._lock:
-            self._kb = max(self._kb, now)
+        with self._lock:  # read inside: a sample taken before a reset never lands after it
+            self._kb = max(self._kb, _status_kb("RssAnon"))
 
     def reset(self) -> None:
         with self._lock:
@@ -379,7 +379,7 @@ def render(phases: list[Phase], header: str) -> str:
              "|---|---|---|---|---|---|"]
     for p in phases:
         figures = p.error and f"failed: {p.error}" or ", ".join(f"{k} {v}" for k, v in p.figures.items())
-        anon = "" if p.peak_anon_mb != p.peak_anon_mb else f"{p.peak_anon_mb:,.0f}"  # NaN: measured before it
+        anon = _thousands(p.peak_anon_mb)
         lines.append(f"| {p.name} | {p.revision} | {p.seconds:,.1f} | {p.peak_rss_mb:,.0f} | {anon} | {figures} |")
     methods = [p for p in phases if p.name.startswith("method ") and not p.error]
     if methods:
@@ -397,20 +397,18 @@ def render(phases: list[Phase], header: str) -> str:
             f = p.figures
             lines.append(f"| {p.name.removeprefix('method ')} | {f['prepare_s']}, {f['train_kept']} | "
                          f"{f['batches']} of {f['epoch_batches']} | {f['s_per_batch']} | {f['epoch_s_extrapolated']:,} | "
-                         f"{f.get('detector_pass_s', '')} | {f.get('eval_val_s', '')} | {f['build_peak_mb']:,} / "
-                         f"{f['prepare_peak_mb']:,} / {f['train_peak_mb']:,} / {_thousands(f.get('eval_peak_mb'))} | "
-                         f"{_anon(f)} |")
+                         f"{f.get('detector_pass_s', '')} | {f.get('eval_val_s', '')} | {_per_window(f, 'peak')} | "
+                         f"{_per_window(f, 'anon') if 'train_anon_mb' in f else ''} |")
     return "\n".join(lines) + "\n"
 
 
-def _anon(f: dict[str, Any]) -> str:
-    if "train_anon_mb" not in f:
-        return ""
-    return " / ".join(_thousands(f.get(f"{w}_anon_mb")) for w in ("build", "prepare", "train", "eval"))
+def _per_window(f: dict[str, Any], kind: str) -> str:
+    """A method's peak MB of `kind` (peak: VmHWM, anon: RssAnon) per window, blank where not measured."""
+    return " / ".join(_thousands(f.get(f"{w}_{kind}_mb")) for w in WINDOWS)
 
 
 def _thousands(value: Any) -> str:
-    return "" if value is None else f"{value:,}"
+    return "" if value is None else f"{value:,.0f}"
 
 
 def _header(args: argparse.Namespace, wall_s: float) -> str:
