@@ -6,6 +6,8 @@ GPU or a day of CPU is spent on them."""
 import csv
 import json
 
+import torch
+
 from prvr.harness.cli import main
 from prvr.harness.profiling import gpu_check
 
@@ -91,7 +93,7 @@ def test_a_failing_cuda_test_half_fails_the_row(tmp_path, monkeypatch):
 
 def test_rehearsal_goes_from_world_to_export_to_real_loaders_to_an_epoch(tmp_path):
     work = tmp_path / "work"
-    assert main(["rehearse", "--scale", "tiny", "--method", "baseline", "--train-batches", "1", "--out",
+    assert main(["rehearse", "--scale", "tiny", "--method", "baseline", "--train-batches", "3", "--out",
                  str(tmp_path), "--work", str(work), "--quiet"]) == 0
     rows = list(csv.DictReader(open(tmp_path / "rehearsal.csv", encoding="utf-8")))
     phases = list(dict.fromkeys(r["phase"] for r in rows))
@@ -106,6 +108,9 @@ def test_rehearsal_goes_from_world_to_export_to_real_loaders_to_an_epoch(tmp_pat
     phase = json.loads((tmp_path / "rehearsal.json").read_text())[-1]
     assert 0 < phase["peak_anon_mb"] <= phase["peak_rss_mb"]
     assert 0 < int(figures[("method baseline", "train_anon_mb")]) <= int(figures[("method baseline", "train_peak_mb")])
+    # three timed batches: the first (its warm-ups) apart from the steady ones; no GPU figures on a CPU
+    assert float(figures[("method baseline", "first_batch_s")]) > 0 and float(figures[("method baseline", "s_per_batch")]) >= 0
+    assert figures[("method baseline", "device")].startswith("cpu") and ("method baseline", "train_gpu_mb") not in figures
     md = (tmp_path / "rehearsal.md").read_text()
     assert "## Real scale" in md and "--work DIR" in md and "--out OUT" in md and str(tmp_path) not in md
     # --only-methods: the method phases again on the kept export, the other rows kept
@@ -115,6 +120,30 @@ def test_rehearsal_goes_from_world_to_export_to_real_loaders_to_an_epoch(tmp_pat
     after = json.loads((tmp_path / "rehearsal.json").read_text())
     assert after[:5] == before and [p["name"] for p in after[5:]] == ["method arl"]
     assert after[5]["figures"]["detector_pass_s"] >= 0 and "eval_val_s" not in after[5]["figures"]
+
+
+def test_the_step_clock_keeps_the_first_batch_apart_from_the_steady_ones():
+    from types import SimpleNamespace
+
+    from prvr.harness.profiling.training import StepClock
+
+    clock, trainer = StepClock(), SimpleNamespace(device=torch.device("cpu"))
+    clock.on_epoch_start(trainer, 0)
+    clock.start = 100.0
+    for end in (105.0, 106.0, 107.0):  # a slow first batch, then 1 s each
+        clock.ends.append(end)
+    assert clock.first_s() == 5.0 and clock.steady_s() == 1.0
+    clock.ends = clock.ends[:2]  # two batches cannot tell the warm-up from the step: the mean of both
+    assert clock.steady_s() == 3.0
+
+
+def test_a_kernel_that_refuses_the_resident_reset_is_said_not_raised(tmp_path, monkeypatch):
+    from prvr.harness.profiling import rehearsal
+
+    monkeypatch.setattr(rehearsal, "CLEAR_REFS", tmp_path / "missing" / "clear_refs")  # as under gVisor
+    assert rehearsal._reset_peak(torch.device("cpu")) is False
+    monkeypatch.setattr(rehearsal, "CLEAR_REFS", tmp_path / "clear_refs")
+    assert rehearsal._reset_peak(torch.device("cpu")) is True
 
 
 def test_the_anonymous_peak_sees_an_allocation_and_starts_again_on_reset():

@@ -35,13 +35,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
+
 from prvr.datasets.real.export import export
 from prvr.harness import progress
 from prvr.harness.build import build_run
 from prvr.harness.config import resolve
+from prvr.harness.devices import device_name
 from prvr.harness.io import UserError, atomic_path, ensure_dir, read_json, write_json
 from prvr.harness.profiling.subjects import subjects
-from prvr.harness.profiling.training import StopAfter, _sync, timed_epoch
+from prvr.harness.profiling.training import StepClock, StopAfter, _sync, timed_epoch
 from prvr.harness.records import provenance
 from prvr.harness.registry import DATASETS
 
@@ -154,8 +157,6 @@ def run_phase(job: dict[str, Any]) -> Phase:
 
 # ------------------------------------------------------------------ the child process
 def _child(job: dict[str, Any]) -> Phase:
-    import torch
-
     progress.set_enabled(False)
     if job.get("threads"):
         torch.set_num_threads(job["threads"])
@@ -202,28 +203,33 @@ def _method(job: dict[str, Any], work: Path) -> dict[str, Any]:
     cfg = subject.cfg
     t0 = time.perf_counter()
     run = build_run(cfg)
-    trainer = run.trainer(work / "ckpt" / job["method"], [StopAfter(job["batches"])])
+    clock = StepClock()  # before StopAfter, which ends the epoch at its last step
+    trainer = run.trainer(work / "ckpt" / job["method"], [clock, StopAfter(job["batches"])])
     built = time.perf_counter() - t0
     rss_before, build_peak, build_anon = _rss_mb(), _peak_rss_mb(), ANON.peak_mb()
     # once per run, before its first epoch: the training split's features processed (what fits
     # in RAM is kept: datasets/loader.py) and the loader's workers started
-    _reset_peak()
+    device = trainer.device
+    resettable = _reset_peak(device)
     start = time.perf_counter()
     trainer.epoch_loader()
     prepare_s, prepare_peak, prepare_anon = time.perf_counter() - start, _peak_rss_mb(), ANON.peak_mb()
     kept = trainer.batchers["train"].kept
-    _reset_peak()
-    seconds = timed_epoch(trainer)
-    per_batch = seconds / job["batches"]
+    _reset_peak(device)
+    timed_epoch(trainer)
+    per_batch = clock.steady_s()
     out = {"build_s": round(built, 1), "build_peak_mb": build_peak, "build_anon_mb": build_anon,
            "rss_after_build_mb": round(rss_before),
            "prepare_s": round(prepare_s, 1), "prepare_peak_mb": prepare_peak,
            "train_kept": "+".join(k for k in ("clips", "tokens", "frames") if getattr(kept, k, None) is not None)
            or "none",
            "prepare_anon_mb": prepare_anon, "train_peak_mb": _peak_rss_mb(), "train_anon_mb": ANON.peak_mb(),
-           "batches": job["batches"],
+           **{f"train_{k}": v for k, v in _gpu_peak_mb(device).items()},
+           "batches": job["batches"], "first_batch_s": round(clock.first_s(), 2),
            "epoch_batches": trainer.steps_per_epoch, "s_per_batch": round(per_batch, 2),
-           "epoch_s_extrapolated": round(per_batch * trainer.steps_per_epoch), "device": str(trainer.device)}
+           "epoch_s_extrapolated": round(per_batch * trainer.steps_per_epoch), "device": device_name(device)}
+    if not resettable:
+        out["resident_peak"] = "since the process started (the kernel refused its reset)"
     # the detector's per-epoch work once its warm-up is over (ARL: the pass over the training
     # split); at epoch 0 it may not run yet, so it is timed at a late epoch and added to the epoch
     start = time.perf_counter()
@@ -232,12 +238,12 @@ def _method(job: dict[str, Any], work: Path) -> dict[str, Any]:
     out["detector_pass_s"] = round(time.perf_counter() - start, 1)
     out["epoch_s_extrapolated"] = round(per_batch * trainer.steps_per_epoch + out["detector_pass_s"])
     if job.get("eval"):
-        _reset_peak()
+        _reset_peak(device)
         start = time.perf_counter()
         val = trainer.evaluate("val")
-        _sync(trainer.device)
+        _sync(device)
         out.update(eval_val_s=round(time.perf_counter() - start, 1), eval_peak_mb=_peak_rss_mb(),
-                   eval_anon_mb=ANON.peak_mb(),
+                   eval_anon_mb=ANON.peak_mb(), **{f"eval_{k}": v for k, v in _gpu_peak_mb(device).items()},
                    val_queries=int(val["n"]), val_videos=run.data["val"].num_videos)
     return out
 
@@ -278,14 +284,32 @@ def _peak_rss_mb() -> float:
     return round(_status_kb("VmHWM") / 1024)
 
 
-def _reset_peak() -> None:
-    """Start a new peak window, resident (Linux: VmHWM reset through /proc/self/clear_refs) and
-    anonymous."""
-    Path("/proc/self/clear_refs").write_text("5")
+def _reset_peak(device: torch.device | None = None) -> bool:
+    """Start a new peak window: resident (Linux: VmHWM reset through /proc/self/clear_refs),
+    anonymous, and the device's allocator peak on CUDA. False where the kernel refuses the
+    resident reset (some sandboxed kernels, e.g. gVisor): the resident peak is then the
+    process's own since it started, which the phase's figures say (`resident_peak`)."""
     ANON.reset()
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    try:
+        CLEAR_REFS.write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+def _gpu_peak_mb(device: torch.device) -> dict[str, float]:
+    """{'gpu_mb': the allocator's peak since the last reset} on CUDA, {} elsewhere."""
+    if device.type != "cuda":
+        return {}
+    torch.cuda.synchronize(device)
+    return {"gpu_mb": round(torch.cuda.max_memory_allocated(device) / 2**20)}
 
 
 ANON_EVERY_S = 0.05
+CLEAR_REFS = Path("/proc/self/clear_refs")  # "5" resets VmHWM (Linux 4.0+)
 
 
 class AnonPeak:
@@ -385,20 +409,24 @@ def render(phases: list[Phase], header: str) -> str:
     if methods:
         lines += ["", "Per method (one fresh process each): the run's one-time preparation (the training split's "
                   "features processed, what fits in RAM kept), then the first training batches timed and the epoch "
-                  "extrapolated from them (s / batch x batches of an epoch + the detector's per-epoch pass), then "
+                  "extrapolated from them (s / batch x batches of an epoch + the detector's per-epoch pass; s / batch "
+                  "leaves out the first batch, which holds the one-time warm-ups, where three or more were timed), then "
                   "one val evaluation (its first: the val batches are made then and reused by later epochs). Peak "
                   "resident counts the mapped feature files' pages the kernel can drop; peak anonymous (sampled "
                   "every 50 ms; blank where measured before it) is what must stay in RAM:", "",
-                  "| method | prepare (s), kept | timed batches | s / batch | epoch (s, extrapolated) "
-                  "| detector's per-epoch pass (s) | val eval (s) | peak resident (MB): build / prepare / train / eval "
-                  "| peak anonymous (MB): build / prepare / train / eval |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "| method | device | prepare (s), kept | timed batches | first batch (s) | s / batch "
+                  "| epoch (s, extrapolated) | detector's per-epoch pass (s) | val eval (s) "
+                  "| peak resident (MB): build / prepare / train / eval "
+                  "| peak anonymous (MB): build / prepare / train / eval | peak GPU (MB): train / eval |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for p in methods:
             f = p.figures
-            lines.append(f"| {p.name.removeprefix('method ')} | {f['prepare_s']}, {f['train_kept']} | "
-                         f"{f['batches']} of {f['epoch_batches']} | {f['s_per_batch']} | {f['epoch_s_extrapolated']:,} | "
+            gpu = " / ".join(_thousands(f.get(k)) for k in ("train_gpu_mb", "eval_gpu_mb")) if "train_gpu_mb" in f else ""
+            lines.append(f"| {p.name.removeprefix('method ')} | {f.get('device', '')} | {f['prepare_s']}, "
+                         f"{f['train_kept']} | {f['batches']} of {f['epoch_batches']} | {f.get('first_batch_s', '')} | "
+                         f"{f['s_per_batch']} | {f['epoch_s_extrapolated']:,} | "
                          f"{f.get('detector_pass_s', '')} | {f.get('eval_val_s', '')} | {_per_window(f, 'peak')} | "
-                         f"{_per_window(f, 'anon') if 'train_anon_mb' in f else ''} |")
+                         f"{_per_window(f, 'anon') if 'train_anon_mb' in f else ''} | {gpu} |")
     return "\n".join(lines) + "\n"
 
 

@@ -102,6 +102,39 @@ class StopAfter:
         pass
 
 
+class StepClock:
+    """Trainer hook: the wall time at the end of each optimisation step, from the epoch's start
+    (the detector's epoch-start work excluded). On CUDA it waits for the device at each step, so
+    each end holds that step's queued work; the timed window pays that wait too."""
+
+    def __init__(self) -> None:
+        self.start = 0.0
+        self.ends: list[float] = []
+
+    def on_epoch_start(self, trainer, epoch: int) -> None:
+        self.start, self.ends = time.perf_counter(), []
+
+    def on_step(self, trainer, step: int, out: dict) -> None:
+        _sync(trainer.device)
+        self.ends.append(time.perf_counter())
+
+    def on_epoch_end(self, trainer, epoch: int, summary: dict) -> None:
+        pass
+
+    def first_s(self) -> float:
+        """Seconds of the first batch: the loader's start and one-time warm-ups (CUDA's context,
+        its kernels' first launches, cuBLAS's handles) fall in it."""
+        return self.ends[0] - self.start
+
+    def steady_s(self) -> float:
+        """Seconds per batch after the first where three or more were timed, else over all of them
+        (two batches cannot tell the first's warm-up from the step)."""
+        n = len(self.ends)
+        if n >= 3:
+            return (self.ends[-1] - self.ends[0]) / (n - 1)
+        return (self.ends[-1] - self.start) / n
+
+
 def profile_epoch(subject: Subject, max_batches: int | None = None) -> EpochProfile:
     """Train one epoch of `subject` (or its first `max_batches` batches) on its config's dataset."""
     cfg = subject.cfg
