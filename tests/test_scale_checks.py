@@ -5,6 +5,8 @@ GPU or a day of CPU is spent on them."""
 
 import csv
 import json
+import subprocess
+import sys
 
 import torch
 
@@ -58,21 +60,34 @@ class _FakePytest:
         self.out, self.returncode = self.answers[self.k]
 
     def communicate(self):
+        self.runs.append(f"waited {self.k}")
         return f"....\n{self.out}\n", None
 
 
 def test_cuda_tests_run_in_two_background_halves_and_come_back_as_the_first_row(tmp_path, monkeypatch):
-    """gpu-check starts `pytest -m cuda` (the compile test apart) before the functional rows and
-    waits for it before the timing rows; one row, first in the table, both halves' output kept."""
+    """gpu-check starts `pytest -m cuda` (the compile test apart, niced) and the timing rows'
+    world before the functional rows; the timing rows wait for the other CUDA tests and the world,
+    not for the compile test; one row, first in the table, both halves' output kept."""
     _FakePytest.runs = []
     real = gpu_check.subprocess.Popen
     monkeypatch.setattr(gpu_check.subprocess, "Popen",  # git and the other commands: the real ones
                         lambda cmd, **kw: _FakePytest(cmd, **kw) if "pytest" in cmd else real(cmd, **kw))
-    monkeypatch.setattr(gpu_check, "precision_rows", lambda device: iter(()))  # timing rows: not here
+    world = real([sys.executable, "-c", "pass"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    monkeypatch.setattr(gpu_check, "make_world", lambda dataset: _FakePytest.runs.append(dataset) or world)
+
+    def timing_rows(device):
+        _FakePytest.runs.append("timing rows")
+        return iter(())
+
+    monkeypatch.setattr(gpu_check, "precision_rows", timing_rows)  # timing rows: not here
     monkeypatch.setattr(gpu_check, "evaluator_row", lambda device, quick: gpu_check.Row("evaluator", "not here"))
     monkeypatch.setattr(gpu_check, "profile_row", lambda device, out: gpu_check.Row("profile", "skipped here"))
     assert main(["gpu-check", "--device", "cpu", "--method", "baseline", "--out", str(tmp_path), "--quiet"]) == 0
-    assert sorted(cmd[cmd.index("-k") + 1] for cmd in _FakePytest.runs) == ["compile", "not compile"]
+    started = [r for r in _FakePytest.runs if isinstance(r, list)]
+    assert sorted(cmd[cmd.index("-k") + 1] for cmd in started) == ["compile", "not compile"]
+    events = [r for r in _FakePytest.runs if isinstance(r, str)]
+    assert events == ["sim-tvr", "waited not compile", "timing rows", "waited compile"]
+    assert world.returncode == 0  # waited for before the timing rows
     rows = json.loads((tmp_path / "gpu-check.json").read_text())
     assert rows[0]["check"] == "pytest -m cuda" and rows[0]["ok"]
     assert "the compile test: 1 passed in 70.00s" in rows[0]["result"]
@@ -80,6 +95,20 @@ def test_cuda_tests_run_in_two_background_halves_and_come_back_as_the_first_row(
     assert [r["check"] for r in rows][-1] == "profile" and len(rows) == 7
     log = (tmp_path / "pytest-cuda.log").read_text()
     assert "-k 'compile'" in log and "-k 'not compile'" in log and "17 passed" in log
+
+
+def test_the_world_made_in_the_background_is_the_cache_a_run_reads(tmp_path, monkeypatch, capsys):
+    from prvr.harness import progress
+
+    monkeypatch.setenv("PRVR_CACHE", str(tmp_path / "cache"))
+    proc = gpu_check.make_world("sim-tiny")
+    gpu_check.joined(proc, "the sim-tiny world")
+    assert proc.returncode == 0 and any(p.is_file() for p in (tmp_path / "cache").rglob("*"))
+    monkeypatch.setattr(progress, "_enabled", True)
+    failing = subprocess.Popen([sys.executable, "-c", "raise SystemExit('no room left')"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    gpu_check.joined(failing, "a helper")  # one line, not an exception: the row that needs it tries itself
+    assert "a helper in the background failed (no room left)" in capsys.readouterr().err
 
 
 def test_a_failing_cuda_test_half_fails_the_row(tmp_path, monkeypatch):

@@ -1,21 +1,25 @@
 """`prvr-bench gpu-check` (`nox -s gpu`): every GPU check in one short run, one table.
 
-Rows: the CUDA tests (`pytest -m cuda`, in the background beside the functional rows, waited
-for before the timing rows); every registered method one epoch on sim-tiny on the
+Rows: the CUDA tests (`pytest -m cuda`, in the background: the compile test in a niced
+process of its own beside every other row, since compiling is CPU work; the other CUDA tests
+beside the functional rows and waited for before the timing rows); every registered method
+one epoch on sim-tiny on the
 device (seconds, peak device memory, test SumR); `evaluate --parts` and `--noise-levels` on
 one of those records; a run killed after an epoch and resumed against the uninterrupted run
 (`train.deterministic=true`: equal metrics); the evaluator at the TVR test shape; one
 sim-tvr epoch of the baseline under each precision and with deterministic kernels (their
 cost); and the profile's device rows (runtime per query, training epoch) in OUT/profile/.
 
-Written to OUT/gpu-check.md and .json. Meant for a GPU (`--device cuda`, about 3 minutes on
-one H100-class card); `--device cpu --quick` checks the command itself (the test suite does).
+Written to OUT/gpu-check.md and .json. Meant for a GPU (`--device cuda`; 217 and 256 s on an
+H100 before the timing rows stopped waiting for the compile test, docs/gpu.md); `--device cpu
+--quick` checks the command itself (the test suite does).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -75,10 +79,14 @@ def cmd_gpu_check(args: argparse.Namespace) -> None:
 
     with tempfile.TemporaryDirectory(prefix="prvr-gpu-check-") as tmp:
         work = Path(tmp)
-        # the CUDA tests run beside the functional rows (their seconds are then not costs) and
-        # are waited for before the timing rows, which run alone: the check's wall time is
-        # about the tests' instead of their sum (the compile test alone is a minute of it)
+        # the CUDA tests run beside the functional rows (their seconds are then not costs). The
+        # timing rows wait for the other CUDA tests but not for the compile test: that is 1.5
+        # minutes of compiling on the CPU (niced, one of the machine's cores at a time) with a
+        # few GPU steps, and waiting for it left the GPU idle for a minute and a half (the H100
+        # run of 2026-11-27: tests 111 s, functional rows ~30 s, timing rows 144 s after them)
         tests = None if args.quick or args.skip_tests else CudaTests(Path(out) / "pytest-cuda.log")
+        # the sim-tvr world of the timing rows made meanwhile (about 10 s of the first row's)
+        world = None if args.quick else make_world("sim-tvr")
         methods = args.method or METHODS.names()
         for m in methods:
             add(epoch_row(m, device, work))
@@ -89,11 +97,15 @@ def cmd_gpu_check(args: argparse.Namespace) -> None:
         add(resume_row(device, work))
         add(evaluator_row(device, args.quick))
         if tests is not None:
-            rows.insert(0, tests.wait())
+            tests.wait(OTHER_TESTS)
+        if world is not None:
+            joined(world, "the sim-tvr world")
         if not args.quick:
             for row in precision_rows(device):
                 add(row)
             add(profile_row(device, Path(out) / "profile"))
+        if tests is not None:
+            rows.insert(0, tests.wait())
     text = write_table(rows, device, time.perf_counter() - start, Path(out))
     print(text)
     failed = [r.check for r in rows if not r.ok]
@@ -145,7 +157,8 @@ def _cfg(method: str, dataset: str, device: torch.device, extra: list[str]):
 # the compile test apart from the others: both halves at once, so the tests take about the
 # compile test's time (tests/test_cuda.py::test_tf32_and_compile_train_on_cuda, 71 of 92 s on an H100)
 COMPILE_TEST = "compile"
-TEST_HALVES = (("the compile test", COMPILE_TEST), ("the other CUDA tests", f"not {COMPILE_TEST}"))
+OTHER_TESTS = f"not {COMPILE_TEST}"
+TEST_HALVES = (("the compile test", COMPILE_TEST), ("the other CUDA tests", OTHER_TESTS))
 
 
 class CudaTests:
@@ -155,23 +168,53 @@ class CudaTests:
     def __init__(self, log: Path) -> None:
         progress.log("gpu-check: pytest -m cuda (in the background)")
         self.log, self.start = log, time.perf_counter()
-        self.procs = [subprocess.Popen([sys.executable, "-m", "pytest", "-m", "cuda", "-k", k, "-q", "-rfEX",
-                                        "--durations=8", "-p", "no:cacheprovider"],
-                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                      for _, k in TEST_HALVES]
+        self.procs = {k: subprocess.Popen([sys.executable, "-m", "pytest", "-m", "cuda", "-k", k, "-q", "-rfEX",
+                                           "--durations=8", "-p", "no:cacheprovider"],
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                          preexec_fn=_niced if k == COMPILE_TEST else None)
+                      for _, k in TEST_HALVES}
+        self.outputs: dict[str, str] = {}
 
-    def wait(self) -> Row:
-        outputs = [proc.communicate()[0] for proc in self.procs]
+    def wait(self, *halves: str) -> Row:
+        """Wait for the named halves (`-k` expressions; all when none); the row once all are done."""
+        for k in halves or self.procs:
+            if k not in self.outputs:
+                self.outputs[k] = self.procs[k].communicate()[0]
         seconds = time.perf_counter() - self.start
+        outputs = [self.outputs.get(k, "") for _, k in TEST_HALVES]
+        procs = [self.procs[k] for _, k in TEST_HALVES]
         with atomic_path(self.log) as tmp:
             Path(tmp).write_text("".join(f"# pytest -m cuda -k '{k}' ({name})\n{text}\n"
                                          for (name, k), text in zip(TEST_HALVES, outputs)), encoding="utf-8")
         tails = [(text.strip().splitlines() or ["(no output)"])[-1] for text in outputs]
-        codes = [proc.returncode for proc in self.procs]
+        codes = [proc.returncode for proc in procs]
         ok = all(c in (0, 5) for c in codes) and 0 in codes  # 5: a half collected nothing; not both
         result = "; ".join(f"{name}: {tail}" for (name, _), tail in zip(TEST_HALVES, tails))
         return Row("pytest -m cuda", f"{result} (output in {self.log.name}; beside the rows up to the evaluator's)",
                    seconds, float("nan"), ok)
+
+
+def _niced() -> None:
+    """In the compile test's process, before it starts: below the check's own rows for the CPU."""
+    os.nice(10)
+
+
+def make_world(dataset: str) -> subprocess.Popen:
+    """A process that makes the dataset's cache (generates the world where simulated) as the
+    baseline's run would load it: a process, so that nothing it seeds or sets reaches the rows."""
+    code = ("from prvr.harness.config import resolve; from prvr.harness.registry import DATASETS; "
+            f"DATASETS.get({dataset!r}).load(resolve('baseline', {dataset!r}, 0, []))")
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def joined(proc: subprocess.Popen, what: str) -> None:
+    """Wait for a background helper; where it failed, one line says so (the row that needed it
+    then does the work itself, and fails as a row if the work fails)."""
+    err = proc.communicate()[1]
+    if proc.returncode:
+        last = (err.strip().splitlines() or ["(no output)"])[-1]
+        progress.log(f"gpu-check: {what} in the background failed ({last}); the row that needs it makes it")
 
 
 def epoch_row(method: str, device: torch.device, work: Path) -> Row:
