@@ -84,12 +84,14 @@ class TrainBatch(_Tensors):
     moments: torch.Tensor | None = None  # [Q, 2] float seconds of each query's labelled moment, NaN where unknown
 
     def _describe(self, moved: Any) -> None:
-        """And whether every batch video has a labelled query (the one-to-one labels then have
-        a positive in every column; methods/relations/base.py)."""
+        """And the labelled videos' columns, with whether every batch video has a labelled query
+        (the one-to-one labels then have a positive in every column; methods/relations/base.py)."""
         super()._describe(moved)
         item, videos = self.query_item, self.videos.frames.shape[0]
-        if item.device.type == "cpu" and torch.unique(item).numel() == videos:
-            masks.describe(moved.query_item, covers=videos)
+        if item.device.type == "cpu":
+            masks.describe_values(item, moved.query_item)  # RAL's support sets size themselves from them
+            if torch.unique(item).numel() == videos:
+                masks.describe(moved.query_item, covers=videos)
 
 
 def _map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:

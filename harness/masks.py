@@ -29,6 +29,8 @@ class Known:
     rows: bool | None = None  # 2-D bool mask: every row holds a True (mask.any(1).all())
     cols: bool | None = None  # 2-D bool mask: every column holds a True (mask.any(0).all())
     covers: int | None = None  # integer tensor: its values include every integer in [0, covers)
+    lengths: tuple[int, ...] | None = None  # 2-D bool mask: each row's count of True entries
+    values: tuple[int, ...] | None = None  # 1-D integer tensor: its values
 
 
 def known(t: torch.Tensor) -> Known:
@@ -62,15 +64,24 @@ def describe_from_host(host: torch.Tensor, device_mask: torch.Tensor) -> torch.T
         index = index.pin_memory()  # an asynchronous copy; from pageable memory the copy would wait for the GPU
     facts = {"index": index.to(device_mask.device, non_blocking=True), "all_true": all_true}
     if host.dim() == 2:
-        facts.update(rows=bool(host.any(1).all()), cols=bool(host.any(0).all()))
+        facts.update(rows=bool(host.any(1).all()), cols=bool(host.any(0).all()), lengths=tuple(host.sum(1).tolist()))
     return describe(device_mask, **facts)
+
+
+def describe_values(host: torch.Tensor, device_copy: torch.Tensor) -> torch.Tensor:
+    """Attach to `device_copy` (a copy of the 1-D CPU integer tensor `host`) its values."""
+    return describe(device_copy, values=tuple(host.tolist()))
 
 
 def true_index(mask: torch.Tensor) -> torch.Tensor:
     """Flat positions of the True entries of `mask`, ascending: `mask.flatten().nonzero()[:, 0]`."""
-    index = known(mask).index
+    facts = known(mask)
+    index = facts.index
+    if index is None and facts.all_true:
+        index = torch.arange(mask.numel(), device=mask.device)
     if index is None:
         index = mask.flatten().nonzero().squeeze(1)  # asks the device
+    if facts.index is None:
         describe(mask, index=index)
     return index
 
@@ -100,3 +111,21 @@ def covered(mask: torch.Tensor, dim: int) -> bool | None:
     if facts.all_true and mask.numel() > 0:
         return True
     return facts.rows if dim == 1 else facts.cols if dim == 0 else None
+
+
+def largest_group(mask: torch.Tensor, groups: torch.Tensor, num_groups: int) -> int:
+    """The most True entries of one group's rows of a 2-D mask, row r in group groups[r] (in
+    [0, num_groups)): `int(zeros(num_groups).index_add_(0, groups, mask.sum(1)).max())`, 0
+    without groups. Counted on the host where the mask's row lengths (or that it is all true)
+    and the groups' values are known; else asks the device once."""
+    if num_groups == 0:
+        return 0
+    facts, values = known(mask), known(groups).values
+    lengths = facts.lengths if facts.lengths is not None else (mask.shape[1],) * mask.shape[0] if facts.all_true else None
+    if lengths is not None and values is not None:
+        totals = [0] * num_groups
+        for group, length in zip(values, lengths, strict=True):
+            totals[group] += length
+        return max(totals)
+    per_group = torch.zeros(num_groups, dtype=torch.long, device=mask.device)
+    return int(per_group.index_add_(0, groups, mask.sum(1)).max())  # asks the device

@@ -114,6 +114,30 @@ def test_mean_where_is_the_masked_mean():
     assert mean_where(x, torch.zeros(6, dtype=torch.bool), None, x) == 0
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_the_largest_group_from_the_host_is_the_devices_answer(seed):
+    """RAL's support-set capacity counted on the host from the described row lengths and
+    groups, or from an all-true mask, equals the device's count; undescribed, it asks."""
+    g = torch.Generator().manual_seed(seed)
+    rows, cols, groups = (int(v) for v in torch.randint(1, 12, (3,), generator=g))
+    host_mask = torch.rand(rows, cols, generator=g) < torch.rand(1, generator=g)
+    host_groups = torch.randint(0, groups, (rows,), generator=g)
+    naive = int(torch.zeros(groups, dtype=torch.long).index_add_(0, host_groups, host_mask.sum(1)).max())
+    mask, group_of = host_mask.clone(), host_groups.clone()  # "device" copies, described from the host
+    masks.describe_from_host(host_mask, mask)
+    masks.describe_values(host_groups, group_of)
+    every = masks.describe(torch.ones(rows, cols, dtype=torch.bool), all_true=True)
+    with DeviceReads() as reads:  # answered from the facts: nothing asked
+        got, got_every, every_index = (masks.largest_group(mask, group_of, groups),
+                                       masks.largest_group(every, group_of, groups), masks.true_index(every))
+    assert not reads.where
+    assert got == naive
+    assert got_every == int(torch.zeros(groups, dtype=torch.long).index_add_(0, host_groups, every.sum(1)).max())
+    assert torch.equal(every_index, every.flatten().nonzero().squeeze(1))
+    assert masks.largest_group(host_mask.clone(), host_groups.clone(), groups) == naive  # undescribed: asks
+    assert masks.largest_group(mask, group_of, 0) == 0
+
+
 # ----------------------------------------------------------------------------- the steps
 ATEN = torch.ops.aten
 ASKS = {ATEN._local_scalar_dense.default, ATEN.nonzero.default, ATEN.masked_select.default,
@@ -129,8 +153,6 @@ ELSEWHERE: dict[str, str] = {}  # (baseline's and ARL's frame maps now go throug
 INHERENT = {"hungarian_pairs": "GMMFormer v2's matching is solved on the host (scipy linear_sum_assignment)",
             "hungarian_matching": "and its pairs copied back to the device, one copy per step"}
 NOT_YET = {  # function -> why its step still reads the device: each a fix left to do (docs/profiling.md)
-    "support_sets": "RAL's query support sets: the longest set is read on the host, the tokens placed with nonzero",
-    "proxy_matching": "RAL's L_PM keeps the videos with a paired text by a boolean index",
     "localization_terms": "XML's span losses select the labelled and ambiguous pairs by boolean indexing",
     "pos_over_neg": "XML's ranking loss finds its positive pairs with nonzero where the mask is not described (SL)",
 }
@@ -198,8 +220,15 @@ def _explained(where: str, allowed: set[str]) -> bool:
             or where.split(" ")[-1] in INHERENT)
 
 
+VARIANTS = {"code": ["ral.pool_padding=code"], "query": ["loss.text_source=query"]}  # RAL's other support-set paths
+
+
 def _trainer(method: str, device: str | None = None):
+    """`method`, `method@backbone`, or `method@backbone~variant` (VARIANTS)."""
+    name, _, variant = method.partition("~")
+    method, _, backbone = name.partition("@")
     overrides = ["loss.warmup_epochs=0"] if method == "arl" else []  # its detector active from the first step
+    overrides += [f"backbone={backbone}"] * bool(backbone) + VARIANTS.get(variant, [])
     if device:
         overrides.append(f"train.device={device}")
     trainer = build_run(resolve(method, "sim-tiny", 0, overrides)).trainer("unused")
@@ -214,7 +243,8 @@ def _step_batch(trainer, videos):
     return (batch.pin_memory() if trainer.device.type == "cuda" else batch).to(trainer.device)
 
 
-@pytest.mark.parametrize("method", ["baseline", "msl", "gmmformer", "gmmformer2", "arl", "ral", "xml", "xml-sl"])
+@pytest.mark.parametrize("method", ["baseline", "msl", "gmmformer", "gmmformer2", "arl", "ral", "ral@msl",
+                                    "ral@gmmformer", "ral@msl~code", "ral@gmmformer~query", "xml", "xml-sl"])
 def test_a_training_step_asks_the_device_nothing_it_knows_cpu_proxy(method):
     trainer, batches = _trainer(method, "cpu")
     trainer.train_step(_step_batch(trainer, batches[0]), 0, 0)  # warm-up
@@ -244,7 +274,7 @@ def _syncs(fn) -> list[str]:
 
 STILL_SYNCS = {  # method -> why its step still syncs (not in this suite's data path or losses)
     "gmmformer2": "GMMFormer v2's Hungarian matching solves on the host (scipy): inherent",
-    "ral": NOT_YET["support_sets"] + "; " + NOT_YET["proxy_matching"],
+    "ral": "RAL on GMMFormer v2: its backbone's " + INHERENT["hungarian_pairs"],
     "xml": NOT_YET["localization_terms"],
 }
 
@@ -253,7 +283,7 @@ STILL_SYNCS = {  # method -> why its step still syncs (not in this suite's data 
 @pytest.mark.parametrize("method", [
     pytest.param(m, marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=STILL_SYNCS[m]))
     if m in STILL_SYNCS else m
-    for m in ["baseline", "msl", "gmmformer", "gmmformer2", "arl", "ral", "xml"]])
+    for m in ["baseline", "msl", "gmmformer", "gmmformer2", "arl", "ral", "ral@msl", "ral@gmmformer", "xml"]])
 def test_training_steps_do_not_sync_with_the_gpu(method, on_cuda):
     trainer, batches = _trainer(method)
     assert trainer.device.type == "cuda"

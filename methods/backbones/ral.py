@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from prvr.harness import masks
 from prvr.harness.batches import QueryBatch, VideoBatch
 from prvr.harness.contract import Backbone, Encoded, OnDemand, Scores
 from prvr.harness.io import UserError
@@ -254,7 +255,7 @@ def support_sets(tokens: torch.Tensor, mask: torch.Tensor, video_of_query: torch
     capacity S is the batch's longest set, not a fixed count."""
     lengths = mask.sum(-1)
     per_video = torch.zeros(num_videos, dtype=torch.long, device=tokens.device).index_add_(0, video_of_query, lengths)
-    longest = int(per_video.max()) if num_videos else 0
+    longest = masks.largest_group(mask, video_of_query, num_videos)  # from the host's facts where known
     out = tokens.new_zeros((num_videos, max(longest, 1), tokens.shape[-1]))
     out_mask = torch.zeros((num_videos, max(longest, 1)), dtype=torch.bool, device=tokens.device)
     # each query's first slot in its video's set: the lengths of the video's earlier queries
@@ -264,9 +265,10 @@ def support_sets(tokens: torch.Tensor, mask: torch.Tensor, video_of_query: torch
     start = torch.empty_like(lengths)
     start[order] = ends - lengths[order] - first_of_video[video_of_query[order]]
     slot = start[:, None] + torch.cumsum(mask.long(), 1) - 1  # [Q, L]: a real token's place in its set
-    q_idx, t_idx = mask.nonzero(as_tuple=True)
-    out[video_of_query[q_idx], slot[q_idx, t_idx]] = tokens[q_idx, t_idx]
-    out_mask[video_of_query[q_idx], slot[q_idx, t_idx]] = True
+    q_idx, t_idx = masks.true_pairs(mask)
+    place = (video_of_query[q_idx], slot[q_idx, t_idx])
+    out[place] = tokens[q_idx, t_idx]
+    out_mask[place] = torch.ones_like(q_idx, dtype=torch.bool)  # not `= True`: a host scalar copied to the GPU
     return out, out_mask
 
 
@@ -464,7 +466,8 @@ class RalModel(nn.Module):
             frames = frames.detach()
         num_videos = frames.shape[0]
         support = loss.text_source == "support"
-        video_of_text = torch.arange(num_videos, device=frames.device) if support else video_of_query
+        video_of_text = (masks.describe(torch.arange(num_videos, device=frames.device), covers=num_videos) if support
+                         else video_of_query)
         masked = self.settings.pool_padding == "masked"  # attention over the real rows only
         if not support:
             mu_t, ls_t = self.query_gaussians(tokens, tmask)
@@ -476,7 +479,8 @@ class RalModel(nn.Module):
             # capacity, and those zero rows join the softmax. The real-token mask rides along as
             # one more channel, so the sets are laid out once
             packed = torch.cat([tokens, tmask[..., None].to(tokens.dtype)], -1)
-            packed, attend_t = support_sets(packed, torch.ones_like(tmask), video_of_query, num_videos)
+            every_row = masks.describe(torch.ones_like(tmask), all_true=True)
+            packed, attend_t = support_sets(packed, every_row, video_of_query, num_videos)
             zeros_t = (self.settings.support_capacity * tokens.shape[1] - attend_t.sum(1)).clamp_min(0)
             mu_t, ls_t = text_head(packed[..., :-1], packed[..., -1] > 0, attend_t, zeros_t)
         # the reference's padded rows: a video's frames zero-padded to max_frames join the softmax
