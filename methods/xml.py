@@ -155,6 +155,8 @@ class Segments:
     rows: torch.Tensor
     labelled: torch.Tensor
     own: torch.Tensor
+    video_of_query: torch.Tensor  # [Q] each query's labelled video column
+    moment_known: torch.Tensor  # [Q] bool: its labelled pair's moment is known (`labelled` at that column)
 
     @staticmethod
     def of(context, relations) -> "Segments | None":
@@ -172,9 +174,10 @@ class Segments:
         pair_rows = None if pair_moments is None else moment_rows(pair_moments, durations[None], lengths[None])
         rows = segment_rows(query_rows, of, len(durations), pair_rows)
         labelled = torch.zeros(rows.shape[:2], dtype=torch.bool, device=rows.device)
-        labelled[torch.arange(len(of), device=rows.device), of] = (query_rows >= 0).all(-1)
+        known = (query_rows >= 0).all(-1)
+        labelled[torch.arange(len(of), device=rows.device), of] = known
         own = torch.zeros_like(labelled) if pair_rows is None else (pair_rows >= 0).all(-1)
-        return Segments(rows, labelled, own)
+        return Segments(rows, labelled, own, of, known)
 
 
 def localization_terms(cfg: XMLLossConfig, w: Weights, s_vr: torch.Tensor, relations, confidence: torch.Tensor,
@@ -188,7 +191,10 @@ def localization_terms(cfg: XMLLossConfig, w: Weights, s_vr: torch.Tensor, relat
         return {**out, **({"vcmr_pos_neg": zero, "vcmr": zero} if w.vcmr > 0 else {})}
     start, end = context.outputs["extras"][SPAN_LOGITS]  # the step's, computed on this first reading
     amb = relations.ambiguous & seg.own
-    out = {"nll1": span_nll(start[seg.labelled], end[seg.labelled], seg.rows[seg.labelled])}
+    # each query's labelled pair by its column (an index the host holds), counted where its
+    # moment is known: the pairs and the order of `x[seg.labelled]`, without the boolean index
+    q, of = torch.arange(len(seg.video_of_query), device=start.device), seg.video_of_query
+    out = {"nll1": span_nll(start[q, of], end[q, of], seg.rows[q, of], valid=seg.moment_known)}
     if w.tl2 > 0:
         out["nll2"] = span_nll(start[amb], end[amb], seg.rows[amb], confidence[amb])
     if w.vcmr > 0:

@@ -153,7 +153,6 @@ ELSEWHERE: dict[str, str] = {}  # (baseline's and ARL's frame maps now go throug
 INHERENT = {"hungarian_pairs": "GMMFormer v2's matching is solved on the host (scipy linear_sum_assignment)",
             "hungarian_matching": "and its pairs copied back to the device, one copy per step"}
 NOT_YET = {  # function -> why its step still reads the device: each a fix left to do (docs/profiling.md)
-    "localization_terms": "XML's span losses select the labelled and ambiguous pairs by boolean indexing",
     "pos_over_neg": "XML's ranking loss finds its positive pairs with nonzero where the mask is not described (SL)",
 }
 HOST_COPIES = ("numpy", "tolist", "cpu")  # Tensor methods that copy a device tensor to the host
@@ -275,7 +274,6 @@ def _syncs(fn) -> list[str]:
 STILL_SYNCS = {  # method -> why its step still syncs (not in this suite's data path or losses)
     "gmmformer2": "GMMFormer v2's Hungarian matching solves on the host (scipy): inherent",
     "ral": "RAL on GMMFormer v2: its backbone's " + INHERENT["hungarian_pairs"],
-    "xml": NOT_YET["localization_terms"],
 }
 
 

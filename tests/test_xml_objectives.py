@@ -211,6 +211,28 @@ def test_vcmr_relevance_reads_the_logits_at_the_segment_floored_at_1e_minus_6():
 
 
 # ----------------------------------------------------------------------------- Eq. 16-17
+def test_span_nll_counts_the_valid_pairs_without_selecting_them():
+    """`valid` gives the mean over the valid pairs (the same number to the last bit where every
+    pair is valid), with finite gradients and none for the others, even a pair with no real row."""
+    g = torch.Generator().manual_seed(0)
+    start, end = torch.randn(5, 7, generator=g), torch.randn(5, 7, generator=g)
+    start[:, 6] = end[:, 6] = float("-inf")  # padding
+    rows = torch.sort(torch.randint(0, 6, (5, 2), generator=g), 1).values
+    every = torch.ones(5, dtype=torch.bool)
+    assert torch.equal(span_nll(start, end, rows, valid=every), span_nll(start, end, rows))
+    weight = torch.rand(5, generator=g)
+    assert torch.equal(span_nll(start, end, rows, weight, valid=every), span_nll(start, end, rows, weight))
+    valid = torch.tensor([True, False, True, True, False])
+    rows[~valid] = -1
+    start[1] = end[1] = float("-inf")  # a pair without a real row: not counted
+    start.requires_grad_()
+    got = span_nll(start, end, rows, valid=valid)
+    assert torch.allclose(got, span_nll(start[valid], end[valid], rows[valid]))
+    got.backward()
+    assert torch.isfinite(start.grad).all() and (start.grad[~valid] == 0).all()
+    assert span_nll(start, end, rows, valid=torch.zeros(5, dtype=torch.bool)).item() == 0.0
+
+
 def test_span_nll_hand_computed_and_confidence_weighted():
     inf = float("inf")
     start = torch.tensor([[0.0, math.log(2.0), -inf], [0.0, 0.0, 0.0]])  # P_st = [1/3, 2/3, 0]; uniform

@@ -171,14 +171,26 @@ def pos_at_least_rel(scores: torch.Tensor, positive: torch.Tensor, ambiguous: to
 
 @OBJECTIVES.register("xml-span-nll", "SBERT-PR Eq. 16-17: (confidence-weighted) NLL of the start and end rows")
 def span_nll(start_logits: torch.Tensor, end_logits: torch.Tensor, rows: torch.Tensor,
-             weight: torch.Tensor | None = None) -> torch.Tensor:
+             weight: torch.Tensor | None = None, valid: torch.Tensor | None = None) -> torch.Tensor:
     """-(1/P) sum_p w_p [log P_st(t_st) + log P_ed(t_ed)] over P pairs, P = softmax of the logits
     [P, T] over the real rows (padding logits -inf), rows [P, 2] (start, end). w = 1: NLL_1 over
     the labelled pairs (Eq. 16, XML's start/end cross-entropy); w = C: NLL_2 over the potentially
-    relevant pairs with their moment (Eq. 17, normalised by N_pairs). Zero without pairs."""
+    relevant pairs with their moment (Eq. 17, normalised by N_pairs). Zero without pairs.
+    `valid` [P] bool: count only these pairs (P then the count of valid ones), without selecting
+    them on the host; the others' rows may be -1."""
     if len(rows) == 0:
         return _zero(start_logits)
+    if valid is not None:  # the pairs not counted: finite logits and row 0, then weighted out
+        keep = valid[:, None]
+        start_logits, end_logits = torch.where(keep, start_logits, 0.0), torch.where(keep, end_logits, 0.0)
+        rows = torch.where(keep, rows, 0)
     log_st = start_logits.log_softmax(-1).gather(-1, rows[:, :1]).squeeze(-1)
     log_ed = end_logits.log_softmax(-1).gather(-1, rows[:, 1:]).squeeze(-1)
     nll = -(log_st + log_ed)
-    return (nll if weight is None else weight * nll).sum() / len(rows)
+    if weight is not None:
+        nll = weight * nll
+    if valid is None:
+        return nll.sum() / len(rows)
+    # x1.0 and +0.0 leave the counted terms' sum as it was: the same number as over the counted
+    # pairs alone where every pair counts (a sum's order is its elements'), no host read
+    return torch.where(valid, nll, 0.0).sum() / valid.sum().clamp(min=1)
