@@ -81,9 +81,9 @@ def cmd_gpu_check(args: argparse.Namespace) -> None:
         work = Path(tmp)
         # the CUDA tests run beside the functional rows (their seconds are then not costs). The
         # timing rows wait for the other CUDA tests but not for the compile test: that is 1.5
-        # minutes of compiling on the CPU (niced, one of the machine's cores at a time) with a
-        # few GPU steps, and waiting for it left the GPU idle for a minute and a half (the H100
-        # run of 2026-11-27: tests 111 s, functional rows ~30 s, timing rows 144 s after them)
+        # minutes of compiling on the CPU (niced below the rows) with a few GPU steps, and
+        # waiting for it left the GPU idle for a minute and a half (the H100 run of 2026-11-27:
+        # tests 111 s, functional rows ~30 s, timing rows 144 s after them)
         tests = None if args.quick or args.skip_tests else CudaTests(Path(out) / "pytest-cuda.log")
         # the sim-tvr world of the timing rows made meanwhile (about 10 s of the first row's)
         world = None if args.quick else make_world("sim-tvr")
@@ -190,8 +190,8 @@ class CudaTests:
         codes = [proc.returncode for proc in procs]
         ok = all(c in (0, 5) for c in codes) and 0 in codes  # 5: a half collected nothing; not both
         result = "; ".join(f"{name}: {tail}" for (name, _), tail in zip(TEST_HALVES, tails))
-        return Row("pytest -m cuda", f"{result} (output in {self.log.name}; beside the rows up to the evaluator's)",
-                   seconds, float("nan"), ok)
+        return Row("pytest -m cuda", f"{result} (output in {self.log.name}; the other CUDA tests beside the rows up "
+                   "to the evaluator's, the compile test beside every row)", seconds, float("nan"), ok)
 
 
 def _niced() -> None:
@@ -201,11 +201,11 @@ def _niced() -> None:
 
 def make_world(dataset: str) -> subprocess.Popen:
     """A process that makes the dataset's cache (generates the world where simulated) as the
-    baseline's run would load it: a process, so that nothing it seeds or sets reaches the rows."""
-    code = ("from prvr.harness.config import resolve; from prvr.harness.registry import DATASETS; "
-            f"DATASETS.get({dataset!r}).load(resolve('baseline', {dataset!r}, 0, []))")
-    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
+    baseline's run would load it (`bench --prepare-data`, which writes nothing else): a process,
+    so that nothing it seeds or sets reaches the rows."""
+    cmd = [sys.executable, "-m", "prvr.harness.cli", "bench", "--method", "baseline", "--dataset", dataset,
+           "--prepare-data", "--quiet"]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
 def joined(proc: subprocess.Popen, what: str) -> None:
