@@ -169,6 +169,11 @@ class SimConfig:
     # how many of the vocabulary's 60 actions the world's events use: few = a small, generic
     # vocabulary in which many queries of different moments read alike. 0 = all, as unnamed_prob
     actions_in_use: int = param(0, at_least(0))
+    # queries of one recurring event that are worded apart: this share of a combination's later
+    # queries take the paraphrase after its previous query's instead of their own draw, so two
+    # queries of one event seldom read alike word for word (real relevant pairs are worded apart:
+    # the text detector's recall falls off at high theta). 0 = off, as unnamed_prob
+    distinct_wording: float = param(0.0, PROBABILITY)
     scene_prob: float = param(0.3, PROBABILITY)  # queries that name the scene
     filler_rate: float = param(0.3, PROBABILITY)  # chance of each filler slot (uninformative words)
     mislabel_rate: float = param(0.0, PROBABILITY)  # noisy correspondence: training queries moved to a random video

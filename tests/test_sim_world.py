@@ -183,6 +183,35 @@ def test_a_small_vocabulary_draws_every_event_of_every_split_from_the_same_few_a
     assert "actions_in_use" not in world_knobs(tiny_sim()) and world_knobs(tiny_sim(actions_in_use=6))["actions_in_use"] == 6
 
 
+def test_queries_of_one_event_worded_apart_keep_their_relevance_and_change_only_their_paraphrase(tiny):
+    """`sim.distinct_wording`: at 1, each later query of a (character, action, object) combination
+    takes the paraphrase after the previous one's, so two in a row never share one where the
+    action has several; relevance and every other part of the spec are the knob-off world's
+    (the fillers drawn after a reworded query move with its length, as under unnamed_prob);
+    off, the world and its cache key are those of before the knob."""
+    from prvr.datasets.sim import world_knobs
+
+    d = generate("sim-tiny", tiny_sim(distinct_wording=1.0, repeat_prob=0.6, repeat_copies=3))
+    off = generate("sim-tiny", tiny_sim(repeat_prob=0.6, repeat_copies=3))
+    changed = 0
+    for name in ("train", "test"):
+        s, o = d[name], off[name]
+        assert (s.relevance != o.relevance).nnz == 0
+        spec, spec_off, events = s.extra["query_spec"], o.extra["query_spec"], s.extra["events"]
+        np.testing.assert_array_equal(spec[:, :4], spec_off[:, :4])
+        last: dict = {}
+        for q, (e, c, obj) in enumerate(spec[:, :3]):
+            action = int(events[e, world.EV_ACTION])
+            combo = (int(c), action, int(obj))
+            if combo in last:
+                assert spec[q, 4] == (last[combo] + 1) % lang.num_paraphrases(action)
+            last[combo] = spec[q, 4]
+        changed += int(np.sum(spec[:, 4] != spec_off[:, 4]))
+    assert changed > 0
+    assert "distinct_wording" not in world_knobs(tiny_sim())
+    assert world_knobs(tiny_sim(distinct_wording=0.5))["distinct_wording"] == 0.5
+
+
 def test_hidden_scene_queries_require_their_scene_without_naming_it(tiny):
     """`sim.hidden_scene_prob`: every relevant video of such a query is in the scene of its
     moment, and its text names no scene; the knob off draws nothing (the world before it)."""

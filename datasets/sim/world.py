@@ -213,6 +213,25 @@ def query_specs(cfg, events: np.ndarray, plan: VideoPlan, rng: np.random.Generat
     return specs
 
 
+def worded_apart(cfg, specs: np.ndarray, events: np.ndarray, split_code: int) -> None:
+    """`sim.distinct_wording` of the queries of a (character, action, object) combination after
+    its first take the paraphrase after the previous such query's (cycling through the action's
+    paraphrases) instead of their own draw; sets it in `specs`. Relevance does not read the
+    paraphrase, so only the text changes. Its draws come from a stream of their own, and none is
+    made when the knob is 0, so the worlds made before it are made the same."""
+    if cfg.distinct_wording <= 0:
+        return
+    rng = np.random.default_rng([cfg.seed, split_code, 13])
+    apart = rng.random(len(specs)) < cfg.distinct_wording
+    last: dict[tuple[int, int, int], int] = {}
+    for i, (e, c, o) in enumerate(specs[:, :3]):
+        action = int(events[e, EV_ACTION])
+        combo = (int(c), action, int(o))
+        if combo in last and apart[i]:
+            specs[i, 4] = (last[combo] + 1) % lang.num_paraphrases(action)
+        last[combo] = int(specs[i, 4])
+
+
 def hidden_scene(cfg, specs: np.ndarray, events: np.ndarray, plan: VideoPlan, rng: np.random.Generator) -> np.ndarray:
     """[Q] bool: the queries whose relevance requires the scene their moment is in while their
     text does not name it (`sim.hidden_scene_prob` of those that name no scene): texts alike,
@@ -305,6 +324,7 @@ def generate_split(cfg, concepts: Concepts, split: str, n_videos: int, prefix: s
     plan = plan_videos(cfg, n_videos, rng)
     events = build_events(cfg, plan, rng)
     specs = query_specs(cfg, events, plan, rng)
+    worded_apart(cfg, specs, events, SPLIT_CODES[split])
     hidden = hidden_scene(cfg, specs, events, plan, rng)
     relevance = relevance_matrix(specs, events, plan)
     unnamed = unnamed_text(cfg, specs, rng)
