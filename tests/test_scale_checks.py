@@ -149,6 +149,11 @@ def test_rehearsal_goes_from_world_to_export_to_real_loaders_to_an_epoch(tmp_pat
     after = json.loads((tmp_path / "rehearsal.json").read_text())
     assert after[:5] == before and [p["name"] for p in after[5:]] == ["method arl"]
     assert after[5]["figures"]["detector_pass_s"] >= 0 and "eval_val_s" not in after[5]["figures"]
+    # into a folder of its own (one setting against another on the same export): the method rows alone
+    apart = tmp_path / "apart"
+    assert main(["rehearse", "--scale", "tiny", "--method", "baseline", "--train-batches", "1", "--skip-eval", "--out",
+                 str(apart), "--work", str(work), "--only-methods", "--quiet", "--set", "train.precision=bf16"]) == 0
+    assert [p["name"] for p in json.loads((apart / "rehearsal.json").read_text())] == ["method baseline"]
 
 
 def test_the_step_clock_keeps_the_first_batch_apart_from_the_steady_ones():

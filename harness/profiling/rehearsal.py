@@ -369,8 +369,12 @@ CSV_FIELDS = ["phase", "seconds", "peak_rss_mb", "figure", "value"]
 
 
 def previous_phases(out: Path) -> list[Phase]:
-    """The phases of the rehearsal written in `out` before (rehearsal.json), each checked."""
+    """The phases of the rehearsal written in `out` before (rehearsal.json), each checked; none
+    where `out` holds none (a new folder for the method rows alone, e.g. one setting against
+    another on the same export)."""
     path = out / "rehearsal.json"
+    if not path.exists():
+        return []
     rows = read_json(path, "rehearsal file")
     # rows written before phases named their code: the revision in the header of the table they made
     header = re.search(r"\(git ([0-9a-f]{7,12})", (out / "rehearsal.md").read_text(encoding="utf-8")
