@@ -23,3 +23,19 @@ def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return f"cuda: {torch.cuda.get_device_name(device)}"
     return f"cpu ({torch.get_num_threads()} threads)"
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Start a new window of the CUDA allocator's peak, after the queued work (nothing elsewhere)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_mb(device: torch.device) -> float | None:
+    """The CUDA allocator's peak MB since `reset_peak_memory`, the queued work included; None
+    elsewhere (a CPU's peak is the process's, harness/profiling)."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) / 2**20

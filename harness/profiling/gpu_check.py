@@ -34,7 +34,7 @@ import torch
 from prvr.harness import progress
 from prvr.harness.cli import main
 from prvr.harness.config import check_device, resolve
-from prvr.harness.devices import device_name
+from prvr.harness.devices import device_name, peak_memory_mb, reset_peak_memory
 from prvr.harness.io import UserError, atomic_path, ensure_dir
 from prvr.harness.profiling import evaluator_speed as ev
 from prvr.harness.records import provenance
@@ -97,7 +97,7 @@ def cmd_gpu_check(args: argparse.Namespace) -> None:
         add(resume_row(device, work))
         add(evaluator_row(device, args.quick))
         if tests is not None:
-            tests.wait(OTHER_TESTS)
+            tests.finish(OTHER_TESTS)
         if world is not None:
             joined(world, "the sim-tvr world")
         if not args.quick:
@@ -127,14 +127,11 @@ def write_table(rows: list[Row], device: torch.device, wall_s: float, out: Path)
 def measured(device: torch.device) -> Iterator[dict]:
     """Seconds and, on CUDA, peak allocated device memory of the block."""
     got: dict = {}
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
+    reset_peak_memory(device)
     start = time.perf_counter()
     yield got
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        got["peak_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+    if (mb := peak_memory_mb(device)) is not None:
+        got["peak_mb"] = mb
     got["seconds"] = time.perf_counter() - start
 
 
@@ -175,13 +172,17 @@ class CudaTests:
                       for _, k in TEST_HALVES}
         self.outputs: dict[str, str] = {}
 
-    def wait(self, *halves: str) -> Row:
-        """Wait for the named halves (`-k` expressions; all when none); the row once all are done."""
-        for k in halves or self.procs:
-            if k not in self.outputs:
-                self.outputs[k] = self.procs[k].communicate()[0]
+    def finish(self, half: str) -> None:
+        """Wait for one half (its `-k` expression) and keep its output."""
+        if half not in self.outputs:
+            self.outputs[half] = self.procs[half].communicate()[0]
+
+    def wait(self) -> Row:
+        """Wait for both halves; their log written and their one row."""
+        for _, k in TEST_HALVES:
+            self.finish(k)
         seconds = time.perf_counter() - self.start
-        outputs = [self.outputs.get(k, "") for _, k in TEST_HALVES]
+        outputs = [self.outputs[k] for _, k in TEST_HALVES]
         procs = [self.procs[k] for _, k in TEST_HALVES]
         with atomic_path(self.log) as tmp:
             Path(tmp).write_text("".join(f"# pytest -m cuda -k '{k}' ({name})\n{text}\n"

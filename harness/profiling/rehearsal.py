@@ -41,7 +41,7 @@ from prvr.datasets.real.export import export
 from prvr.harness import progress
 from prvr.harness.build import build_run
 from prvr.harness.config import resolve
-from prvr.harness.devices import device_name
+from prvr.harness.devices import device_name, peak_memory_mb, reset_peak_memory
 from prvr.harness.io import UserError, atomic_path, ensure_dir, read_json, write_json
 from prvr.harness.profiling.subjects import subjects
 from prvr.harness.profiling.training import StepClock, StopAfter, _sync, timed_epoch
@@ -290,9 +290,8 @@ def _reset_peak(device: torch.device | None = None) -> bool:
     resident reset (some sandboxed kernels, e.g. gVisor): the resident peak is then the
     process's own since it started, which the phase's figures say (`resident_peak`)."""
     ANON.reset()
-    if device is not None and device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
+    if device is not None:
+        reset_peak_memory(device)
     try:
         CLEAR_REFS.write_text("5")
     except OSError:
@@ -302,10 +301,8 @@ def _reset_peak(device: torch.device | None = None) -> bool:
 
 def _gpu_peak_mb(device: torch.device) -> dict[str, float]:
     """{'gpu_mb': the allocator's peak since the last reset} on CUDA, {} elsewhere."""
-    if device.type != "cuda":
-        return {}
-    torch.cuda.synchronize(device)
-    return {"gpu_mb": round(torch.cuda.max_memory_allocated(device) / 2**20)}
+    mb = peak_memory_mb(device)
+    return {} if mb is None else {"gpu_mb": round(mb)}
 
 
 ANON_EVERY_S = 0.05

@@ -36,7 +36,7 @@ from prvr.datasets.loader import epoch_batches
 from prvr.harness import progress
 from prvr.harness.profiling.subjects import Subject, subjects
 from prvr.harness.build import build_run
-from prvr.harness.devices import device_name
+from prvr.harness.devices import device_name, peak_memory_mb, reset_peak_memory
 
 
 @dataclass
@@ -172,11 +172,9 @@ def peak_memory(device: torch.device) -> Iterator[dict]:
     """Yields a dict that holds {'mb', 'measure'} once the block has run (see the module docstring)."""
     out: dict = {"mb": float("nan"), "measure": ""}
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
+        reset_peak_memory(device)
         yield out
-        torch.cuda.synchronize(device)
-        out.update(mb=torch.cuda.max_memory_allocated(device) / 2**20, measure="torch.cuda.max_memory_allocated")
+        out.update(mb=peak_memory_mb(device), measure="torch.cuda.max_memory_allocated")
         return
     with _rss_peak_growth() as growth:
         yield out
