@@ -27,6 +27,7 @@ class _Tensors:
     device nothing (no host sync)."""
 
     _mask_fields: tuple[str, ...] = ()  # the bool masks among the fields
+    _value_fields: tuple[str, ...] = ()  # 1-D index fields whose values the host keeps (masks.host_values)
     __dataclass_fields__: ClassVar[dict[str, Any]]  # every batch is a dataclass (for `fields`)
 
     def to(self: _B, device: torch.device) -> _B:
@@ -46,6 +47,10 @@ class _Tensors:
             host = getattr(self, name)
             if host.device.type == "cpu":
                 masks.describe_from_host(host, getattr(moved, name))
+        for name in self._value_fields:
+            host = getattr(self, name)
+            if host.device.type == "cpu":
+                masks.describe_values(host, getattr(moved, name))
 
 
 @dataclass
@@ -60,6 +65,7 @@ class VideoBatch(_Tensors):
     durations: torch.Tensor | None = None  # [B] float seconds (None: batches built without them)
 
     _mask_fields = ("frame_mask",)
+    _value_fields = ("video_index",)  # a detector looks its pairs up on the host by them
 
 
 @dataclass
@@ -71,6 +77,7 @@ class QueryBatch(_Tensors):
     query_index: torch.Tensor  # [Q]
 
     _mask_fields = ("token_mask",)
+    _value_fields = ("query_index",)
 
 
 @dataclass

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 _ATTR = "_prvr_known"
@@ -71,6 +72,25 @@ def describe_from_host(host: torch.Tensor, device_mask: torch.Tensor) -> torch.T
 def describe_values(host: torch.Tensor, device_copy: torch.Tensor) -> torch.Tensor:
     """Attach to `device_copy` (a copy of the 1-D CPU integer tensor `host`) its values."""
     return describe(device_copy, values=tuple(host.tolist()))
+
+
+def host_values(t: torch.Tensor) -> np.ndarray:
+    """The values of a 1-D integer tensor on the host: from its described values where known
+    (`describe_values`), else copied from the device (a sync on a GPU)."""
+    values = known(t).values
+    if values is not None:
+        return np.asarray(values, dtype=np.int64)
+    return t.cpu().numpy()  # asks the device
+
+
+def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`host` (a CPU tensor) on `device` without waiting for the GPU: pinned and copied
+    asynchronously (from pageable memory a copy to the GPU waits for its queued work); a bool
+    mask is described from its host copy (`describe_from_host`)."""
+    if device.type == "cuda":
+        host = host.pin_memory()
+    moved = host.to(device, non_blocking=True)
+    return describe_from_host(host, moved) if host.dtype == torch.bool else moved
 
 
 def true_index(mask: torch.Tensor) -> torch.Tensor:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from prvr.datasets.loader import moment_rows
+from prvr.harness import masks
 from prvr.harness.checks import FLAG, NON_NEGATIVE, ListOf, OneOf, at_least, param, require
 from prvr.harness.contract import LossOutput, Relations, Scores, StepContext
 from prvr.harness.registry import METHODS
@@ -131,17 +132,22 @@ class Weights:
 def multi_level_ranking(name: str, scores: torch.Tensor, positive: torch.Tensor, ambiguous: torch.Tensor,
                         negative: torch.Tensor, confidence: torch.Tensor, margin: float, pool: int | None,
                         generator: torch.Generator, w_rel_neg: float, w_pos_rel: float,
-                        confidence_on: str = "score") -> dict[str, torch.Tensor]:
+                        confidence_on: str = "score", valid_positive: torch.Tensor | None = None,
+                        valid_ambiguous: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Eq. 13 / 15 on one relevance matrix: its parts `<name>_pos_neg` (and `_rel_neg`, `_pos_rel`
-    where weighted) and their weighted sum `<name>`."""
+    where weighted) and their weighted sum `<name>`. `valid_positive` / `valid_ambiguous`: the
+    pairs taken are `positive & valid_positive` / `ambiguous & valid_ambiguous` (None: all),
+    read without asking the device where `positive` / `ambiguous` are described."""
     negatives = sample_hard_negatives(scores, negative, pool, generator)
-    out = {f"{name}_pos_neg": pos_over_neg(scores, positive, negatives, margin)}
+    out = {f"{name}_pos_neg": pos_over_neg(scores, positive, negatives, margin, valid_positive)}
     total = out[f"{name}_pos_neg"]
     if w_rel_neg > 0:
-        out[f"{name}_rel_neg"] = rel_over_neg(scores, ambiguous, confidence, negatives, margin, confidence_on)
+        out[f"{name}_rel_neg"] = rel_over_neg(scores, ambiguous, confidence, negatives, margin, confidence_on,
+                                              valid_ambiguous)
         total = total + w_rel_neg * out[f"{name}_rel_neg"]
     if w_pos_rel > 0:
-        out[f"{name}_pos_rel"] = pos_at_least_rel(scores, positive, ambiguous, confidence, confidence_on)
+        out[f"{name}_pos_rel"] = pos_at_least_rel(scores, positive, ambiguous, confidence, confidence_on,
+                                                  valid_ambiguous, valid_positive)
         total = total + w_pos_rel * out[f"{name}_pos_rel"]
     return {**out, name: total}
 
@@ -190,19 +196,20 @@ def localization_terms(cfg: XMLLossConfig, w: Weights, s_vr: torch.Tensor, relat
         out = {"nll1": zero, **({"nll2": zero} if w.tl2 > 0 else {})}
         return {**out, **({"vcmr_pos_neg": zero, "vcmr": zero} if w.vcmr > 0 else {})}
     start, end = context.outputs["extras"][SPAN_LOGITS]  # the step's, computed on this first reading
-    amb = relations.ambiguous & seg.own
     # each query's labelled pair by its column (an index the host holds), counted where its
     # moment is known: the pairs and the order of `x[seg.labelled]`, without the boolean index
     q, of = torch.arange(len(seg.video_of_query), device=start.device), seg.video_of_query
     out = {"nll1": span_nll(start[q, of], end[q, of], seg.rows[q, of], valid=seg.moment_known)}
-    if w.tl2 > 0:
-        out["nll2"] = span_nll(start[amb], end[amb], seg.rows[amb], confidence[amb])
+    if w.tl2 > 0:  # the potentially relevant pairs with a moment of their own: those of `ambiguous & own`
+        i, j = masks.true_pairs(relations.ambiguous)  # described by the detector: no host sync
+        out["nll2"] = span_nll(start[i, j], end[i, j], seg.rows[i, j], confidence[i, j], valid=seg.own[i, j])
     if w.vcmr > 0:
         known = (seg.rows >= 0).all(-1)
         r = vcmr_relevance(start, end, seg.rows, s_vr, cfg.alpha)
-        positive = relations.positive & (seg.labelled | seg.own)
-        out.update(multi_level_ranking("vcmr", r, positive, amb, relations.negative & known, confidence, cfg.margin,
-                                       pool, context.generator, w.rel_neg_vcmr, w.pos_rel_vcmr, cfg.confidence_on))
+        out.update(multi_level_ranking("vcmr", r, relations.positive, relations.ambiguous, relations.negative & known,
+                                       confidence, cfg.margin, pool, context.generator, w.rel_neg_vcmr,
+                                       w.pos_rel_vcmr, cfg.confidence_on, valid_positive=seg.labelled | seg.own,
+                                       valid_ambiguous=seg.own))
     return out
 
 

@@ -105,17 +105,37 @@ def vcmr_relevance(start_logits: torch.Tensor, end_logits: torch.Tensor, rows: t
 # ----------------------------------------------------------------------------- losses
 @OBJECTIVES.register("xml-pos-neg", "SBERT-PR Eq. 10: [margin + R(sampled hard negative) - R(positive)]_+ both ways")
 def pos_over_neg(scores: torch.Tensor, positive: torch.Tensor, negatives: SampledNegatives,
-                 margin: float) -> torch.Tensor:
+                 margin: float, valid: torch.Tensor | None = None) -> torch.Tensor:
     """L_pos>neg (Eq. 10, XML's ranking loss): (1/N) sum over the N positive pairs (q_i, v_j) of
     [margin + R(i, i-) - R(i, j)]_+ + [margin + R(j-, j) - R(i, j)]_+, with R(i, i-), R(j-, j)
-    q_i's and v_j's sampled negatives. A query or video without a negative adds nothing."""
-    i, j = masks.true_pairs(positive)
+    q_i's and v_j's sampled negatives. A query or video without a negative adds nothing.
+    `valid` [Q, B] bool: the pairs of `positive & valid` (see `_pairs`)."""
+    i, j, keep = _pairs(positive, valid)
     if len(i) == 0:
         return _zero(scores)
     pos = scores[i, j]
     t2v = (margin + negatives.query[i] - pos).clamp(min=0) * negatives.query_ok[i]
     v2t = (margin + negatives.video[j] - pos).clamp(min=0) * negatives.video_ok[j]
-    return (t2v.sum() + v2t.sum()) / len(i)
+    return _pair_mean(t2v, v2t, keep)
+
+
+def _pairs(mask: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The pairs (i, j) of a 2-D mask, as `mask.nonzero(as_tuple=True)` gives them but read from
+    its described index where the host knows it (harness/masks.py: no host sync), and which of
+    them `valid` keeps (None: all). A mask made on the device by `&` with `valid` would have to
+    ask the device for its pairs; the pairs of the described mask, weighted by `valid`, are the
+    same terms."""
+    i, j = masks.true_pairs(mask)
+    return i, j, None if valid is None else valid[i, j]
+
+
+def _pair_mean(t2v: torch.Tensor, v2t: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    """(sum t2v + sum v2t) / N over the kept pairs. Kept by `torch.where`, the kept terms' sums
+    are the sums over those terms alone where every pair is kept (the same elements in the same
+    order), and the count is read on the device."""
+    if keep is None:
+        return (t2v.sum() + v2t.sum()) / len(t2v)
+    return (torch.where(keep, t2v, 0.0).sum() + torch.where(keep, v2t, 0.0).sum()) / keep.sum().clamp(min=1)
 
 
 CONFIDENCE_ON = ("score", "hinge")
@@ -132,33 +152,38 @@ def _confidence_on(on: str, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 
 @OBJECTIVES.register("xml-rel-neg", "SBERT-PR Eq. 11: [margin + R(hard negative) - C R(potentially relevant)]_+")
 def rel_over_neg(scores: torch.Tensor, ambiguous: torch.Tensor, confidence: torch.Tensor,
-                 negatives: SampledNegatives, margin: float, on: str = "score") -> torch.Tensor:
+                 negatives: SampledNegatives, margin: float, on: str = "score",
+                 valid: torch.Tensor | None = None) -> torch.Tensor:
     """L_rel>neg (Eq. 11): (1/N_pairs) sum over the potentially relevant pairs (q_i, v_j) of
     [margin + R(i, i-) - C_ij R(i, j)]_+ + [margin + R(j-, j) - C_ij R(i, j)]_+ (the negatives
     of Eq. 10). C -> 1: the pair must beat the negatives like a positive; C -> 0: no pull up.
     `on="hinge"` (a deviation, `loss.confidence_on`): C_ij [margin + R(neg) - R(i, j)]_+ instead,
-    unchanged when every score moves by the same amount."""
-    i, j = ambiguous.nonzero(as_tuple=True)
+    unchanged when every score moves by the same amount. `valid`: the pairs of `ambiguous & valid`."""
+    i, j, keep = _pairs(ambiguous, valid)
     if len(i) == 0:
         return _zero(scores)
     w, k = _confidence_on(on, confidence[i, j])
     rel = k * scores[i, j]
     t2v = w * (margin + negatives.query[i] - rel).clamp(min=0) * negatives.query_ok[i]
     v2t = w * (margin + negatives.video[j] - rel).clamp(min=0) * negatives.video_ok[j]
-    return (t2v.sum() + v2t.sum()) / len(i)
+    return _pair_mean(t2v, v2t, keep)
 
 
 @OBJECTIVES.register("xml-pos-rel", "SBERT-PR Eq. 12: [R(potentially relevant) - C R(positive)]_+ both ways")
 def pos_at_least_rel(scores: torch.Tensor, positive: torch.Tensor, ambiguous: torch.Tensor,
-                     confidence: torch.Tensor, on: str = "score") -> torch.Tensor:
+                     confidence: torch.Tensor, on: str = "score", valid: torch.Tensor | None = None,
+                     valid_positive: torch.Tensor | None = None) -> torch.Tensor:
     """L_pos>=rel (Eq. 12): (1/N_pairs) sum over the potentially relevant pairs (q_i, v_j) of
     [R(i, j) - C_ij R(i, i)]_+ + [R(i, j) - C_ij R(j, j)]_+, no margin. R(i, i): q_i's positive
     score; R(j, j): v_j's, the mean over v_j's positive queries where a batch video holds several
     (one item is a video with all its queries); a side without a positive adds nothing.
-    `on="hinge"` (a deviation, `loss.confidence_on`): C_ij [R(i, j) - R(pos)]_+ instead."""
-    i, j = ambiguous.nonzero(as_tuple=True)
+    `on="hinge"` (a deviation, `loss.confidence_on`): C_ij [R(i, j) - R(pos)]_+ instead.
+    `valid` / `valid_positive`: the pairs of `ambiguous & valid` / `positive & valid_positive`."""
+    i, j, keep = _pairs(ambiguous, valid)
     if len(i) == 0:
         return _zero(scores)
+    if valid_positive is not None:
+        positive = positive & valid_positive
     pos = positive.to(scores.dtype)
     of_query = (scores * pos).sum(1) / pos.sum(1).clamp(min=1)
     of_video = (scores * pos).sum(0) / pos.sum(0).clamp(min=1)
@@ -166,7 +191,7 @@ def pos_at_least_rel(scores: torch.Tensor, positive: torch.Tensor, ambiguous: to
     w, k = _confidence_on(on, confidence[i, j])
     t2v = w * (rel - k * of_query[i]).clamp(min=0) * positive.any(1)[i]
     v2t = w * (rel - k * of_video[j]).clamp(min=0) * positive.any(0)[j]
-    return (t2v.sum() + v2t.sum()) / len(i)
+    return _pair_mean(t2v, v2t, keep)
 
 
 @OBJECTIVES.register("xml-span-nll", "SBERT-PR Eq. 16-17: (confidence-weighted) NLL of the start and end rows")

@@ -32,7 +32,7 @@ import torch
 
 from prvr.datasets.sim.cache import cache_key, cache_root
 from prvr.datasets.types import PRVRData, Split
-from prvr.harness import progress
+from prvr.harness import masks, progress
 from prvr.harness.batches import TrainBatch
 from prvr.harness.checks import Free, OneOf, Range, at_least, param
 from prvr.harness.devices import pick_device
@@ -398,6 +398,16 @@ def detect_split(text: QueryText, settings: SbertConfig, cache_dir: Path | None,
 
 
 # ----------------------------------------------------------------------------- the detector
+@dataclass
+class HostPairs:
+    """A batch's potentially relevant pairs on the host (`SbertDetector.host_lookup`)."""
+
+    ambiguous: torch.Tensor  # [Q, B] bool, the labelled pairs excluded
+    confidence: torch.Tensor  # [Q, B] float: Psi where found (read where `ambiguous`)
+    moments: torch.Tensor  # [Q, B, 2] float seconds: a positive's own moment, a found pair's source query's; NaN else
+    count: int  # the pairs found
+
+
 @DETECTORS.register("sbert", "SBERT paper: potentially relevant pairs from the query text (sentence / VP / NP-VP "
                              "similarity >= theta), confidence [cos]_+ of the sentences")
 class SbertDetector(Detector):
@@ -424,36 +434,46 @@ class SbertDetector(Detector):
         self.split_quality = quality(self.pairs.keys, unlabelled_truth(self.text), len(self.text.texts),
                                      self.text.num_videos)
         self.moments = torch.as_tensor(np.asarray(split.moments, dtype=np.float32))
-        self._counts: dict[str, float] = {}
+        self._counts: dict[str, int | torch.Tensor] = {}  # tensors: counted on the device
 
     def on_epoch_start(self, state: DetectorState) -> None:
         self._counts = {}
 
     def detect(self, batch: Any, outputs: StepOutputs) -> Relations:
+        """The lookup runs on the host (`host_lookup`), and its masks go to the device described,
+        so that the losses read the pairs without a host sync; the counts that need the ground
+        truth stay on the device until the epoch's report."""
         base = super().detect(batch, outputs)
         device = base.positive.device
-        queries = batch.queries.query_index.cpu().numpy()
-        found, conf, source = self.pairs.lookup(queries, batch.videos.video_index.cpu().numpy())
-        amb = torch.from_numpy(found).to(device) & ~base.positive
-        confidence = base.positive.float() + torch.from_numpy(conf).to(device) * amb
-        pos_cpu, amb_cpu = base.positive.cpu(), amb.cpu()
-        moments = torch.full((*amb.shape, 2), float("nan"))
-        moments[pos_cpu] = self.moments[torch.as_tensor(queries)[pos_cpu.nonzero()[:, 0]]]  # row-major, as the mask
-        moments[amb_cpu] = self.moments[torch.from_numpy(source)[amb_cpu]]
-        self._count(batch, base.positive, amb)
-        return Relations(base.positive, amb, confidence, moments=moments.to(device))
+        found = self.host_lookup(batch)
+        amb = masks.to_device(found.ambiguous, device)
+        confidence = base.positive.float() + masks.to_device(found.confidence, device) * amb
+        self._count(batch, base.positive, amb, found.count)
+        return Relations(base.positive, amb, confidence, moments=masks.to_device(found.moments, device))
 
-    def _count(self, batch: TrainBatch, pos: torch.Tensor, amb: torch.Tensor) -> None:
+    def host_lookup(self, batch: Any) -> "HostPairs":
+        """The batch's potentially relevant pairs, on the host, from the batch indices the loader
+        described (harness/masks.py; a batch nobody described is copied from the device)."""
+        queries, videos = masks.host_values(batch.queries.query_index), masks.host_values(batch.videos.video_index)
+        found, conf, source = self.pairs.lookup(queries, videos)
+        positive = Relations.one_to_one(torch.from_numpy(masks.host_values(batch.query_item)), len(videos)).positive
+        amb = torch.from_numpy(found) & ~positive
+        moments = torch.full((*amb.shape, 2), float("nan"))
+        moments[positive] = self.moments[torch.as_tensor(queries)[positive.nonzero()[:, 0]]]  # row-major, as the mask
+        moments[amb] = self.moments[torch.from_numpy(source)[amb]]
+        return HostPairs(amb, torch.from_numpy(conf), moments, int(amb.sum()))
+
+    def _count(self, batch: TrainBatch, pos: torch.Tensor, amb: torch.Tensor, pairs: int) -> None:
         c = self._counts
-        c["pairs"] = c.get("pairs", 0) + int(amb.sum())
+        c["pairs"] = c.get("pairs", 0) + pairs
         c["queries"] = c.get("queries", 0) + amb.shape[0]
-        if batch.relevant is not None:
+        if batch.relevant is not None:  # summed on the device, read once in the epoch's report
             truth = batch.relevant.to(amb.device) & ~pos
-            c["true_positive"] = c.get("true_positive", 0) + int((amb & truth).sum())
-            c["relevant"] = c.get("relevant", 0) + int(truth.sum())
+            c["true_positive"] = c.get("true_positive", 0) + (amb & truth).sum()
+            c["relevant"] = c.get("relevant", 0) + truth.sum()
 
     def epoch_report(self) -> dict:
-        c = self._counts
+        c = {k: int(v) for k, v in self._counts.items()}  # the device's counts, read once an epoch
         batch: dict[str, float | None] = {"per_query": c.get("pairs", 0) / max(1, c.get("queries", 0))}
         if "relevant" in c:
             batch["precision"] = c["true_positive"] / c["pairs"] if c.get("pairs") else None
