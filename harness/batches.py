@@ -92,9 +92,12 @@ class TrainBatch(_Tensors):
 
     def _describe(self, moved: Any) -> None:
         """And the labelled videos' columns, with whether every batch video has a labelled query
-        (the one-to-one labels then have a positive in every column; methods/relations/base.py)."""
+        (the one-to-one labels then have a positive in every column; methods/relations/base.py),
+        and the ground truth with its host copy."""
         super()._describe(moved)
         item, videos = self.query_item, self.videos.frames.shape[0]
+        if self.relevant is not None and self.relevant.device.type == "cpu":  # the oracle reads it on the host
+            masks.describe(masks.describe_from_host(self.relevant, moved.relevant), host=self.relevant)
         if item.device.type == "cpu":
             masks.describe_values(item, moved.query_item)  # RAL's support sets size themselves from them
             if torch.unique(item).numel() == videos:

@@ -32,6 +32,7 @@ class Known:
     covers: int | None = None  # integer tensor: its values include every integer in [0, covers)
     lengths: tuple[int, ...] | None = None  # 2-D bool mask: each row's count of True entries
     values: tuple[int, ...] | None = None  # 1-D integer tensor: its values
+    host: torch.Tensor | None = None  # a device tensor: its copy on the host (`host_copy`)
 
 
 def known(t: torch.Tensor) -> Known:
@@ -81,6 +82,13 @@ def host_values(t: torch.Tensor) -> np.ndarray:
     if values is not None:
         return np.asarray(values, dtype=np.int64)
     return t.cpu().numpy()  # asks the device
+
+
+def host_copy(t: torch.Tensor) -> torch.Tensor:
+    """`t` on the host: the host copy it was described with where known (`describe(t, host=)`),
+    else copied from the device (a sync on a GPU)."""
+    host = known(t).host
+    return host if host is not None else t.cpu()  # asks the device
 
 
 def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -192,7 +192,8 @@ INHERENT = {"hungarian_pairs": "GMMFormer v2's matching is solved on the host (s
             "hungarian_matching": "and its pairs copied back to the device, one copy per step"}
 # Functions that work on host tensors only (so ask no device), which the proxy cannot tell from
 # device tensors on a CPU: the CUDA test checks them
-ON_HOST = {"host_lookup": "the SBERT detector's lookup from the batch indices the loader described",
+ON_HOST = {"host_lookup": "the SBERT detector's and the oracle's lookups from the batch indices, the labels and the "
+                          "ground truth the loader described",
            "describe_from_host": "the facts of a mask read off its host copy, before the copy"}
 NOT_YET: dict[str, str] = {}  # function -> why its step still reads the device: each a fix left to do
 HOST_COPIES = ("numpy", "tolist", "cpu")  # Tensor methods that copy a device tensor to the host
@@ -280,7 +281,9 @@ def text_pairs(monkeypatch, tmp_path):
     monkeypatch.setenv("PRVR_CACHE", str(tmp_path))
 
 
-VARIANTS = {"code": ["ral.pool_padding=code"], "query": ["loss.text_source=query"]}  # RAL's other support-set paths
+VARIANTS = {"code": ["ral.pool_padding=code"], "query": ["loss.text_source=query"],  # RAL's other support-set paths
+            "oracle": ["relations.name=oracle"],  # the `+oracle` rows: the ground truth's pairs as positives
+            "ignore": ["relations.name=oracle", "relations.oracle.mode=ignore"]}  # ... or as not negatives
 
 
 def _trainer(method: str, device: str | None = None):
@@ -305,7 +308,8 @@ def _step_batch(trainer, videos):
 
 @pytest.mark.parametrize("method", ["baseline", "msl", "gmmformer", "gmmformer2", "arl", "ral", "ral@msl",
                                     "ral@gmmformer", "ral@msl~code", "ral@gmmformer~query", "xml", "xml-sl", "xml-pr",
-                                    "xml-sl-pr"])
+                                    "xml-sl-pr", "baseline~oracle", "msl~ignore", "arl~oracle", "xml-pr~oracle",
+                                    "xml-sl-pr~ignore"])
 def test_a_training_step_asks_the_device_nothing_it_knows_cpu_proxy(method, text_pairs):
     trainer, batches = _trainer(method, "cpu")
     trainer.train_step(_step_batch(trainer, batches[0]), 0, 0)  # warm-up
@@ -317,7 +321,7 @@ def test_a_training_step_asks_the_device_nothing_it_knows_cpu_proxy(method, text
     allowed |= {k for k in reads.where if k.split(" ")[-1] in NOT_YET}
     unexplained = {k: n for k, n in reads.where.items() if not _explained(k, allowed)}
     assert not unexplained, f"{method}: host reads in a training step at {unexplained}"
-    if method.endswith("-pr"):  # the potentially relevant pairs' paths ran
+    if method.endswith("-pr"):  # the SBERT detector's pairs' paths ran
         assert trainer.detector.epoch_report()["batch"]["per_query"] > 0
 
 
@@ -346,7 +350,7 @@ STILL_SYNCS = {  # method -> why its step still syncs (not in this suite's data 
     pytest.param(m, marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=STILL_SYNCS[m]))
     if m in STILL_SYNCS else m
     for m in ["baseline", "msl", "gmmformer", "gmmformer2", "arl", "ral", "ral@msl", "ral@gmmformer", "xml", "xml-sl",
-              "xml-pr", "xml-sl-pr"]])
+              "xml-pr", "xml-sl-pr", "baseline~oracle", "arl~oracle", "xml-sl-pr~ignore"]])
 def test_training_steps_do_not_sync_with_the_gpu(method, on_cuda, text_pairs):
     trainer, batches = _trainer(method)
     assert trainer.device.type == "cuda"

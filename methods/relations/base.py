@@ -21,6 +21,7 @@ import torch
 
 from prvr.datasets.sim.world import relevant_moments
 from prvr.datasets.types import PRVRData, Split
+from prvr.harness import masks
 from prvr.harness.batches import TrainBatch
 from prvr.harness.checks import OneOf, param
 # The types a detector's seam carries live in the contract (harness/contract.py); importable from here too.
@@ -117,13 +118,14 @@ class PairMoments:
         keys, first = np.unique(keys, return_index=True)  # sorted keys, the first event of each pair
         return cls(keys, spans[first], split.num_videos)
 
-    def lookup(self, batch: TrainBatch) -> torch.Tensor:
-        """[Q, B, 2] seconds of each (batch query, batch video) pair, NaN where not relevant."""
-        q, v = batch.queries.query_index.cpu().numpy(), batch.videos.video_index.cpu().numpy()
+    def host_lookup(self, batch: TrainBatch) -> torch.Tensor:
+        """[Q, B, 2] seconds of each (batch query, batch video) pair, NaN where not relevant, on
+        the host, from the batch indices the loader described (harness/masks.py)."""
+        q, v = masks.host_values(batch.queries.query_index), masks.host_values(batch.videos.video_index)
         found, at = find_pairs(self.keys, self.num_videos, q, v)
         out = np.full((*found.shape, 2), np.nan)
         out[found] = self.spans[at[found]]
-        return torch.from_numpy(out).float().to(batch.queries.query_index.device)
+        return torch.from_numpy(out).float()
 
 
 @DETECTORS.register("oracle", "simulated ground truth: truly relevant unlabelled pairs are not negatives (upper bound)")
@@ -144,19 +146,32 @@ class OracleDetector(Detector):
         if self.settings.mode not in self.MODES:
             raise UserError(f"relations.oracle.mode must be one of {', '.join(self.MODES)}, "
                             f"got '{self.settings.mode}'")
-        self._stats = {"pairs": 0, "unlabelled_relevant": 0}  # summed on the device, read once per epoch
+        self._stats = {"pairs": 0, "unlabelled_relevant": 0}
         self._moments = PairMoments.of_world(data["train"])
 
     def detect(self, batch: Any, outputs: StepOutputs) -> Relations:
+        """From the ground truth's host copy and the labels' (harness/masks.py), its masks sent
+        to the device described, so that the losses read their pairs without a host sync."""
         rel = super().detect(batch, outputs)
-        extra = batch.relevant & ~rel.positive
+        device = rel.positive.device
+        positive, extra, count = self.host_lookup(batch)
         self._stats["pairs"] += rel.positive.numel()
-        self._stats["unlabelled_relevant"] = self._stats["unlabelled_relevant"] + extra.sum()
-        moments = None if self._moments is None else self._moments.lookup(batch)
+        self._stats["unlabelled_relevant"] += count
+        moments = None if self._moments is None else masks.to_device(self._moments.host_lookup(batch), device)
         if self.settings.mode == "positive":
-            positive = rel.positive | extra
-            return Relations(positive, torch.zeros_like(positive), positive.float(), moments=moments)
-        return Relations(rel.positive, extra, rel.positive.float() + extra.float(), moments=moments)
+            both = masks.to_device(positive | extra, device)
+            return Relations(both, torch.zeros_like(both), both.float(), moments=moments)
+        extra_on = masks.to_device(extra, device)
+        return Relations(rel.positive, extra_on, rel.positive.float() + extra_on.float(), moments=moments)
+
+    @staticmethod
+    def host_lookup(batch: Any) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """(the labelled pairs, the truly relevant unlabelled pairs) [Q, B] bool on the host, and
+        the count of the latter."""
+        item = torch.from_numpy(masks.host_values(batch.query_item))
+        positive = Relations.one_to_one(item, batch.videos.frames.shape[0]).positive
+        extra = masks.host_copy(batch.relevant) & ~positive
+        return positive, extra, int(extra.sum())
 
     def on_epoch_start(self, state: DetectorState) -> None:
         self._stats = {"pairs": 0, "unlabelled_relevant": 0}
