@@ -34,6 +34,9 @@ TYPED = (
     # the reports that read run records (RunRecord): the leaderboard, its rows and side reports, re-evaluation
     "harness/leaderboard.py", "harness/rows.py", "harness/buckets.py", "harness/noise.py", "harness/calibration.py",
     "harness/reevaluate.py", "harness/quick.py",
+    # the facts that keep a step from asking the device; the GPU-facing profiling (rehearsal, gpu-check)
+    "harness/masks.py", "harness/profiling/training.py", "harness/profiling/rehearsal.py",
+    "harness/profiling/gpu_check.py",
 )
 PACKAGE_DIRS = ("harness", "methods", "datasets")  # prvr.<folder> (pyproject.toml package-dir)
 

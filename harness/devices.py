@@ -6,6 +6,8 @@ encode on their own (the SBERT detector) and the commands all pick devices the s
 from __future__ import annotations
 
 import os
+import re
+from pathlib import Path
 
 import torch
 
@@ -34,8 +36,33 @@ def reset_peak_memory(device: torch.device) -> None:
 
 def peak_memory_mb(device: torch.device) -> float | None:
     """The CUDA allocator's peak MB since `reset_peak_memory`, the queued work included; None
-    elsewhere (a CPU's peak is the process's, harness/profiling)."""
+    elsewhere (a CPU's peak is the process's: `status_kb`, `reset_peak_rss`)."""
     if device.type != "cuda":
         return None
     torch.cuda.synchronize(device)
     return torch.cuda.max_memory_allocated(device) / 2**20
+
+
+# ----------------------------------------------------------------------------- the host's memory
+def status_kb(key: str) -> int | None:
+    """A kB figure of this process from /proc/self/status (VmRSS, VmHWM, RssAnon); None where
+    there is no such file or line (not Linux)."""
+    try:
+        text = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    m = re.search(rf"^{key}:\s+(\d+) kB", text, re.M)
+    return int(m.group(1)) if m else None
+
+
+CLEAR_REFS = Path("/proc/self/clear_refs")  # "5" resets VmHWM (Linux 4.0+)
+
+
+def reset_peak_rss() -> bool:
+    """Reset the kernel's peak-resident mark of this process (VmHWM, Linux >= 4.0); False where
+    it cannot be (no /proc, or a kernel that refuses the write, e.g. gVisor)."""
+    try:
+        CLEAR_REFS.write_text("5")
+    except OSError:
+        return False
+    return status_kb("VmHWM") is not None

@@ -172,11 +172,12 @@ def test_the_step_clock_keeps_the_first_batch_apart_from_the_steady_ones():
 
 
 def test_a_kernel_that_refuses_the_resident_reset_is_said_not_raised(tmp_path, monkeypatch):
+    from prvr.harness import devices
     from prvr.harness.profiling import rehearsal
 
-    monkeypatch.setattr(rehearsal, "CLEAR_REFS", tmp_path / "missing" / "clear_refs")  # as under gVisor
+    monkeypatch.setattr(devices, "CLEAR_REFS", tmp_path / "missing" / "clear_refs")  # as under gVisor
     assert rehearsal._reset_peak(torch.device("cpu")) is False
-    monkeypatch.setattr(rehearsal, "CLEAR_REFS", tmp_path / "clear_refs")
+    monkeypatch.setattr(devices, "CLEAR_REFS", tmp_path / "clear_refs")
     assert rehearsal._reset_peak(torch.device("cpu")) is True
 
 

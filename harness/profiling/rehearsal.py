@@ -41,7 +41,7 @@ from prvr.datasets.real.export import export
 from prvr.harness import progress
 from prvr.harness.build import build_run
 from prvr.harness.config import resolve
-from prvr.harness.devices import device_name, peak_memory_mb, reset_peak_memory
+from prvr.harness.devices import device_name, peak_memory_mb, reset_peak_memory, reset_peak_rss, status_kb
 from prvr.harness.io import UserError, atomic_path, ensure_dir, read_json, write_json
 from prvr.harness.profiling.subjects import subjects
 from prvr.harness.profiling.training import StepClock, StopAfter, _sync, timed_epoch
@@ -273,15 +273,8 @@ def _mb(folder: Path) -> float:
     return round(sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 2**20, 1)
 
 
-def _status_kb(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    return 0
-
-
 def _peak_rss_mb() -> float:
-    return round(_status_kb("VmHWM") / 1024)
+    return round((status_kb("VmHWM") or 0) / 1024)
 
 
 def _reset_peak(device: torch.device | None = None) -> bool:
@@ -292,11 +285,7 @@ def _reset_peak(device: torch.device | None = None) -> bool:
     ANON.reset()
     if device is not None:
         reset_peak_memory(device)
-    try:
-        CLEAR_REFS.write_text("5")
-    except OSError:
-        return False
-    return True
+    return reset_peak_rss()
 
 
 def _gpu_peak_mb(device: torch.device) -> dict[str, float]:
@@ -306,7 +295,6 @@ def _gpu_peak_mb(device: torch.device) -> dict[str, float]:
 
 
 ANON_EVERY_S = 0.05
-CLEAR_REFS = Path("/proc/self/clear_refs")  # "5" resets VmHWM (Linux 4.0+)
 
 
 class AnonPeak:
@@ -331,7 +319,7 @@ class AnonPeak:
 
     def observe(self) -> None:
         with self._lock:  # read inside: a sample taken before a reset never lands after it
-            self._kb = max(self._kb, _status_kb("RssAnon"))
+            self._kb = max(self._kb, status_kb("RssAnon") or 0)
 
     def reset(self) -> None:
         with self._lock:
@@ -348,7 +336,7 @@ ANON = AnonPeak()
 
 
 def _rss_mb() -> float:
-    return round(_status_kb("VmRSS") / 1024)
+    return round((status_kb("VmRSS") or 0) / 1024)
 
 
 # ------------------------------------------------------------------------ the report

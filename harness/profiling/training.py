@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -27,7 +26,6 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Iterator
 
 import torch
@@ -36,7 +34,7 @@ from prvr.datasets.loader import epoch_batches
 from prvr.harness import progress
 from prvr.harness.profiling.subjects import Subject, subjects
 from prvr.harness.build import build_run
-from prvr.harness.devices import device_name, peak_memory_mb, reset_peak_memory
+from prvr.harness.devices import device_name, peak_memory_mb, reset_peak_memory, reset_peak_rss, status_kb
 
 
 @dataclass
@@ -184,10 +182,10 @@ def peak_memory(device: torch.device) -> Iterator[dict]:
 @contextmanager
 def _rss_peak_growth() -> Iterator[dict]:
     out: dict = {}
-    before = _status_kb("VmRSS")
-    if before is not None and _reset_hwm():
+    before = status_kb("VmRSS")
+    if before is not None and reset_peak_rss():
         yield out
-        out.update(mb=max(0, _status_kb("VmHWM") - before) / 1024, measure="peak RSS growth (VmHWM)")
+        out.update(mb=max(0, (status_kb("VmHWM") or before) - before) / 1024, measure="peak RSS growth (VmHWM)")
         return
     sampler = _RssSampler()
     sampler.start()
@@ -196,24 +194,6 @@ def _rss_peak_growth() -> Iterator[dict]:
     finally:
         sampler.stop()
     out.update(mb=sampler.growth_mb(), measure="peak RSS growth (sampled every 10 ms)")
-
-
-def _status_kb(key: str) -> int | None:
-    try:
-        text = Path("/proc/self/status").read_text()
-    except OSError:
-        return None
-    m = re.search(rf"^{key}:\s+(\d+) kB", text, re.M)
-    return int(m.group(1)) if m else None
-
-
-def _reset_hwm() -> bool:
-    """Reset the kernel's peak-RSS mark of this process (Linux >= 4.0)."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        return False
-    return _status_kb("VmHWM") is not None
 
 
 class _RssSampler(threading.Thread):
@@ -239,7 +219,7 @@ class _RssSampler(threading.Thread):
 
 
 def _rss_bytes() -> int:
-    kb = _status_kb("VmRSS")
+    kb = status_kb("VmRSS")
     if kb is not None:
         return kb * 1024
     import resource  # no /proc: the lifetime peak is the best available
