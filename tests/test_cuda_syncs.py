@@ -188,8 +188,9 @@ HOST_VALUES = {ATEN.lift_fresh.default}
 BOOL_INDEX = {ATEN.index.Tensor, ATEN.index_put_.default, ATEN.index_put.default, ATEN._index_put_impl_.default}
 # What still asks, outside what this suite's data path and losses own (the reason, and the fix)
 ELSEWHERE: dict[str, str] = {}  # (baseline's and ARL's frame maps now go through blocks.rowwise)
-INHERENT = {"hungarian_pairs": "GMMFormer v2's matching is solved on the host (scipy linear_sum_assignment)",
-            "hungarian_matching": "and its pairs copied back to the device, one copy per step"}
+INHERENT = {"hungarian_pairs": "GMMFormer v2's matching is solved on the host (scipy linear_sum_assignment): the "
+                               "positive pairs' cosines go to the host, one wait per step",
+            "hungarian_matching": "and its pairs go back to the device (pinned, asynchronous)"}
 # Functions that work on host tensors only (so ask no device), which the proxy cannot tell from
 # device tensors on a CPU: the CUDA test checks them
 ON_HOST = {"host_lookup": "the SBERT detector's and the oracle's lookups from the batch indices, the labels and the "

@@ -119,14 +119,18 @@ def hungarian_pairs(cos: torch.Tensor, positive: torch.Tensor, min_queries: int 
 
     cos [Q, V, C]: query-clip cosines; videos with fewer than `min_queries` positive queries
     are skipped (as in the reference). Returns index arrays (query, video, clip) of the matches.
+    Only the positive pairs' rows of `cos` go to the host (the solve's one wait for the device),
+    their pairs read from the mask's described index where the host knows it (harness/masks.py).
     """
-    cos_host = cos.detach().cpu().numpy()
-    pos = positive.cpu().numpy()
+    q_idx, v_idx = masks.true_pairs(positive)  # row-major: each video's queries in ascending order
+    rows_host = cos.detach()[q_idx, v_idx].cpu().numpy()  # [P, C], asks the device
+    q_host, v_host = q_idx.cpu().numpy(), v_idx.cpu().numpy()  # nothing queued after the copy above
     found: list[list[np.ndarray]] = [[], [], []]
-    for v in np.flatnonzero(pos.sum(0) >= min_queries):
-        qs = np.flatnonzero(pos[:, v])
-        rows, cols = linear_sum_assignment(-cos_host[qs, v])
-        found[0].append(qs[rows])
+    counts = np.bincount(v_host, minlength=positive.shape[1])
+    for v in np.flatnonzero(counts >= min_queries):
+        of_v = np.flatnonzero(v_host == v)
+        rows, cols = linear_sum_assignment(-rows_host[of_v])
+        found[0].append(q_host[of_v][rows])
         found[1].append(np.full(len(rows), v))
         found[2].append(cols)
     return tuple(np.concatenate(f) if f else np.zeros(0, dtype=np.int64) for f in found)
@@ -139,7 +143,7 @@ def hungarian_matching(queries: torch.Tensor, clips: torch.Tensor, positive: tor
     (scipy linear_sum_assignment, maximising the summed cosine) between the positive queries of
     each video and the video's clips. queries [Q, D]; clips [V, C, D]; positive [Q, V]."""
     cos = torch.einsum("qd,vcd->qvc", F.normalize(queries, dim=-1), F.normalize(clips, dim=-1))
-    q, v, c = torch.from_numpy(np.stack(hungarian_pairs(cos, positive, min_queries))).to(cos.device)
+    q, v, c = masks.to_device(torch.from_numpy(np.stack(hungarian_pairs(cos, positive, min_queries))), cos.device)
     if len(q) == 0:
         return _zero(cos)
     return 1 - cos[q, v, c].mean()
