@@ -160,6 +160,11 @@ def test_profile_quick_writes_md_and_csv(capsys, tmp_path):
     assert all(float(r["value"]) > 0 for r in runtime)
     qps = next(r for r in rows if r["quantity"] == "throughput")
     assert float(qps["value"]) > 0 and "sim-tiny" in qps["condition"]
+    per_batch = {r["quantity"]: float(r["value"]) for r in rows if r["quantity"].endswith(("batch_seconds",
+                                                                                           "batch_seconds_median"))}
+    assert set(per_batch) == {"first_batch_seconds", "later_batch_seconds_median"}  # sim-tiny's epoch: 3 batches
+    epoch = next(float(r["value"]) for r in rows if r["quantity"] == "epoch_seconds")
+    assert 0 < per_batch["first_batch_seconds"] < epoch and 0 < per_batch["later_batch_seconds_median"] < epoch
     md = (tmp_path / "profile.md").read_text()
     for heading in ("## Parameters", "## FLOPs per query", "## Inference runtime", "## Training", "## Evaluator"):
         assert heading in md

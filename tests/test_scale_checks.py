@@ -169,6 +169,10 @@ def test_the_step_clock_keeps_the_first_batch_apart_from_the_steady_ones():
     assert clock.first_s() == 5.0 and clock.steady_s() == 1.0
     clock.ends = clock.ends[:2]  # two batches cannot tell the warm-up from the step: the mean of both
     assert clock.steady_s() == 3.0
+    clock.ends = [105.0, 106.0, 113.0, 114.0, 115.0]  # one slow later batch (a recompile): not the median
+    assert clock.later_median_s() == 1.0
+    clock.ends = [105.0]
+    assert clock.later_median_s() != clock.later_median_s()  # nan: no batch after the first
 
 
 def test_a_kernel_that_refuses_the_resident_reset_is_said_not_raised(tmp_path, monkeypatch):

@@ -107,6 +107,9 @@ def _method_rows(m: MethodProfile, s: Settings, device: str) -> list[dict[str, A
                  _row("training", "epoch_seconds", round(e.seconds, 3), "s", cond, **who, device=e.device),
                  _row("training", "peak_memory", round(e.peak_mb, 1), "MB", f"{cond}; {e.memory_measure}", **who,
                       device=e.device)]
+        rows += [_row("training", name, round(v, 4), "s", cond, **who, device=e.device)
+                 for name, v in (("first_batch_seconds", e.first_batch_s), ("later_batch_seconds_median", e.later_batch_s))
+                 if v == v]  # nan: not measured (fewer than 2 batches)
     for figure, message in m.errors.items():
         rows.append(_row(figure, "error", message, "", **who, device=device))
     return rows
@@ -165,7 +168,7 @@ def _cell(v: Any) -> str:
 
 
 def _num(v: float | None, digits: int) -> str:
-    return "" if v is None else f"{v:,.{digits}f}"
+    return "" if v is None or v != v else f"{v:,.{digits}f}"
 
 
 def _header(p: Profile) -> str:
@@ -282,15 +285,16 @@ def _training_section(p: Profile) -> str:
     for m in p.methods:
         e = m.epoch
         if e is None:
-            rows.append([m.method, m.backbone, m.errors.get("training", "skipped"), "", "", "", "", "", ""])
+            rows.append([m.method, m.backbone, m.errors.get("training", "skipped"), "", "", "", "", "", "", "", ""])
             continue
         rows.append([m.method, m.backbone, e.device, e.queries, f"{e.batches} of {e.epoch_batches}",
-                     _num(e.seconds, 1), _num(e.queries_per_s, 1), _num(e.peak_mb, 0), e.memory_measure])
+                     _num(e.seconds, 1), _num(e.first_batch_s, 3), _num(e.later_batch_s, 3), _num(e.queries_per_s, 1),
+                     _num(e.peak_mb, 0), e.memory_measure])
     cap = f", first {s.train_batches} batches" if s.train_batches else ""
     threads = f" The CPU runs used {_runs(s.threads, 'torch thread')}." if s.threads else ""
     return (f"## Training: one epoch on {s.dataset}{cap}\n\nProtocol: {_protocol(training)}{threads}\n\n"
-            + _table(["method", "backbone", "device", "queries", "batches", "seconds", "queries/s",
-                      "peak memory (MB)", "memory measure"], rows))
+            + _table(["method", "backbone", "device", "queries", "batches", "seconds", "first batch (s)",
+                      "later batch (s, median)", "queries/s", "peak memory (MB)", "memory measure"], rows))
 
 
 def _protocol(module) -> str:

@@ -5,7 +5,10 @@ Protocol: the method's config for the dataset, the model, detector and trainer b
 batching, forward, detector, objective, backward, optimizer step and the detector's
 per-epoch work. Throughput = training queries in the epoch / wall seconds of the call.
 With a batch cap (`--train-batches N`) the epoch ends after its first N batches and the
-figures are those of the batches run.
+figures are those of the batches run. Per batch: the first batch's seconds (the loader's
+start, first kernel launches, compiling under `train.compile`) and the median seconds of the
+batches after it (the host running ahead of the device as in a run), so a setting's
+steady pace reads apart from its start.
 Peak memory, on a GPU: torch.cuda.max_memory_allocated during the epoch (peak reset just
 before; it includes the parameters and batches already on the GPU). On a CPU: growth of the
 process's peak resident set size during the epoch over its resident size just before
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -47,6 +51,8 @@ class EpochProfile:
     peak_mb: float
     memory_measure: str
     device: str
+    first_batch_s: float = float("nan")  # the first batch: the loader's start, first launches, compiling
+    later_batch_s: float = float("nan")  # the median batch after the first (nan with fewer than 2 batches)
 
     @property
     def queries_per_s(self) -> float:
@@ -102,10 +108,14 @@ class StopAfter:
 
 class StepClock:
     """Trainer hook: the wall time at the end of each optimisation step, from the epoch's start
-    (the detector's epoch-start work excluded). On CUDA it waits for the device at each step, so
-    each end holds that step's queued work; the timed window pays that wait too."""
+    (the detector's epoch-start work excluded). On CUDA it waits for the device at each step
+    (`sync`), so each end holds that step's queued work; the timed window pays that wait too.
+    Without `sync` the host runs ahead as in a run, and a step's end is when the host was done
+    with it: in a steady epoch the host waits for the device in later steps, so the median step
+    is still the device's pace where the device is the slower."""
 
-    def __init__(self) -> None:
+    def __init__(self, sync: bool = True) -> None:
+        self.sync = sync
         self.start = 0.0
         self.ends: list[float] = []
 
@@ -113,7 +123,8 @@ class StepClock:
         self.start, self.ends = time.perf_counter(), []
 
     def on_step(self, trainer, step: int, out: dict) -> None:
-        _sync(trainer.device)
+        if self.sync:
+            _sync(trainer.device)
         self.ends.append(time.perf_counter())
 
     def on_epoch_end(self, trainer, epoch: int, summary: dict) -> None:
@@ -132,11 +143,18 @@ class StepClock:
             return (self.ends[-1] - self.ends[0]) / (n - 1)
         return (self.ends[-1] - self.start) / n
 
+    def later_median_s(self) -> float:
+        """The median seconds of a batch after the first (nan with fewer than 2): one slow later
+        batch (a recompile for a new shape under `train.compile`) does not move it."""
+        steps = [b - a for a, b in zip(self.ends, self.ends[1:])]
+        return statistics.median(steps) if steps else float("nan")
+
 
 def profile_epoch(subject: Subject, max_batches: int | None = None) -> EpochProfile:
     """Train one epoch of `subject` (or its first `max_batches` batches) on its config's dataset."""
     cfg = subject.cfg
-    hooks = [StopAfter(max_batches)] if max_batches else []
+    clock = StepClock(sync=False)  # before StopAfter, which ends the epoch in its own on_step
+    hooks = [clock, StopAfter(max_batches)] if max_batches else [clock]
     with tempfile.TemporaryDirectory(prefix="prvr-profile-") as ckpt:
         trainer = build_run(cfg).trainer(ckpt, hooks)
         every = epoch_batches(len(trainer.has_queries), cfg.train.batch_size, cfg.seed, 0, trainer.has_queries)
@@ -145,7 +163,8 @@ def profile_epoch(subject: Subject, max_batches: int | None = None) -> EpochProf
         with peak_memory(trainer.device) as peak:
             seconds = timed_epoch(trainer)
     return EpochProfile(cfg.dataset, queries, len(batches), len(every), seconds, peak["mb"], peak["measure"],
-                        device_name(trainer.device))
+                        device_name(trainer.device), clock.first_s() if clock.ends else float("nan"),
+                        clock.later_median_s())
 
 
 def timed_epoch(trainer) -> float:
