@@ -174,6 +174,12 @@ class SimConfig:
     # queries of one event seldom read alike word for word (real relevant pairs are worded apart:
     # the text detector's recall falls off at high theta). 0 = off, as unnamed_prob
     distinct_wording: float = param(0.0, PROBABILITY)
+    # recurring events whose later copies go unannotated: this share of a recurring (character,
+    # action, object)'s annotated copies after its first trade places with an unannotated event of
+    # their video, so the videos relevant to its query mostly hold it among what their own queries
+    # do not describe (relevant videos whose queries share no words with it, as verified real
+    # relevance mostly is: the text detector's recall falls at high theta). 0 = off, as unnamed_prob
+    recurring_unannotated: float = param(0.0, PROBABILITY)
     scene_prob: float = param(0.3, PROBABILITY)  # queries that name the scene
     filler_rate: float = param(0.3, PROBABILITY)  # chance of each filler slot (uninformative words)
     mislabel_rate: float = param(0.0, PROBABILITY)  # noisy correspondence: training queries moved to a random video

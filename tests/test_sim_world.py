@@ -212,6 +212,49 @@ def test_queries_of_one_event_worded_apart_keep_their_relevance_and_change_only_
     assert world_knobs(tiny_sim(distinct_wording=0.5))["distinct_wording"] == 0.5
 
 
+def test_later_copies_of_a_recurring_event_go_unannotated_with_queries_per_video_and_relevance_kept(tiny):
+    """`sim.recurring_unannotated`: at 1, no recurring (character, action, object) keeps two
+    annotated copies where its later copy's video had a non-recurring unannotated event to trade
+    with; every video keeps its number of queries, the events themselves are the knob-off
+    world's and so is every video's relevance to an event; off, the world and its cache key are
+    those of before the knob."""
+    from prvr.datasets.sim import world_knobs
+
+    knobs = dict(repeat_prob=0.6, repeat_copies=3, extra_events=3)
+    d = generate("sim-tiny", tiny_sim(recurring_unannotated=1.0, **knobs))
+    off = generate("sim-tiny", tiny_sim(**knobs))
+    for name in ("train", "test"):
+        s, o = d[name], off[name]
+        ev, ev_off = s.extra["events"], o.extra["events"]
+        np.testing.assert_array_equal(ev[:, :6], ev_off[:, :6])  # the same events; annotation moved
+        np.testing.assert_array_equal(np.bincount(s.query_video, minlength=s.num_videos),
+                                      np.bincount(o.query_video, minlength=o.num_videos))
+        combos = [tuple(r) for r in ev[:, [world.EV_CHAR, world.EV_ACTION, world.EV_OBJ]].tolist()]
+        copies = {c: combos.count(c) for c in set(combos)}
+        annotated = ev[:, world.EV_ANNOT].astype(bool)
+        moved = int(np.sum(annotated != ev_off[:, world.EV_ANNOT].astype(bool)))
+        assert moved > 0
+        seen: set = set()
+        for e in np.flatnonzero(annotated):
+            if copies[combos[e]] < 2:
+                continue
+            if combos[e] in seen:  # a second annotated copy: only where its video had nothing to trade with
+                video = ev[e, world.EV_VIDEO]
+                of_video = np.flatnonzero(ev[:, world.EV_VIDEO] == video)
+                assert not any(not annotated[k] and copies[combos[k]] < 2 for k in of_video)
+            seen.add(combos[e])
+        # relevance: a query's relevant videos are those holding its event's combination (and scene)
+        for q in range(0, s.num_queries, 7):
+            e, c, obj, scene, _ = s.extra["query_spec"][q]
+            holders = {int(v) for v, cc, a, oo in ev[:, [world.EV_VIDEO, world.EV_CHAR, world.EV_ACTION,
+                                                         world.EV_OBJ]]
+                       if (c < 0 or cc == c) and a == ev[e, world.EV_ACTION] and (obj < 0 or oo == obj)
+                       and (scene < 0 or s.extra["video_scene"][v] == scene)}
+            assert set(s.relevance[q].indices.tolist()) == holders
+    assert "recurring_unannotated" not in world_knobs(tiny_sim())
+    assert world_knobs(tiny_sim(recurring_unannotated=0.5))["recurring_unannotated"] == 0.5
+
+
 def test_hidden_scene_queries_require_their_scene_without_naming_it(tiny):
     """`sim.hidden_scene_prob`: every relevant video of such a query is in the scene of its
     moment, and its text names no scene; the knob off draws nothing (the world before it)."""

@@ -194,6 +194,40 @@ def build_events(cfg, plan: VideoPlan, rng: np.random.Generator) -> np.ndarray:
     return np.asarray(rows, dtype=np.int64).reshape(-1, 7)
 
 
+def later_copies_unannotated(cfg, events: np.ndarray, split_code: int) -> None:
+    """`sim.recurring_unannotated` of a recurring (character, action, object)'s annotated events
+    after its first annotated one (in event order) trade their annotation with an unannotated
+    event of their video whose combination is not recurring, drawn at random; a video without
+    one keeps its copy annotated. Each video keeps its number of queries, and relevance (which
+    reads every event) is unchanged; the queries change: the first copy's query stays, the
+    later copies' videos are relevant to it through events their own queries do not describe.
+    Sets the annotation column of `events`. Its draws come from a stream of their own, and none
+    is made when the knob is 0, so the worlds made before it are made the same."""
+    if cfg.recurring_unannotated <= 0:
+        return
+    rng = np.random.default_rng([cfg.seed, split_code, 17])
+    combos = [tuple(row) for row in events[:, [EV_CHAR, EV_ACTION, EV_OBJ]].tolist()]
+    copies: dict[tuple, int] = {}
+    for combo in combos:
+        copies[combo] = copies.get(combo, 0) + 1
+    bounds = np.searchsorted(events[:, EV_VIDEO], np.arange(int(events[:, EV_VIDEO].max(initial=-1)) + 2))
+    annotated_before: set[tuple] = set()
+    for e, combo in enumerate(combos):
+        if not events[e, EV_ANNOT] or copies[combo] < 2:
+            continue
+        if combo not in annotated_before:
+            annotated_before.add(combo)
+            continue
+        if rng.random() >= cfg.recurring_unannotated:
+            continue
+        video = events[e, EV_VIDEO]  # events are sorted by video
+        spare = [k for k in range(bounds[video], bounds[video + 1])
+                 if not events[k, EV_ANNOT] and copies[combos[k]] < 2]
+        if spare:
+            swap = spare[int(rng.integers(len(spare)))]
+            events[e, EV_ANNOT], events[swap, EV_ANNOT] = 0, 1
+
+
 def query_specs(cfg, events: np.ndarray, plan: VideoPlan, rng: np.random.Generator) -> np.ndarray:
     """What each query requires of a relevant video: [Q, 5] = event row, character, object,
     scene, paraphrase (-1 = omitted). Its text names the same, except the character of an
@@ -323,6 +357,7 @@ def generate_split(cfg, concepts: Concepts, split: str, n_videos: int, prefix: s
     rng = np.random.default_rng([cfg.seed, SPLIT_CODES[split]])
     plan = plan_videos(cfg, n_videos, rng)
     events = build_events(cfg, plan, rng)
+    later_copies_unannotated(cfg, events, SPLIT_CODES[split])
     specs = query_specs(cfg, events, plan, rng)
     worded_apart(cfg, specs, events, SPLIT_CODES[split])
     hidden = hidden_scene(cfg, specs, events, plan, rng)
