@@ -195,6 +195,7 @@ INHERENT = {"hungarian_pairs": "GMMFormer v2's matching is solved on the host (s
 # device tensors on a CPU: the CUDA test checks them
 ON_HOST = {"host_lookup": "the SBERT detector's and the oracle's lookups from the batch indices, the labels and the "
                           "ground truth the loader described",
+           "host_positive": "the labels' mask made on the host from the labelled columns the loader described",
            "describe_from_host": "the facts of a mask read off its host copy, before the copy"}
 NOT_YET: dict[str, str] = {}  # function -> why its step still reads the device: each a fix left to do
 HOST_COPIES = ("numpy", "tolist", "cpu")  # Tensor methods that copy a device tensor to the host

@@ -99,6 +99,14 @@ def find_pairs(keys: np.ndarray, num_videos: int, queries: np.ndarray, videos: n
     return found, at
 
 
+def host_positive(batch: Any) -> torch.Tensor:
+    """The labels' positive mask [Q, B] on the host (`Detector.detect`'s, which is on the
+    device), from the labelled columns the loader described (harness/masks.py): what a detector
+    that looks its pairs up on the host leaves out of them."""
+    item = torch.from_numpy(masks.host_values(batch.query_item))
+    return Relations.one_to_one(item, batch.videos.frames.shape[0]).positive
+
+
 class PairMoments:
     """The truly relevant moment of every relevant (query, video) pair of a simulated split
     (datasets/sim/world.py `relevant_moments`; of a video with several matching events, the
@@ -168,8 +176,7 @@ class OracleDetector(Detector):
     def host_lookup(batch: Any) -> tuple[torch.Tensor, torch.Tensor, int]:
         """(the labelled pairs, the truly relevant unlabelled pairs) [Q, B] bool on the host, and
         the count of the latter."""
-        item = torch.from_numpy(masks.host_values(batch.query_item))
-        positive = Relations.one_to_one(item, batch.videos.frames.shape[0]).positive
+        positive = host_positive(batch)
         extra = masks.host_copy(batch.relevant) & ~positive
         return positive, extra, int(extra.sum())
 

@@ -38,7 +38,7 @@ from prvr.harness.checks import Free, OneOf, Range, at_least, param
 from prvr.harness.devices import pick_device
 from prvr.harness.io import UserError, atomic_path
 from prvr.harness.registry import COMMANDS, DETECTORS
-from prvr.methods.relations.base import Detector, DetectorState, Relations, StepOutputs, find_pairs
+from prvr.methods.relations.base import Detector, DetectorState, Relations, StepOutputs, find_pairs, host_positive
 from prvr.methods.relations.phrases import PHIS, elements
 from prvr.methods.relations.text_parsers import PARSERS, ParserChoice, choose_parser
 
@@ -456,7 +456,7 @@ class SbertDetector(Detector):
         described (harness/masks.py; a batch nobody described is copied from the device)."""
         queries, videos = masks.host_values(batch.queries.query_index), masks.host_values(batch.videos.video_index)
         found, conf, source = self.pairs.lookup(queries, videos)
-        positive = Relations.one_to_one(torch.from_numpy(masks.host_values(batch.query_item)), len(videos)).positive
+        positive = host_positive(batch)
         amb = torch.from_numpy(found) & ~positive
         moments = torch.full((*amb.shape, 2), float("nan"))
         moments[positive] = self.moments[torch.as_tensor(queries)[positive.nonzero()[:, 0]]]  # row-major, as the mask
