@@ -180,6 +180,12 @@ class SimConfig:
     # do not describe (relevant videos whose queries share no words with it, as verified real
     # relevance mostly is: the text detector's recall falls at high theta). 0 = off, as unnamed_prob
     recurring_unannotated: float = param(0.0, PROBABILITY)
+    # compound queries: this share of the queries also say another event of their video that
+    # overlaps their moment ("... while Leonard picks up the phone"), and relevance requires both:
+    # a relevant video's query shares part of what a query says and not the rest, as real
+    # relevant pairs' texts do (the text detector's recall falls at high theta, not at low).
+    # 0 = off, as unnamed_prob
+    compound_prob: float = param(0.0, PROBABILITY)
     scene_prob: float = param(0.3, PROBABILITY)  # queries that name the scene
     filler_rate: float = param(0.3, PROBABILITY)  # chance of each filler slot (uninformative words)
     mislabel_rate: float = param(0.0, PROBABILITY)  # noisy correspondence: training queries moved to a random video

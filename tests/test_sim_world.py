@@ -268,3 +268,68 @@ def test_hidden_scene_queries_require_their_scene_without_naming_it(tiny):
             assert set(scene[s.relevance[q].indices]) == {own}
             assert not any(lang.SCENES[k].name in s.query_text[q].lower() for k in range(len(lang.SCENES)))
     assert "query_hidden_scene" not in tiny["test"].extra
+
+
+def test_compound_queries_say_a_second_overlapping_event_and_relevance_requires_both(tiny):
+    """`sim.compound_prob`: a compound query's text says its event and, after "while", another
+    event of its video (another action) whose frames overlap its moment, named in full; its
+    relevant videos are exactly those holding an event its spec matches overlapped by an event
+    of the second one's (character, action, object), which the brute force below recomputes;
+    the relevant moments are those pairs; off, the world and its cache key are those of before
+    the knob."""
+    from prvr.datasets.sim import world_knobs
+
+    d = generate("sim-tiny", tiny_sim(compound_prob=0.8, repeat_prob=0.6, repeat_copies=3, extra_events=3))
+    names = lang.concept_vocab()
+    for name in ("train", "test"):
+        s = d[name]
+        ev, spec, clause, scene = (s.extra[k] for k in ("events", "query_spec", "query_clause", "video_scene"))
+        compound = clause[:, 0] >= 0
+        assert compound.any() and (~compound).any()
+        for q in range(s.num_queries):
+            e, c, o, sc, _ = spec[q]
+            text = s.query_text[q].lower()
+            assert ("(SBAR (IN while)" in s.parses[q]) == compound[q]
+            if compound[q]:
+                k = clause[q, 0]
+                assert ev[k, world.EV_VIDEO] == ev[e, world.EV_VIDEO] and ev[k, world.EV_ACTION] != ev[e, world.EV_ACTION]
+                assert ev[k, world.EV_START] < ev[e, world.EV_END] and ev[e, world.EV_START] < ev[k, world.EV_END]
+                after = text.split(" while " + names["character"][ev[k, world.EV_CHAR]].lower() + " ")[-1]
+                assert after != text and names["object"][ev[k, world.EV_OBJ]].split()[-1].lower() in after
+            want = set()
+            for v in range(s.num_videos):
+                of_v = ev[ev[:, world.EV_VIDEO] == v]
+                first = of_v[(of_v[:, world.EV_ACTION] == ev[e, world.EV_ACTION]) & ((c < 0) | (of_v[:, world.EV_CHAR] == c))
+                             & ((o < 0) | (of_v[:, world.EV_OBJ] == o))]
+                if sc >= 0 and scene[v] != sc:
+                    continue
+                for r in first:
+                    if not compound[q]:
+                        want.add(v)
+                        continue
+                    k = clause[q, 0]
+                    same = (of_v[:, [world.EV_CHAR, world.EV_ACTION, world.EV_OBJ]]
+                            == ev[k, [world.EV_CHAR, world.EV_ACTION, world.EV_OBJ]]).all(1)
+                    if np.any(same & (of_v[:, world.EV_START] < r[world.EV_END]) & (r[world.EV_START] < of_v[:, world.EV_END])):
+                        want.add(v)
+            assert set(s.relevance[q].indices.tolist()) == want
+        query, video, _ = world.relevant_moments(s)
+        pairs = set(zip(query.tolist(), video.tolist()))
+        assert pairs == set(zip(*s.relevance.nonzero()))
+    # compound queries narrow relevance: fewer relevant videos per query than the same world without
+    off = generate("sim-tiny", tiny_sim(repeat_prob=0.6, repeat_copies=3, extra_events=3))
+    assert d["test"].relevance.nnz < off["test"].relevance.nnz
+    assert "query_clause" not in tiny["test"].extra and "compound_prob" not in world_knobs(tiny_sim())
+    assert world_knobs(tiny_sim(compound_prob=0.3))["compound_prob"] == 0.3
+
+
+def test_a_while_clause_is_parsed_and_its_words_carry_the_second_events_concepts():
+    s = lang.realize(0, 0, None, None, 0, np.random.default_rng(0), filler_rate=0.0, clause=(1, 2, lang.objects_of_action(2)[0], 0))
+    plain = lang.realize(0, 0, None, None, 0, np.random.default_rng(0), filler_rate=0.0)
+    assert s.text.startswith(plain.text[:-1] + " while " + lang.CHARACTERS[1])
+    assert "(SBAR (IN while) (S (NP (NNP " + lang.CHARACTERS[1] + "))" in s.parse
+    after = s.tokens.index("while")
+    assert s.concepts[after] is None and s.concepts[after + 1] == ("character", 1)
+    assert ("action", 2) in s.concepts[after:] and ("object", lang.objects_of_action(2)[0]) in s.concepts[after:]
+    with pytest.raises(ValueError, match="action"):
+        lang.realize(0, 0, None, None, 0, np.random.default_rng(0), clause=(1, 10_000, None, 0))

@@ -54,7 +54,7 @@ def world_stats(splits) -> dict:
 # knobs added after worlds were cached and recorded: at their default (off) they are left out of
 # the cache key, so the worlds made before them keep their key (and their cache)
 LATER_KNOBS = {"unnamed_prob": 0.0, "hidden_scene_prob": 0.0, "actions_in_use": 0, "distinct_wording": 0.0,
-               "recurring_unannotated": 0.0}
+               "recurring_unannotated": 0.0, "compound_prob": 0.0}
 
 
 def world_knobs(sim_cfg) -> dict:

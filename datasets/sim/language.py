@@ -616,6 +616,12 @@ def _verb_phrase(action: int, obj: int | None, scene: int | None, paraphrase: in
     return _Node("VP", tuple(children))
 
 
+def _while_clause(character: int, action: int, obj: int | None, paraphrase: int) -> _Node:
+    """(SBAR (IN while) (S (NP (NNP Leonard)) (VP ...))): a second event, named in full."""
+    inner = _Node("S", (_subject(character, 0.0), _verb_phrase(action, obj, None, paraphrase, None)))
+    return _Node("SBAR", (_Node("IN", word="while"), inner))
+
+
 # --------------------------------------------------------------------------- sentences
 
 
@@ -660,16 +666,21 @@ def realize(
     paraphrase: int,
     rng: np.random.Generator,
     filler_rate: float = 0.3,
+    clause: tuple[int, int, int | None, int] | None = None,
 ) -> Sentence:
     """English sentence for one event.
 
     character None -> vague subject ("Someone ..."); obj None -> object-less verb phrase;
     scene None -> no location phrase. filler_rate = probability of each optional filler slot
     (sentence opener, pre-verbal adverb, trailing phrase). Any valid object id is accepted,
-    compatible with the action or not. Always draws the same number of values from `rng`,
+    compatible with the action or not. `clause` = (character, action, object or None,
+    paraphrase) of a second event said after the first: "... while Leonard picks up the
+    phone." Always draws the same number of values from `rng`, with a clause or without,
     so the result is deterministic given the rng state and independent draws stay aligned.
     """
     _check_ids(character, action, obj, scene, paraphrase)
+    if clause is not None:
+        _check_ids(clause[0], clause[1], clause[2], None, clause[3])
     gates, picks = rng.random(3) < filler_rate, rng.random(4)
     children: list[_Node] = []
     opener_word = None
@@ -683,6 +694,8 @@ def realize(
         children.append(_Node("ADVP", (_Node("RB", word=adverbs[int(picks[2] * len(adverbs))]),)))
     trailer = _read_tree(TRAILERS[int(picks[3] * len(TRAILERS))]) if gates[2] else None
     children.append(_verb_phrase(action, obj, scene, paraphrase, trailer))
+    if clause is not None:
+        children.append(_while_clause(*clause))
     children.append(_Node(".", word="."))
     root = _Node("ROOT", (_Node("S", tuple(children)),))
     leaves = _leaves(root)

@@ -210,7 +210,7 @@ def later_copies_unannotated(cfg, events: np.ndarray, split_code: int) -> None:
     copies: dict[tuple, int] = {}
     for combo in combos:
         copies[combo] = copies.get(combo, 0) + 1
-    bounds = np.searchsorted(events[:, EV_VIDEO], np.arange(int(events[:, EV_VIDEO].max(initial=-1)) + 2))
+    bounds = _video_bounds(events)
     annotated_before: set[tuple] = set()
     for e, combo in enumerate(combos):
         if not events[e, EV_ANNOT] or copies[combo] < 2:
@@ -287,22 +287,91 @@ def unnamed_text(cfg, specs: np.ndarray, rng: np.random.Generator) -> np.ndarray
     return (rng.random(len(specs)) < cfg.unnamed_prob) & (specs[:, 1] >= 0)
 
 
-def relevance_matrix(specs: np.ndarray, events: np.ndarray, plan: VideoPlan) -> sp.csr_matrix:
+def compound_clauses(cfg, specs: np.ndarray, events: np.ndarray, split_code: int) -> np.ndarray:
+    """[Q, 2] = (event row, paraphrase) of the second event a compound query says, -1 where it
+    says none: `sim.compound_prob` of the queries add "while <another event of their video whose
+    frames overlap their moment's>", an event of another action, named in full (character,
+    action, object) in a paraphrase of its own draw. Relevance then requires both, overlapping,
+    in one video (`clause_holds`). Real queries often say two things, so a relevant video's query
+    shares part of what a query says and not the rest. Its draws come from a stream of their
+    own, and none is made when the knob is 0, so the worlds made before it are made the same."""
+    clauses = np.full((len(specs), 2), -1, dtype=np.int64)
+    if cfg.compound_prob <= 0:
+        return clauses
+    rng = np.random.default_rng([cfg.seed, split_code, 19])
+    chosen = rng.random(len(specs)) < cfg.compound_prob
+    bounds = _video_bounds(events)
+    for i in np.nonzero(chosen)[0]:
+        e = specs[i, 0]
+        video = events[e, EV_VIDEO]
+        rows = np.arange(bounds[video], bounds[video + 1])
+        ev = events[rows]
+        fits = ((ev[:, EV_START] < events[e, EV_END]) & (events[e, EV_START] < ev[:, EV_END])
+                & (ev[:, EV_ACTION] != events[e, EV_ACTION]))
+        if fits.any():
+            k = int(rows[fits][int(rng.integers(int(fits.sum())))])
+            clauses[i] = (k, rng.integers(lang.num_paraphrases(int(events[k, EV_ACTION]))))
+    return clauses
+
+
+def _video_bounds(events: np.ndarray) -> np.ndarray:
+    """[V + 1]: the rows of video v are bounds[v]:bounds[v + 1] (events are sorted by video)."""
+    return np.searchsorted(events[:, EV_VIDEO], np.arange(int(events[:, EV_VIDEO].max(initial=-1)) + 2))
+
+
+def clause_holds(events: np.ndarray, rows: np.ndarray, clause_event: int, bounds: np.ndarray) -> np.ndarray:
+    """[len(rows)] bool: which of the events `rows` have, in their own video, an event of
+    `clause_event`'s (character, action, object) whose frames overlap theirs: a compound
+    query's second event (`compound_clauses`), as relevance requires it."""
+    combo = events[clause_event, [EV_CHAR, EV_ACTION, EV_OBJ]]
+    out = np.zeros(len(rows), dtype=bool)
+    for i, r in enumerate(rows):
+        video = events[r, EV_VIDEO]
+        ev = events[bounds[video]:bounds[video + 1]]
+        out[i] = bool(np.any((ev[:, [EV_CHAR, EV_ACTION, EV_OBJ]] == combo).all(1)
+                             & (ev[:, EV_START] < events[r, EV_END]) & (events[r, EV_START] < ev[:, EV_END])))
+    return out
+
+
+def relevance_matrix(specs: np.ndarray, events: np.ndarray, plan: VideoPlan,
+                     clauses: np.ndarray | None = None) -> sp.csr_matrix:
     """Ground truth: a video is relevant to a query when one of its events (annotated or not)
-    matches every attribute the query names (character, action, object, scene)."""
+    matches every attribute the query names (character, action, object, scene), and, for a
+    compound query (`clauses`), overlaps an event of the video that its second event's
+    (character, action, object) names."""
     index: dict[tuple, set[int]] = {}
     for v, c, a, o in events[:, [EV_VIDEO, EV_CHAR, EV_ACTION, EV_OBJ]]:
         for key in ((c, a, o), (c, a, -1), (-1, a, o), (-1, a, -1)):
             index.setdefault(key, set()).add(int(v))
+    compound = np.nonzero(clauses[:, 0] >= 0)[0] if clauses is not None else np.zeros(0, dtype=np.int64)
+    bounds = _video_bounds(events) if len(compound) else np.zeros(0, dtype=np.int64)
     rows, cols = [], []
     for q, (e, c, o, scene, _) in enumerate(specs):
         videos = index[(c, events[e, EV_ACTION], o)]
         if scene >= 0:
             videos = {v for v in videos if plan.scene[v] == scene}
+        if clauses is not None and clauses[q, 0] >= 0:
+            found = _matching_events(specs[q], events, plan.scene, bounds, sorted(videos))
+            found = found[clause_holds(events, found, int(clauses[q, 0]), bounds)]
+            videos = set(events[found, EV_VIDEO].tolist())
         rows += [q] * len(videos)
         cols += sorted(videos)
     n_videos = len(plan.show)
     return sp.csr_matrix((np.ones(len(rows), dtype=bool), (rows, cols)), shape=(len(specs), n_videos))
+
+
+def _matching_events(spec: np.ndarray, events: np.ndarray, scene: np.ndarray, bounds: np.ndarray,
+                     videos: list[int]) -> np.ndarray:
+    """The event rows of `videos` that match what one query's spec names (character, action,
+    object, scene), by the rule of `relevance_matrix`."""
+    e, c, o, sc, _ = spec
+    rows = np.concatenate([np.arange(bounds[v], bounds[v + 1]) for v in videos]) if videos else np.zeros(0, np.int64)
+    ev = events[rows]
+    keep = ((ev[:, EV_ACTION] == events[e, EV_ACTION]) & ((c < 0) | (ev[:, EV_CHAR] == c))
+            & ((o < 0) | (ev[:, EV_OBJ] == o)))
+    if sc >= 0:
+        keep &= scene[ev[:, EV_VIDEO]] == sc
+    return rows[keep]
 
 
 def relevant_moments(split: Split) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -317,6 +386,8 @@ def relevant_moments(split: Split) -> tuple[np.ndarray, np.ndarray, np.ndarray] 
     events, specs, scene = (split.extra.get(k) for k in ("events", "query_spec", "video_scene"))
     if events is None or specs is None or scene is None:
         return None
+    clauses = split.extra.get("query_clause")
+    bounds = _video_bounds(events) if clauses is not None else np.zeros(0, dtype=np.int64)
     row_seconds = split.durations / np.maximum(split.frames.lengths, 1)
     by_action: dict[int, np.ndarray] = {}
     for a in np.unique(events[:, EV_ACTION]):
@@ -328,6 +399,8 @@ def relevant_moments(split: Split) -> tuple[np.ndarray, np.ndarray, np.ndarray] 
         keep = ((c < 0) | (ev[:, EV_CHAR] == c)) & ((o < 0) | (ev[:, EV_OBJ] == o))
         if sc >= 0:
             keep &= scene[ev[:, EV_VIDEO]] == sc
+        if clauses is not None and clauses[q, 0] >= 0:
+            keep[keep] = clause_holds(events, cand[keep], int(clauses[q, 0]), bounds)
         queries.append(np.full(int(keep.sum()), q, dtype=np.int64))
         rows.append(cand[keep])
     rows_all = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
@@ -361,14 +434,15 @@ def generate_split(cfg, concepts: Concepts, split: str, n_videos: int, prefix: s
     specs = query_specs(cfg, events, plan, rng)
     worded_apart(cfg, specs, events, SPLIT_CODES[split])
     hidden = hidden_scene(cfg, specs, events, plan, rng)
-    relevance = relevance_matrix(specs, events, plan)
+    clauses = compound_clauses(cfg, specs, events, SPLIT_CODES[split])
+    relevance = relevance_matrix(specs, events, plan, clauses)
     unnamed = unnamed_text(cfg, specs, rng)
     said = specs.copy()  # what the text names: neither an unnamed character nor a hidden scene
     said[unnamed, 1], said[hidden, 3] = -1, -1
     by_video = np.split(np.arange(len(events)), np.searchsorted(events[:, EV_VIDEO], np.arange(1, n_videos)))
 
     frames = _frame_features(cfg, concepts, plan, events, by_video, rng, progress)
-    text, tokens, parses = _queries(cfg, concepts, events, said, rng)
+    text, tokens, parses = _queries(cfg, concepts, events, said, clauses, rng)
     query_video = events[specs[:, 0], EV_VIDEO].copy()
     if split == "train" and cfg.mislabel_rate > 0:
         query_video = _mislabel(query_video, cfg.mislabel_rate, n_videos, rng)
@@ -389,7 +463,8 @@ def generate_split(cfg, concepts: Concepts, split: str, n_videos: int, prefix: s
         relevance=relevance, parses=parses,
         extra={"query_spec": specs, "events": events, "video_scene": plan.scene, "video_show": plan.show,
                **({"query_unnamed": unnamed} if cfg.unnamed_prob > 0 else {}),
-               **({"query_hidden_scene": hidden} if cfg.hidden_scene_prob > 0 else {})},
+               **({"query_hidden_scene": hidden} if cfg.hidden_scene_prob > 0 else {}),
+               **({"query_clause": clauses} if cfg.compound_prob > 0 else {})},
     )
 
 
@@ -419,12 +494,14 @@ def _frame_features(cfg, concepts, plan, events, by_video, rng, progress) -> Rag
     return Ragged(data, offsets)
 
 
-def _queries(cfg, concepts, events, specs, rng) -> tuple[list[str], Ragged, list[str]]:
+def _queries(cfg, concepts, events, specs, clauses, rng) -> tuple[list[str], Ragged, list[str]]:
     texts, parses, toks = [], [], []
     d = cfg.latent_dim
-    for e, c, o, scene, para in specs:
+    for (e, c, o, scene, para), (k, k_para) in zip(specs, clauses):
+        clause = None if k < 0 else (int(events[k, EV_CHAR]), int(events[k, EV_ACTION]), int(events[k, EV_OBJ]), int(k_para))
         s = lang.realize(None if c < 0 else int(c), int(events[e, EV_ACTION]), None if o < 0 else int(o),
-                         None if scene < 0 else int(scene), int(para), rng, filler_rate=cfg.filler_rate)
+                         None if scene < 0 else int(scene), int(para), rng, filler_rate=cfg.filler_rate,
+                         clause=clause)
         z = np.stack([_token_latent(concepts, tok, con) for tok, con in zip(s.tokens, s.concepts)])
         z += cfg.token_noise / np.sqrt(d) * rng.standard_normal(z.shape)
         feats = z.astype(np.float32) @ concepts.text_map
