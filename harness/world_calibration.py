@@ -157,6 +157,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="census tables of the world's test split (its preset, remade worlds)")
     p.add_argument("--chosen", default=None, metavar="WORLD",
                    help="the world chosen as the new preset, as its table's `world` column names it")
+    p.add_argument("--preset", nargs=2, action="append", default=[], metavar=("NAME", "WORLD"),
+                   help="a calibrated preset (e.g. sim-tvr-v) and the world it uses, as its table's `world` column "
+                        "names it; once per preset where the report serves several (the row notes `chosen: NAME`)")
     p.add_argument("--before", default=None, metavar="WORLD",
                    help="the world of the preset before calibration (default: the row named by the dataset), e.g. "
                         "sim.seed=0 for a census of the preset made with --set sim.seed=0")
@@ -171,14 +174,18 @@ def cmd_calibrate_world(args: argparse.Namespace) -> None:
     worlds = [w for path in args.tables for w in read_worlds(Path(path), "test")]
     thetas = sorted(real[0].recall)
     names = {w.name for w in worlds}
-    for flag, name in (("--chosen", args.chosen), ("--before", args.before)):
+    given = [("--chosen", args.chosen), ("--before", args.before), *(("--preset " + p, w) for p, w in args.preset)]
+    for flag, name in given:
         if name is not None and name not in names:
             raise UserError(f"{flag} {name!r}: no such world in the tables; they have {', '.join(sorted(names))}")
     marked = {args.before or args.world: "the preset before calibration", **({args.chosen: "chosen"} if args.chosen else {})}
+    for preset, world in args.preset:
+        marked[world] = ", ".join(filter(None, [marked.get(world, ""), f"chosen: {preset}"]))
     worlds.sort(key=lambda w: distance(w, real[0], thetas))
     command = " ".join(["prvr-bench calibrate-world", "--world", args.world, "--real", _shown(args.real),
                         "--tables", *(_shown(t) for t in args.tables),
                         *(["--chosen", repr(args.chosen)] if args.chosen else []),
+                        *(w for p, world in args.preset for w in ("--preset", p, repr(world))),
                         *(["--before", repr(args.before)] if args.before else [])])
     md, table = render(args.world, real[0], worlds, thetas, command, marked)
     out = Path(args.out) / "calibration" / f"{args.world}~real"

@@ -333,3 +333,10 @@ def test_a_while_clause_is_parsed_and_its_words_carry_the_second_events_concepts
     assert ("action", 2) in s.concepts[after:] and ("object", lang.objects_of_action(2)[0]) in s.concepts[after:]
     with pytest.raises(ValueError, match="action"):
         lang.realize(0, 0, None, None, 0, np.random.default_rng(0), clause=(1, 10_000, None, 0))
+    # every filler on: the clause takes the trailing filler's place, and the draws stay aligned
+    rng_a, rng_b = np.random.default_rng(3), np.random.default_rng(3)
+    full = lang.realize(0, 0, None, None, 0, rng_a, filler_rate=1.0, clause=(1, 2, None, 0))
+    alone = lang.realize(0, 0, None, None, 0, rng_b, filler_rate=1.0)
+    assert not any(t in full.text for t in ("again while", "briefly while", "moment while", "point while",
+                                            "a while while"))
+    assert full.text.split(" while ")[0] in alone.text and rng_a.random() == rng_b.random()

@@ -98,6 +98,27 @@ def test_chosen_and_before_must_name_worlds_of_the_tables(tmp_path, capsys):
     assert main([*args, "--before", "sim.seed=0"]) == 0
     assert "| sim.seed=0 |" in (tmp_path / "calibration" / "sim-tvr~real.md").read_text()
     assert "the preset before calibration" in (tmp_path / "calibration" / "sim-tvr~real.csv").read_text()
+    assert main([*args, "--preset", "sim-tvr-v", "sim.seed=2"]) == 2
+    assert "--preset sim-tvr-v 'sim.seed=2': no such world" in capsys.readouterr().err
+
+
+def test_a_report_serving_several_presets_marks_each_presets_world(tmp_path):
+    """`--preset NAME WORLD` once per calibrated preset of one base world (sim-tvr-v and
+    sim-tvr-v2 of sim-tvr): each row says which preset chose it, and the command says so too."""
+    real = _table(tmp_path / "real.csv", ["tvr,,val,10,5,sent,0.7,0.01,0.2,0.0001,100,0.1,1.2"])
+    sims = _table(tmp_path / "sims.csv", [
+        "sim-tvr,sim.seed=0,test,10,5,sent,0.7,0.1,0.5,0.001,100,0.3,2.0",
+        "sim-tvr,sim.repeat_prob=0.2,test,10,5,sent,0.7,0.1,0.3,0.001,100,0.1,1.2",
+        "sim-tvr,sim.repeat_prob=0.1,test,10,5,sent,0.7,0.1,0.2,0.001,100,0.1,1.2"])
+    assert main(["calibrate-world", "--world", "sim-tvr", "--real", str(real), "--tables", str(sims),
+                 "--preset", "sim-tvr-v", "sim.repeat_prob=0.2", "--preset", "sim-tvr-v2", "sim.repeat_prob=0.1",
+                 "--before", "sim.seed=0", "--out", str(tmp_path)]) == 0
+    md = (tmp_path / "calibration" / "sim-tvr~real.md").read_text()
+    assert "--preset sim-tvr-v 'sim.repeat_prob=0.2' --preset sim-tvr-v2 'sim.repeat_prob=0.1'" in md
+    notes = {line.split(" | ")[0][2:]: line.split(" | ")[-1].rstrip(" |") for line in md.splitlines()
+             if line.startswith("| sim.")}
+    assert notes == {"sim.repeat_prob=0.1": "chosen: sim-tvr-v2", "sim.repeat_prob=0.2": "chosen: sim-tvr-v",
+                     "sim.seed=0": "the preset before calibration"}
 
 
 # ----------------------------------------------------------------------------- the calibrated variants
@@ -180,7 +201,9 @@ def test_each_calibrated_preset_is_the_world_its_report_chose():
     for name in ("sim-tvr-v", "sim-charades-v"):
         preset = sections.load_yaml(DATASETS.get(name).preset)  # the variant's own keys
         report = results / f"{preset['variant_of']}~real.md"
-        chosen = [line for line in report.read_text().splitlines() if line.endswith("| chosen |")]
+        lines = report.read_text().splitlines()
+        chosen = ([line for line in lines if line.endswith(f"chosen: {name} |")]
+                  or [line for line in lines if line.endswith("| chosen |")])
         assert len(chosen) == 1, report
         knobs = dict(word.split("=", 1) for word in chosen[0].split("|")[1].split())
         assert {f"sim.{k}": str(v) for k, v in preset["sim"].items()} == knobs, name

@@ -692,7 +692,8 @@ def realize(
     if gates[1]:
         adverbs = [a for a in ADVERBS if a != opener_word]
         children.append(_Node("ADVP", (_Node("RB", word=adverbs[int(picks[2] * len(adverbs))]),)))
-    trailer = _read_tree(TRAILERS[int(picks[3] * len(TRAILERS))]) if gates[2] else None
+    # no trailing filler before a clause ("... for a while while Leonard ..."); drawn all the same
+    trailer = _read_tree(TRAILERS[int(picks[3] * len(TRAILERS))]) if gates[2] and clause is None else None
     children.append(_verb_phrase(action, obj, scene, paraphrase, trailer))
     if clause is not None:
         children.append(_while_clause(*clause))
