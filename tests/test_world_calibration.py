@@ -128,12 +128,13 @@ def test_a_variant_resolves_as_its_base_but_for_its_world():
 
     from prvr.harness.config import resolve
 
-    for method in ("baseline", "arl", "xml", "gmmformer2"):
-        base, variant = (dataclasses.asdict(resolve(method, d, 0, [])) for d in ("sim-tvr", "sim-tvr-v"))
-        assert {k for k in base if base[k] != variant[k]} == {"dataset", "sim"}
-        assert {k for k in base["sim"] if base["sim"][k] != variant["sim"][k]} == {
-            "repeat_prob", "repeat_copies", "vague_prob", "extra_events", "unnamed_prob"}
-    assert resolve("baseline", "sim-tvr-v", 0, ["data.scale=full"]).sim.train_videos == 17435
+    knobs = {"repeat_prob", "repeat_copies", "vague_prob", "extra_events", "unnamed_prob"}
+    for name, own in (("sim-tvr-v", knobs), ("sim-tvr-v2", knobs | {"compound_prob"})):
+        for method in ("baseline", "arl", "xml", "gmmformer2"):
+            base, variant = (dataclasses.asdict(resolve(method, d, 0, [])) for d in ("sim-tvr", name))
+            assert {k for k in base if base[k] != variant[k]} == {"dataset", "sim"}
+            assert {k for k in base["sim"] if base["sim"][k] != variant["sim"][k]} == own
+        assert resolve("baseline", name, 0, ["data.scale=full"]).sim.train_videos == 17435
 
 
 def test_a_variant_of_an_unknown_dataset_is_one_line_naming_the_preset(monkeypatch):
@@ -198,7 +199,7 @@ def test_each_calibrated_preset_is_the_world_its_report_chose():
 
     results = Path(__file__).parent.parent / "results" / "calibration"
     checked = 0
-    for name in ("sim-tvr-v", "sim-charades-v"):
+    for name in ("sim-tvr-v", "sim-tvr-v2", "sim-charades-v"):
         preset = sections.load_yaml(DATASETS.get(name).preset)  # the variant's own keys
         report = results / f"{preset['variant_of']}~real.md"
         lines = report.read_text().splitlines()
@@ -208,4 +209,4 @@ def test_each_calibrated_preset_is_the_world_its_report_chose():
         knobs = dict(word.split("=", 1) for word in chosen[0].split("|")[1].split())
         assert {f"sim.{k}": str(v) for k, v in preset["sim"].items()} == knobs, name
         checked += 1
-    assert checked == 2
+    assert checked == 3

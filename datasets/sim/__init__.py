@@ -79,5 +79,6 @@ _register("sim-activitynet", "simulated ActivityNet Captions: 3.7 q/video, 117 s
 _register("sim-charades", "simulated Charades-STA: 2.3 q/video, 30 s videos, medium moments, short queries, 1024-d")
 _register("sim-didemo", "simulated DiDeMo: 3.8 q/video, 25-30 s videos of 2.5 s clips, short moments, 2048-d / 768-d")
 _register("sim-tvr-v", "sim-tvr calibrated to TVR's verified relevance: 10% multi-relevant, text detection as hard")
+_register("sim-tvr-v2", "sim-tvr-v with compound queries: every calibration figure within x1.5 of TVR's verified relevance")
 _register("sim-charades-v", "sim-charades calibrated to Charades-STA's verified relevance: 43% multi-relevant, a small generic vocabulary")
 _register("sim-tiny", "tiny simulated world for tests: generates in about a second")
