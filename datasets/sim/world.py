@@ -343,8 +343,7 @@ def relevance_matrix(specs: np.ndarray, events: np.ndarray, plan: VideoPlan,
     for v, c, a, o in events[:, [EV_VIDEO, EV_CHAR, EV_ACTION, EV_OBJ]]:
         for key in ((c, a, o), (c, a, -1), (-1, a, o), (-1, a, -1)):
             index.setdefault(key, set()).add(int(v))
-    compound = np.nonzero(clauses[:, 0] >= 0)[0] if clauses is not None else np.zeros(0, dtype=np.int64)
-    bounds = _video_bounds(events) if len(compound) else np.zeros(0, dtype=np.int64)
+    bounds = _video_bounds(events)
     rows, cols = [], []
     for q, (e, c, o, scene, _) in enumerate(specs):
         videos = index[(c, events[e, EV_ACTION], o)]
@@ -386,8 +385,7 @@ def relevant_moments(split: Split) -> tuple[np.ndarray, np.ndarray, np.ndarray] 
     events, specs, scene = (split.extra.get(k) for k in ("events", "query_spec", "video_scene"))
     if events is None or specs is None or scene is None:
         return None
-    clauses = split.extra.get("query_clause")
-    bounds = _video_bounds(events) if clauses is not None else np.zeros(0, dtype=np.int64)
+    clauses, bounds = split.extra.get("query_clause"), _video_bounds(events)
     row_seconds = split.durations / np.maximum(split.frames.lengths, 1)
     by_action: dict[int, np.ndarray] = {}
     for a in np.unique(events[:, EV_ACTION]):
