@@ -343,34 +343,42 @@ def relevance_matrix(specs: np.ndarray, events: np.ndarray, plan: VideoPlan,
     for v, c, a, o in events[:, [EV_VIDEO, EV_CHAR, EV_ACTION, EV_OBJ]]:
         for key in ((c, a, o), (c, a, -1), (-1, a, o), (-1, a, -1)):
             index.setdefault(key, set()).add(int(v))
-    bounds = _video_bounds(events)
+    by_action, bounds = _events_by_action(events), _video_bounds(events)
     rows, cols = [], []
     for q, (e, c, o, scene, _) in enumerate(specs):
-        videos = index[(c, events[e, EV_ACTION], o)]
-        if scene >= 0:
-            videos = {v for v in videos if plan.scene[v] == scene}
         if clauses is not None and clauses[q, 0] >= 0:
-            found = _matching_events(specs[q], events, plan.scene, bounds, sorted(videos))
-            found = found[clause_holds(events, found, int(clauses[q, 0]), bounds)]
+            found = matching_events(specs[q], int(clauses[q, 0]), events, plan.scene, by_action, bounds)
             videos = set(events[found, EV_VIDEO].tolist())
+        else:
+            videos = index[(c, events[e, EV_ACTION], o)]
+            if scene >= 0:
+                videos = {v for v in videos if plan.scene[v] == scene}
         rows += [q] * len(videos)
         cols += sorted(videos)
     n_videos = len(plan.show)
     return sp.csr_matrix((np.ones(len(rows), dtype=bool), (rows, cols)), shape=(len(specs), n_videos))
 
 
-def _matching_events(spec: np.ndarray, events: np.ndarray, scene: np.ndarray, bounds: np.ndarray,
-                     videos: list[int]) -> np.ndarray:
-    """The event rows of `videos` that match what one query's spec names (character, action,
-    object, scene), by the rule of `relevance_matrix`."""
+def _events_by_action(events: np.ndarray) -> dict[int, np.ndarray]:
+    """action -> the rows of its events."""
+    return {int(a): np.nonzero(events[:, EV_ACTION] == a)[0] for a in np.unique(events[:, EV_ACTION])}
+
+
+def matching_events(spec: np.ndarray, clause_event: int, events: np.ndarray, scene: np.ndarray,
+                    by_action: dict[int, np.ndarray], bounds: np.ndarray) -> np.ndarray:
+    """The event rows that one query's relevance holds for: those that match every attribute
+    its spec names (character, action, object, scene) and, for a compound query
+    (`clause_event` >= 0), that its second event's combination overlaps (`clause_holds`). The
+    rule of `relevance_matrix` and `relevant_moments`."""
     e, c, o, sc, _ = spec
-    rows = np.concatenate([np.arange(bounds[v], bounds[v + 1]) for v in videos]) if videos else np.zeros(0, np.int64)
-    ev = events[rows]
-    keep = ((ev[:, EV_ACTION] == events[e, EV_ACTION]) & ((c < 0) | (ev[:, EV_CHAR] == c))
-            & ((o < 0) | (ev[:, EV_OBJ] == o)))
+    cand = by_action[int(events[e, EV_ACTION])]
+    ev = events[cand]
+    keep = ((c < 0) | (ev[:, EV_CHAR] == c)) & ((o < 0) | (ev[:, EV_OBJ] == o))
     if sc >= 0:
         keep &= scene[ev[:, EV_VIDEO]] == sc
-    return rows[keep]
+    if clause_event >= 0:
+        keep[keep] = clause_holds(events, cand[keep], clause_event, bounds)
+    return cand[keep]
 
 
 def relevant_moments(split: Split) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -385,22 +393,14 @@ def relevant_moments(split: Split) -> tuple[np.ndarray, np.ndarray, np.ndarray] 
     events, specs, scene = (split.extra.get(k) for k in ("events", "query_spec", "video_scene"))
     if events is None or specs is None or scene is None:
         return None
-    clauses, bounds = split.extra.get("query_clause"), _video_bounds(events)
+    clauses = split.extra.get("query_clause")
     row_seconds = split.durations / np.maximum(split.frames.lengths, 1)
-    by_action: dict[int, np.ndarray] = {}
-    for a in np.unique(events[:, EV_ACTION]):
-        by_action[int(a)] = np.nonzero(events[:, EV_ACTION] == a)[0]
+    by_action, bounds = _events_by_action(events), _video_bounds(events)
     queries, rows = [], []
-    for q, (e, c, o, sc, _) in enumerate(specs):
-        cand = by_action[int(events[e, EV_ACTION])]
-        ev = events[cand]
-        keep = ((c < 0) | (ev[:, EV_CHAR] == c)) & ((o < 0) | (ev[:, EV_OBJ] == o))
-        if sc >= 0:
-            keep &= scene[ev[:, EV_VIDEO]] == sc
-        if clauses is not None and clauses[q, 0] >= 0:
-            keep[keep] = clause_holds(events, cand[keep], int(clauses[q, 0]), bounds)
-        queries.append(np.full(int(keep.sum()), q, dtype=np.int64))
-        rows.append(cand[keep])
+    for q, spec in enumerate(specs):
+        found = matching_events(spec, -1 if clauses is None else int(clauses[q, 0]), events, scene, by_action, bounds)
+        queries.append(np.full(len(found), q, dtype=np.int64))
+        rows.append(found)
     rows_all = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
     video = events[rows_all, EV_VIDEO].astype(np.int64)
     spans = events[rows_all][:, [EV_START, EV_END]].astype(np.float64) * row_seconds[video, None]
