@@ -1,4 +1,4 @@
-"""Sessions: tests, bench, leaderboard, profile, docs. Virtualenvs are reused between runs."""
+"""Sessions: tests, ray, bench, leaderboard, profile, docs, gpu. Virtualenvs are reused between runs."""
 
 import os
 
@@ -61,6 +61,14 @@ def tests(session: nox.Session) -> None:
     _install(session, "test")
     _typecheck(session)
     session.run("pytest", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def ray(session: nox.Session) -> None:
+    """The Ray executor's tests with Ray installed (`test` and `ray` extras), the local-Ray one
+    included, which `nox -s tests` skips since Ray is not in `test`. Arguments go to pytest."""
+    _install(session, "test,ray")
+    session.run("pytest", "tests/test_ray_executor.py", *(session.posargs or ["-q"]))
 
 
 @nox.session(python=PYTHON)
