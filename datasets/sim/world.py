@@ -339,22 +339,13 @@ def relevance_matrix(specs: np.ndarray, events: np.ndarray, plan: VideoPlan,
     matches every attribute the query names (character, action, object, scene), and, for a
     compound query (`clauses`), overlaps an event of the video that its second event's
     (character, action, object) names."""
-    index: dict[tuple, set[int]] = {}
-    for v, c, a, o in events[:, [EV_VIDEO, EV_CHAR, EV_ACTION, EV_OBJ]]:
-        for key in ((c, a, o), (c, a, -1), (-1, a, o), (-1, a, -1)):
-            index.setdefault(key, set()).add(int(v))
     by_action, bounds = _events_by_action(events), _video_bounds(events)
     rows, cols = [], []
-    for q, (e, c, o, scene, _) in enumerate(specs):
-        if clauses is not None and clauses[q, 0] >= 0:
-            found = matching_events(specs[q], int(clauses[q, 0]), events, plan.scene, by_action, bounds)
-            videos = set(events[found, EV_VIDEO].tolist())
-        else:
-            videos = index[(c, events[e, EV_ACTION], o)]
-            if scene >= 0:
-                videos = {v for v in videos if plan.scene[v] == scene}
+    for q, spec in enumerate(specs):
+        clause = -1 if clauses is None else int(clauses[q, 0])
+        videos = np.unique(events[matching_events(spec, clause, events, plan.scene, by_action, bounds), EV_VIDEO])
         rows += [q] * len(videos)
-        cols += sorted(videos)
+        cols += videos.tolist()
     n_videos = len(plan.show)
     return sp.csr_matrix((np.ones(len(rows), dtype=bool), (rows, cols)), shape=(len(specs), n_videos))
 
