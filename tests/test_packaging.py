@@ -1,8 +1,13 @@
-"""The project must not shadow Hugging Face `datasets` (transformers imports it)."""
+"""Packaging: every dependency pinned exactly; the project must not shadow Hugging Face
+`datasets` (transformers imports it)."""
 
 import subprocess
 import sys
 import textwrap
+import tomllib
+from pathlib import Path
+
+import pytest
 
 
 def test_no_top_level_datasets_module_comes_from_the_installed_project(tmp_path):
@@ -35,3 +40,17 @@ def test_a_third_party_datasets_package_imports_beside_the_project(tmp_path):
                          env={"PYTHONPATH": str(tmp_path), "PATH": ""})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+def _requirements():
+    meta = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    yield "dependencies", meta["dependencies"]
+    yield from (("optional-dependencies." + name, reqs) for name, reqs in meta["optional-dependencies"].items())
+
+
+@pytest.mark.parametrize("group,reqs", list(_requirements()), ids=lambda v: v if isinstance(v, str) else "")
+def test_every_dependency_is_pinned_exactly(group, reqs):
+    """A range would let a new numpy change the simulated worlds' streams, or a new torch the
+    records' figures, between two installs of the same commit."""
+    loose = [req for req in reqs if req.count("==") != 1 or any(op in req for op in (">", "<", "~", "!", ","))]
+    assert reqs and not loose, f"pyproject.toml [project.{group}]: pin these with ==: {loose}"
