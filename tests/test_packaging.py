@@ -8,7 +8,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from packaging.requirements import Requirement  # pytest's own dependency
+from packaging.requirements import Requirement
 
 
 def test_no_top_level_datasets_module_comes_from_the_installed_project(tmp_path):
