@@ -1,4 +1,4 @@
-"""Sessions: tests, ray, bench, leaderboard, profile, docs, gpu. Virtualenvs are reused between runs."""
+"""Sessions: tests, bench, leaderboard, profile, docs, gpu. Virtualenvs are reused between runs."""
 
 import os
 
@@ -57,18 +57,11 @@ def _typecheck(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
-    """The type check of the typed files, then the test suite (CI runs exactly this)."""
-    _install(session, "test")
+    """The type check of the typed files, then the test suite (CI runs exactly this). Ray is
+    installed with it, so that the local-Ray test of `--executor ray` runs here and in CI."""
+    _install(session, "test,ray")
     _typecheck(session)
     session.run("pytest", *session.posargs)
-
-
-@nox.session(python=PYTHON)
-def ray(session: nox.Session) -> None:
-    """The Ray executor's tests with Ray installed (`test` and `ray` extras), the local-Ray one
-    included, which `nox -s tests` skips since Ray is not in `test`. Arguments go to pytest."""
-    _install(session, "test,ray")
-    session.run("pytest", "tests/test_ray_executor.py", *(session.posargs or ["-q"]))
 
 
 @nox.session(python=PYTHON)
