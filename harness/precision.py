@@ -61,12 +61,6 @@ def set_encoders(model: torch.nn.Module, precision: str, compile: bool = False) 
     shapes: batches differ in length). The weights and their names are untouched."""
     if precision != "bf16" and not compile:
         return model  # fp32 / tf32: the encoders as they are (tf32 is a process-wide matmul mode)
-    if compile:
-        # sizes that happen to be equal in one batch (16 queries of 16 tokens) are not assumed
-        # equal in the next: without this, each such coincidence is a recompile (one bare
-        # sim-tiny epoch of the baseline: 10 graphs and 9 graph breaks with, 8 and 6 without,
-        # counted by dynamo with the eager backend on a CPU)
-        torch.fx.experimental._config.use_duck_shape = False
     for name in ("encode_queries", "encode_videos"):
         encode = getattr(model, name)
         if precision == "bf16":

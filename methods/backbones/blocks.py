@@ -3,8 +3,11 @@
 Every block takes a padded sequence [B, L, D] and a boolean mask [B, L] (True = real).
 Per-token maps run on the real rows only (padding rows come back as zeros) and attention
 never gives weight to a padded key, so a sequence encodes the same whatever padding its
-batch adds. The reference code ties GMMFormer's Gaussian windows to the padded length and
-lets zeroed padding frames take part in max-pooling; these blocks do neither.
+batch adds. Under torch.compile (`train.compile`) the per-token maps run on every row and the
+padding rows are zeroed after (`pack` / `unpack`): the real rows' values are the same, and no
+size of the graph is read from the data. The reference code ties GMMFormer's Gaussian windows
+to the padded length and lets zeroed padding frames take part in max-pooling; these blocks do
+neither.
 """
 
 from __future__ import annotations
@@ -28,22 +31,21 @@ PLAIN = 0.0  # a branch width of 0 means plain attention (the reference's `wid=N
 def pack(x: torch.Tensor, mask: torch.Tensor, dim: int = 0) -> torch.Tensor:
     """The real rows of a padded tensor whose dims (dim, dim + 1) are [B, L], as one dim N
     (`x[mask]` at `dim`). What the mask looks like is read from its description
-    (harness/masks.py: the loader describes its batches' masks), so nothing is asked of the device."""
-    if torch.compiler.is_compiling():  # a traced graph: the boolean index, which it knows
-        return x[(slice(None),) * dim + (mask,)]
-    if masks.all_true(mask):
+    (harness/masks.py: the loader describes its batches' masks), so nothing is asked of the device.
+    While torch.compile traces, every row is kept (N = B * L), the padding too: a count of real
+    rows would be read from the data, a graph break at each call. Per-row maps leave the real rows
+    as they would be, and `unpack` zeroes the others."""
+    if torch.compiler.is_compiling() or masks.all_true(mask):
         return x.flatten(dim, dim + 1)
     return x.flatten(dim, dim + 1).index_select(dim, masks.true_index(mask))
 
 
 def unpack(rows: torch.Tensor, mask: torch.Tensor, dim: int = 0) -> torch.Tensor:
     """Inverse of `pack`: real rows (N at `dim`) back into a zero-padded [B, L] layout."""
+    if torch.compiler.is_compiling():  # every row was kept (`pack`): zero the padding rows
+        return torch.where(mask.view(*mask.shape, *[1] * (rows.dim() - dim - 1)), rows.unflatten(dim, mask.shape), 0)
     if rows.shape[dim] == mask.numel():
         return rows.unflatten(dim, mask.shape)
-    if torch.compiler.is_compiling():
-        out = rows.new_zeros((*rows.shape[:dim], *mask.shape, *rows.shape[dim + 1 :]))
-        out[(slice(None),) * dim + (mask,)] = rows
-        return out
     out = rows.new_zeros((*rows.shape[:dim], mask.numel(), *rows.shape[dim + 1 :]))
     return out.index_copy(dim, masks.true_index(mask), rows).unflatten(dim, mask.shape)
 
@@ -126,20 +128,22 @@ class AttentionPool(nn.Module):
 
 
 # ----------------------------------------------------------------------------- Gaussian attention
-def gaussian_weights(length: int, width: float, total: int | None = None) -> torch.Tensor:
+def gaussian_weights(length: int, width: float, total: int | None = None,
+                     device: torch.device | None = None) -> torch.Tensor:
     """GMMFormer's Gaussian window [length, length].
 
     Row i is a Gaussian over the positions linspace(0, 1, total), centred at i / total with
     sigma = max(width, 0.01) / 9, scaled to a row maximum of 1; `total` (default `length`)
     fixes the scale, so a sequence's window does not depend on its padding. Width 0: all ones.
+    Made on the CPU unless `device` names another.
     """
     total = total or length
     if length > total:
         raise ValueError(f"Gaussian window over {total} positions cannot cover {length} rows")
     if width <= PLAIN:
-        return torch.ones(length, length)
-    centre = torch.arange(total, dtype=torch.float64)[:, None] / total
-    position = torch.linspace(0, 1, total, dtype=torch.float64)[None, :]
+        return torch.ones(length, length, device=device)
+    centre = torch.arange(total, dtype=torch.float64, device=device)[:, None] / total
+    position = torch.linspace(0, 1, total, dtype=torch.float64, device=device)[None, :]
     sigma = max(width, 1e-2) / 9
     w = torch.exp(-((position - centre) ** 2) / (2 * sigma**2))
     return (w / w.max(-1, keepdim=True).values)[:length, :length].float()
@@ -208,7 +212,12 @@ class GaussianBranches(nn.Module):
         qkv = rowwise(self.qkv, x, mask).view(b, length, n, 3, h, d // h)
         q, k, v = qkv.permute(3, 2, 0, 4, 1, 5)  # each [branches, B, heads, L, d/h]
         logits = q @ k.transpose(-1, -2) / math.sqrt(d // h)
-        window = _windows_on(self.widths, length, self.window_len, x.device, x.dtype)[:, None, None]
+        if torch.compiler.is_compiling():  # made in the graph, on the device (its length is a size of the graph)
+            window = torch.stack([gaussian_weights(length, w, self.window_len, x.device) for w in self.widths])
+            window = window.to(x.dtype)
+        else:
+            window = _windows_on(self.widths, length, self.window_len, x.device, x.dtype)
+        window = window[:, None, None]
         probs = gaussian_attention(logits, window, mask[None, :, None, None, :])
         return (self.attn_drop(probs) @ v).permute(0, 1, 3, 2, 4).reshape(n, b, length, d)
 
