@@ -1,5 +1,5 @@
 """`train.compile` on the CPU: the encoders compile to one graph each, with no graph break, and
-encode as the eager ones do (docs/gpu.md, "Compile").
+encode as the eager ones do (docs/gpu.md, "What is compiled").
 
 Under torch.compile the blocks keep every row of a padded batch and zero the padding rows after
 (methods/backbones/blocks.py `pack` / `unpack`), so no size in a traced graph is read from the
@@ -17,7 +17,6 @@ from torch._dynamo.utils import counters
 
 from prvr.harness.build import build_run
 from prvr.harness.config import resolve
-from prvr.harness.precision import set_encoders
 from prvr.methods.backbones.blocks import GMMBlock, init_weights
 
 # one method per backbone: every encoder the suite has

@@ -43,7 +43,8 @@ def pack(x: torch.Tensor, mask: torch.Tensor, dim: int = 0) -> torch.Tensor:
 def unpack(rows: torch.Tensor, mask: torch.Tensor, dim: int = 0) -> torch.Tensor:
     """Inverse of `pack`: real rows (N at `dim`) back into a zero-padded [B, L] layout."""
     if torch.compiler.is_compiling():  # every row was kept (`pack`): zero the padding rows
-        return torch.where(mask.view(*mask.shape, *[1] * (rows.dim() - dim - 1)), rows.unflatten(dim, mask.shape), 0)
+        real = mask.view(*mask.shape, *[1] * (rows.dim() - dim - 1))  # [B, L, 1, ...] against the rows' dims
+        return torch.where(real, rows.unflatten(dim, mask.shape), 0)
     if rows.shape[dim] == mask.numel():
         return rows.unflatten(dim, mask.shape)
     out = rows.new_zeros((*rows.shape[:dim], mask.numel(), *rows.shape[dim + 1 :]))
@@ -212,7 +213,7 @@ class GaussianBranches(nn.Module):
         qkv = rowwise(self.qkv, x, mask).view(b, length, n, 3, h, d // h)
         q, k, v = qkv.permute(3, 2, 0, 4, 1, 5)  # each [branches, B, heads, L, d/h]
         logits = q @ k.transpose(-1, -2) / math.sqrt(d // h)
-        if torch.compiler.is_compiling():  # made in the graph, on the device (its length is a size of the graph)
+        if torch.compiler.is_compiling():  # made in the graph and on the device: its length is a graph size
             window = torch.stack([gaussian_weights(length, w, self.window_len, x.device) for w in self.widths])
             window = window.to(x.dtype)
         else:
