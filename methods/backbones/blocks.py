@@ -150,9 +150,13 @@ def gaussian_weights(length: int, width: float, total: int | None = None,
     return (w / w.max(-1, keepdim=True).values)[:length, :length].float()
 
 
-@lru_cache(maxsize=64)
-def _windows(widths: tuple[float, ...], length: int, total: int | None) -> torch.Tensor:
-    return torch.stack([gaussian_weights(length, w, total) for w in widths])
+def windows(widths: tuple[float, ...], length: int, total: int | None,
+            device: torch.device | None = None) -> torch.Tensor:
+    """One Gaussian window per branch width: [branches, length, length]."""
+    return torch.stack([gaussian_weights(length, w, total, device) for w in widths])
+
+
+_windows = lru_cache(maxsize=64)(windows)  # on the CPU, once per (widths, length, total)
 
 
 @lru_cache(maxsize=512)
@@ -214,8 +218,7 @@ class GaussianBranches(nn.Module):
         q, k, v = qkv.permute(3, 2, 0, 4, 1, 5)  # each [branches, B, heads, L, d/h]
         logits = q @ k.transpose(-1, -2) / math.sqrt(d // h)
         if torch.compiler.is_compiling():  # made in the graph and on the device: its length is a graph size
-            window = torch.stack([gaussian_weights(length, w, self.window_len, x.device) for w in self.widths])
-            window = window.to(x.dtype)
+            window = windows(self.widths, length, self.window_len, x.device).to(x.dtype)
         else:
             window = _windows_on(self.widths, length, self.window_len, x.device, x.dtype)
         window = window[:, None, None]
