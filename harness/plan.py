@@ -24,7 +24,7 @@ from prvr.harness.build import load_data
 from prvr.harness.io import UserError, read_json
 from prvr.harness.jobs import expected_seconds
 from prvr.harness.records import run_tag
-from prvr.harness.registry import METHODS
+from prvr.harness.registry import DETECTORS, METHODS
 
 PROFILE_FILE = "profile.csv"
 PROFILED_DATASET = re.compile(r"one epoch on ([^:]+):")
@@ -154,22 +154,37 @@ def commands(run_args: list[list[str]], threads: int | None) -> str:
 
 def prepare_data(cfgs: list[Any]) -> None:
     """Load each distinct dataset of the plan once here, so that its cache is built before the runs
-    fan out (runs started together would each build it). A dataset that fails to load is left to
-    its runs, whose logs name the error."""
-    seen = set()
+    fan out (runs started together would each build it), and let each distinct detector of its
+    runs cache what its setup computes (`Detector.prepare`: the SBERT detection). A dataset or a
+    detection that fails here is left to its runs, whose logs name the error."""
+    groups: dict[str, list[Any]] = {}
     for cfg in cfgs:
         d = cfg.to_dict()
-        key = json.dumps([cfg.dataset, d.get("data"), d.get("sim")], sort_keys=True, default=str)
-        if key in seen:
-            continue
-        seen.add(key)
+        groups.setdefault(json.dumps([cfg.dataset, d.get("data"), d.get("sim")], sort_keys=True, default=str),
+                          []).append(cfg)
+    for group in groups.values():  # one dataset in memory at a time
+        cfg = group[0]
         start = time.perf_counter()
         try:
-            load_data(cfg)
+            data = load_data(cfg)
         except UserError as e:
             progress.log(f"[yellow]data[/]: {cfg.dataset} did not load here ({e}); its runs will say why they fail")
             continue
         progress.log(f"data: {cfg.dataset} ready in {time.perf_counter() - start:.0f} s (cached for the runs)")
+        seen = set()
+        for cfg in group:
+            key = json.dumps(cfg.to_dict().get("relations"), sort_keys=True, default=str)
+            if key in seen:
+                continue
+            seen.add(key)
+            try:
+                made = DETECTORS.get(cfg.relations.name)(cfg).prepare(data)
+            except UserError as e:
+                progress.log(f"[yellow]detector[/]: {cfg.relations.name} on {cfg.dataset} prepared nothing here ({e}); "
+                             "its runs will compute it or say why they fail")
+                continue
+            if made:
+                progress.log(f"detector: {made}")
 
 
 def quick_summary(records: list[Path]) -> str:

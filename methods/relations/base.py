@@ -54,6 +54,12 @@ class Detector:
         """Check that the dataset provides what the detector needs (called once). `plan`: what
         the method asks of its detector (`MethodSpec.detector_plan(loss config)`), or None."""
 
+    def prepare(self, data: PRVRData) -> str | None:
+        """Compute and cache, once before runs fan out, what `setup` would otherwise compute in
+        every run (`bench --prepare-data`, and before `--jobs` / Ray); a line saying what was
+        made, or None where the detector caches nothing."""
+        return None
+
     def on_epoch_start(self, state: DetectorState) -> None:
         """Refresh per-epoch state (e.g. dataset-wide statistics)."""
 

