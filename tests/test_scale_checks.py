@@ -161,7 +161,7 @@ def test_rehearsal_goes_from_world_to_export_to_real_loaders_to_an_epoch(tmp_pat
     work = tmp_path / "work"
     assert main(["rehearse", "--scale", "tiny", "--method", "baseline", "--train-batches", "3", "--out",
                  str(tmp_path), "--work", str(work), "--quiet"]) == 0
-    rows = list(csv.DictReader(open(tmp_path / "rehearsal.csv", encoding="utf-8")))
+    rows = list(csv.DictReader((tmp_path / "rehearsal.csv").read_text(encoding="utf-8").splitlines()))
     phases = list(dict.fromkeys(r["phase"] for r in rows))
     assert phases == ["world", "export", "load (first)", "load (cached)", "method baseline"]
     figures = {(r["phase"], r["figure"]): r["value"] for r in rows if r["figure"]}
