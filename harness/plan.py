@@ -157,13 +157,13 @@ def prepare_data(cfgs: list[Any]) -> None:
     fan out (runs started together would each build it), and let each distinct detector of its
     runs cache what its setup computes (`Detector.prepare`: the SBERT detection). A dataset or a
     detection that fails here is left to its runs, whose logs name the error."""
-    groups: dict[str, list[Any]] = {}
+    groups: dict[str, dict[str, Any]] = {}  # dataset -> distinct detector settings -> a config with them
     for cfg in cfgs:
         d = cfg.to_dict()
-        groups.setdefault(json.dumps([cfg.dataset, d.get("data"), d.get("sim")], sort_keys=True, default=str),
-                          []).append(cfg)
+        data_key = json.dumps([cfg.dataset, d.get("data"), d.get("sim")], sort_keys=True, default=str)
+        groups.setdefault(data_key, {}).setdefault(json.dumps(d.get("relations"), sort_keys=True, default=str), cfg)
     for group in groups.values():  # one dataset in memory at a time
-        cfg = group[0]
+        cfg = next(iter(group.values()))
         start = time.perf_counter()
         try:
             data = load_data(cfg)
@@ -171,12 +171,7 @@ def prepare_data(cfgs: list[Any]) -> None:
             progress.log(f"[yellow]data[/]: {cfg.dataset} did not load here ({e}); its runs will say why they fail")
             continue
         progress.log(f"data: {cfg.dataset} ready in {time.perf_counter() - start:.0f} s (cached for the runs)")
-        seen = set()
-        for cfg in group:
-            key = json.dumps(cfg.to_dict().get("relations"), sort_keys=True, default=str)
-            if key in seen:
-                continue
-            seen.add(key)
+        for cfg in group.values():
             try:
                 made = DETECTORS.get(cfg.relations.name)(cfg).prepare(data)
             except UserError as e:
