@@ -11,7 +11,8 @@ sim-tvr epoch of the baseline under each precision and with deterministic kernel
 cost); and the profile's device rows (runtime per query, training epoch) in OUT/profile/.
 
 Written to OUT/gpu-check.md and .json. Meant for a GPU (`--device cuda`; 217 and 256 s on an
-H100 before the timing rows stopped waiting for the compile test, docs/gpu.md); `--device cpu
+H100 before the timing rows stopped waiting for the compile test, 136 s on an H200 after,
+docs/gpu.md); `--device cpu
 --quick` checks the command itself (the test suite does).
 """
 
