@@ -52,6 +52,18 @@ def set_deterministic(on: bool, device: torch.device) -> None:
     torch.use_deterministic_algorithms(on, warn_only=True)
     torch.backends.cudnn.deterministic = on
     torch.backends.cudnn.benchmark = False
+    # Attention (nn.MultiheadAttention, scaled_dot_product_attention): the fused CUDA kernels
+    # may add up their backward with atomics, and under warn_only torch keeps them with a
+    # warning (an H200, 2026-11-27: "Memory Efficient attention defaults to a non-deterministic
+    # algorithm" in the baseline's deterministic epoch). The math kernel is matrix products and
+    # a softmax, deterministic under the settings above; off gives the fused ones back.
+    for enable in SDPA_FUSED:
+        enable(not on)
+
+
+# torch's switches of the fused attention kernels (flash, memory-efficient, cuDNN); process-wide
+SDPA_FUSED = (torch.backends.cuda.enable_flash_sdp, torch.backends.cuda.enable_mem_efficient_sdp,
+              torch.backends.cuda.enable_cudnn_sdp)
 
 
 def set_encoders(model: torch.nn.Module, precision: str, compile: bool = False) -> torch.nn.Module:

@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-from prvr.harness import leaderboard, progress, trainer as trainer_mod
+from prvr.harness import leaderboard, precision, progress, trainer as trainer_mod
 from prvr.harness.cli import main
 from prvr.harness.config import resolve
 from prvr.harness.io import UserError
@@ -137,6 +137,59 @@ def test_bf16_scores_and_loss_are_within_tolerance_of_fp32(method):
     assert (got["bf16"][0] - got["fp32"][0]).abs().max() <= BF16_SCORE_TOL
     assert got["bf16"][1] == pytest.approx(got["fp32"][1], rel=BF16_LOSS_RTOL)
     assert not torch.equal(got["bf16"][0], got["fp32"][0])  # bf16 did run in bf16
+
+
+@pytest.fixture
+def process_switches(monkeypatch):
+    """set_deterministic's switches are process-wide: put them back after the test."""
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
+             [torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.mem_efficient_sdp_enabled(),
+              torch.backends.cuda.cudnn_sdp_enabled()])
+    yield
+    torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[2], saved[3]
+    for enable, on in zip(precision.SDPA_FUSED, saved[4]):
+        enable(on)
+
+
+def _attention_kernels():
+    """The attention and softmax ops that a training step of nn.MultiheadAttention dispatches."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.add(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    attention = torch.nn.MultiheadAttention(16, 2, batch_first=True)
+    x = torch.randn(3, 5, 16, requires_grad=True)
+    with Ops() as seen:
+        out, _ = attention(x, x, x, need_weights=False)
+        out.sum().backward()
+    return {op for op in seen.ops if "attention" in op or "softmax" in op}
+
+
+def test_deterministic_cuda_runs_keep_attention_off_the_fused_kernels(process_switches):
+    """On an H200 the baseline's deterministic epoch warned that memory-efficient attention is not
+    deterministic: train.deterministic on CUDA now leaves attention to the math kernel (matrix
+    products and a softmax). The switches are torch's, process-wide, and the CPU's fused kernel
+    obeys them too, so the choice is seen here on a CPU tensor."""
+    fused = _attention_kernels()
+    assert any("flash_attention" in op for op in fused)  # the CPU's fused kernel, by default
+    precision.set_deterministic(True, torch.device("cuda"))
+    assert torch.are_deterministic_algorithms_enabled()
+    math = _attention_kernels()
+    assert not any("attention" in op for op in math) and any("softmax" in op for op in math), math
+    precision.set_deterministic(False, torch.device("cuda"))
+    assert _attention_kernels() == fused
+    precision.set_deterministic(True, torch.device("cpu"))  # a CPU run is exact either way: untouched
+    assert _attention_kernels() == fused and not torch.are_deterministic_algorithms_enabled()
 
 
 def test_precision_is_in_the_record_and_the_leaderboard_budget(tmp_path):

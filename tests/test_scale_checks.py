@@ -7,6 +7,7 @@ import csv
 import json
 import subprocess
 import sys
+import warnings
 
 import torch
 
@@ -24,9 +25,25 @@ def test_gpu_check_runs_every_check_and_writes_one_table(tmp_path, capsys):
     assert checks == ["baseline: one epoch on sim-tiny", "evaluate --parts", "evaluate --noise-levels 0 0.5",
                       "kill after epoch 0, resume (deterministic)", "evaluator (quick shape)"]
     assert all(r["ok"] for r in rows), rows
-    assert rows[3]["result"] == "resumed metrics equal the uninterrupted run's"
+    assert rows[3]["result"] == "resumed metrics equal the uninterrupted run's; no kernel warned of non-determinism"
     table = (tmp_path / "gpu-check.md").read_text()
     assert table.startswith("# GPU check on cpu") and table in capsys.readouterr().out
+
+
+def test_a_kernel_that_warns_it_is_not_deterministic_fails_the_resume_row(tmp_path, monkeypatch):
+    """train.deterministic's promise holds where no kernel warns (docs/gpu.md): equal metrics with
+    such a warning (the H200's baseline, its memory-efficient attention) is a failed row naming it."""
+    real = gpu_check.run_one
+
+    def warning_run(cfg, out, **kw):
+        warnings.warn("Memory Efficient attention defaults to a non-deterministic algorithm.\nmore", UserWarning)
+        return real(cfg, out, **kw)
+
+    monkeypatch.setattr(gpu_check, "run_one", warning_run)
+    row = gpu_check.resume_row(torch.device("cpu"), tmp_path)
+    assert not row.ok
+    assert row.result == ("resumed metrics equal the uninterrupted run's; a kernel warned: Memory Efficient "
+                          "attention defaults to a non-deterministic algorithm.")
 
 
 def test_a_failed_gpu_check_is_a_failed_row_and_one_line(tmp_path, capsys):

@@ -21,10 +21,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -263,17 +265,35 @@ def resume_row(device: torch.device, work: Path) -> Row:
     exact = ["train.epochs=2", "train.patience=10", "train.deterministic=true"]
 
     def run() -> tuple[str, bool]:
-        full = run_one(_cfg("baseline", "sim-tiny", device, exact), work / "full")
-        try:
-            run_one(_cfg("baseline", "sim-tiny", device, exact), work / "killed", hooks=[Kill()])
-        except KeyboardInterrupt:
-            pass
-        resumed = run_one(_cfg("baseline", "sim-tiny", device, exact), work / "killed", resume=True)
+        # the promise of train.deterministic holds where no kernel warns that it is not
+        # deterministic (docs/gpu.md, "Determinism"): such a warning fails the row, named
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            full = run_one(_cfg("baseline", "sim-tiny", device, exact), work / "full")
+            try:
+                run_one(_cfg("baseline", "sim-tiny", device, exact), work / "killed", hooks=[Kill()])
+            except KeyboardInterrupt:
+                pass
+            resumed = run_one(_cfg("baseline", "sim-tiny", device, exact), work / "killed", resume=True)
         same = json.dumps(full["metrics"], sort_keys=True) == json.dumps(resumed["metrics"], sort_keys=True)
+        said = (not_deterministic(caught) or ["no kernel warned of non-determinism"])[0]
         return ("resumed metrics equal the uninterrupted run's" if same else
-                f"resumed test SumR {resumed['metrics']['test']['SumR']:.2f} vs {full['metrics']['test']['SumR']:.2f}"), same
+                f"resumed test SumR {resumed['metrics']['test']['SumR']:.2f} vs {full['metrics']['test']['SumR']:.2f}"
+                ) + f"; {said}", same and not not_deterministic(caught)
 
     return attempt("kill after epoch 0, resume (deterministic)", device, run)
+
+
+# torch's alert ("... does not have a deterministic implementation, but you set ...") and the
+# fused attention kernels' own ("... defaults to a non-deterministic algorithm ...")
+NOT_DETERMINISTIC = re.compile(r"non-?deterministic|not have a deterministic")
+
+
+def not_deterministic(caught: list[warnings.WarningMessage]) -> list[str]:
+    """The first lines of the caught warnings in which a kernel says it is not deterministic
+    (torch's alert under warn_only, or a kernel's own word), each once, in order."""
+    lines = [str(w.message).strip().splitlines()[0] for w in caught if NOT_DETERMINISTIC.search(str(w.message))]
+    return [f"a kernel warned: {line}" for line in dict.fromkeys(lines)]
 
 
 def evaluator_row(device: torch.device, quick: bool) -> Row:
