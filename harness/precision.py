@@ -41,14 +41,14 @@ def set_matmul_precision(precision: str, device: torch.device) -> None:
 
 
 def set_deterministic(on: bool, device: torch.device) -> None:
-    """`train.deterministic`: deterministic kernels (and cuBLAS's fixed workspace) on CUDA; a
-    CPU run is deterministic either way. Off restores torch's defaults."""
-    if device.type != "cuda":
-        return
+    """`train.deterministic`: deterministic kernels (and cuBLAS's fixed workspace) on CUDA. A CPU
+    run is deterministic either way and gets torch's defaults, as does a CUDA run with it off, so
+    that a deterministic CUDA run earlier in the same process does not carry over."""
+    on = on and device.type == "cuda"
     if on:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
     # warn_only: an op without a deterministic CUDA kernel warns (torch names it) instead of
-    # stopping the run; the GPU check's resume row says whether a run was exact
+    # stopping the run; the GPU check's resume row fails on such a warning
     torch.use_deterministic_algorithms(on, warn_only=True)
     torch.backends.cudnn.deterministic = on
     torch.backends.cudnn.benchmark = False

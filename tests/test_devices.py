@@ -141,12 +141,16 @@ def test_bf16_scores_and_loss_are_within_tolerance_of_fp32(method):
 
 @pytest.fixture
 def process_switches(monkeypatch):
-    """set_deterministic's switches are process-wide: put them back after the test."""
+    """set_deterministic's switches are process-wide: the test starts from torch's defaults (a
+    CUDA test in this process may have changed them) and puts them back after."""
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
              torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
              [torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.mem_efficient_sdp_enabled(),
               torch.backends.cuda.cudnn_sdp_enabled()])
+    torch.use_deterministic_algorithms(False)
+    for enable in precision.SDPA_FUSED:
+        enable(True)
     yield
     torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[2], saved[3]
@@ -187,9 +191,13 @@ def test_deterministic_cuda_runs_keep_attention_off_the_fused_kernels(process_sw
     math = _attention_kernels()
     assert not any("attention" in op for op in math) and any("softmax" in op for op in math), math
     precision.set_deterministic(False, torch.device("cuda"))
-    assert _attention_kernels() == fused
-    precision.set_deterministic(True, torch.device("cpu"))  # a CPU run is exact either way: untouched
     assert _attention_kernels() == fused and not torch.are_deterministic_algorithms_enabled()
+    # a CPU run, deterministic either way, gets torch's defaults even after a deterministic CUDA
+    # run in the same process (the suite on a GPU machine; gpu-check)
+    precision.set_deterministic(True, torch.device("cuda"))
+    precision.set_deterministic(True, torch.device("cpu"))
+    assert _attention_kernels() == fused and not torch.are_deterministic_algorithms_enabled()
+    assert not torch.backends.cudnn.deterministic
 
 
 def test_precision_is_in_the_record_and_the_leaderboard_budget(tmp_path):
