@@ -16,6 +16,7 @@ from prvr.harness import leaderboard, precision, progress, trainer as trainer_mo
 from prvr.harness.cli import main
 from prvr.harness.config import resolve
 from prvr.harness.io import UserError
+from prvr.harness.profiling.flops import OpLog
 from prvr.harness.registry import METHODS
 from prvr.harness.runner import run_one
 from prvr.harness.devices import DEVICE_ENV, pick_device
@@ -160,23 +161,12 @@ def process_switches(monkeypatch):
 
 def _attention_kernels():
     """The attention and softmax ops that a training step of nn.MultiheadAttention dispatches."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Ops(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = set()
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops.add(str(func.overloadpacket))
-            return func(*args, **(kwargs or {}))
-
     attention = torch.nn.MultiheadAttention(16, 2, batch_first=True)
     x = torch.randn(3, 5, 16, requires_grad=True)
-    with Ops() as seen:
+    with OpLog() as seen:
         out, _ = attention(x, x, x, need_weights=False)
         out.sum().backward()
-    return {op for op in seen.ops if "attention" in op or "softmax" in op}
+    return {str(op) for op in seen.ops if "attention" in str(op) or "softmax" in str(op)}
 
 
 def test_deterministic_cuda_runs_keep_attention_off_the_fused_kernels(process_switches):

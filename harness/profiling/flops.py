@@ -53,7 +53,7 @@ class UncountedOpsError(RuntimeError):
     """A matrix-product-like op ran for which the flop counter has no formula."""
 
 
-class _OpLog(TorchDispatchMode):
+class OpLog(TorchDispatchMode):
     """Records the op packets that reach dispatch."""
 
     def __init__(self) -> None:
@@ -74,7 +74,7 @@ class FlopCount:
 def count_flops(fn: Callable[[], Any]) -> FlopCount:
     """Run `fn` once and count its FLOPs (see the module docstring for what counts)."""
     counter = FlopCounterMode(display=False, custom_mapping=EXTRA_FORMULAS)
-    log = _OpLog()
+    log = OpLog()
     with torch.enable_grad(), counter, log:
         fn()
     missing = sorted(str(op) for op in log.ops
