@@ -9,6 +9,7 @@ import subprocess
 import sys
 import warnings
 
+import pytest
 import torch
 
 from prvr.harness.cli import main
@@ -194,6 +195,7 @@ def test_rehearsal_goes_from_world_to_export_to_real_loaders_to_an_epoch(tmp_pat
     # three timed batches: the first (its warm-ups) apart from the steady ones; no GPU figures on a CPU
     assert float(figures[("method baseline", "first_batch_s")]) > 0 and float(figures[("method baseline", "s_per_batch")]) >= 0
     assert figures[("method baseline", "device")].startswith("cpu") and ("method baseline", "train_gpu_mb") not in figures
+    assert not any(f.startswith("detection") for _, f in figures)  # no detection made once per dataset
     md = (tmp_path / "rehearsal.md").read_text()
     assert "## Real scale" in md and "--work DIR" in md and "--out OUT" in md and str(tmp_path) not in md
     # --only-methods: the method phases again on the kept export, the other rows kept
@@ -208,6 +210,26 @@ def test_rehearsal_goes_from_world_to_export_to_real_loaders_to_an_epoch(tmp_pat
     assert main(["rehearse", "--scale", "tiny", "--method", "baseline", "--train-batches", "1", "--skip-eval", "--out",
                  str(apart), "--work", str(work), "--only-methods", "--quiet", "--set", "train.precision=bf16"]) == 0
     assert [p["name"] for p in json.loads((apart / "rehearsal.json").read_text())] == ["method baseline"]
+
+
+@pytest.mark.skipif(bool(sbert.missing_text_extra()), reason=f"the SBERT detector {sbert.missing_text_extra()}")
+def test_rehearsal_gives_the_sbert_detection_apart_once_per_dataset(tmp_path):
+    """The SBERT methods' one-time detection is built with the run (its time in the build); the
+    rehearsal names it: computed by the first such method, found in the rehearsal's cache by the
+    next one, with its pairs and, on the simulated world, their precision and recall."""
+    assert main(["rehearse", "--scale", "tiny", "--method", "xml-pr", "xml-sl-pr", "--train-batches", "1",
+                 "--skip-eval", "--out", str(tmp_path), "--work", str(tmp_path / "work"), "--quiet"]) == 0
+    methods = {p["name"]: p["figures"] for p in json.loads((tmp_path / "rehearsal.json").read_text())
+               if p["name"].startswith("method ")}
+    first, second = methods["method xml-pr"], methods["method xml-sl-pr"]
+    assert first["detection"] == "computed" and 0 < first["detection_s"] <= first["build_s"]
+    assert first["detection_queries"] == 600 and first["detection_pairs"] > 0  # sim-tiny's 600 training queries
+    assert 0 <= first["detection_precision"] <= 1 and 0 <= first["detection_recall"] <= 1
+    assert second["detection"] == "cached" and "detection_s" not in second
+    assert second["detection_pairs"] == first["detection_pairs"]
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[2] for line in
+            (tmp_path / "rehearsal.md").read_text().splitlines() if line.startswith("| xml")}
+    assert rows == {"xml-pr": str(first["detection_s"]), "xml-sl-pr": "cached"}
 
 
 def test_the_step_clock_keeps_the_first_batch_apart_from_the_steady_ones():

@@ -6,7 +6,9 @@ and loaded back through the real `tvr` loaders; then, per method, a fresh proces
 run on that data exactly as `prvr-bench run` does and trains the first N batches of epoch 0
 (the epoch's time is the batches' time per batch x the batches of an epoch: extrapolated,
 and the table says so), evaluates the val split once (10,895 queries x 2,179 videos) and,
-for ARL, times the detector's per-epoch pass over the training split.
+for ARL, times the detector's per-epoch pass over the training split; for the SBERT methods
+(xml-pr, xml-sl-pr) the build holds the detection of the training split's potentially relevant
+pairs, made once per dataset and cached, and its time is given apart.
 
 Every phase runs in a fresh Python process; its peak resident size is the kernel's VmHWM
 of that process (the dataset, the model and the work together). VmHWM also counts the pages
@@ -49,7 +51,8 @@ from prvr.harness.records import provenance
 from prvr.harness.registry import DATASETS
 
 SECTION = "## Real scale: TVR-sized rehearsal"
-DEFAULT_METHODS = ["baseline", "msl", "gmmformer", "gmmformer2", "arl", "ral@msl", "ral@gmmformer", "ral"]
+DEFAULT_METHODS = ["baseline", "msl", "gmmformer", "gmmformer2", "arl", "ral@msl", "ral@gmmformer", "ral",
+                   "xml", "xml-sl", "xml-pr", "xml-sl-pr"]
 
 
 @dataclass
@@ -230,6 +233,7 @@ def _method(job: dict[str, Any], work: Path) -> dict[str, Any]:
            "epoch_s_extrapolated": round(per_batch * trainer.steps_per_epoch), "device": device_name(device)}
     if not resettable:
         out["resident_peak"] = "since the process started (the kernel refused its reset)"
+    out.update(_detection_figures(trainer.detector.epoch_report()))
     # the detector's per-epoch work once its warm-up is over (ARL: the pass over the training
     # split); at epoch 0 it may not run yet, so it is timed at a late epoch and added to the epoch
     start = time.perf_counter()
@@ -245,6 +249,23 @@ def _method(job: dict[str, Any], work: Path) -> dict[str, Any]:
         out.update(eval_val_s=round(time.perf_counter() - start, 1), eval_peak_mb=_peak_rss_mb(),
                    eval_anon_mb=ANON.peak_mb(), **{f"eval_{k}": v for k, v in _gpu_peak_mb(device).items()},
                    val_queries=int(val["n"]), val_videos=run.data["val"].num_videos)
+    return out
+
+
+def _detection_figures(report: dict[str, Any]) -> dict[str, Any]:
+    """What a detector computed once per dataset at build (its report's `detection` facts, the
+    SBERT detector's; the build window holds its time and memory): computed in how many seconds
+    or found in the rehearsal's cache (a later method with the same detection), its elements and
+    pairs, and on simulated data the pairs' precision and recall against the truth."""
+    facts, split = report.get("detection"), report.get("split") or {}
+    if not isinstance(facts, dict):
+        return {}
+    out: dict[str, Any] = {"detection": "cached" if facts.get("cached") else "computed"}
+    if not facts.get("cached"):
+        out["detection_s"] = facts.get("seconds")
+    out.update({f"detection_{k}": facts[k] for k in ("phi", "theta", "parser", "queries", "elements") if k in facts})
+    out.update({f"detection_{k}": round(v, 4) if isinstance(v, float) else v for k, v in split.items()
+                if k in ("pairs", "per_query", "precision", "recall")})
     return out
 
 
@@ -396,27 +417,39 @@ def render(phases: list[Phase], header: str) -> str:
         lines.append(f"| {p.name} | {p.revision} | {p.seconds:,.1f} | {p.peak_rss_mb:,.0f} | {anon} | {figures} |")
     methods = [p for p in phases if p.name.startswith("method ") and not p.error]
     if methods:
-        lines += ["", "Per method (one fresh process each): the run's one-time preparation (the training split's "
-                  "features processed, what fits in RAM kept), then the first training batches timed and the epoch "
+        lines += ["", "Per method (one fresh process each): a detection made once per dataset while the run is "
+                  "built (the SBERT methods' potentially relevant pairs of the training split, kept in the dataset "
+                  "cache: 'cached' where an earlier method of the rehearsal made the same one), the run's one-time "
+                  "preparation (the training split's features processed, what fits in RAM kept), then the first training batches timed and the epoch "
                   "extrapolated from them (s / batch x batches of an epoch + the detector's per-epoch pass; s / batch "
                   "leaves out the first batch, which holds the one-time warm-ups, where three or more were timed), then "
                   "one val evaluation (its first: the val batches are made then and reused by later epochs). Peak "
                   "resident counts the mapped feature files' pages the kernel can drop; peak anonymous (sampled "
                   "every 50 ms; blank where measured before it) is what must stay in RAM:", "",
-                  "| method | device | prepare (s), kept | timed batches | first batch (s) | s / batch "
+                  "| method | device | detection, once per dataset (s) | prepare (s), kept | timed batches "
+                  "| first batch (s) | s / batch "
                   "| epoch (s, extrapolated) | detector's per-epoch pass (s) | val eval (s) "
                   "| peak resident (MB): build / prepare / train / eval "
                   "| peak anonymous (MB): build / prepare / train / eval | peak GPU (MB): train / eval |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for p in methods:
             f = p.figures
             gpu = " / ".join(_thousands(f.get(k)) for k in ("train_gpu_mb", "eval_gpu_mb")) if "train_gpu_mb" in f else ""
-            lines.append(f"| {p.name.removeprefix('method ')} | {f.get('device', '')} | {f['prepare_s']}, "
+            lines.append(f"| {p.name.removeprefix('method ')} | {f.get('device', '')} | {_detection_cell(f)} | "
+                         f"{f['prepare_s']}, "
                          f"{f['train_kept']} | {f['batches']} of {f['epoch_batches']} | {f.get('first_batch_s', '')} | "
                          f"{f['s_per_batch']} | {f['epoch_s_extrapolated']:,} | "
                          f"{f.get('detector_pass_s', '')} | {f.get('eval_val_s', '')} | {_per_window(f, 'peak')} | "
                          f"{_per_window(f, 'anon') if 'train_anon_mb' in f else ''} | {gpu} |")
     return "\n".join(lines) + "\n"
+
+
+def _detection_cell(f: dict[str, Any]) -> str:
+    """The one-time detection's seconds, 'cached' where an earlier method of the rehearsal made
+    it, blank for a method without one."""
+    if "detection" not in f:
+        return ""
+    return "cached" if f["detection"] == "cached" else f"{f.get('detection_s', '')}"
 
 
 def _per_window(f: dict[str, Any], kind: str) -> str:
