@@ -14,6 +14,7 @@ import torch
 
 from prvr.harness.cli import main
 from prvr.harness.profiling import gpu_check
+from prvr.harness.profiling.training import cpu_model
 from prvr.methods.relations import sbert
 from test_sbert_detector import BagEncoder
 
@@ -196,6 +197,9 @@ def test_rehearsal_goes_from_world_to_export_to_real_loaders_to_an_epoch(tmp_pat
     assert float(figures[("method baseline", "first_batch_s")]) > 0 and float(figures[("method baseline", "s_per_batch")]) >= 0
     assert figures[("method baseline", "device")].startswith("cpu") and ("method baseline", "train_gpu_mb") not in figures
     assert not any(f.startswith("detection") for _, f in figures)  # no detection made once per dataset
+    # every row names the CPU that measured it (rows kept by --only-methods may be another machine's)
+    assert {p["cpu"] for p in json.loads((tmp_path / "rehearsal.json").read_text())} == {cpu_model()}
+    assert f"cpu (1 threads), {cpu_model()}" in figures[("method baseline", "device")]
     md = (tmp_path / "rehearsal.md").read_text()
     assert "## Real scale" in md and "--work DIR" in md and "--out OUT" in md and str(tmp_path) not in md
     # --only-methods: the method phases again on the kept export, the other rows kept
@@ -210,6 +214,22 @@ def test_rehearsal_goes_from_world_to_export_to_real_loaders_to_an_epoch(tmp_pat
     assert main(["rehearse", "--scale", "tiny", "--method", "baseline", "--train-batches", "1", "--skip-eval", "--out",
                  str(apart), "--work", str(work), "--only-methods", "--quiet", "--set", "train.precision=bf16"]) == 0
     assert [p["name"] for p in json.loads((apart / "rehearsal.json").read_text())] == ["method baseline"]
+
+
+def test_rows_kept_from_a_table_written_before_rows_named_their_code_and_cpu_get_its_header(tmp_path):
+    from prvr.harness.profiling.rehearsal import previous_phases, render
+
+    (tmp_path / "rehearsal.json").write_text(json.dumps([
+        {"name": "world", "seconds": 3.0, "peak_rss_mb": 10.0, "figures": {}},
+        {"name": "export", "seconds": 3.0, "peak_rss_mb": 10.0, "figures": {},
+         "revision": "1234abcd", "cpu": "Other CPU (family 1, model 2)"}]))
+    (tmp_path / "rehearsal.md").write_text("## Real scale\n\nWritten by `prvr-bench rehearse` on 2026 (git "
+                                           "abcdef123456); CPU Old CPU @ 2GHz (family 6, model 85), 1 torch thread(s) "
+                                           "per phase, device auto.\n")
+    old, own = previous_phases(tmp_path)
+    assert (old.revision, old.cpu) == ("abcdef12", "Old CPU @ 2GHz (family 6, model 85)")
+    assert (own.revision, own.cpu) == ("1234abcd", "Other CPU (family 1, model 2)")  # its own kept
+    assert "| world | abcdef12 | Old CPU @ 2GHz (family 6, model 85) | 3.0 |" in render([old, own], "header")
 
 
 @pytest.mark.skipif(bool(sbert.missing_text_extra()), reason=f"the SBERT detector {sbert.missing_text_extra()}")

@@ -19,9 +19,9 @@ from prvr.harness.profiling.report import MethodProfile, Profile, Settings, writ
 from prvr.harness.profiling.reported import reported_for
 from prvr.harness.profiling.runtime import runtime_per_query
 from prvr.harness.profiling.subjects import TVR_DIMS, Subject, build_model, count_params, subjects
-from prvr.harness.profiling.training import profile_epoch_isolated
-from prvr.harness.records import cpu_facts, provenance
-from prvr.harness.devices import device_name, pick_device
+from prvr.harness.profiling.training import describe_device, profile_epoch_isolated
+from prvr.harness.records import provenance
+from prvr.harness.devices import pick_device
 
 PAPER_SIZES = [500, 1000, 1500, 2000, 2500]  # ARL Table 4, RAL Table 7
 QUICK_SIZES = [16, 32]
@@ -153,19 +153,6 @@ def _free(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-
-
-def describe_device(device: torch.device) -> str:
-    """The trainer's device name, with the CPU model on a CPU (the one run records store in
-    `provenance.cpu`)."""
-    name = device_name(device)
-    if device.type == "cpu":
-        import platform
-
-        model = cpu_facts().get("model") or platform.processor()
-        if model:
-            name = f"{name}, {model}"
-    return name
 
 
 def _command_line() -> str:

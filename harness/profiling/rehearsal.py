@@ -43,10 +43,10 @@ from prvr.datasets.real.export import export
 from prvr.harness import progress
 from prvr.harness.build import build_run
 from prvr.harness.config import resolve
-from prvr.harness.devices import device_name, peak_memory_mb, reset_peak_memory, reset_peak_rss, status_kb
+from prvr.harness.devices import peak_memory_mb, reset_peak_memory, reset_peak_rss, status_kb
 from prvr.harness.io import UserError, atomic_path, ensure_dir, read_json, write_json
 from prvr.harness.profiling.subjects import subjects
-from prvr.harness.profiling.training import StepClock, StopAfter, _sync, timed_epoch
+from prvr.harness.profiling.training import StepClock, StopAfter, _sync, cpu_model, describe_device, timed_epoch
 from prvr.harness.records import provenance
 from prvr.harness.registry import DATASETS
 
@@ -67,6 +67,7 @@ class Phase:
     error: str = ""
     revision: str = ""  # the code that ran it (git, short): rows kept by --only-methods may be older
     peak_anon_mb: float | None = None  # sampled RssAnon peak (None: measured before it)
+    cpu: str = ""  # the machine's CPU model: rows kept by --only-methods may come from another machine
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -177,7 +178,7 @@ def _child(job: dict[str, Any]) -> Phase:
     prov = provenance("")
     revision = str(prov["git_revision"])[:8] + ("+dirty" if prov["git_dirty"] else "")
     return Phase(name, time.perf_counter() - start, max(_peak_rss_mb(), *windows), figures, revision=revision,
-                 peak_anon_mb=max(ANON.peak_mb(), *anon))
+                 peak_anon_mb=max(ANON.peak_mb(), *anon), cpu=cpu_model())
 
 
 def _world(job: dict[str, Any], work: Path) -> dict[str, Any]:
@@ -230,7 +231,7 @@ def _method(job: dict[str, Any], work: Path) -> dict[str, Any]:
            **{f"train_{k}": v for k, v in _gpu_peak_mb(device).items()},
            "batches": job["batches"], "first_batch_s": round(clock.first_s(), 2),
            "epoch_batches": trainer.steps_per_epoch, "s_per_batch": round(per_batch, 2),
-           "epoch_s_extrapolated": round(per_batch * trainer.steps_per_epoch), "device": device_name(device)}
+           "epoch_s_extrapolated": round(per_batch * trainer.steps_per_epoch), "device": describe_device(device)}
     if not resettable:
         out["resident_peak"] = "since the process started (the kernel refused its reset)"
     out.update(_detection_figures(trainer.detector.epoch_report()))
@@ -382,12 +383,12 @@ def previous_phases(out: Path) -> list[Phase]:
     if not path.exists():
         return []
     rows = read_json(path, "rehearsal file")
-    # rows written before phases named their code: the revision in the header of the table they made
-    header = re.search(r"\(git ([0-9a-f]{7,12})", (out / "rehearsal.md").read_text(encoding="utf-8")
-                       if (out / "rehearsal.md").exists() else "")
-    older = header.group(1)[:8] if header else ""
+    # rows written before phases named their code and CPU: those in the header of the table they made
+    header = (out / "rehearsal.md").read_text(encoding="utf-8") if (out / "rehearsal.md").exists() else ""
+    git, cpu = re.search(r"\(git ([0-9a-f]{7,12})", header), re.search(r"; CPU (.+?), \d+ torch thread", header)
+    older = {"revision": git.group(1)[:8] if git else "", "cpu": cpu.group(1) if cpu else ""}
     try:
-        return [Phase(**{"revision": older, **r, "figures": dict(r["figures"])}) for r in rows]
+        return [Phase(**{**older, **r, "figures": dict(r["figures"])}) for r in rows]
     except (TypeError, KeyError, ValueError):
         raise UserError(f"rehearsal file {path} does not hold rehearsal phases; run the whole rehearsal "
                         "again (without --only-methods)") from None
@@ -409,12 +410,14 @@ def write_rehearsal(out: Path, phases: list[Phase], header: str) -> tuple[Path, 
 
 
 def render(phases: list[Phase], header: str) -> str:
-    lines = [SECTION, "", header, "", "| phase | code | seconds | peak resident (MB) | peak anonymous (MB) | figures |",
-             "|---|---|---|---|---|---|"]
+    lines = [SECTION, "", header, "",
+             "| phase | code | CPU | seconds | peak resident (MB) | peak anonymous (MB) | figures |",
+             "|---|---|---|---|---|---|---|"]
     for p in phases:
         figures = p.error and f"failed: {p.error}" or ", ".join(f"{k} {v}" for k, v in p.figures.items())
         anon = _thousands(p.peak_anon_mb)
-        lines.append(f"| {p.name} | {p.revision} | {p.seconds:,.1f} | {p.peak_rss_mb:,.0f} | {anon} | {figures} |")
+        lines.append(f"| {p.name} | {p.revision} | {p.cpu} | {p.seconds:,.1f} | {p.peak_rss_mb:,.0f} | {anon} "
+                     f"| {figures} |")
     methods = [p for p in phases if p.name.startswith("method ") and not p.error]
     if methods:
         lines += ["", "Per method (one fresh process each): a detection made once per dataset while the run is "
@@ -435,13 +438,20 @@ def render(phases: list[Phase], header: str) -> str:
         for p in methods:
             f = p.figures
             gpu = " / ".join(_thousands(f.get(k)) for k in ("train_gpu_mb", "eval_gpu_mb")) if "train_gpu_mb" in f else ""
-            lines.append(f"| {p.name.removeprefix('method ')} | {f.get('device', '')} | {_detection_cell(f)} | "
+            lines.append(f"| {p.name.removeprefix('method ')} | {_device_cell(p)} | {_detection_cell(f)} | "
                          f"{f['prepare_s']}, "
                          f"{f['train_kept']} | {f['batches']} of {f['epoch_batches']} | {f.get('first_batch_s', '')} | "
                          f"{f['s_per_batch']} | {f['epoch_s_extrapolated']:,} | "
                          f"{f.get('detector_pass_s', '')} | {f.get('eval_val_s', '')} | {_per_window(f, 'peak')} | "
                          f"{_per_window(f, 'anon') if 'train_anon_mb' in f else ''} | {gpu} |")
     return "\n".join(lines) + "\n"
+
+
+def _device_cell(p: Phase) -> str:
+    """Where a method ran, a CPU named by its model (rows measured before the device figure
+    carried it get the phase's CPU)."""
+    device = str(p.figures.get("device", ""))
+    return f"{device}, {p.cpu}" if device.startswith("cpu") and p.cpu and p.cpu not in device else device
 
 
 def _detection_cell(f: dict[str, Any]) -> str:
@@ -463,10 +473,10 @@ def _thousands(value: Any) -> str:
 
 def _header(args: argparse.Namespace, wall_s: float) -> str:
     prov = provenance("")
-    cpu = prov["cpu"].get("model", prov["cpu"].get("machine", ""))
+    kept = " Rows kept from earlier runs name the code and the CPU that measured them." if args.only_methods else ""
     return (f"Written by `{_command(args)}` on {prov['created']} (git "
-            f"{str(prov['git_revision'])[:12]}{', dirty' if prov['git_dirty'] else ''}); CPU {cpu}, "
-            f"{args.threads} torch thread(s) per phase, device {args.device}. Whole rehearsal: {wall_s:,.0f} s. "
+            f"{str(prov['git_revision'])[:12]}{', dirty' if prov['git_dirty'] else ''}); CPU {cpu_model()}, "
+            f"{args.threads} torch thread(s) per phase, device {args.device}. Whole rehearsal: {wall_s:,.0f} s.{kept} "
             "Protocol: harness/profiling/rehearsal.py (module docstring) and docs/profiling.md.")
 
 

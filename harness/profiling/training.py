@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -38,7 +39,19 @@ from prvr.datasets.loader import epoch_batches
 from prvr.harness import progress
 from prvr.harness.profiling.subjects import Subject, subjects
 from prvr.harness.build import build_run
+from prvr.harness.records import cpu_facts
 from prvr.harness.devices import device_name, peak_memory_mb, reset_peak_memory, reset_peak_rss, status_kb
+
+
+def cpu_model() -> str:
+    """This machine's CPU model (the one run records store in `provenance.cpu`)."""
+    return cpu_facts().get("model") or platform.processor()
+
+
+def describe_device(device: torch.device) -> str:
+    """The trainer's device name, with the CPU model on a CPU."""
+    name, model = device_name(device), cpu_model() if device.type == "cpu" else ""
+    return f"{name}, {model}" if model else name
 
 
 @dataclass
