@@ -209,6 +209,14 @@ def test_rehearsal_goes_from_world_to_export_to_real_loaders_to_an_epoch(tmp_pat
     after = json.loads((tmp_path / "rehearsal.json").read_text())
     assert after[:5] == before and [p["name"] for p in after[5:]] == ["method arl"]
     assert after[5]["figures"]["detector_pass_s"] >= 0 and "eval_val_s" not in after[5]["figures"]
+    # on another machine (a --work without the export): the data phases run first and replace their
+    # rows, the method named replaces its row, the other methods' rows are kept
+    elsewhere = tmp_path / "elsewhere"
+    assert main(["rehearse", "--scale", "tiny", "--method", "baseline", "--train-batches", "1", "--skip-eval", "--out",
+                 str(tmp_path), "--work", str(elsewhere), "--only-methods", "--quiet"]) == 0
+    again = json.loads((tmp_path / "rehearsal.json").read_text())
+    assert [p["name"] for p in again] == [p["name"] for p in after[:4]] + ["method arl", "method baseline"]
+    assert (elsewhere / "data").is_dir() and again[4] == after[5] and "eval_val_s" not in again[5]["figures"]
     # into a folder of its own (one setting against another on the same export): the method rows alone
     apart = tmp_path / "apart"
     assert main(["rehearse", "--scale", "tiny", "--method", "baseline", "--train-batches", "1", "--skip-eval", "--out",

@@ -85,8 +85,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="auto", help="auto | cpu | cuda ... (the training and evaluation phases)")
     p.add_argument("--skip-eval", action="store_true", help="no val evaluation per method")
     p.add_argument("--only-methods", action="store_true",
-                   help="re-run the method phases only, on the export already in --work; the other rows are kept "
-                        "from OUT/rehearsal.json (what the table's rows say of when each was measured)")
+                   help="re-run the named method phases and keep the other rows of OUT/rehearsal.json (each row "
+                        "names the code and CPU that measured it); on the export already in --work, or, where "
+                        "--work holds none (another machine), the world, export and load phases run first and "
+                        "replace their rows")
     p.add_argument("--out", default="results", help="writes OUT/rehearsal.{md,csv} (default: results)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="config override for every method (repeatable)")
@@ -100,8 +102,6 @@ def cmd_rehearse(args: argparse.Namespace) -> None:
     ensure_dir(args.out)
     start = time.perf_counter()
     keep = args.work is not None
-    if args.only_methods and not (keep and (Path(args.work) / "data").is_dir()):
-        raise UserError("--only-methods re-uses an earlier rehearsal's export: pass its --work DIR (it holds data/)")
     work = Path(args.work) if keep else Path(tempfile.mkdtemp(prefix="prvr-rehearsal-"))
 
     def written(phases: list[Phase]) -> tuple[Path, Path]:  # after every phase: a stopped rehearsal keeps its rows
@@ -131,18 +131,21 @@ def rehearse(work: Path, args: argparse.Namespace, written: Callable[[list[Phase
     methods = args.method or DEFAULT_METHODS
     jobs = [{**base, "phase": "method", "method": m, "batches": args.train_batches, "eval": not args.skip_eval}
             for m in methods]
-    if args.only_methods:
-        phases = [p for p in previous_phases(Path(args.out)) if p.name.removeprefix("method ") not in methods]
-    else:
-        phases = []
+    kept = [p for p in previous_phases(Path(args.out)) if p.name.removeprefix("method ") not in methods] \
+        if args.only_methods else []
+    if not (args.only_methods and (work / "data").is_dir()):  # the export to load is made first
+        kept = [p for p in kept if p.name.startswith("method ")]  # its new rows replace the kept ones
         jobs = [{**base, "phase": "world"}, {**base, "phase": "export"}, {**base, "phase": "load", "first": True},
                 {**base, "phase": "load", "first": False}, *jobs]
+    head = [p for p in kept if not p.name.startswith("method ")]  # the table: data rows, then method rows
+    tail = [p for p in kept if p.name.startswith("method ")]
     for job in jobs:
-        phases.append(run_phase(job))
-        written(phases)
-        if job["phase"] == "export" and phases[-1].error:
+        phase = run_phase(job)
+        (tail if job["phase"] == "method" else head).append(phase)
+        written(head + tail)
+        if job["phase"] == "export" and phase.error:
             break  # nothing to load
-    return phases
+    return head + tail
 
 
 def run_phase(job: dict[str, Any]) -> Phase:
