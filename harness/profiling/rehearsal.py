@@ -426,25 +426,25 @@ def render(phases: list[Phase], header: str) -> str:
         lines += ["", "Per method (one fresh process each): a detection made once per dataset while the run is "
                   "built (the SBERT methods' potentially relevant pairs of the training split, kept in the dataset "
                   "cache: 'cached' where an earlier method of the rehearsal made the same one), the run's one-time "
-                  "preparation (the training split's features processed, what fits in RAM kept), then the first training batches timed and the epoch "
-                  "extrapolated from them (s / batch x batches of an epoch + the detector's per-epoch pass; s / batch "
-                  "leaves out the first batch, which holds the one-time warm-ups, where three or more were timed), then "
-                  "one val evaluation (its first: the val batches are made then and reused by later epochs). Peak "
-                  "resident counts the mapped feature files' pages the kernel can drop; peak anonymous (sampled "
-                  "every 50 ms; blank where measured before it) is what must stay in RAM:", "",
+                  "preparation (the training split's features processed, what fits in RAM kept), then the first "
+                  "training batches timed and the epoch extrapolated from them (s / batch x batches of an epoch + "
+                  "the detector's per-epoch pass; s / batch leaves out the first batch, which holds the one-time "
+                  "warm-ups, where three or more were timed), then one val evaluation (its first: the val batches "
+                  "are made then and reused by later epochs). Peak resident counts the mapped feature files' pages "
+                  "the kernel can drop; peak anonymous (sampled every 50 ms; blank where measured before it) is what "
+                  "must stay in RAM:", "",
                   "| method | device | detection, once per dataset (s) | prepare (s), kept | timed batches "
-                  "| first batch (s) | s / batch "
-                  "| epoch (s, extrapolated) | detector's per-epoch pass (s) | val eval (s) "
-                  "| peak resident (MB): build / prepare / train / eval "
+                  "| first batch (s) | s / batch | epoch (s, extrapolated) | detector's per-epoch pass (s) "
+                  "| val eval (s) | peak resident (MB): build / prepare / train / eval "
                   "| peak anonymous (MB): build / prepare / train / eval | peak GPU (MB): train / eval |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for p in methods:
             f = p.figures
-            gpu = " / ".join(_thousands(f.get(k)) for k in ("train_gpu_mb", "eval_gpu_mb")) if "train_gpu_mb" in f else ""
+            gpu = " / ".join(_thousands(f.get(k)) for k in ("train_gpu_mb", "eval_gpu_mb")) if "train_gpu_mb" in f \
+                else ""
             lines.append(f"| {p.name.removeprefix('method ')} | {_device_cell(p)} | {_detection_cell(f)} | "
-                         f"{f['prepare_s']}, "
-                         f"{f['train_kept']} | {f['batches']} of {f['epoch_batches']} | {f.get('first_batch_s', '')} | "
-                         f"{f['s_per_batch']} | {f['epoch_s_extrapolated']:,} | "
+                         f"{f['prepare_s']}, {f['train_kept']} | {f['batches']} of {f['epoch_batches']} | "
+                         f"{f.get('first_batch_s', '')} | {f['s_per_batch']} | {f['epoch_s_extrapolated']:,} | "
                          f"{f.get('detector_pass_s', '')} | {f.get('eval_val_s', '')} | {_per_window(f, 'peak')} | "
                          f"{_per_window(f, 'anon') if 'train_anon_mb' in f else ''} | {gpu} |")
     return "\n".join(lines) + "\n"
