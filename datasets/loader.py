@@ -16,6 +16,7 @@ changes a number: every batch is bit for bit the one made per video from the raw
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -402,6 +403,13 @@ def _draw_loader_seed() -> None:
     torch.empty((), dtype=torch.int64).random_()
 
 
+# The workers are forked on Linux whatever the interpreter's default start method (Python 3.14
+# made it forkserver): a forked worker shares the processed features `prepare` made, copy on
+# write, where forkserver or spawn would pickle the batch builder with them into every worker
+# (gigabytes at TVR's size). Elsewhere (macOS, Windows) the platform's default stays.
+WORKER_START = "fork" if sys.platform.startswith("linux") else None
+
+
 class EpochLoader:
     """The training batches of every epoch of a run, from one set of worker processes.
 
@@ -431,7 +439,7 @@ class EpochLoader:
         if self._loader is None:  # its first iterator starts the workers and draws the seed itself
             self._loader = torch.utils.data.DataLoader(
                 _Make(self.make), batch_size=None, sampler=self._sampler, num_workers=self.num_workers,
-                pin_memory=self.pin, persistent_workers=True)
+                pin_memory=self.pin, persistent_workers=True, multiprocessing_context=WORKER_START)
         else:
             _draw_loader_seed()
         return iter(self._loader)

@@ -33,7 +33,7 @@ from typing import Any, Protocol, TypedDict
 import numpy as np
 import torch
 
-from prvr.datasets.loader import Batcher, EpochLoader, epoch_batches
+from prvr.datasets.loader import WORKER_START, Batcher, EpochLoader, epoch_batches
 from prvr.harness import precision, progress, vcmr
 from prvr.harness.checkpoints import (BEFORE_DEVICE, RESUME_FIX, RESUME_FREE_KEYS, STATE_KEYS, _first_line,
                                       _jsonable, load_weights, read_checkpoint, restore_cuda_rng, resume_changes,
@@ -237,11 +237,13 @@ class Trainer:
     def num_workers(self) -> int:
         """Worker processes for batch building: as configured, or (-1) 4 when a GPU trains
         (pinned batches then overlap with the GPU's work) and 0 on CPU, where workers would
-        compete with the model for the same cores."""
+        compete with the model for the same cores; 0 too where workers are not forked (not
+        Linux: `loader.WORKER_START`), since each would get its own copy of the features."""
         n = self.cfg.train.num_workers
         if n >= 0:
             return n
-        return min(4, os.cpu_count() or 1) if self.device.type == "cuda" else 0
+        forked = WORKER_START == "fork"
+        return min(4, os.cpu_count() or 1) if self.device.type == "cuda" and forked else 0
 
     def train_step(self, batch, epoch: int, step: int) -> LossOutput:
         model = as_backbone(self.model)

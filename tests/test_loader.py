@@ -1,3 +1,6 @@
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -240,6 +243,49 @@ def test_epoch_loader_keeps_the_order_and_the_torch_random_stream(workers):
         for x, y in zip(got, old):
             assert torch.equal(x.videos.frames, y.videos.frames) and torch.equal(x.queries.tokens, y.queries.tokens)
     loader.close()
+
+
+WORKERS_UNDER_FORKSERVER = """
+import multiprocessing, threading
+multiprocessing.set_start_method("forkserver")  # Python 3.14's default on Linux
+import numpy as np, torch
+from prvr.datasets.loader import EpochLoader
+
+held = threading.Lock()  # what the builder holds cannot be pickled: a worker must be forked to have it
+def make(videos):
+    with held:
+        return torch.as_tensor(videos) * 2
+
+loader = EpochLoader(make, num_workers=2)
+print([b.tolist() for b in loader.epoch([np.array([1, 2]), np.array([3])])])
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers are forked on Linux only")
+def test_epoch_loader_forks_its_workers_whatever_the_default_start_method():
+    """The workers share what the run's process holds (the processed features, gigabytes at TVR's
+    size) because they are forked; under forkserver, Python 3.14's default, torch would pickle the
+    batch builder into each worker (and fail here, on the lock it holds)."""
+    done = subprocess.run([sys.executable, "-c", WORKERS_UNDER_FORKSERVER], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[[2, 4], [6]]"
+
+
+def test_auto_workers_only_where_a_gpu_trains_and_workers_are_forked(monkeypatch):
+    from types import SimpleNamespace
+
+    from prvr.harness import trainer
+
+    def workers(n, device, start):
+        monkeypatch.setattr(trainer, "WORKER_START", start)
+        me = SimpleNamespace(cfg=SimpleNamespace(train=SimpleNamespace(num_workers=n)), device=torch.device(device))
+        return trainer.Trainer.num_workers(me)
+
+    monkeypatch.setattr(trainer.os, "cpu_count", lambda: 16)
+    assert workers(-1, "cuda", "fork") == 4 and workers(-1, "cpu", "fork") == 0
+    assert workers(-1, "cuda", None) == 0  # spawned workers would each get a copy of the features
+    assert workers(3, "cuda", None) == 3 and workers(0, "cuda", "fork") == 0  # a number given is kept
 
 
 def test_a_batch_moved_to_a_device_describes_its_masks():
