@@ -176,7 +176,7 @@ def test_a_failing_cuda_test_half_fails_the_row(tmp_path, monkeypatch):
     assert not row.ok and "the compile test: 1 failed" in row.result
 
 
-def test_rehearsal_goes_from_world_to_export_to_real_loaders_to_an_epoch(tmp_path):
+def test_rehearsal_goes_from_world_to_export_to_real_loaders_to_an_epoch(tmp_path, capsys):
     work = tmp_path / "work"
     assert main(["rehearse", "--scale", "tiny", "--method", "baseline", "--train-batches", "3", "--out",
                  str(tmp_path), "--work", str(work), "--quiet"]) == 0
@@ -217,6 +217,11 @@ def test_rehearsal_goes_from_world_to_export_to_real_loaders_to_an_epoch(tmp_pat
     again = json.loads((tmp_path / "rehearsal.json").read_text())
     assert [p["name"] for p in again] == [p["name"] for p in after[:4]] + ["method arl", "method baseline"]
     assert (elsewhere / "data").is_dir() and again[4] == after[5] and "eval_val_s" not in again[5]["figures"]
+    # one table holds one scale: rows of another are refused before anything runs
+    assert main(["rehearse", "--scale", "small", "--method", "msl", "--out", str(tmp_path), "--work", str(work),
+                 "--only-methods", "--quiet"]) == 2
+    assert "holds rows at scale tiny, this run is at scale small" in capsys.readouterr().err
+    assert json.loads((tmp_path / "rehearsal.json").read_text()) == again
     # into a folder of its own (one setting against another on the same export): the method rows alone
     apart = tmp_path / "apart"
     assert main(["rehearse", "--scale", "tiny", "--method", "baseline", "--train-batches", "1", "--skip-eval", "--out",
@@ -235,7 +240,7 @@ def test_rows_kept_from_a_table_written_before_rows_named_their_code_and_cpu_get
                                            "abcdef123456); CPU Old CPU @ 2GHz (family 6, model 85), 1 torch thread(s) "
                                            "per phase, device auto.\n")
     old, own = previous_phases(tmp_path)
-    assert (old.revision, old.cpu) == ("abcdef12", "Old CPU @ 2GHz (family 6, model 85)")
+    assert (old.revision, old.cpu, old.scale) == ("abcdef12", "Old CPU @ 2GHz (family 6, model 85)", "full")
     assert (own.revision, own.cpu) == ("1234abcd", "Other CPU (family 1, model 2)")  # its own kept
     assert "| world | abcdef12 | Old CPU @ 2GHz (family 6, model 85) | 3.0 |" in render([old, own], "header")
 

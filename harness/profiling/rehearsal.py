@@ -68,6 +68,7 @@ class Phase:
     revision: str = ""  # the code that ran it (git, short): rows kept by --only-methods may be older
     peak_anon_mb: float | None = None  # sampled RssAnon peak (None: measured before it)
     cpu: str = ""  # the machine's CPU model: rows kept by --only-methods may come from another machine
+    scale: str = ""  # the sim-tvr scale rehearsed: one table holds one scale
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -133,6 +134,10 @@ def rehearse(work: Path, args: argparse.Namespace, written: Callable[[list[Phase
             for m in methods]
     kept = [p for p in previous_phases(Path(args.out)) if p.name.removeprefix("method ") not in methods] \
         if args.only_methods else []
+    other = sorted({p.scale for p in kept if p.scale != args.scale})
+    if other:
+        raise UserError(f"{Path(args.out) / 'rehearsal.json'} holds rows at scale {', '.join(other)}, this run is at "
+                        f"scale {args.scale}: one table holds one scale; pass --scale {other[0]} or another --out")
     if not (args.only_methods and (work / "data").is_dir()):  # the export to load is made first
         kept = [p for p in kept if p.name.startswith("method ")]  # its new rows replace the kept ones
         jobs = [{**base, "phase": "world"}, {**base, "phase": "export"}, {**base, "phase": "load", "first": True},
@@ -181,7 +186,7 @@ def _child(job: dict[str, Any]) -> Phase:
     prov = provenance("")
     revision = str(prov["git_revision"])[:8] + ("+dirty" if prov["git_dirty"] else "")
     return Phase(name, time.perf_counter() - start, max(_peak_rss_mb(), *windows), figures, revision=revision,
-                 peak_anon_mb=max(ANON.peak_mb(), *anon), cpu=cpu_model())
+                 peak_anon_mb=max(ANON.peak_mb(), *anon), cpu=cpu_model(), scale=job["scale"])
 
 
 def _world(job: dict[str, Any], work: Path) -> dict[str, Any]:
@@ -389,7 +394,9 @@ def previous_phases(out: Path) -> list[Phase]:
     # rows written before phases named their code and CPU: those in the header of the table they made
     header = (out / "rehearsal.md").read_text(encoding="utf-8") if (out / "rehearsal.md").exists() else ""
     git, cpu = re.search(r"\(git ([0-9a-f]{7,12})", header), re.search(r"; CPU (.+?), \d+ torch thread", header)
-    older = {"revision": git.group(1)[:8] if git else "", "cpu": cpu.group(1) if cpu else ""}
+    scale = re.search(r"`prvr-bench rehearse[^`]* --scale (\S+)", header)  # a command without it: full
+    older = {"revision": git.group(1)[:8] if git else "", "cpu": cpu.group(1) if cpu else "",
+             "scale": scale.group(1).strip("'") if scale else "full"}
     try:
         return [Phase(**{**older, **r, "figures": dict(r["figures"])}) for r in rows]
     except (TypeError, KeyError, ValueError):
