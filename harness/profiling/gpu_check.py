@@ -12,8 +12,7 @@ cost); and the profile's device rows (runtime per query, training epoch) in OUT/
 
 Written to OUT/gpu-check.md and .json. Meant for a GPU (`--device cuda`; 217 and 256 s on an
 H100 before the timing rows stopped waiting for the compile test, 136 s on an H200 after,
-docs/gpu.md); `--device cpu
---quick` checks the command itself (the test suite does).
+docs/gpu.md); `--device cpu --quick` checks the command itself (the test suite does).
 """
 
 from __future__ import annotations
