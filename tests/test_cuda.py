@@ -20,7 +20,9 @@ from prvr.harness.evaluate import compute_ranks
 from prvr.harness.profiling.gpu_check import not_deterministic
 from prvr.harness.registry import METHODS
 from prvr.harness.runner import run_one
+from prvr.methods.backbones.ral import csa_reference, csa_scores
 from test_devices import BF16_LOSS_RTOL, BF16_SCORE_TOL
+from test_ral_objectives import _csa_inputs
 from test_trainer import Kill
 
 pytestmark = pytest.mark.cuda
@@ -48,6 +50,25 @@ def test_cpu_and_cuda_rank_the_same_scores_alike(on_cuda):
     cpu = compute_ranks(lambda s, e: torch.tensor(scores[s:e]), 300, labels, chunk=64)
     gpu = compute_ranks(lambda s, e: torch.tensor(scores[s:e], device="cuda"), 300, labels, chunk=64)
     np.testing.assert_array_equal(cpu["labelled"], gpu["labelled"])
+
+
+def test_ral_sparse_csa_backward_on_cuda_equals_the_cpus(on_cuda):
+    """RAL's CSA gradient is two sparse products (methods/backbones/ral.py::_BestFrame): on CUDA it
+    equals the same backward on the CPU and autograd through the definition on CUDA, with no warning
+    (torch 2.11 warned from the sparse tensor)."""
+    tokens, token_mask, weights, frames, frame_mask = _csa_inputs(seed=6)
+    upstream = torch.randn(3, 5, generator=torch.Generator().manual_seed(7))
+    grads = {}
+    for name, device, score in [("cpu", "cpu", csa_scores), ("cuda", on_cuda, csa_scores),
+                                ("cuda reference", on_cuda, csa_reference)]:
+        t, w, f = (x.to(device).requires_grad_(True) for x in (tokens, weights, frames))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            (score(t, token_mask.to(device), w, f, frame_mask.to(device)) * upstream.to(device)).sum().backward()
+        grads[name] = [g.cpu() for g in (t.grad, w.grad, f.grad)]
+    for other in ("cuda", "cuda reference"):
+        for got, want in zip(grads[other], grads["cpu"]):
+            assert torch.allclose(got, want, atol=1e-4), other
 
 
 @pytest.mark.parametrize("method", ["baseline", "msl", "gmmformer", "arl"])

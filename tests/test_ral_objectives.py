@@ -3,6 +3,8 @@ against closed forms, Monte Carlo and hand-computed values."""
 
 import math
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -168,6 +170,28 @@ def test_csa_gradients_flow_to_tokens_weights_and_frames():
     csa_scores(tokens, token_mask, word_confidences(logits, token_mask), frames, frame_mask).sum().backward()
     assert tokens.grad.abs().sum() > 0 and frames.grad.abs().sum() > 0 and logits.grad.abs().sum() > 0
 
+
+_QUIET_BACKWARD = """
+import warnings
+import torch
+from prvr.methods.backbones.ral import csa_scores
+tokens, frames = torch.randn(2, 3, 4, requires_grad=True), torch.randn(3, 5, 4, requires_grad=True)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    csa_scores(tokens, torch.ones(2, 3, dtype=torch.bool), torch.full((2, 3), 1 / 3), frames,
+               torch.ones(3, 5, dtype=torch.bool)).sum().backward()
+print(torch.sparse.check_sparse_tensor_invariants.is_enabled())
+for w in caught:
+    print(str(w.message).splitlines()[0])
+"""
+
+
+def test_csa_backward_warns_nothing_and_leaves_the_invariant_setting():
+    """Torch 2.11 warned once per process, 'Sparse invariant checks are implicitly disabled', from
+    the sparse gradient although it passes check_invariants=False; a fresh process, as the warning
+    is emitted only once."""
+    out = subprocess.run([sys.executable, "-c", _QUIET_BACKWARD], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == ["False"], out.stdout + out.stderr
 
 def test_csa_zero_padded_frames_floor_each_word_at_zero():
     """ral.padded_frames=zero: in a floored video every word's best frame scores at least 0 (the
