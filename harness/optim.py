@@ -124,8 +124,20 @@ def _groups(decay: list, no_decay: list, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+class _AdamW(torch.optim.AdamW):
+    """torch AdamW without its CUDA-graph capture check where no parameter is on a GPU. torch runs
+    that check in every step on any machine with CUDA, and it asks for the current CUDA stream,
+    which initialises CUDA: a CPU run on a GPU machine would hold a context on GPU 0 (hundreds of
+    MB, and an error on a GPU in exclusive-process mode). A CPU step is never captured in a CUDA
+    graph, so there is nothing to check (tests/test_devices.py)."""
+
+    def _accelerator_graph_capture_health_check(self) -> None:
+        if any(p.device.type != "cpu" for group in self.param_groups for p in group["params"]):
+            super()._accelerator_graph_capture_health_check()
+
+
 def _adamw(model: nn.Module, train) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(_groups(*harness_groups(model), train.weight_decay), lr=train.lr)
+    return _AdamW(_groups(*harness_groups(model), train.weight_decay), lr=train.lr)
 
 
 def _bertadam(model: nn.Module, train) -> torch.optim.Optimizer:

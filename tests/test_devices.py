@@ -36,18 +36,25 @@ def test_the_suite_trains_on_the_cpu_and_auto_reads_the_environment(monkeypatch)
     assert pick_device("cpu") == torch.device("cpu")  # a named device is taken as named
 
 
-def test_a_cpu_run_never_touches_cuda_where_cuda_is_present(tmp_path, monkeypatch):
+@pytest.mark.parametrize("method", ["baseline", "msl"])  # AdamW and BertAdam
+def test_a_cpu_run_never_touches_cuda_where_cuda_is_present(method, tmp_path, monkeypatch):
     def touched(name):
         def call(*args, **kwargs):
-            raise AssertionError(f"a CPU run called torch.cuda.{name}")
+            raise AssertionError(f"a CPU run called {name}")
         return call  # one function per name (torch's own tables refuse one function under two names)
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on a GPU machine
-    for name in ("get_rng_state_all", "set_rng_state_all", "get_rng_state", "set_rng_state", "init"):
-        monkeypatch.setattr(torch.cuda, name, touched(name))
-    record = run_one(resolve("baseline", "sim-tiny", 0, EPOCHS), tmp_path)
+    # as on a GPU machine: torch.cuda and torch.accelerator say CUDA is there
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda check_available=False: torch.device("cuda"))
+    # _lazy_init is where every first use of CUDA goes (from C++ too); torch's optimizers ask
+    # is_current_stream_capturing (torch 2.11) or the accelerator's current stream (2.13)
+    for name in ("get_rng_state_all", "set_rng_state_all", "get_rng_state", "set_rng_state", "init", "_lazy_init",
+                 "is_current_stream_capturing"):
+        monkeypatch.setattr(torch.cuda, name, touched(f"torch.cuda.{name}"))
+    monkeypatch.setattr(torch.accelerator, "current_stream", touched("torch.accelerator.current_stream"))
+    record = run_one(resolve(method, "sim-tiny", 0, EPOCHS), tmp_path)
     assert record["provenance"]["device"].startswith("cpu")
-    state = torch.load(tmp_path / "checkpoints/sim-tiny/baseline/seed0/last.pt", weights_only=True)
+    state = torch.load(tmp_path / f"checkpoints/sim-tiny/{method}/seed0/last.pt", weights_only=True)
     assert state["device"] == "cpu" and "cuda_rng" not in state
 
 
