@@ -54,8 +54,8 @@ def test_cpu_and_cuda_rank_the_same_scores_alike(on_cuda):
 
 def test_ral_sparse_csa_backward_on_cuda_equals_the_cpus(on_cuda):
     """RAL's CSA gradient is two sparse products (methods/backbones/ral.py::_BestFrame): on CUDA it
-    equals the same backward on the CPU and autograd through the definition on CUDA, with no warning
-    (torch 2.11 warned from the sparse tensor)."""
+    equals the same backward on the CPU and autograd through the definition on CUDA, without torch
+    2.11's warning about the sparse tensor's invariant checks."""
     tokens, token_mask, weights, frames, frame_mask = _csa_inputs(seed=6)
     upstream = torch.randn(3, 5, generator=torch.Generator().manual_seed(7))
     grads = {}
@@ -63,7 +63,7 @@ def test_ral_sparse_csa_backward_on_cuda_equals_the_cpus(on_cuda):
                                 ("cuda reference", on_cuda, csa_reference)]:
         t, w, f = (x.to(device).requires_grad_(True) for x in (tokens, weights, frames))
         with warnings.catch_warnings():
-            warnings.simplefilter("error")
+            warnings.filterwarnings("error", message="Sparse invariant checks")
             (score(t, token_mask.to(device), w, f, frame_mask.to(device)) * upstream.to(device)).sum().backward()
         grads[name] = [g.cpu() for g in (t.grad, w.grad, f.grad)]
     for other in ("cuda", "cuda reference"):
