@@ -193,6 +193,7 @@ def test_csa_backward_warns_nothing_and_leaves_the_invariant_setting():
     out = subprocess.run([sys.executable, "-c", _QUIET_BACKWARD], capture_output=True, text=True, check=True)
     assert out.stdout.splitlines() == ["False"], out.stdout + out.stderr
 
+
 def test_csa_zero_padded_frames_floor_each_word_at_zero():
     """ral.padded_frames=zero: in a floored video every word's best frame scores at least 0 (the
     reference's zero frames take part in the max); other videos are unchanged."""
