@@ -64,7 +64,10 @@ def describe_from_host(host: torch.Tensor, device_mask: torch.Tensor) -> torch.T
     all_true = len(index) == host.numel()
     if device_mask.device.type == "cuda":
         index = index.pin_memory()  # an asynchronous copy; from pageable memory the copy would wait for the GPU
-    facts = {"index": index.to(device_mask.device, non_blocking=True), "all_true": all_true}
+    moved = index.to(device_mask.device, non_blocking=True)
+    if moved is not index:  # its host copy, for `true_index_host` (on the CPU it is the index itself)
+        describe(moved, host=index)
+    facts = {"index": moved, "all_true": all_true}
     if host.dim() == 2:
         facts.update(rows=bool(host.any(1).all()), cols=bool(host.any(0).all()), lengths=tuple(host.sum(1).tolist()))
     return describe(device_mask, **facts)
@@ -112,6 +115,12 @@ def true_index(mask: torch.Tensor) -> torch.Tensor:
     if facts.index is None:
         describe(mask, index=index)
     return index
+
+
+def true_index_host(mask: torch.Tensor) -> np.ndarray:
+    """`true_index(mask)` on the host: the host copy the index was described with (a mask
+    described from the host), else copied from the device (a sync on a GPU)."""
+    return host_copy(true_index(mask)).numpy()
 
 
 def true_pairs(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

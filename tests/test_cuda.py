@@ -14,6 +14,7 @@ import pytest
 import scipy.sparse as sp
 import torch
 
+from prvr.harness import masks
 from prvr.harness.build import build_run
 from prvr.harness.config import resolve
 from prvr.harness.evaluate import compute_ranks
@@ -21,6 +22,7 @@ from prvr.harness.profiling.gpu_check import not_deterministic
 from prvr.harness.registry import METHODS
 from prvr.harness.runner import run_one
 from prvr.methods.backbones.ral import csa_reference, csa_scores
+from prvr.methods.objectives.prvr import hungarian_pairs, matching_pairs
 from test_devices import BF16_LOSS_RTOL, BF16_SCORE_TOL
 from test_ral_objectives import _csa_inputs
 from test_trainer import Kill
@@ -69,6 +71,20 @@ def test_ral_sparse_csa_backward_on_cuda_equals_the_cpus(on_cuda):
     for other in ("cuda", "cuda reference"):
         for got, want in zip(grads[other], grads["cpu"]):
             assert torch.allclose(got, want, atol=1e-4), other
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_gmmformer2_matching_on_cuda_is_scipys(seed, on_cuda):
+    """GMMFormer v2's Hungarian matching solved on the device (methods/objectives/prvr.py::
+    matching_pairs) against scipy's on the host: 40 videos of 3 to 21 positive queries over 32
+    clips (those of more than 12, the device's limit, solved on the host)."""
+    g = torch.Generator().manual_seed(seed)
+    host = torch.rand(200, 40, generator=g) < 0.045  # 9 a video on average
+    cos = torch.rand(200, 40, 32, generator=g) * 2 - 1
+    want = hungarian_pairs(cos, host.clone())
+    got = matching_pairs(cos.to(on_cuda), masks.to_device(host, on_cuda))
+    for a, b in zip(got, want, strict=True):
+        assert a.cpu().tolist() == b.tolist()
 
 
 @pytest.mark.parametrize("method", ["baseline", "msl", "gmmformer", "arl"])

@@ -152,6 +152,15 @@ def test_mean_where_is_the_masked_mean():
     assert mean_where(x, torch.zeros(6, dtype=torch.bool), None, x) == 0
 
 
+def test_a_mask_described_from_the_host_gives_its_true_index_on_the_host():
+    """`true_index_host` of a mask on another device (here torch's meta device, whose values
+    cannot be read at all) described from its host copy: the host's index, asking nothing."""
+    host = torch.tensor([[True, False, True], [False, False, True]])
+    elsewhere = masks.describe_from_host(host, host.to("meta"))
+    assert masks.true_index_host(elsewhere).tolist() == [0, 2, 5]
+    assert masks.true_index_host(host.clone()).tolist() == [0, 2, 5]  # undescribed, on the CPU: read
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_the_largest_group_from_the_host_is_the_devices_answer(seed):
     """RAL's support-set capacity counted on the host from the described row lengths and
@@ -188,15 +197,16 @@ HOST_VALUES = {ATEN.lift_fresh.default}
 BOOL_INDEX = {ATEN.index.Tensor, ATEN.index_put_.default, ATEN.index_put.default, ATEN._index_put_impl_.default}
 # What still asks, outside what this suite's data path and losses own (the reason, and the fix)
 ELSEWHERE: dict[str, str] = {}  # (baseline's and ARL's frame maps now go through blocks.rowwise)
-INHERENT = {"hungarian_pairs": "GMMFormer v2's matching is solved on the host (scipy linear_sum_assignment): the "
-                               "positive pairs' cosines go to the host, one wait per step",
-            "hungarian_matching": "and its pairs go back to the device (pinned, asynchronous)"}
+# (GMMFormer v2's Hungarian matching was here, solved on the host; it is solved on the device now)
+INHERENT: dict[str, str] = {}
 # Functions that work on host tensors only (so ask no device), which the proxy cannot tell from
 # device tensors on a CPU: the CUDA test checks them
 ON_HOST = {"host_lookup": "the SBERT detector's and the oracle's lookups from the batch indices, the labels and the "
                           "ground truth the loader described",
            "host_positive": "the labels' mask made on the host from the labelled columns the loader described",
-           "describe_from_host": "the facts of a mask read off its host copy, before the copy"}
+           "describe_from_host": "the facts of a mask read off its host copy, before the copy",
+           "_positive_rows": "GMMFormer v2's matching: the videos' positive queries, read off the mask's host copy",
+           "_host_tensors": "GMMFormer v2's matching: its host-made index arrays, before their pinned copy"}
 NOT_YET: dict[str, str] = {}  # function -> why its step still reads the device: each a fix left to do
 HOST_COPIES = ("numpy", "tolist", "cpu")  # Tensor methods that copy a device tensor to the host
 
@@ -341,10 +351,7 @@ def _syncs(fn) -> list[str]:
     return [f"{w.filename}:{w.lineno}" for w in caught if "synchronizing CUDA operation" in str(w.message)]
 
 
-STILL_SYNCS = {  # method -> why its step still syncs (not in this suite's data path or losses)
-    "gmmformer2": "GMMFormer v2's Hungarian matching solves on the host (scipy): inherent",
-    "ral": "RAL on GMMFormer v2: its backbone's " + INHERENT["hungarian_pairs"],
-}
+STILL_SYNCS: dict[str, str] = {}  # method -> why its step still syncs (not in this suite's data path or losses)
 
 
 @pytest.mark.cuda

@@ -4,16 +4,21 @@ and a one-epoch smoke run of each MS-SL family method."""
 import itertools
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from scipy.optimize import linear_sum_assignment
 
+from prvr.harness import masks
 from prvr.harness.config import resolve
 from prvr.harness.io import UserError
 from prvr.harness.runner import run_one
 from prvr.methods.backbones.api import Scores
-from prvr.methods.objectives.prvr import (focal_query_diversity, hard_pool_at, hungarian_matching, msl_triplet,
-                                          query_diversity, same_video_pairs, two_branch_ranking)
+from prvr.methods.objectives import prvr as objectives
+from prvr.methods.objectives.prvr import (best_assignments, focal_query_diversity, hard_pool_at, hungarian_matching,
+                                          hungarian_pairs, matching_pairs, msl_triplet, query_diversity,
+                                          same_video_pairs, two_branch_ranking)
 from prvr.methods.relations.base import Relations
 
 LABELS = torch.tensor([0, 0, 1])  # queries 0 and 1 describe video 0, query 2 video 1
@@ -148,6 +153,50 @@ def test_hungarian_matching_matches_brute_force(seed):
     assert loss.item() == pytest.approx(brute_force_matching(queries, clips, positive), abs=1e-5)
 
 
+@pytest.mark.parametrize("seed", range(30))
+def test_the_devices_assignment_is_scipys(seed):
+    """`best_assignments` (the dynamic programme over clips) against scipy's linear_sum_assignment,
+    the reference's solver: the same clips for every query, from one query up to the device's
+    limit, as many clips as queries or more."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, objectives.DEVICE_MATCHING_MAX_QUERIES + 1)) if seed % 3 else int(rng.integers(1, 4))
+    c = n + int(rng.integers(0, 6))
+    weights = rng.uniform(-1, 1, size=(int(rng.integers(1, 5)), n, c))
+    got = best_assignments(torch.from_numpy(weights)).numpy()
+    for g in range(len(weights)):
+        rows, cols = linear_sum_assignment(-weights[g])
+        assert rows.tolist() == list(range(n)) and got[g].tolist() == cols.tolist()
+
+
+def test_the_devices_assignment_on_ties_is_as_good_as_scipys():
+    """Equal weights (clips that are copies of each other): another assignment than scipy's may
+    be chosen, of the same sum, with distinct clips."""
+    weights = torch.tensor([[[0.5, 0.5, 0.2], [0.5, 0.5, 0.2]], [[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]]], dtype=torch.float64)
+    got = best_assignments(weights)
+    for g in range(2):
+        rows, cols = linear_sum_assignment(-weights[g].numpy())
+        assert len(set(got[g].tolist())) == 2
+        assert weights[g, [0, 1], got[g]].sum().item() == pytest.approx(weights[g].numpy()[rows, cols].sum())
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_matching_pairs_are_the_references(seed, monkeypatch):
+    """`matching_pairs` (on the device, the host only where a video has more queries than the
+    device's limit or than clips) against `hungarian_pairs` (scipy per video): the same (query,
+    video, clip) triples in the same order, with and without a mask described from the host."""
+    rng = np.random.default_rng(seed)
+    monkeypatch.setattr(objectives, "DEVICE_MATCHING_MAX_QUERIES", int(rng.integers(2, 7)))
+    queries, videos, clips = int(rng.integers(1, 30)), int(rng.integers(1, 6)), int(rng.integers(1, 8))
+    host = torch.from_numpy(rng.random((queries, videos)) < rng.uniform(0.1, 0.9))
+    cos = torch.from_numpy(rng.uniform(-1, 1, size=(queries, videos, clips)).astype(np.float32))
+    min_queries = int(rng.integers(1, 3))
+    want = hungarian_pairs(cos, host.clone(), min_queries)
+    for positive in (host.clone(), masks.describe_from_host(host, host.clone())):
+        got = matching_pairs(cos, positive, min_queries)
+        for g, w in zip(got, want, strict=True):
+            assert g.tolist() == w.tolist()
+
+
 def test_hungarian_matching_hand_computed_and_differentiable():
     queries = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], requires_grad=True)
     clips = torch.tensor([[[0.0, 1.0], [1.0, 0.0], [1.0, 1.0]]], requires_grad=True)
@@ -173,6 +222,20 @@ def test_method_trains_one_epoch_on_sim_tiny(method, tmp_path):
     history = record["history"][0]
     assert math.isfinite(history["loss"]) and history["clip_triplet"] >= 0
     assert record["metrics"]["test"]["SumR"] > 0
+
+
+@pytest.mark.parametrize("method, overrides", [("gmmformer2", []), ("ral", ["relations.name=oracle"])])
+def test_training_with_the_devices_matching_is_training_with_scipys(method, overrides, tmp_path, monkeypatch):
+    """GMMFormer v2 (and RAL on it, with the oracle's extra positives) trained with the matching
+    solved on the device and with scipy's on the host (the reference's): the same losses in
+    every epoch and the same metrics, to the last digit."""
+    records = []
+    for solver in ("device", "scipy"):
+        if solver == "scipy":
+            monkeypatch.setattr(objectives, "matching_pairs", lambda cos, positive, min_queries=2: tuple(
+                torch.from_numpy(a) for a in hungarian_pairs(cos, positive, min_queries)))
+        records.append(run_one(resolve(method, "sim-tiny", 0, ["train.epochs=2", *overrides]), tmp_path / solver))
+    assert records[0]["history"] == records[1]["history"] and records[0]["metrics"] == records[1]["metrics"]
 
 
 @pytest.mark.parametrize("method", ["msl", "gmmformer", "gmmformer2"])
@@ -203,3 +266,27 @@ def test_frame_branch_losses_can_be_weighed_out(method):
     clip_only["loss"].backward()
     assert raw["frame"].grad is None or not raw["frame"].grad.any()
     assert raw["clip"].grad.abs().sum() > 0
+
+
+# --------------------------------------------------------------------------- matching benchmark
+# GMMFormer v2's matching at sim-tvr's batch (128 videos of 5 positive queries, 32 clips, 640
+# queries), on the host (scipy, the reference) and on the device's path run here on the CPU:
+#     pytest tests/test_prvr_objectives.py -k benchmark --benchmark-enable --benchmark-group-by=group
+@pytest.fixture(scope="module")
+def tvr_batch_matching():
+    g = torch.Generator().manual_seed(0)
+    labels = torch.arange(128).repeat_interleave(5)
+    host = Relations.one_to_one(labels, 128).positive
+    cos = torch.rand(640, 128, 32, generator=g) * 2 - 1
+    return cos, masks.describe_from_host(host, host.clone())
+
+
+@pytest.mark.benchmark(group="gmmformer2-matching")
+def test_benchmark_matching_scipy_on_the_host(benchmark, tvr_batch_matching):
+    assert len(benchmark(hungarian_pairs, *tvr_batch_matching)[0]) == 640
+
+
+@pytest.mark.benchmark(group="gmmformer2-matching")
+def test_benchmark_matching_on_the_device_path(benchmark, tvr_batch_matching):
+    got = benchmark(matching_pairs, *tvr_batch_matching)
+    assert [t.tolist() for t in got] == [a.tolist() for a in hungarian_pairs(*tvr_batch_matching)]

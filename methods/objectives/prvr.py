@@ -13,6 +13,8 @@ detectors plug in: with one-to-one labels they reduce to the reference losses.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -114,13 +116,20 @@ def focal_query_diversity(queries: torch.Tensor, pairs: torch.Tensor, margin: fl
     return (terms * pairs).sum() / len(queries)
 
 
+# A video's positive queries are matched on the device up to this many (the programme below
+# holds 2^n states); more, or more queries than clips, are solved on the host (one wait)
+DEVICE_MATCHING_MAX_QUERIES = 12
+
+
 def hungarian_pairs(cos: torch.Tensor, positive: torch.Tensor, min_queries: int = 2) -> tuple[np.ndarray, ...]:
-    """Optimal one-to-one assignment of each video's positive queries to its clips.
+    """Optimal one-to-one assignment of each video's positive queries to its clips, on the host
+    (scipy linear_sum_assignment, as the reference): the test reference of `matching_pairs`, and
+    its path for the videos the device does not solve.
 
     cos [Q, V, C]: query-clip cosines; videos with fewer than `min_queries` positive queries
-    are skipped (as in the reference). Returns index arrays (query, video, clip) of the matches.
-    Only the positive pairs' rows of `cos` go to the host (the solve's one wait for the device),
-    their pairs read from the mask's described index where the host knows it (harness/masks.py).
+    are skipped (as in the reference). Returns index arrays (query, video, clip) of the matches,
+    by video, then query. Only the positive pairs' rows of `cos` go to the host (one wait for
+    the device).
     """
     q_idx, v_idx = masks.true_pairs(positive)  # row-major: each video's queries in ascending order
     rows_host = cos.detach()[q_idx, v_idx].cpu().numpy()  # [P, C], asks the device
@@ -136,14 +145,105 @@ def hungarian_pairs(cos: torch.Tensor, positive: torch.Tensor, min_queries: int 
     return tuple(np.concatenate(f) if f else np.zeros(0, dtype=np.int64) for f in found)
 
 
+@lru_cache(maxsize=None)
+def _subsets(n: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """The tables of `best_assignments` for n queries, made on the device once. Over the 2^n sets
+    S of queries and the n + 1 moves m at a clip (0: the clip stays unused; i + 1: query i takes
+    it): before[S, m], the set before the move (S, or S less query i); closed[S, m], 0 where the
+    move can end in S (query i in S), else -inf; start[S], 0 for the empty set, else -inf;
+    moves = 1 .. n, the moves that give a clip, by query."""
+    sets, moves = torch.arange(1 << n, device=device), torch.arange(1, n + 1, device=device)
+    bit = torch.ones(n, dtype=torch.long, device=device) << (moves - 1)
+    before = torch.cat([sets[:, None], sets[:, None] ^ bit], dim=1)
+    closed = torch.zeros(1 << n, n + 1, dtype=torch.float64, device=device)
+    closed[:, 1:].masked_fill_((sets[:, None] & bit) == 0, -torch.inf)
+    start = torch.zeros(1 << n, dtype=torch.float64, device=device).masked_fill(sets != 0, -torch.inf)
+    return before, closed, start, moves
+
+
+def best_assignments(weights: torch.Tensor) -> torch.Tensor:
+    """weights [G, n, C] (float64), n <= C: for each of G problems, the clip of each query in the
+    assignment of the n queries to distinct clips with the largest summed weight, exactly (ties
+    aside, the one scipy's linear_sum_assignment finds). A dynamic programme over the clips, whose
+    state is the set of queries already given a clip, each state carrying its best assignment:
+    C steps of a few tensor operations over [G, 2^n, n + 1] on the weights' device, nothing read
+    on the host. Returns [G, n] clip indices."""
+    g, n, c = weights.shape
+    before, closed, start, moves = _subsets(n, weights.device)
+    gains = torch.cat([weights.new_zeros(g, 1, c), weights], dim=1)[:, None]  # [G, 1, n + 1, C]: move 0 gains 0
+    best = start.expand(g, -1)
+    clips = torch.zeros(g, 1 << n, n, dtype=torch.long, device=weights.device)  # each state's assignment
+    for k in range(c):
+        best, move = (best[:, before] + gains[..., k] + closed).max(dim=2)  # [G, 2^n]
+        came = before.gather(1, move.t()).t()  # the state each best move came from
+        clips = clips.gather(1, came[:, :, None].expand(-1, -1, n))
+        clips = torch.where(move[:, :, None] == moves, k, clips)
+    return clips[:, -1]
+
+
+def _positive_rows(positive: torch.Tensor, min_queries: int) -> tuple[np.ndarray, ...]:
+    """The positive (query, video) pairs of the videos with at least `min_queries` positive
+    queries, by video then query, and every video's count: read off the mask's host copy (for
+    a mask described from the host, nothing is asked of the device)."""
+    num_videos = positive.shape[1]
+    index = masks.true_index_host(positive)
+    q_host, v_host = index // num_videos, index % num_videos
+    counts = np.bincount(v_host, minlength=num_videos)
+    order = np.lexsort((q_host, v_host))
+    order = order[counts[v_host[order]] >= min_queries]
+    return q_host[order], v_host[order], counts
+
+
+def _host_tensors(*arrays: np.ndarray) -> list[torch.Tensor]:
+    """Host arrays as host tensors, for `masks.to_device` (pinned, an asynchronous copy)."""
+    out = []
+    for a in arrays:  # a loop, not a comprehension: the sync test knows this function by its frame's name
+        out.append(torch.from_numpy(np.ascontiguousarray(a)))
+    return out
+
+
+def matching_pairs(cos: torch.Tensor, positive: torch.Tensor,
+                   min_queries: int = 2) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`hungarian_pairs` with the assignments solved on the device (`best_assignments`, in float64),
+    as (query, video, clip) index tensors on cos's device, in the same order. Which queries and
+    videos take part is known on the host (`_positive_rows`), so a step asks the device nothing.
+    A video with more positive queries than `DEVICE_MATCHING_MAX_QUERIES` or than clips is
+    solved on the host (one wait)."""
+    device, limit = cos.device, min(DEVICE_MATCHING_MAX_QUERIES, cos.shape[2])
+    q_out, v_out, counts = _positive_rows(positive, min_queries)
+    host_clip = np.full(len(q_out), -1)  # the clips solved on the host; -1: on the device
+    big = counts[v_out] > limit
+    if big.any():  # the reference's solve (of more queries than clips, it keeps the best subset)
+        part = np.zeros(positive.shape, dtype=bool)
+        part[q_out[big], v_out[big]] = True
+        hq, hv, hc = hungarian_pairs(cos, masks.to_device(_host_tensors(part)[0], device), min_queries)
+        q_out, v_out = np.concatenate([q_out[~big], hq]), np.concatenate([v_out[~big], hv])
+        host_clip = np.concatenate([host_clip[~big], hc])
+        by_video = np.lexsort((q_out, v_out))
+        q_out, v_out, host_clip = q_out[by_video], v_out[by_video], host_clip[by_video]
+    sizes = np.where(host_clip < 0, counts[v_out], 0)
+    on_host = np.flatnonzero(sizes == 0)
+    groups = [np.flatnonzero(sizes == n) for n in np.unique(sizes[sizes > 0])]  # rows: whole videos, n in a row
+    # the clips come in the order (host rows, then each group's rows); `back` restores the rows' order
+    back = np.argsort(np.concatenate([on_host, *groups]))
+    group_arrays = [a[rows].reshape(-1, sizes[rows[0]]) for rows in groups for a in (q_out, v_out)]
+    moved = [masks.to_device(t, device) for t in _host_tensors(np.stack([q_out, v_out]), host_clip[on_host], back,
+                                                                *group_arrays)]
+    (q, v), clips, back_d = moved[0], [moved[1]], moved[2]
+    for q_n, v_n in zip(moved[3::2], moved[4::2]):
+        clips.append(best_assignments(cos.detach()[q_n, v_n].double()).flatten())
+    return q, v, torch.cat(clips)[back_d]
+
+
 @OBJECTIVES.register("hungarian-matching", "GMMFormer v2: 1 - mean cos of a Hungarian query-to-clip matching per video")
 def hungarian_matching(queries: torch.Tensor, clips: torch.Tensor, positive: torch.Tensor,
                        min_queries: int = 2) -> torch.Tensor:
     """GMMFormer v2's matching loss: 1 - mean cos(q, c) over the pairs of an optimal assignment
-    (scipy linear_sum_assignment, maximising the summed cosine) between the positive queries of
-    each video and the video's clips. queries [Q, D]; clips [V, C, D]; positive [Q, V]."""
+    (maximising the summed cosine, as the reference's scipy linear_sum_assignment; solved on the
+    device by `matching_pairs`) between the positive queries of each video and the video's clips.
+    queries [Q, D]; clips [V, C, D]; positive [Q, V]."""
     cos = torch.einsum("qd,vcd->qvc", F.normalize(queries, dim=-1), F.normalize(clips, dim=-1))
-    q, v, c = masks.to_device(torch.from_numpy(np.stack(hungarian_pairs(cos, positive, min_queries))), cos.device)
+    q, v, c = matching_pairs(cos, positive, min_queries)
     if len(q) == 0:
         return _zero(cos)
     return 1 - cos[q, v, c].mean()
