@@ -255,11 +255,15 @@ class DeviceReads(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
+# A comprehension's frame (Python 3.11; 3.12 inlines them) counts as the function that holds it
+COMPREHENSIONS = {"<listcomp>", "<setcomp>", "<dictcomp>", "<genexpr>"}
+
+
 def _source(frames) -> str:
     if any("torch/autograd/" in f.filename for f in frames):
         return "backward"
     own = [f for f in frames if "site-packages" not in f.filename and "/tests/" not in f.filename
-           and ("harness/masks.py" not in f.filename or f.name in ON_HOST)]
+           and ("harness/masks.py" not in f.filename or f.name in ON_HOST) and f.name not in COMPREHENSIONS]
     f = own[-1]
     for part in ("methods/", "harness/", "datasets/"):
         if part in f.filename:

@@ -469,7 +469,7 @@ def _detection_cell(f: dict[str, Any]) -> str:
     it, blank for a method without one."""
     if "detection" not in f:
         return ""
-    return "cached" if f["detection"] == "cached" else f"{f.get('detection_s', '')}"
+    return "cached" if f["detection"] == "cached" else str(f.get("detection_s", ""))
 
 
 def _per_window(f: dict[str, Any], kind: str) -> str:

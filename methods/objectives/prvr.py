@@ -134,13 +134,20 @@ def hungarian_pairs(cos: torch.Tensor, positive: torch.Tensor, min_queries: int 
     q_idx, v_idx = masks.true_pairs(positive)  # row-major: each video's queries in ascending order
     rows_host = cos.detach()[q_idx, v_idx].cpu().numpy()  # [P, C], asks the device
     q_host, v_host = q_idx.cpu().numpy(), v_idx.cpu().numpy()  # nothing queued after the copy above
-    found: list[list[np.ndarray]] = [[], [], []]
     counts = np.bincount(v_host, minlength=positive.shape[1])
-    for v in np.flatnonzero(counts >= min_queries):
+    return _solve_on_host(rows_host, q_host, v_host, np.flatnonzero(counts >= min_queries))
+
+
+def _solve_on_host(rows: np.ndarray, q_host: np.ndarray, v_host: np.ndarray,
+                   videos: np.ndarray) -> tuple[np.ndarray, ...]:
+    """scipy's assignment per video of `videos` (ascending) of the pairs (q_host, v_host), each
+    video's queries ascending, with their cosines `rows` [P, C]: (query, video, clip) arrays."""
+    found: list[list[np.ndarray]] = [[], [], []]
+    for v in videos:
         of_v = np.flatnonzero(v_host == v)
-        rows, cols = linear_sum_assignment(-rows_host[of_v])
-        found[0].append(q_host[of_v][rows])
-        found[1].append(np.full(len(rows), v))
+        chosen, cols = linear_sum_assignment(-rows[of_v])
+        found[0].append(q_host[of_v][chosen])
+        found[1].append(np.full(len(chosen), v))
         found[2].append(cols)
     return tuple(np.concatenate(f) if f else np.zeros(0, dtype=np.int64) for f in found)
 
@@ -196,10 +203,7 @@ def _positive_rows(positive: torch.Tensor, min_queries: int) -> tuple[np.ndarray
 
 def _host_tensors(*arrays: np.ndarray) -> list[torch.Tensor]:
     """Host arrays as host tensors, for `masks.to_device` (pinned, an asynchronous copy)."""
-    out = []
-    for a in arrays:  # a loop, not a comprehension: the sync test knows this function by its frame's name
-        out.append(torch.from_numpy(np.ascontiguousarray(a)))
-    return out
+    return [torch.from_numpy(np.ascontiguousarray(a)) for a in arrays]
 
 
 def matching_pairs(cos: torch.Tensor, positive: torch.Tensor,
@@ -214,9 +218,9 @@ def matching_pairs(cos: torch.Tensor, positive: torch.Tensor,
     host_clip = np.full(len(q_out), -1)  # the clips solved on the host; -1: on the device
     big = counts[v_out] > limit
     if big.any():  # the reference's solve (of more queries than clips, it keeps the best subset)
-        part = np.zeros(positive.shape, dtype=bool)
-        part[q_out[big], v_out[big]] = True
-        hq, hv, hc = hungarian_pairs(cos, masks.to_device(_host_tensors(part)[0], device), min_queries)
+        q_big, v_big = (masks.to_device(t, device) for t in _host_tensors(q_out[big], v_out[big]))
+        rows = cos.detach()[q_big, v_big].cpu().numpy()  # asks the device
+        hq, hv, hc = _solve_on_host(rows, q_out[big], v_out[big], np.unique(v_out[big]))
         q_out, v_out = np.concatenate([q_out[~big], hq]), np.concatenate([v_out[~big], hv])
         host_clip = np.concatenate([host_clip[~big], hc])
         by_video = np.lexsort((q_out, v_out))
