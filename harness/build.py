@@ -15,7 +15,8 @@ from typing import Any, cast
 import torch
 
 from prvr.harness.contract import MethodSpec, RelationDetector
-from prvr.harness.precision import set_encoders
+from prvr.harness.devices import pick_device
+from prvr.harness.precision import set_encoders, warn_where_compile_starts_cuda
 from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS, extended_home
 from prvr.harness.sections import Config
 from prvr.harness.timing import Timings
@@ -32,6 +33,8 @@ def build_model(cfg: Config, video_dim: int, query_dim: int) -> torch.nn.Module:
     spec = METHODS.get(cfg.method)
     # every backbone is an nn.Module (methods/backbones/api.py), which its protocol cannot say
     model = spec.wrap(backbone, cfg, video_dim, query_dim) if spec.wrap is not None else cast(torch.nn.Module, backbone)
+    if cfg.train.compile:
+        warn_where_compile_starts_cuda(pick_device(cfg.train.device))
     return set_encoders(model, cfg.train.precision, cfg.train.compile)  # train.precision / compile, everywhere
 
 

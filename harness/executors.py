@@ -20,7 +20,7 @@ from types import ModuleType
 
 from prvr.harness import progress
 from prvr.harness.io import UserError
-from prvr.harness.jobs import Job, Launch, raise_failures, report, run_command, schedule
+from prvr.harness.jobs import Job, Launch, gpu_env, raise_failures, report, run_command, schedule
 
 WORKER_NICENESS = "RAY_worker_niceness"  # read by the raylet a local `ray.init` starts
 # the settings a run reads from its environment, handed to every task as the driver has them
@@ -44,13 +44,14 @@ def check_ready(address: str | None) -> None:
         _check_reachable(address)
 
 
-def train_job(args: list[str], log: str, cwd: str) -> tuple[int, float]:
-    """The body of one Ray task: `prvr-bench run ARGS` in `cwd` with its output in `log`; its exit
-    code and seconds. A cancelled task stops its run."""
+def train_job(args: list[str], log: str, cwd: str, env: dict[str, str] | None = None) -> tuple[int, float]:
+    """The body of one Ray task: `prvr-bench run ARGS` in `cwd` with its output in `log` and `env`
+    changed in the worker's environment; its exit code and seconds. A cancelled task stops its run."""
     start = time.perf_counter()
     Path(log).parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w", encoding="utf-8") as out:
         proc = subprocess.Popen(run_command(args), stdout=out, stderr=subprocess.STDOUT, cwd=cwd,
+                                env={**os.environ, **(env or {})},
                                 preexec_fn=_stop_with_parent if sys.platform == "linux" else None)
     try:
         return proc.wait(), time.perf_counter() - start
@@ -142,7 +143,9 @@ def _run_tasks(ray: ModuleType, jobs: list[Job], launch: Launch, command: str) -
     cwd = os.getcwd()
     order = schedule(jobs)
     options = [task_options(job, gpu_share, node_memory) for job in order]  # a refusal comes before any task
-    refs = {task.options(**o).remote(job.args, str(job.log), cwd): job for job, o in zip(order, options)}
+    # Ray gives a task that asks for a GPU its own; a CPU run's is hidden here (gpu_env)
+    refs = {task.options(**o).remote(job.args, str(job.log), cwd, gpu_env(job, None)): job
+            for job, o in zip(order, options)}
     progress.log(f"{command}: {len(refs)} runs handed to Ray ({resources.get('CPU', 0):.0f} CPUs, "
                  f"{resources.get('GPU', 0):.0f} GPUs; logs under {jobs[0].log.parents[2]})")
     start, failed, pending = time.perf_counter(), [], list(refs)

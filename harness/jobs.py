@@ -8,7 +8,9 @@ does alone (same seed and thread count: the same metrics), writes its own record
 atomically, and its output goes to a log file; this process only schedules and reports.
 
 On a machine with GPUs each process that trains on CUDA sees one GPU (`CUDA_VISIBLE_DEVICES`),
-handed round-robin: a run goes to the GPU with the fewest runs on it. `--jobs auto` starts
+handed round-robin: a run goes to the GPU with the fewest runs on it. A process that trains on
+the CPU sees none (`CUDA_VISIBLE_DEVICES` empty, on Ray too), so nothing in it can start CUDA on
+a GPU that other runs use (torch.compile does, docs/gpu.md). `--jobs auto` starts
 GPUs x `--runs-per-gpu` runs at once (at most one per core), and one per core without a GPU.
 The GPUs are counted, never initialised, in this process (docs/cluster.md).
 
@@ -39,7 +41,8 @@ EXECUTORS = ("local", "ray")
 @dataclass
 class Job:
     """One planned `prvr-bench run`: its arguments, the record it writes and where its output goes;
-    `cuda`: it trains on CUDA where there is one, `threads` and `memory_mb` (0: unknown) what it needs."""
+    `cuda`: it trains on CUDA where there is one, `cpu`: on the CPU, `threads` and `memory_mb` (0: unknown)
+    what it needs."""
 
     args: list[str]  # arguments after `prvr-bench run`
     label: str  # e.g. "gmmformer on sim-tvr, seed 0"
@@ -48,6 +51,7 @@ class Job:
     expected_s: float = float("inf")
     started: float = field(default=0.0, repr=False)
     cuda: bool = False
+    cpu: bool = False
     threads: int = 1
     memory_mb: float = 0.0
 
@@ -95,6 +99,21 @@ def wants_cuda(device: str, env: Mapping[str, str] | None = None) -> bool:
     if device == "auto":
         device = env.get(DEVICE_ENV) or "cuda"
     return device == "cuda"
+
+
+def trains_on_cpu(device: str, env: Mapping[str, str] | None = None) -> bool:
+    """Whether a run with this train.device trains on the CPU wherever it runs: `cpu`, or `auto`
+    where $PRVR_DEVICE names the CPU."""
+    env = os.environ if env is None else env
+    return (env.get(DEVICE_ENV) if device == "auto" else device) == "cpu"
+
+
+def gpu_env(job: Job, gpu: str | None) -> dict[str, str]:
+    """What the environment of a job's process is changed to: the one GPU it is given, or no GPU at
+    all where it trains on the CPU; nothing otherwise."""
+    if gpu is not None:
+        return {CUDA_ENV: gpu}
+    return {CUDA_ENV: ""} if job.cpu else {}
 
 
 def parse_jobs(value: str | None, gpus: int = 0, runs_per_gpu: int = 1) -> int:
@@ -200,7 +219,7 @@ def _start(job: Job, gpu: str | None) -> subprocess.Popen:
     ensure_dir(job.log.parent)
     progress.log(f"start {job.label}{'' if gpu is None else f' on GPU {gpu}'} (log: {job.log})")
     job.started = time.perf_counter()
-    env = None if gpu is None else {**os.environ, CUDA_ENV: gpu}
+    env = {**os.environ, **gpu_env(job, gpu)}
     with open(job.log, "w", encoding="utf-8") as log:
         return subprocess.Popen(run_command(job.args), stdout=log, stderr=subprocess.STDOUT, env=env)
 

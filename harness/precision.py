@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import torch
 
+from prvr.harness import progress
 from prvr.harness.io import UserError
 
 # cuBLAS needs a fixed workspace for deterministic matrix products (CUDA docs, "Reproducibility")
@@ -81,6 +82,18 @@ def set_encoders(model: torch.nn.Module, precision: str, compile: bool = False) 
             encode = torch.compile(encode, dynamic=True)
         setattr(model, name, encode)
     return model
+
+
+def warn_where_compile_starts_cuda(device: torch.device) -> None:
+    """One warning line for a compiled run on the CPU of a machine with CUDA, not yet started: torch.compile
+    saves and restores CUDA's random state around each graph it compiles (torch/_dynamo/convert_frame.py,
+    torch 2.11 to 2.13), which starts CUDA, so the run holds a context on a GPU that others may use
+    (refused where GPUs are in exclusive-process mode). `bench --jobs` and Ray start CPU runs with no GPU
+    visible; a run started alone is told how to do the same."""
+    if device.type == "cpu" and torch.cuda.is_available() and not torch.cuda.is_initialized():
+        progress.log("[yellow]warning[/]: train.compile on the CPU starts CUDA here (torch.compile saves CUDA's "
+                     "random state as it compiles) and holds memory on a GPU; start the run with "
+                     "CUDA_VISIBLE_DEVICES= to keep every GPU out of it")
 
 
 def _in_bf16(encode: Callable[[Any], Any]) -> Callable[[Any], Any]:

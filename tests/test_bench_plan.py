@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from prvr.harness import cli, jobs, leaderboard
+from prvr.harness import cli, executors, jobs, leaderboard
 from prvr.harness.cli import main
-from prvr.harness.jobs import GpuRoundRobin, Job, parse_jobs, visible_gpus, wants_cuda
+from prvr.harness.jobs import GpuRoundRobin, Job, parse_jobs, trains_on_cpu, visible_gpus, wants_cuda
 from prvr.harness.registry import METHODS
 
 PROFILE = """section,method,backbone,source,device,quantity,condition,value,unit
@@ -115,20 +115,39 @@ def test_gpus_go_round_robin_to_the_least_loaded():
     assert GpuRoundRobin([]).take() is None
 
 
-def test_each_cuda_run_process_sees_one_gpu(monkeypatch, tmp_path):
+def test_each_cuda_run_process_sees_one_gpu_and_a_cpu_run_none(monkeypatch, tmp_path):
     """The GPU list is handed in: the processes (here a script that prints what it sees) are real."""
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.setattr(jobs, "run_command", lambda args: [sys.executable, "-c",
-                                                           "import os; print(os.environ.get('CUDA_VISIBLE_DEVICES'))"])
+    shows = "import os; print(repr(os.environ.get('CUDA_VISIBLE_DEVICES')))"
+    monkeypatch.setattr(jobs, "run_command", lambda args: [sys.executable, "-c", shows])
     monkeypatch.setattr(jobs, "POLL_S", 0.05)
-    runs = [Job([], f"run{i}", tmp_path / f"r{i}.json", tmp_path / f"r{i}.log", cuda=i < 4) for i in range(5)]
+    # four CUDA runs, a CPU run, and a run on an indexed device (cuda:1), which keeps the GPUs it was given
+    runs = [Job([], f"run{i}", tmp_path / f"r{i}.json", tmp_path / f"r{i}.log", cuda=i < 4, cpu=i == 4)
+            for i in range(6)]
     jobs.run_jobs(runs, 2, "bench", gpus=["3", "5"])
-    seen = [(tmp_path / f"r{i}.log").read_text().strip() for i in range(5)]
+    seen = [(tmp_path / f"r{i}.log").read_text().strip() for i in range(6)]
     # the first two start together, one on each GPU; later ones go where fewest run when they start, which
     # depends on which finished first, so only the set is fixed
-    assert set(seen[:4]) == {"3", "5"} and seen[4] == "None"  # a CPU run's environment is left alone
-    jobs.run_jobs(runs[:2], 2, "bench")  # no GPU: nothing changes
-    assert [(tmp_path / f"r{i}.log").read_text().strip() for i in range(2)] == ["None", "None"]
+    assert set(seen[:4]) == {"'3'", "'5'"} and seen[4:] == ["''", "None"]
+    jobs.run_jobs(runs, 2, "bench")  # no GPU given: only the CPU run's environment changes
+    assert [(tmp_path / f"r{i}.log").read_text().strip() for i in range(6)] == ["None"] * 4 + ["''", "None"]
+
+
+def test_which_runs_train_on_the_cpu():
+    assert trains_on_cpu("cpu", env={}) and trains_on_cpu("auto", env={"PRVR_DEVICE": "cpu"})
+    assert not trains_on_cpu("auto", env={}) and not trains_on_cpu("cuda", env={"PRVR_DEVICE": "cpu"})
+    assert not trains_on_cpu("cuda:1", env={})
+
+
+def test_a_ray_task_of_a_cpu_run_sees_no_gpu(monkeypatch, tmp_path):
+    """The body of a Ray task (executors.train_job) starts its run with the environment it is handed."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # as a worker that an earlier GPU task left
+    shows = "import os; print(repr(os.environ['CUDA_VISIBLE_DEVICES']))"
+    monkeypatch.setattr(executors, "run_command", lambda args: [sys.executable, "-c", shows])
+    cpu, cuda = (Job([], "r", tmp_path / "r.json", tmp_path / "r.log", cuda=not c, cpu=c) for c in (True, False))
+    for job, seen in ((cpu, "''"), (cuda, "'0'")):
+        assert executors.train_job([], str(job.log), str(tmp_path), jobs.gpu_env(job, None))[0] == 0
+        assert job.log.read_text().strip() == seen
 
 
 @pytest.mark.parametrize("device, gpus, workers", [("auto", ("0", "1"), 4), ("cpu", (), 16)])
@@ -142,7 +161,7 @@ def test_bench_hands_the_visible_gpus_to_its_runs(monkeypatch, tmp_path, device,
     assert main(["bench", "--method", "baseline", "--dataset", "sim-tiny", "--seeds", "0", "1", "--out", str(tmp_path),
                  "--jobs", "auto", "--runs-per-gpu", "2", "--set", f"train.device={device}", "--quiet"]) == 0
     (runs, n, handed), = started
-    assert n == workers and handed == gpus and all(r.cuda == bool(gpus) for r in runs)
+    assert n == workers and handed == gpus and all(r.cuda == bool(gpus) and r.cpu == (device == "cpu") for r in runs)
 
 
 @pytest.mark.parametrize("args, message", [

@@ -15,7 +15,8 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from prvr.harness.build import build_run
+from prvr.harness import progress
+from prvr.harness.build import build_model, build_run
 from prvr.harness.config import resolve
 from prvr.methods.backbones.blocks import GMMBlock, init_weights
 
@@ -95,3 +96,43 @@ def test_a_padded_attention_block_compiles_with_the_default_backend(fresh_dynamo
         assert all(torch.allclose(c_dw[n], g, atol=1e-4) for n, g in dw.items())
     assert not counters["graph_break"], dict(counters["graph_break"])
     assert counters["stats"]["unique_graphs"] == 1
+
+
+def test_compiling_a_cpu_graph_starts_cuda_where_cuda_is_present(fresh_dynamo, monkeypatch):
+    """What the warning of a compiled CPU run on a GPU machine stands on (harness/precision.py
+    `warn_where_compile_starts_cuda`): dynamo asks CUDA for its random state as it compiles a graph,
+    even one with no CUDA tensor (torch 2.11 to 2.13; on a CUDA build its triton check asks for the
+    device too). Should torch stop asking, this fails, and the warning can go."""
+    asked = []
+
+    def touched(name):
+        def call(*args, **kwargs):
+            asked.append(name)
+            raise RuntimeError(f"CUDA touched through {name}")  # here CUDA would start
+        return call
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on a GPU machine
+    for name in ("_lazy_init", "get_rng_state"):
+        monkeypatch.setattr(torch.cuda, name, touched(f"torch.cuda.{name}"))
+    double = torch.compile(lambda x: 2 * x, backend="eager")
+    with pytest.raises(Exception, match="CUDA touched through"):
+        double(torch.ones(3))
+    assert asked[0] == "torch.cuda.get_rng_state"
+
+
+@pytest.mark.parametrize("device, available, initialized, warned", [
+    ("cpu", True, False, True),  # a GPU machine, CUDA not started: the warning
+    ("cpu", False, False, False),  # no CUDA
+    ("cpu", True, True, False),  # CUDA already started: nothing more to lose
+    ("auto", True, False, False),  # trains on the GPU
+])
+def test_a_compiled_cpu_run_on_a_gpu_machine_is_warned_once(monkeypatch, device, available, initialized, warned):
+    lines = []
+    monkeypatch.delenv("PRVR_DEVICE", raising=False)  # auto: CUDA where there is one
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: initialized)
+    monkeypatch.setattr(progress, "log", lines.append)
+    model = build_model(resolve("baseline", "sim-tiny", 0, ["train.compile=true", f"train.device={device}"]), 8, 8)
+    assert "encode_queries" in vars(model)  # compiled (lazily: nothing is traced until it is called)
+    warnings = [line for line in lines if "train.compile on the CPU starts CUDA" in line]
+    assert len(warnings) == warned and all("CUDA_VISIBLE_DEVICES=" in w and "\n" not in w for w in warnings)
