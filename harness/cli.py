@@ -14,8 +14,8 @@ from prvr.harness import leaderboard, progress
 from prvr.harness.config import resolve
 from prvr.harness.executors import check_ready, run_on_ray
 from prvr.harness.io import UserError, ensure_dir
-from prvr.harness.jobs import (EXECUTORS, Job, Launch, expected_seconds, parse_jobs, run_jobs, threads_per_job,
-                               trains_on_cpu, visible_gpus, wants_cuda)
+from prvr.harness.jobs import (EXECUTORS, Job, Launch, expected_seconds, parse_jobs, run_device, run_jobs,
+                               threads_per_job, visible_gpus, wants_cuda)
 from prvr.harness.names import check_tag
 from prvr.harness.plan import (PROFILE_FILE, BenchRun, PlanRow, commands, estimate, plan_table, prepare_data,
                                profile_costs, profiled_memory_mb, quick_summary)
@@ -274,8 +274,7 @@ def run_in_processes(out, todo: list[tuple], workers: int, threads: int | None, 
     for cfg, name, run_args in todo:
         path, log = record_path(out, cfg.dataset, name, cfg.seed), log_path(out, cfg.dataset, name, cfg.seed)
         jobs.append(Job([*run_args, "--threads", str(threads)], f"{name} on {cfg.dataset}, seed {cfg.seed}", path,
-                        log, expected_seconds(path), cuda=wants_cuda(cfg.train.device),
-                        cpu=trains_on_cpu(cfg.train.device), threads=threads,
+                        log, expected_seconds(path), device=run_device(cfg.train.device), threads=threads,
                         memory_mb=profiled_memory_mb(cfg, costs)))
     if not jobs:
         return

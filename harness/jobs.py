@@ -41,8 +41,8 @@ EXECUTORS = ("local", "ray")
 @dataclass
 class Job:
     """One planned `prvr-bench run`: its arguments, the record it writes and where its output goes;
-    `cuda`: it trains on CUDA where there is one, `cpu`: on the CPU, `threads` and `memory_mb` (0: unknown)
-    what it needs."""
+    `device` where it trains (`run_device`: cuda, cpu, or an indexed cuda:N), `threads` and `memory_mb`
+    (0: unknown) what it needs."""
 
     args: list[str]  # arguments after `prvr-bench run`
     label: str  # e.g. "gmmformer on sim-tvr, seed 0"
@@ -50,10 +50,19 @@ class Job:
     log: Path
     expected_s: float = float("inf")
     started: float = field(default=0.0, repr=False)
-    cuda: bool = False
-    cpu: bool = False
+    device: str = ""
     threads: int = 1
     memory_mb: float = 0.0
+
+    @property
+    def cuda(self) -> bool:
+        """It trains on CUDA where there is one, on a GPU it is handed."""
+        return self.device == "cuda"
+
+    @property
+    def cpu(self) -> bool:
+        """It trains on the CPU wherever it runs."""
+        return self.device == "cpu"
 
 
 @dataclass(frozen=True)
@@ -91,21 +100,18 @@ def visible_gpus(count: int | None = None, env: Mapping[str, str] | None = None)
     return [d.strip() for d in listed.split(",") if d.strip()][:count]
 
 
+def run_device(device: str, env: Mapping[str, str] | None = None) -> str:
+    """The device a run with this train.device trains on where a GPU is present: `auto` is
+    $PRVR_DEVICE when set, else `cuda`; any other name as it is."""
+    env = os.environ if env is None else env
+    return (env.get(DEVICE_ENV) or "cuda") if device == "auto" else device
+
+
 def wants_cuda(device: str, env: Mapping[str, str] | None = None) -> bool:
     """Whether a run with this train.device trains on CUDA where a GPU is visible: `cuda`, or
     `auto` unless $PRVR_DEVICE names another device. An indexed `cuda:N` keeps the GPUs it was
     given (handing it one GPU would leave no device N)."""
-    env = os.environ if env is None else env
-    if device == "auto":
-        device = env.get(DEVICE_ENV) or "cuda"
-    return device == "cuda"
-
-
-def trains_on_cpu(device: str, env: Mapping[str, str] | None = None) -> bool:
-    """Whether a run with this train.device trains on the CPU wherever it runs: `cpu`, or `auto`
-    where $PRVR_DEVICE names the CPU."""
-    env = os.environ if env is None else env
-    return (env.get(DEVICE_ENV) if device == "auto" else device) == "cpu"
+    return run_device(device, env) == "cuda"
 
 
 def gpu_env(job: Job, gpu: str | None) -> dict[str, str]:

@@ -9,7 +9,7 @@ import pytest
 
 from prvr.harness import cli, executors, jobs, leaderboard
 from prvr.harness.cli import main
-from prvr.harness.jobs import GpuRoundRobin, Job, parse_jobs, trains_on_cpu, visible_gpus, wants_cuda
+from prvr.harness.jobs import GpuRoundRobin, Job, parse_jobs, run_device, visible_gpus, wants_cuda
 from prvr.harness.registry import METHODS
 
 PROFILE = """section,method,backbone,source,device,quantity,condition,value,unit
@@ -122,8 +122,9 @@ def test_each_cuda_run_process_sees_one_gpu_and_a_cpu_run_none(monkeypatch, tmp_
     monkeypatch.setattr(jobs, "run_command", lambda args: [sys.executable, "-c", shows])
     monkeypatch.setattr(jobs, "POLL_S", 0.05)
     # four CUDA runs, a CPU run, and a run on an indexed device (cuda:1), which keeps the GPUs it was given
-    runs = [Job([], f"run{i}", tmp_path / f"r{i}.json", tmp_path / f"r{i}.log", cuda=i < 4, cpu=i == 4)
-            for i in range(6)]
+    devices = ["cuda"] * 4 + ["cpu", "cuda:1"]
+    runs = [Job([], f"run{i}", tmp_path / f"r{i}.json", tmp_path / f"r{i}.log", device=d)
+            for i, d in enumerate(devices)]
     jobs.run_jobs(runs, 2, "bench", gpus=["3", "5"])
     seen = [(tmp_path / f"r{i}.log").read_text().strip() for i in range(6)]
     # the first two start together, one on each GPU; later ones go where fewest run when they start, which
@@ -134,9 +135,9 @@ def test_each_cuda_run_process_sees_one_gpu_and_a_cpu_run_none(monkeypatch, tmp_
 
 
 def test_which_runs_train_on_the_cpu():
-    assert trains_on_cpu("cpu", env={}) and trains_on_cpu("auto", env={"PRVR_DEVICE": "cpu"})
-    assert not trains_on_cpu("auto", env={}) and not trains_on_cpu("cuda", env={"PRVR_DEVICE": "cpu"})
-    assert not trains_on_cpu("cuda:1", env={})
+    assert run_device("cpu", env={}) == "cpu" and run_device("auto", env={"PRVR_DEVICE": "cpu"}) == "cpu"
+    assert run_device("auto", env={}) != "cpu" and run_device("cuda", env={"PRVR_DEVICE": "cpu"}) != "cpu"
+    assert run_device("cuda:1", env={}) != "cpu"
 
 
 def test_a_ray_task_of_a_cpu_run_sees_no_gpu(monkeypatch, tmp_path):
@@ -144,7 +145,7 @@ def test_a_ray_task_of_a_cpu_run_sees_no_gpu(monkeypatch, tmp_path):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # as a worker that an earlier GPU task left
     shows = "import os; print(repr(os.environ['CUDA_VISIBLE_DEVICES']))"
     monkeypatch.setattr(executors, "run_command", lambda args: [sys.executable, "-c", shows])
-    cpu, cuda = (Job([], "r", tmp_path / "r.json", tmp_path / "r.log", cuda=not c, cpu=c) for c in (True, False))
+    cpu, cuda = (Job([], "r", tmp_path / "r.json", tmp_path / "r.log", device=d) for d in ("cpu", "cuda"))
     for job, seen in ((cpu, "''"), (cuda, "'0'")):
         assert executors.train_job([], str(job.log), str(tmp_path), jobs.gpu_env(job, None))[0] == 0
         assert job.log.read_text().strip() == seen

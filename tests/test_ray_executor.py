@@ -103,7 +103,7 @@ def _job(tmp_path, name, code, **kw):
 
 
 def test_each_run_is_a_task_with_its_needs_and_a_failure_names_its_log(fake_ray, tmp_path):
-    runs = [_job(tmp_path, "ok", 0, cuda=True, threads=2, memory_mb=1024.0), _job(tmp_path, "bad", 3, threads=2)]
+    runs = [_job(tmp_path, "ok", 0, device="cuda", threads=2, memory_mb=1024.0), _job(tmp_path, "bad", 3, threads=2)]
     with pytest.raises(UserError) as e:
         executors.run_on_ray(runs, Launch("ray", runs_per_gpu=2), 3, "bench")
     assert str(e.value) == f"1 of 2 runs failed: bad: training 3 (log: {tmp_path / 'logs' / 'bad.log'})"
@@ -132,7 +132,7 @@ def test_a_local_ray_runs_its_tasks_at_this_priority_unless_told(fake_ray, tmp_p
 
 def test_a_cluster_is_joined_and_gets_no_gpu_request_without_gpus(fake_ray, tmp_path):
     fake_ray.gpus = 0
-    executors.run_on_ray([_job(tmp_path, "ok", 0, cuda=True)], Launch("ray", address="auto"), 1, "bench")
+    executors.run_on_ray([_job(tmp_path, "ok", 0, device="cuda")], Launch("ray", address="auto"), 1, "bench")
     assert fake_ray.inits[0]["address"] == "auto" and fake_ray.submitted[0].options["num_gpus"] == 0
 
 

@@ -123,8 +123,8 @@ DEVICE_MATCHING_MAX_QUERIES = 12
 
 def hungarian_pairs(cos: torch.Tensor, positive: torch.Tensor, min_queries: int = 2) -> tuple[np.ndarray, ...]:
     """Optimal one-to-one assignment of each video's positive queries to its clips, on the host
-    (scipy linear_sum_assignment, as the reference): the test reference of `matching_pairs`, and
-    its path for the videos the device does not solve.
+    (scipy linear_sum_assignment, as the reference): the test reference of `matching_pairs`, whose
+    videos the device does not solve go through the same per-video solve (`_solve_on_host`).
 
     cos [Q, V, C]: query-clip cosines; videos with fewer than `min_queries` positive queries
     are skipped (as in the reference). Returns index arrays (query, video, clip) of the matches,
