@@ -18,7 +18,7 @@ def _install(session: nox.Session, extras: str = "") -> None:
 # the registries typed with it, the objectives, the methods' recipes, the backbones done so far
 # with their shared blocks, and the relation detectors.
 TYPED = (
-    "harness/contract.py", "harness/batches.py", "harness/registry.py", "methods/objectives",
+    "harness/base/contract.py", "harness/base/batches.py", "harness/base/registry.py", "methods/objectives",
     "methods/arl.py", "methods/baseline.py", "methods/gmmformer.py", "methods/gmmformer2.py", "methods/msl.py",
     "methods/xml.py", "methods/ral.py",
     "methods/backbones/api.py", "methods/backbones/baseline.py", "methods/backbones/gmmformer.py",
@@ -26,17 +26,17 @@ TYPED = (
     "methods/backbones/msl.py", "methods/backbones/xml.py", "methods/backbones/blocks.py",
     "methods/relations", "methods/fit.py",
     # the harness's engine: config, build, the trainer, evaluation, records and their types, one run
-    "harness/sections.py", "harness/config.py", "harness/build.py", "harness/optim.py", "harness/precision.py",
-    "harness/checkpoints.py", "harness/trainer.py", "harness/evaluate.py", "harness/vcmr.py", "harness/rankings.py",
-    "harness/record_types.py", "harness/records.py", "harness/robustness.py", "harness/runner.py",
+    "harness/engine/sections.py", "harness/engine/config.py", "harness/engine/build.py", "harness/engine/optim.py", "harness/engine/precision.py",
+    "harness/engine/checkpoints.py", "harness/engine/trainer.py", "harness/engine/evaluate.py", "harness/engine/vcmr.py", "harness/engine/rankings.py",
+    "harness/engine/record_types.py", "harness/engine/records.py", "harness/engine/robustness.py", "harness/engine/runner.py",
     # the plumbing that parts and engine share, and a method's evaluate analysis
-    "harness/devices.py", "harness/encoding.py", "harness/fusion_weights.py",
+    "harness/base/devices.py", "harness/base/encoding.py", "harness/cli/fusion_weights.py",
     # the reports that read run records (RunRecord): the leaderboard, its rows and side reports, re-evaluation
-    "harness/leaderboard.py", "harness/rows.py", "harness/buckets.py", "harness/noise.py", "harness/calibration.py",
-    "harness/reevaluate.py", "harness/quick.py",
+    "harness/reports/leaderboard.py", "harness/reports/rows.py", "harness/reports/buckets.py", "harness/reports/noise.py", "harness/reports/calibration.py",
+    "harness/cli/reevaluate.py", "harness/reports/quick.py",
     # the facts that keep a step from asking the device; the GPU-facing profiling (rehearsal, gpu-check)
-    "harness/masks.py", "harness/profiling/training.py", "harness/profiling/rehearsal.py",
-    "harness/profiling/gpu_check.py",
+    "harness/base/masks.py", "harness/profiling/training.py", "harness/profiling/rehearsal.py",
+    "harness/cli/gpu_check.py",
 )
 PACKAGE_DIRS = ("harness", "methods", "datasets")  # prvr.<folder> (pyproject.toml package-dir)
 

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from prvr.datasets.types import Ragged, Split
-from prvr.harness.batches import QueryBatch, TrainBatch, VideoBatch
+from prvr.harness.base.batches import QueryBatch, TrainBatch, VideoBatch
 
 
 POOLING_RULES = ("even", "reference")

@@ -40,7 +40,7 @@ import numpy as np
 
 from prvr.datasets.sim.world import EV_END, EV_START, EV_VIDEO
 from prvr.datasets.types import Ragged, Split
-from prvr.harness.io import UserError
+from prvr.harness.base.io import UserError
 
 NOISE_SOURCES = ("other", "gaussian")
 NOISE_SEED = 2021  # with p and the source, the only seed of the inserted segments

@@ -8,7 +8,7 @@ two splits are compared by content (labelled video id + caption text, never by f
 when they hold the same queries the run says so in one warning line and in its record, and
 `data.val_from_train=N` holds out N training videos, with all their queries, as the
 selection split instead (chosen by a seeded rule, listed in the record). The two protocols
-are kept apart in the leaderboard (`harness/records.py::run_protocol`).
+are kept apart in the leaderboard (`harness/engine/records.py::run_protocol`).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import zlib
 import numpy as np
 
 from prvr.datasets.types import PRVRData, Ragged, Split
-from prvr.harness import progress
-from prvr.harness.io import UserError
+from prvr.harness.base import progress
+from prvr.harness.base.io import UserError
 
 SAME = 0.99  # share of the test queries found in val above which the splits "hold the same queries"
 

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 import torch
 
-from prvr.harness.checks import NON_NEGATIVE, POSITIVE, OneOf, at_least, param, require
-from prvr.harness.contract import LossOutput, Relations, Scores, StepContext
-from prvr.harness.io import UserError
-from prvr.harness.registry import METHODS
+from prvr.harness.base.checks import NON_NEGATIVE, POSITIVE, OneOf, at_least, param, require
+from prvr.harness.base.contract import LossOutput, Relations, Scores, StepContext
+from prvr.harness.base.io import UserError
+from prvr.harness.base.registry import METHODS
 from prvr.methods.backbones.arl import BRANCHES
 from prvr.methods.objectives.arl import TREATMENTS, LossWeights, frame_loss, video_loss
 from prvr.methods.recipes import PRESETS, AblationRow, AblationTable, MethodSpec, register_table

@@ -13,9 +13,9 @@ from typing import cast
 
 import torch
 
-from prvr.harness.checks import NON_NEGATIVE, POSITIVE, ListOf, OneOf, at_least, param
-from prvr.harness.contract import LossOutput, Relations, Scores, StepContext
-from prvr.harness.registry import METHODS
+from prvr.harness.base.checks import NON_NEGATIVE, POSITIVE, ListOf, OneOf, at_least, param
+from prvr.harness.base.contract import LossOutput, Relations, Scores, StepContext
+from prvr.harness.base.registry import METHODS
 from prvr.methods.objectives.ranking import info_nce, triplet
 from prvr.methods.recipes import PRESETS, MethodSpec
 
@@ -48,6 +48,6 @@ METHODS.add(
     "baseline",
     MethodSpec("baseline", backbone="dual-branch", relations="none", loss_cls=StandardLossConfig,
                objective=standard_objective, preset=PRESETS / "baseline.yaml", needs=frozenset({"clip_frame"}),
-               objectives=("triplet", "infonce")),
+               objectives=("triplet", "infonce"), reference=True),
     "dual-branch backbone + triplet/InfoNCE on one-to-one labels: the reference row",
 )

@@ -8,9 +8,9 @@ one line that names the fix, before any data is made.
 
 from __future__ import annotations
 
-from prvr.harness.contract import MethodSpec
-from prvr.harness.io import UserError
-from prvr.harness.registry import BACKBONES, DETECTORS, METHODS, extended_home
+from prvr.harness.base.contract import MethodSpec
+from prvr.harness.base.io import UserError
+from prvr.harness.base.registry import BACKBONES, DETECTORS, METHODS, extended_home
 from prvr.methods.backbones.api import OUTPUTS, missing_outputs
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prvr.harness.checks import FINITE, NON_NEGATIVE, POSITIVE, at_least, param
-from prvr.harness.contract import LossOutput, Relations, Scores, StepContext
-from prvr.harness.registry import EVALUATIONS, METHODS
+from prvr.harness.base.checks import FINITE, NON_NEGATIVE, POSITIVE, at_least, param
+from prvr.harness.base.contract import LossOutput, Relations, Scores, StepContext
+from prvr.harness.base.registry import METHODS
 from prvr.methods.objectives.prvr import (focal_query_diversity, hard_pool_at, hungarian_matching,
                                           same_video_pairs, two_branch_ranking, two_branch_sum)
 from prvr.methods.recipes import PRESETS, MethodSpec
@@ -57,6 +57,3 @@ METHODS.add(
                objectives=("msl-triplet", "infonce", "focal-query-diversity", "hungarian-matching")),
     "GMMFormer v2: dynamic Gaussian fusion, NCE + triplet + focal diversity + Hungarian matching",
 )
-# `prvr-bench evaluate RECORD --fusion-weights`: what the dynamic blocks weigh (harness/fusion_weights.py)
-EVALUATIONS.add("fusion-weights", "prvr.harness.fusion_weights",
-                "the branch weights of each dynamic GMM block (GMMFormer v2, RAL on it) over the split's videos")

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prvr.harness.checks import FLAG, NON_NEGATIVE, POSITIVE, OneOf, Range, at_least, param
-from prvr.harness.contract import LossOutput, Objective, Relations, Scores, StepContext
-from prvr.harness.registry import COMMANDS, METHODS
+from prvr.harness.base.checks import FLAG, NON_NEGATIVE, POSITIVE, OneOf, Range, at_least, param
+from prvr.harness.base.contract import LossOutput, Objective, Relations, Scores, StepContext
+from prvr.harness.base.registry import METHODS
 from prvr.methods.backbones.ral import (AGGREGATIONS, GAUSSIANS, HEADS, MSRA_GRADS, PADDED_FRAMES, POOL_PADDINGS,
                                         TEXT_SOURCES, Gaussians, RalModel)
 from prvr.methods.objectives.ral import (KL_READINGS, PM_READINGS, distribution_alignment, proxy_matching,
@@ -175,4 +175,3 @@ register_table(AblationTable("ral", "4", "RAL Table 4: uncertainty modelling", (
     reported_source="RAL paper Table 4, GMMFormer v2 on TVR, ResNet+I3D+RoBERTa"))
 
 # RAL's command: `prvr-bench uncertainty` (R@1 of query groups by its query uncertainty, RAL Fig. 3)
-COMMANDS.add("ral-uncertainty", "prvr.harness.ral_uncertainty", "R@1 of query groups by RAL's query uncertainty")

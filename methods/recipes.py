@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# What `--method NAME` means is part of the contract (harness/contract.py); importable from here too.
-from prvr.harness.contract import MethodSpec  # noqa: F401
+# What `--method NAME` means is part of the contract (harness/base/contract.py); importable from here too.
+from prvr.harness.base.contract import MethodSpec  # noqa: F401
 
 PRESETS = Path(__file__).parent / "presets"
 

@@ -28,10 +28,10 @@ from dataclasses import dataclass
 import torch
 
 from prvr.datasets.loader import moment_rows
-from prvr.harness import masks
-from prvr.harness.checks import FLAG, NON_NEGATIVE, ListOf, OneOf, at_least, param, require
-from prvr.harness.contract import LossOutput, Relations, Scores, StepContext
-from prvr.harness.registry import METHODS
+from prvr.harness.base import masks
+from prvr.harness.base.checks import FLAG, NON_NEGATIVE, ListOf, OneOf, at_least, param, require
+from prvr.harness.base.contract import LossOutput, Relations, Scores, StepContext
+from prvr.harness.base.registry import METHODS
 from prvr.methods.backbones.xml import SPAN_LOGITS
 from prvr.methods.objectives.xml import (CONFIDENCE_ON, pos_at_least_rel, pos_over_neg, rel_over_neg,
                                          sample_hard_negatives, segment_rows, span_nll, vcmr_relevance)

@@ -3,8 +3,8 @@ import functools
 import pytest
 import torch
 
-from prvr.harness import progress
-from prvr.harness.devices import DEVICE_ENV
+from prvr.harness.base import progress
+from prvr.harness.base.devices import DEVICE_ENV
 from prvr.methods.relations.sbert import missing_text_extra
 
 TEXT_MISSING = missing_text_extra()  # the `text` extra (in `test`): absent where only `pip install -e .` ran
@@ -35,8 +35,8 @@ def _detects_with_sbert(item) -> bool:
 
 @functools.cache
 def _sbert_methods() -> frozenset[str]:
-    from prvr.harness.config import resolve
-    from prvr.harness.registry import METHODS
+    from prvr.harness.engine.config import resolve
+    from prvr.harness.base.registry import METHODS
 
     return frozenset(m for m in METHODS.names() if resolve(m, "sim-tiny", 0, []).relations.name == "sbert")
 
@@ -67,7 +67,7 @@ def _quiet_and_cached(tmp_path_factory):
 
 @pytest.fixture
 def tiny_cfg():
-    from prvr.harness.config import resolve
+    from prvr.harness.engine.config import resolve
 
     def make(method="baseline", seed=0, overrides=()):
         return resolve(method, "sim-tiny", seed, list(overrides))

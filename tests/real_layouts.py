@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from prvr.datasets.real.export import export
-from prvr.harness.config import resolve
-from prvr.harness.registry import DATASETS
+from prvr.harness.engine.config import resolve
+from prvr.harness.base.registry import DATASETS
 
 # sim-tiny's own sizes, so a model trained on the export matches one trained on sim-tiny
 TINY = ["data.max_frames=16", "data.num_clips=8", "train.batch_size=16", "model.hidden=64", "model.heads=2"]

@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 
 import prvr.methods.recipes as recipes
-from prvr.harness.build import build_run
+from prvr.harness.engine.build import build_run
 from prvr.harness.cli import main
-from prvr.harness.config import resolve
-from prvr.harness.io import UserError
-from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS, OBJECTIVES
+from prvr.harness.engine.config import resolve
+from prvr.harness.base.io import UserError
+from prvr.harness.base.registry import BACKBONES, DATASETS, DETECTORS, METHODS, OBJECTIVES
 from prvr.methods.fit import check_fit
 from test_registries import registered_parts
 
@@ -217,14 +217,16 @@ def test_the_guides_commands_on_sim_tiny_run(guide, tmp_path, capsys):
 def test_the_paper_sized_methods_table_names_its_files_and_what_they_register():
     """The guide's RAL section: each file exists, and what its table says each registers is
     registered, by that file."""
-    from prvr.harness.registry import COMMANDS
+    from prvr.harness.cli.args import COMMANDS, load_commands
+
+    load_commands()
 
     text = re.split(r"^## ", GUIDE.read_text(encoding="utf-8"), flags=re.M)
     (section,) = [p for p in text if p.startswith("A paper-sized method: RAL")]
     rows = [line for line in section.splitlines() if line.startswith("| `")]
     files = [PATH.findall(row.split(" | ")[0])[0] for row in rows]
     assert files == ["methods/objectives/ral.py", "methods/backbones/ral.py", "methods/ral.py",
-                     "methods/presets/ral.yaml", "harness/ral_uncertainty.py", "docs/methods/ral.md"]
+                     "methods/presets/ral.yaml", "harness/cli/ral_uncertainty.py", "docs/methods/ral.md"]
     assert all((ROOT / f).is_file() for f in files)
     spec = METHODS.get("ral")
     assert spec.extends_backbone and spec.wrap is not None and "ral" in spec.sections
@@ -232,6 +234,6 @@ def test_the_paper_sized_methods_table_names_its_files_and_what_they_register():
     for name in spec.objectives:
         assert name in section and inspect.getsourcefile(OBJECTIVES.get(name)).endswith("methods/objectives/ral.py")
     assert inspect.getsourcefile(spec.wrap).endswith("methods/ral.py")
-    assert COMMANDS.get("ral-uncertainty") == "prvr.harness.ral_uncertainty" and "ral-uncertainty" in section
+    assert COMMANDS.get("uncertainty").__module__ == "prvr.harness.cli.ral_uncertainty" and '@command("uncertainty"' in section
     assert "RalModel" in section and "RalModel" in (ROOT / "methods" / "backbones" / "ral.py").read_text()
     assert "methods/ral.md" in (ROOT / "mkdocs.yml").read_text()

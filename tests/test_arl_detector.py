@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from prvr.datasets.loader import Batcher
-from prvr.harness.config import resolve
-from prvr.harness.encoding import encode_all
-from prvr.harness.registry import BACKBONES, DATASETS
+from prvr.harness.engine.config import resolve
+from prvr.harness.base.encoding import encode_all
+from prvr.harness.base.registry import BACKBONES, DATASETS
 from prvr.methods.backbones.api import Scores
 from prvr.methods.arl import arl_plan
 from prvr.methods.relations.arl import (ArlDetector, ArlRelations, BranchStats, epoch_statistics, hand_off,

@@ -10,11 +10,12 @@ import torch
 import torch.nn.functional as F
 
 from prvr.datasets.loader import Batcher
-from prvr.harness import ablate, cli
-from prvr.harness.config import resolve
-from prvr.harness.records import record_path, write_record
-from prvr.harness.registry import BACKBONES, DATASETS
-from prvr.harness.runner import run_name, run_one
+from prvr.harness.cli import ablate
+from prvr.harness.cli import app as cli
+from prvr.harness.engine.config import resolve
+from prvr.harness.engine.records import record_path, write_record
+from prvr.harness.base.registry import BACKBONES, DATASETS
+from prvr.harness.engine.runner import run_name, run_one
 from prvr.methods.arl import arl_objective
 from prvr.methods.backbones.arl import ArlBackbone, ArlEncoderConfig
 from prvr.methods.relations.base import Relations
@@ -118,7 +119,7 @@ def test_every_ablation_recipe_resolves_and_steps(tiny, variant, treatment):
 
 
 def test_bad_settings_are_user_errors(tiny):
-    from prvr.harness.io import UserError
+    from prvr.harness.base.io import UserError
 
     cfg, scores, rel, ctx = _objective_inputs(tiny)
     cfg.loss.margin_a = cfg.loss.margin

@@ -7,11 +7,11 @@ import pytest
 import yaml
 
 from prvr.harness.cli import main
-from prvr.harness.config import resolve
-from prvr.harness.registry import home_method
-from prvr.harness.io import UserError
-from prvr.harness.registry import BACKBONES, METHODS
-from prvr.harness.runner import run_name
+from prvr.harness.engine.config import resolve
+from prvr.harness.base.registry import home_method
+from prvr.harness.base.io import UserError
+from prvr.harness.base.registry import BACKBONES, METHODS
+from prvr.harness.engine.runner import run_name
 
 
 def test_own_backbone_is_unchanged_by_naming_it():

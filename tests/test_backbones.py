@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 
 from prvr.datasets.loader import pooling_matrix
-from prvr.harness.batches import QueryBatch, VideoBatch
-from prvr.harness.registry import BACKBONES
-from prvr.harness.encoding import cat_padded
-from prvr.harness.evaluate import index_videos
+from prvr.harness.base.batches import QueryBatch, VideoBatch
+from prvr.harness.base.registry import BACKBONES
+from prvr.harness.base.encoding import cat_padded
+from prvr.harness.engine.evaluate import index_videos
 from prvr.methods.backbones.api import OUTPUTS, Backbone, OnDemand, Scores
 from prvr.methods.backbones.blocks import GaussianBranches, gaussian_attention, gaussian_weights, max_similarity
 from prvr.methods.backbones.msl import VideoSide, msl_scores, proposal_matrix

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from prvr.harness.cli import main
-from prvr.harness.config import resolve
-from prvr.harness.io import UserError
-from prvr.harness.names import check_name, inside
-from prvr.harness.records import checkpoint_dir, log_path, record_layout, record_path
-from prvr.harness.registry import Registry, RegistryError
+from prvr.harness.engine.config import resolve
+from prvr.harness.base.io import UserError
+from prvr.harness.base.names import check_name, inside
+from prvr.harness.engine.records import checkpoint_dir, log_path, record_layout, record_path
+from prvr.harness.base.registry import Registry, RegistryError
 
 RUN = ["run", "--method", "baseline", "--dataset", "sim-tiny", "--quiet"]
 

@@ -20,11 +20,13 @@ from test_records_and_leaderboard import fake_record, store
 from prvr.datasets.overlap import shared_captions
 from prvr.datasets.real.problems import LayoutError
 from prvr.datasets.sim import cache as sim_cache
-from prvr.harness import cli, io, leaderboard, progress
+from prvr.harness.cli import app as cli, args as cli_args
+from prvr.harness.base import io, progress
+from prvr.harness.reports import leaderboard
 from prvr.harness.cli import main
-from prvr.harness.config import resolve
-from prvr.harness.records import load_record, record_path, write_record
-from prvr.harness.registry import DATASETS
+from prvr.harness.engine.config import resolve
+from prvr.harness.engine.records import load_record, record_path, write_record
+from prvr.harness.base.registry import DATASETS
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +71,7 @@ def test_relative_data_root_and_prvr_data_load_and_reload(data_root, tmp_path, m
     manifest = json.loads((entry / "manifest.json").read_text())
     assert Path(manifest["frames"]["file"]).is_absolute()  # feature.bin, from any working directory
     monkeypatch.setenv("PRVR_DATA", "d")
-    overrides = cli.data_root_overrides(cli.build_parser().parse_args(["data", "check", "--dataset", "tvr"]))
+    overrides = cli_args.data_root_overrides(cli.build_parser().parse_args(["data", "check", "--dataset", "tvr"]))
     cfg = resolve("baseline", "tvr", 0, [*overrides, "data.cache_dir=cache", *TINY])
     first, again = DATASETS.get("tvr").load(cfg), DATASETS.get("tvr").load(cfg)  # built once, then read back
     np.testing.assert_array_equal(np.asarray(again["train"].frames.data[:5]), np.asarray(first["train"].frames.data[:5]))
@@ -165,7 +167,7 @@ def test_sim_cache_loads_only_its_manifest_and_regenerates_on_any_difference(dam
     frames, labels = np.array(data["train"].frames.data), np.array(data["test"].query_video)
     part = damage(folder)
     warnings = []
-    monkeypatch.setattr("prvr.harness.progress.log", warnings.append)
+    monkeypatch.setattr("prvr.harness.base.progress.log", warnings.append)
     again = DATASETS.get("sim-tiny").load(cfg)
     assert any(part in w and "regenerating" in w for w in warnings), warnings
     np.testing.assert_array_equal(np.asarray(again["train"].frames.data), frames)
@@ -315,7 +317,7 @@ def test_commands_in_records_are_shell_quoted(monkeypatch):
     argv = ["prvr-bench", "run", "--method", "baseline", "--config", "my overrides.yaml", "--set",
             "data.data_root=/data/it's here"]
     monkeypatch.setattr(sys, "argv", argv)
-    command = cli._command_line()
+    command = cli_args.command_line()
     assert shlex.split(command) == argv
 
 
@@ -337,7 +339,7 @@ def test_a_writer_killed_mid_write_leaves_no_half_file_and_its_temporary_is_clea
     target = tmp_path / "leaderboard.md"
     target.write_text("old\n")
     code = ("import os, signal, sys\n"
-            "from prvr.harness.io import atomic_path\n"
+            "from prvr.harness.base.io import atomic_path\n"
             f"with atomic_path({str(target)!r}) as tmp:\n"
             "    tmp.write_text('half')\n"
             "    os.kill(os.getpid(), signal.SIGKILL)\n")
@@ -389,7 +391,7 @@ def test_leaderboard_rebuild_writes_nothing_but_its_tables(tmp_path):
     store(tmp_path, fake_record(0, 150.0))
     before = files_under(tmp_path)
     leaderboard.rebuild(tmp_path, show=False)
-    # the tables, and the M/V bucket chart of the record's bucket metrics (harness/buckets.py)
+    # the tables, and the M/V bucket chart of the record's bucket metrics (harness/reports/buckets.py)
     assert files_under(tmp_path) - before == {Path("leaderboard.csv"), Path("leaderboard.md"), Path("buckets"),
                                               Path("buckets/sim-x.md"), Path("buckets/sim-x.png")}
 

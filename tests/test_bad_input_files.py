@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from prvr.harness import io
-from prvr.harness.config import resolve
-from prvr.harness.io import UserError, read_json, read_yaml
-from prvr.harness.parity import read_official_log
-from prvr.harness.records import load_record
+from prvr.harness.base import io
+from prvr.harness.engine.config import resolve
+from prvr.harness.base.io import UserError, read_json, read_yaml
+from prvr.harness.cli.parity import read_official_log
+from prvr.harness.engine.records import load_record
 
 
 def test_a_yaml_section_given_twice_is_an_error_naming_both_lines(tmp_path):
@@ -89,14 +89,14 @@ def test_a_number_in_an_official_log_that_is_not_one_is_named_with_its_line(tmp_
 
 # ------------------------------------------------------------ records the leaderboard reads
 def _trained(tmp_path):
-    from prvr.harness.runner import run_one
+    from prvr.harness.engine.runner import run_one
 
     run_one(resolve("baseline", "sim-tiny", 0, ["train.epochs=1"]), tmp_path)
     return tmp_path / "runs" / "sim-tiny" / "baseline"
 
 
 def _leaderboard_error(root):
-    from prvr.harness import leaderboard
+    from prvr.harness.reports import leaderboard
 
     with pytest.raises(UserError) as err:
         leaderboard.rebuild(root, show=False)
@@ -149,7 +149,7 @@ def test_a_best_epoch_after_the_last_epoch_run_is_refused(tmp_path):
 
 
 def test_skip_bad_lists_the_skipped_records_under_the_table(tmp_path):
-    from prvr.harness import leaderboard
+    from prvr.harness.reports import leaderboard
 
     folder = _trained(tmp_path)
     (folder / "seed1.json").write_bytes(b'{"method": "b\xff"}')

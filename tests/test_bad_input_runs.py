@@ -9,13 +9,15 @@ import sys
 import pytest
 import torch
 
-from prvr.harness import io, leaderboard, progress
-from prvr.harness.config import resolve
-from prvr.harness.contract import LossOutput
-from prvr.harness.io import UserError, claim
-from prvr.harness.records import record_path
-from prvr.harness.runner import run_one
-from prvr.harness.trainer import Trainer
+from prvr.harness.base import io, progress
+
+from prvr.harness.reports import leaderboard
+from prvr.harness.engine.config import resolve
+from prvr.harness.base.contract import LossOutput
+from prvr.harness.base.io import UserError, claim
+from prvr.harness.engine.records import record_path
+from prvr.harness.engine.runner import run_one
+from prvr.harness.engine.trainer import Trainer
 
 EPOCHS = ["train.epochs=2", "train.patience=10"]
 
@@ -91,7 +93,7 @@ def test_a_cache_folder_name_too_long_is_named_and_blamed_on_the_cache_setting(t
 
 
 def test_an_out_folder_name_too_long_is_named_as_such(tmp_path):
-    from prvr.harness.io import ensure_dir
+    from prvr.harness.base.io import ensure_dir
 
     with pytest.raises(UserError, match=r"cannot create folder .*: a name in the path is longer than the file system "
                                         r"allows \(255 bytes\) \(300 bytes: o{40}\.\.\.\); pass another --out folder"):
@@ -99,7 +101,7 @@ def test_an_out_folder_name_too_long_is_named_as_such(tmp_path):
 
 
 def test_test_scores_that_tell_no_video_apart_mark_the_record(tmp_path, monkeypatch):
-    from prvr.harness import evaluate
+    from prvr.harness.engine import evaluate
 
     def constant(model, queries, videos):
         n = next(iter(videos.values())).shape[0]
@@ -113,7 +115,7 @@ def test_test_scores_that_tell_no_video_apart_mark_the_record(tmp_path, monkeypa
 
 
 def test_the_score_watch_names_nonfinite_and_constant_scores():
-    from prvr.harness.evaluate import ScoreWatch
+    from prvr.harness.engine.evaluate import ScoreWatch
 
     for scores, said in [(torch.tensor([[1.0, float("nan")], [2.0, 3.0]]), "1 of 4 scores not finite"),
                          (torch.full((2, 3), 0.5), "every score is 0.5"), (torch.tensor([[1.0, 2.0]]), "")]:
@@ -125,7 +127,7 @@ def test_the_score_watch_names_nonfinite_and_constant_scores():
 def test_a_lone_video_in_each_epochs_last_batch_is_said(tmp_path, monkeypatch):
     lines = []
     monkeypatch.setattr(progress, "log", lines.append)
-    from prvr.harness.build import build_run
+    from prvr.harness.engine.build import build_run
 
     cfg = resolve("baseline", "sim-tiny", 0, ["train.epochs=1"])
     n = int(build_run(cfg).trainer(tmp_path).has_queries.sum())

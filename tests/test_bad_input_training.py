@@ -17,14 +17,16 @@ import pytest
 import scipy.sparse as sp
 import torch
 
-from prvr.harness import leaderboard, progress
+from prvr.harness.reports import leaderboard
+
+from prvr.harness.base import progress
 from prvr.harness.cli import main
-from prvr.harness.config import resolve
-from prvr.harness.evaluate import compute_ranks, evaluate_scores, reference_ranks
-from prvr.harness.io import UserError
-from prvr.harness.records import record_path, write_record
-from prvr.harness.runner import run_one
-from prvr.harness.trainer import Trainer
+from prvr.harness.engine.config import resolve
+from prvr.harness.engine.evaluate import compute_ranks, evaluate_scores, reference_ranks
+from prvr.harness.base.io import UserError
+from prvr.harness.engine.records import record_path, write_record
+from prvr.harness.engine.runner import run_one
+from prvr.harness.engine.trainer import Trainer
 
 EPOCHS = ["train.epochs=2", "train.patience=10"]
 RUN = ["run", "--method", "baseline", "--dataset", "sim-tiny", "--out", "out", "--quiet",

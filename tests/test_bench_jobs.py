@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from prvr.harness import ablate
+from prvr.harness.cli import ablate
 from prvr.harness.cli import main
-from prvr.harness.jobs import Job, expected_seconds, schedule
+from prvr.harness.cli.jobs import Job, expected_seconds, schedule
 
 
 def _bench(capsys, out, *extra):
@@ -85,9 +85,10 @@ def test_threads_is_checked_by_every_training_command(capsys, tmp_path, command)
 
 def _as_run(run_args):
     """The config and run name that `prvr-bench run ARGS` would train (as cmd_run resolves them)."""
-    from prvr.harness.cli import build_parser, data_root_overrides
-    from prvr.harness.config import resolve
-    from prvr.harness.runner import run_name
+    from prvr.harness.cli.app import build_parser
+    from prvr.harness.cli.args import data_root_overrides
+    from prvr.harness.engine.config import resolve
+    from prvr.harness.engine.runner import run_name
 
     a = build_parser().parse_args(["run", *run_args])
     cfg = resolve(a.method, a.dataset, a.seed, [*data_root_overrides(a), *a.overrides], a.config)

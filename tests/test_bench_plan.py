@@ -7,10 +7,14 @@ import sys
 
 import pytest
 
-from prvr.harness import cli, executors, jobs, leaderboard
+from prvr.harness.cli import bench as cli, fanout
+
+from prvr.harness.cli import executors, jobs
+
+from prvr.harness.reports import leaderboard
 from prvr.harness.cli import main
-from prvr.harness.jobs import GpuRoundRobin, Job, parse_jobs, run_device, visible_gpus, wants_cuda
-from prvr.harness.registry import METHODS
+from prvr.harness.cli.jobs import GpuRoundRobin, Job, parse_jobs, run_device, visible_gpus, wants_cuda
+from prvr.harness.base.registry import METHODS
 
 PROFILE = """section,method,backbone,source,device,quantity,condition,value,unit
 training,arl,arl,measured,cpu (1 threads),epoch_seconds,"one epoch on sim-tvr: 3000 queries, 5 batches",20.0,s
@@ -46,7 +50,7 @@ def test_plan_gives_each_run_its_expected_time_and_trains_nothing(capsys, tmp_pa
 
 
 def test_a_bench_without_method_prints_its_plan_before_it_starts(capsys, monkeypatch, tmp_path):
-    from prvr.harness import leaderboard
+    from prvr.harness.reports import leaderboard
 
     seen = []
     monkeypatch.setattr(cli, "_bench_here", lambda args, todo: seen.append((capsys.readouterr().out, todo)))
@@ -154,10 +158,10 @@ def test_a_ray_task_of_a_cpu_run_sees_no_gpu(monkeypatch, tmp_path):
 @pytest.mark.parametrize("device, gpus, workers", [("auto", ("0", "1"), 4), ("cpu", (), 16)])
 def test_bench_hands_the_visible_gpus_to_its_runs(monkeypatch, tmp_path, device, gpus, workers):
     monkeypatch.delenv("PRVR_DEVICE", raising=False)  # train.device=auto means CUDA where there is one
-    monkeypatch.setattr(cli, "visible_gpus", lambda: ["0", "1"])  # where the CLI looks them up
+    monkeypatch.setattr(fanout, "visible_gpus", lambda: ["0", "1"])  # where the CLI looks them up
     monkeypatch.setattr(jobs, "usable_cores", lambda: 16)
     started = []
-    monkeypatch.setattr(cli, "run_jobs", lambda runs, n, command, gpus: started.append((runs, n, tuple(gpus))))
+    monkeypatch.setattr(fanout, "run_jobs", lambda runs, n, command, gpus: started.append((runs, n, tuple(gpus))))
     monkeypatch.setattr(leaderboard, "rebuild", lambda out: None)
     assert main(["bench", "--method", "baseline", "--dataset", "sim-tiny", "--seeds", "0", "1", "--out", str(tmp_path),
                  "--jobs", "auto", "--runs-per-gpu", "2", "--set", f"train.device={device}", "--quiet"]) == 0

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from prvr.datasets.sim import cache
-from prvr.harness.config import resolve
-from prvr.harness.registry import DATASETS
+from prvr.harness.engine.config import resolve
+from prvr.harness.base.registry import DATASETS
 
 
 def entry(tmp_path):
@@ -43,7 +43,7 @@ def test_corrupt_entry_is_regenerated(tmp_path, damage, monkeypatch):
     tokens, frames = np.array(data["test"].tokens.data), np.array(data["train"].frames.data)  # copies, not memmaps
     damage(folder)
     warnings = []
-    monkeypatch.setattr("prvr.harness.progress.log", warnings.append)
+    monkeypatch.setattr("prvr.harness.base.progress.log", warnings.append)
     again = DATASETS.get("sim-tiny").load(cfg)
     assert any("corrupt" in w and "regenerating" in w for w in warnings)
     np.testing.assert_array_equal(again["test"].tokens.data, tokens)

@@ -1,4 +1,4 @@
-"""The calibration report of a simulated dataset (harness/calibration.py), on fake records."""
+"""The calibration report of a simulated dataset (harness/reports/calibration.py), on fake records."""
 
 import csv
 import io
@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
-from prvr.harness import calibration, leaderboard
-from prvr.harness.calibration import MET, NO_RECORDS, NO_REFERENCE, NOT_MET
+from prvr.harness.reports import calibration, leaderboard
+from prvr.harness.reports.calibration import MET, NO_RECORDS, NO_REFERENCE, NOT_MET
 from test_records_and_leaderboard import fake_record, store
 
 TVR = calibration.REFERENCES["tvr"]

@@ -1,4 +1,4 @@
-"""`prvr-bench census` (harness/census.py): the SBERT detector over a dataset's query text, on
+"""`prvr-bench census` (harness/cli/census.py): the SBERT detector over a dataset's query text, on
 tiny datasets the tests write in each real layout and on sim-tiny, with a fake encoder whose
 cosines are known; the verb-phrase table per parser."""
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from prvr.datasets.real import annotations as ann
-from prvr.harness import census
+from prvr.harness.cli import census
 from prvr.harness.cli import main
 from prvr.methods.relations import sbert, text_parsers
 
@@ -175,7 +175,7 @@ def test_bad_knobs_are_one_line(argv, said, capsys):
 def test_annotation_rows_the_reader_leaves_out_are_counted_and_named(tmp_path, fakes, monkeypatch):
     """A row with no sentence cannot be a query: the census leaves it out, as the loaders do, and
     says so, by cause and count, in the log and under its table (it was dropped without a word)."""
-    from prvr.harness import progress
+    from prvr.harness.base import progress
 
     lines = []
     monkeypatch.setattr(progress, "log", lines.append)

@@ -79,7 +79,7 @@ def test_config_prints_resolved_yaml(capsys):
 
 
 def test_bench_defaults_every_method_one_seed_no_oracle():
-    from prvr.harness.cli import build_parser
+    from prvr.harness.cli.app import build_parser
 
     args = build_parser().parse_args(["bench"])
     assert args.method is None and args.seeds == [0] and args.oracle is False and args.dataset == ["sim-tvr"]

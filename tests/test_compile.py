@@ -15,9 +15,9 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from prvr.harness import progress
-from prvr.harness.build import build_model, build_run
-from prvr.harness.config import resolve
+from prvr.harness.base import progress
+from prvr.harness.engine.build import build_model, build_run
+from prvr.harness.engine.config import resolve
 from prvr.methods.backbones.blocks import GMMBlock, init_weights
 
 # one method per backbone: every encoder the suite has
@@ -99,7 +99,7 @@ def test_a_padded_attention_block_compiles_with_the_default_backend(fresh_dynamo
 
 
 def test_compiling_a_cpu_graph_starts_cuda_where_cuda_is_present(fresh_dynamo, monkeypatch):
-    """What the warning of a compiled CPU run on a GPU machine stands on (harness/precision.py
+    """What the warning of a compiled CPU run on a GPU machine stands on (harness/engine/precision.py
     `warn_where_compile_starts_cuda`): dynamo asks CUDA for its random state as it compiles a graph,
     even one with no CUDA tensor (torch 2.11 to 2.13; on a CUDA build its triton check asks for the
     device too). Should torch stop asking, this fails, and the warning can go."""

@@ -1,9 +1,9 @@
 import pytest
 import yaml
 
-from prvr.harness.config import from_dict, resolve
-from prvr.harness.sections import Config
-from prvr.harness.io import UserError
+from prvr.harness.engine.config import from_dict, resolve
+from prvr.harness.engine.sections import Config
+from prvr.harness.base.io import UserError
 
 
 def test_presets_layer_in_order():

@@ -1,4 +1,4 @@
-"""Every config field declares the values it accepts (harness/checks.py); every default and
+"""Every config field declares the values it accepts (harness/base/checks.py); every default and
 every preset passes; a bad value is a one-line UserError naming the key.
 
 The classes are found through the registries, so a newly registered method, backbone, method
@@ -13,11 +13,11 @@ from dataclasses import dataclass, fields
 
 import pytest
 
-from prvr.harness.checks import FLAG, Device, Free, ListOf, OneOf, Range, Registered, check_section, declared, param
-from prvr.harness.config import from_dict, resolve
-from prvr.harness.io import UserError
-from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS
-from prvr.harness.sections import Config, DataConfig, EvalConfig, RelationsConfig, SimConfig, TrainConfig
+from prvr.harness.base.checks import FLAG, Device, Free, ListOf, OneOf, Range, Registered, check_section, declared, param
+from prvr.harness.engine.config import from_dict, resolve
+from prvr.harness.base.io import UserError
+from prvr.harness.base.registry import BACKBONES, DATASETS, DETECTORS, METHODS
+from prvr.harness.engine.sections import Config, DataConfig, EvalConfig, RelationsConfig, SimConfig, TrainConfig
 
 
 def config_classes() -> list[tuple[str, str, type]]:
@@ -63,7 +63,7 @@ def test_every_preset_passes_the_checks(method, dataset):
 
 
 def test_committed_records_still_load():
-    from prvr.harness.leaderboard import RECORD_NAME
+    from prvr.harness.reports.leaderboard import RECORD_NAME
 
     paths = [p for p in glob.glob("results/runs/*/*/seed*.json") if RECORD_NAME.fullmatch(os.path.basename(p))]
     assert paths  # run from the repository root
@@ -244,7 +244,7 @@ def test_detector_settings_are_the_section_relations_name():
 
 def test_records_with_the_old_detector_layout_load_with_the_same_settings():
     """Before `relations.<name>`, records stored relations.oracle_mode and a top-level `arl`."""
-    from prvr.harness.config import from_dict
+    from prvr.harness.engine.config import from_dict
 
     old = resolve("arl", "sim-tiny", 0, ["relations=oracle"]).to_dict()
     old["relations"] = {"name": "oracle", "oracle_mode": "ignore"}

@@ -14,13 +14,13 @@ import pytest
 import scipy.sparse as sp
 import torch
 
-from prvr.harness import masks
-from prvr.harness.build import build_run
-from prvr.harness.config import resolve
-from prvr.harness.evaluate import compute_ranks
-from prvr.harness.profiling.gpu_check import not_deterministic
-from prvr.harness.registry import METHODS
-from prvr.harness.runner import run_one
+from prvr.harness.base import masks
+from prvr.harness.engine.build import build_run
+from prvr.harness.engine.config import resolve
+from prvr.harness.engine.evaluate import compute_ranks
+from prvr.harness.cli.gpu_check import not_deterministic
+from prvr.harness.base.registry import METHODS
+from prvr.harness.engine.runner import run_one
 from prvr.methods.backbones.ral import csa_reference, csa_scores
 from prvr.methods.objectives.prvr import hungarian_pairs, matching_pairs
 from test_devices import BF16_LOSS_RTOL, BF16_SCORE_TOL

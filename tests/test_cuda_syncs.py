@@ -2,7 +2,7 @@
 
 On a GPU every read of a device value by the host (`.item()`, `bool(t)`, `nonzero`, a boolean
 index, a blocking copy) waits for all queued work. The step's avoidable reads are gone: masks
-carry what the loader knows (harness/masks.py), the negatives are drawn as torch.multinomial
+carry what the loader knows (harness/base/masks.py), the negatives are drawn as torch.multinomial
 draws them without its two checks (`ranking.draw_one`), the detectors count on the device.
 
 - Each sync-free path gives the numbers of the path it replaces, bit for bit (CPU tests).
@@ -26,9 +26,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from prvr.datasets.loader import epoch_batches
-from prvr.harness import masks
-from prvr.harness.build import build_run
-from prvr.harness.config import resolve
+from prvr.harness.base import masks
+from prvr.harness.engine.build import build_run
+from prvr.harness.engine.config import resolve
 from prvr.methods.backbones.blocks import pack, unpack
 from prvr.methods.objectives.ranking import draw_one, mean_where
 from prvr.methods.relations import sbert
@@ -263,7 +263,7 @@ def _source(frames) -> str:
     if any("torch/autograd/" in f.filename for f in frames):
         return "backward"
     own = [f for f in frames if "site-packages" not in f.filename and "/tests/" not in f.filename
-           and ("harness/masks.py" not in f.filename or f.name in ON_HOST) and f.name not in COMPREHENSIONS]
+           and ("harness/base/masks.py" not in f.filename or f.name in ON_HOST) and f.name not in COMPREHENSIONS]
     f = own[-1]
     for part in ("methods/", "harness/", "datasets/"):
         if part in f.filename:

@@ -3,8 +3,8 @@
 import pytest
 
 from prvr.harness.cli import main
-from prvr.harness.detection import epoch_rows
-from prvr.harness.records import record_path, write_record
+from prvr.harness.cli.detection import epoch_rows
+from prvr.harness.engine.records import record_path, write_record
 
 
 def _record(seed, precision):
@@ -38,7 +38,7 @@ def test_command_writes_the_table(tmp_path, capsys):
 
 
 def test_ablation_delta_is_paired_over_shared_seeds():
-    from prvr.harness.ablate import _fmt_delta, paired_delta
+    from prvr.harness.cli.ablate import _fmt_delta, paired_delta
 
     d = paired_delta({0: 10.0, 1: 12.0, 2: 9.0}, {0: 8.0, 1: 11.0})  # seed 2 has no partner
     assert d[0] == pytest.approx(1.5) and d[2] == 2 and 0 < d[1] < 1

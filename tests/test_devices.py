@@ -12,15 +12,19 @@ import json
 import pytest
 import torch
 
-from prvr.harness import leaderboard, precision, progress, trainer as trainer_mod
+from prvr.harness.reports import leaderboard
+
+from prvr.harness.engine import precision, trainer as trainer_mod
+
+from prvr.harness.base import progress
 from prvr.harness.cli import main
-from prvr.harness.config import resolve
-from prvr.harness.io import UserError
+from prvr.harness.engine.config import resolve
+from prvr.harness.base.io import UserError
 from prvr.harness.profiling.flops import OpLog
-from prvr.harness.registry import METHODS
-from prvr.harness.runner import run_one
-from prvr.harness.devices import DEVICE_ENV, pick_device
-from prvr.harness.trainer import restore_cuda_rng
+from prvr.harness.base.registry import METHODS
+from prvr.harness.engine.runner import run_one
+from prvr.harness.base.devices import DEVICE_ENV, pick_device
+from prvr.harness.engine.trainer import restore_cuda_rng
 
 EPOCHS = ["train.epochs=2", "train.patience=10"]
 RUN = ["run", "--method", "baseline", "--dataset", "sim-tiny", "--out", "out", "--quiet",
@@ -130,7 +134,7 @@ BF16_SCORE_TOL, BF16_LOSS_RTOL = 0.05, 0.05
 @pytest.mark.detects
 @pytest.mark.parametrize("method", METHODS.names())
 def test_bf16_scores_and_loss_are_within_tolerance_of_fp32(method):
-    from prvr.harness.build import build_run
+    from prvr.harness.engine.build import build_run
 
     got = {}
     for precision in ("fp32", "bf16"):
@@ -211,7 +215,7 @@ def test_precision_is_in_the_record_and_the_leaderboard_budget(tmp_path):
 def test_a_bf16_model_encodes_in_bf16_wherever_it_is_called():
     """build_model applies train.precision to the encoders themselves, so evaluation, a
     detector's pass and re-evaluation (which call model.encode_*) run as training does."""
-    from prvr.harness.build import build_run
+    from prvr.harness.engine.build import build_run
 
     runs = {p: build_run(resolve("msl", "sim-tiny", 0, [f"train.precision={p}"])) for p in ("fp32", "bf16")}
     batcher = runs["fp32"].trainer("unused").batchers["val"]

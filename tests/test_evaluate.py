@@ -3,7 +3,7 @@ import pytest
 import scipy.sparse as sp
 import torch
 
-from prvr.harness.evaluate import (bucket_of, compute_ranks, evaluate_scores, metrics_from_ranks, recall_table,
+from prvr.harness.engine.evaluate import (bucket_of, compute_ranks, evaluate_scores, metrics_from_ranks, recall_table,
                                    reference_ranks)
 
 

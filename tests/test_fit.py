@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from prvr.datasets.loader import Batcher
-from prvr.harness.build import build_model, method_spec
-from prvr.harness.config import resolve
-from prvr.harness.registry import home_method
-from prvr.harness.io import UserError
-from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS
-from prvr.harness.contract import StepExtras
+from prvr.harness.engine.build import build_model, method_spec
+from prvr.harness.engine.config import resolve
+from prvr.harness.base.registry import home_method
+from prvr.harness.base.io import UserError
+from prvr.harness.base.registry import BACKBONES, DATASETS, DETECTORS, METHODS
+from prvr.harness.base.contract import StepExtras
 from prvr.methods.backbones.api import OUTPUTS, missing_outputs
 from prvr.methods.fit import check_fit, method_needs
 from prvr.methods.relations.base import DetectorState, Relations

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ast
 import collections
+import re
 import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,28 +38,36 @@ import pytest
 # The import package's parts and their folders (pyproject.toml [tool.setuptools.package-dir]).
 PARTS = ("prvr.harness", "prvr.datasets", "prvr.methods")
 
-# Each floor's modules: a name is that module; `name.*` is a package and every module below it.
+# Each floor's modules: a name is that module; `name.*` is a package and every module below it. The
+# floors are the folders (FOLDER_FLOORS); the base's folder has two floors of its own inside it, the
+# plumbing under the contract that the parts implement.
 FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("plumbing", ("prvr.harness", "prvr.harness.io", "prvr.harness.checks", "prvr.harness.names",
-                  "prvr.harness.progress", "prvr.harness.timing", "prvr.harness.masks", "prvr.harness.scores",
-                  "prvr.harness.devices", "prvr.harness.encoding")),
-    ("contract", ("prvr.harness.batches", "prvr.harness.contract", "prvr.harness.registry")),
+    ("plumbing", ("prvr.harness", "prvr.harness.base", "prvr.harness.base.io", "prvr.harness.base.checks",
+                  "prvr.harness.base.names", "prvr.harness.base.progress", "prvr.harness.base.timing",
+                  "prvr.harness.base.masks", "prvr.harness.base.scores", "prvr.harness.base.devices",
+                  "prvr.harness.base.encoding")),
+    ("contract", ("prvr.harness.base.batches", "prvr.harness.base.contract", "prvr.harness.base.registry")),
     ("parts", ("prvr.datasets.*", "prvr.methods.*")),
-    ("engine", ("prvr.harness.sections", "prvr.harness.config", "prvr.harness.build", "prvr.harness.optim",
-                "prvr.harness.precision", "prvr.harness.checkpoints", "prvr.harness.trainer",
-                "prvr.harness.evaluate", "prvr.harness.vcmr", "prvr.harness.rankings", "prvr.harness.record_types",
-                "prvr.harness.records", "prvr.harness.robustness", "prvr.harness.runner")),
-    ("commands", ("prvr.harness.cli", "prvr.harness.data_cli", "prvr.harness.jobs", "prvr.harness.executors",
-                  "prvr.harness.plan", "prvr.harness.quick", "prvr.harness.leaderboard", "prvr.harness.rows",
-                  "prvr.harness.buckets", "prvr.harness.noise", "prvr.harness.calibration",
-                  "prvr.harness.world_calibration", "prvr.harness.census", "prvr.harness.detection",
-                  "prvr.harness.ablate", "prvr.harness.parity", "prvr.harness.reevaluate",
-                  "prvr.harness.ral_uncertainty", "prvr.harness.fusion_weights", "prvr.harness.profiling.*")),
+    ("engine", ("prvr.harness.engine.*",)),
+    ("reports", ("prvr.harness.reports.*",)),
+    ("profiling", ("prvr.harness.profiling.*",)),
+    ("commands", ("prvr.harness.cli.*",)),
+)
+
+# The floors as folders, bottom-up: every module of a folder is on that folder's floor, and a folder
+# imports only the folders at or below it (harness/ itself holds nothing but its sub-packages).
+FOLDER_FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("base", ("harness", "harness/base")),
+    ("parts", ("datasets", "methods")),
+    ("engine", ("harness/engine",)),
+    ("reports", ("harness/reports",)),
+    ("profiling", ("harness/profiling",)),
+    ("commands", ("harness/cli",)),
 )
 
 # Arrows up a floor that the code still has, each with what keeps it; one that is removed leaves
 # this list. Empty: the last three (issue 37) went when the noise curve moved to the engine
-# (harness/robustness.py) and the device and split encoding to the plumbing (devices, encoding).
+# (harness/engine/robustness.py) and the device and split encoding to the plumbing (devices, encoding).
 KNOWN_UPWARD: dict[tuple[str, str], str] = {}
 
 @dataclass
@@ -189,16 +198,16 @@ def test_every_module_has_a_floor(graph):
 
 
 def test_the_graph_sees_the_package(graph):
-    assert "prvr.harness.io" in graph.arrows["prvr.harness.records"]
-    assert "prvr.datasets.loader" in graph.arrows["prvr.harness.trainer"]
+    assert "prvr.harness.base.io" in graph.arrows["prvr.harness.engine.records"]
+    assert "prvr.datasets.loader" in graph.arrows["prvr.harness.engine.trainer"]
     assert len(graph.files) > 100
 
 
 def test_a_floor_is_named_or_inherited_from_a_package():
     names = [FLOORS[floor_of(m)][0] if floor_of(m) >= 0 else None
              for m in ("prvr.harness", "prvr.harness.profiling.flops", "prvr.methods.backbones.msl",
-                       "prvr.harness.a_new_module")]
-    assert names == ["plumbing", "commands", "parts", None]
+                       "prvr.harness.a_new_module", "prvr.harness.engine.a_new_module", "prvr.harness.base.a_new_module")]
+    assert names == ["plumbing", "profiling", "parts", None, "engine", None]
 
 
 def test_no_import_circle(graph):
@@ -229,8 +238,60 @@ def test_imports_inside_functions_are_found():
                                                           ("prvr.c", 10, True)]
 
 
+def folder_of(module: str, path: Path) -> str:
+    """The folder of a module's file, relative to the checkout (`harness/engine`, `methods`, ...)."""
+    part = ".".join(module.split(".")[:2])  # prvr.harness, prvr.datasets, prvr.methods
+    return "/".join([part.split(".")[1], *module.split(".")[2:-1 if path.name != "__init__.py" else None]])
+
+
+def folder_floor(folder: str) -> int:
+    """The floor of a folder: its own, else that of the folder it is in (methods/backbones is methods')."""
+    while True:
+        for i, (_, folders) in enumerate(FOLDER_FLOORS):
+            if folder in folders:
+                return i
+        if "/" not in folder:
+            return -1
+        folder = folder.rpartition("/")[0]
+
+
+def folder_arrows(graph: Graph) -> set[tuple[str, str]]:
+    return {(folder_of(a, graph.files[a]), folder_of(b, graph.files[b]))
+            for a, targets in graph.arrows.items() for b in targets}
+
+
+def test_every_folder_has_a_floor_and_only_its_floors_modules(graph):
+    """A module's floor is its folder's: the floors are seen in the tree, not only in this file."""
+    names = {i: name for i, (name, _) in enumerate(FOLDER_FLOORS)}
+    wrong = [(m, names.get(folder_floor(folder_of(m, f))), FLOORS[floor_of(m)][0]) for m, f in graph.files.items()
+             if names.get(folder_floor(folder_of(m, f))) != {"plumbing": "base", "contract": "base"}.get(
+                 FLOORS[floor_of(m)][0], FLOORS[floor_of(m)][0])]
+    assert wrong == [], f"modules whose folder is on another floor than their own: {wrong}"
+
+
+def test_harness_holds_only_its_floors():
+    """harness/ itself holds its package file and its floors' folders, no module of its own."""
+    root = Path(importlib.util.find_spec("prvr.harness").submodule_search_locations[0])
+    assert sorted(p.name for p in root.glob("*.py")) == ["__init__.py"]
+    assert {p.name for p in root.iterdir() if p.is_dir() and (p / "__init__.py").exists()} == \
+        {"base", "engine", "reports", "profiling", "cli"}
+
+
+def test_no_folder_arrow_runs_up(graph):
+    up = sorted((a, b) for a, b in folder_arrows(graph) if folder_floor(b) > folder_floor(a))
+    assert up == [], f"folders that import a folder above them (FOLDER_FLOORS): {up}"
+
+
+def test_folder_floors_are_read_from_paths():
+    assert folder_of("prvr.harness.engine.trainer", Path("harness/engine/trainer.py")) == "harness/engine"
+    assert folder_of("prvr.methods.backbones", Path("methods/backbones/__init__.py")) == "methods/backbones"
+    assert folder_of("prvr.harness", Path("harness/__init__.py")) == "harness"
+    assert [folder_floor(f) for f in ("methods/backbones", "harness/cli", "harness/base", "tests")] == [1, 5, 0, -1]
+
+
 def summary(graph: Graph) -> dict[str, int]:
     return {"modules": len(graph.files), "arrows": sum(len(t) for t in graph.arrows.values()),
+            "folder arrows": len({(a, b) for a, b in folder_arrows(graph) if a != b}),
             "circles": len(circles(graph.arrows)), "upward arrows": len(upward(graph)),
             "imports inside functions": len(graph.inner)}
 
@@ -243,3 +304,58 @@ if __name__ == "__main__":
         print(f"up: {a} ({FLOORS[floor_of(a)][0]}) -> {b} ({FLOORS[floor_of(b)][0]})")
     for where in g.inner:
         print(f"inner: {where}")
+
+
+# ----------------------------------------------------------------------------- no method named below the commands
+# The folders that are every method's: none of their string constants names a registered method (or
+# `method@backbone`, `method~tag`, `method+detector` of one); the runs they single out come from the specs
+# (`reference`, `moment_reference`) and their lists from the registries. The commands' floor may name
+# one (a method's own command, e.g. RAL's `uncertainty`). Each exception says why it is no method.
+NAMELESS_FOLDERS = ("harness/base", "harness/engine", "harness/reports", "harness/profiling")
+NOT_A_METHOD = {
+    ("harness/engine/sections.py", "msl"): "data.layout: the MS-SL family's feature release, a file layout",
+    ("harness/profiling/rehearsal.py", "msl"): "the export's layout (data.layout)",
+    ("harness/profiling/reported.py", "msl"): "the papers' reported speeds, keyed by the method they measured",
+    ("harness/profiling/reported.py", "gmmformer"): "the papers' reported speeds",
+    ("harness/profiling/reported.py", "gmmformer2"): "the papers' reported speeds",
+    ("harness/profiling/reported.py", "arl"): "the papers' reported speeds",
+    ("harness/profiling/reported.py", "ral"): "the papers' reported speeds",
+}
+
+
+def method_names_in(source: str, methods: set[str]) -> list[str]:
+    """The string constants of a source (docstrings left out) that name a method, alone or as the head
+    of a run name (`ral@msl`, `arl~base`, `baseline+oracle`)."""
+    tree = ast.parse(source)
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body
+                  and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            head = re.split(r"[@~+]", node.value, maxsplit=1)[0]
+            if head in methods and (head == node.value or len(node.value) > len(head)):
+                found.append(node.value)
+    return found
+
+
+def test_no_method_is_named_below_the_commands():
+    from prvr.harness.base.registry import METHODS, load_all
+
+    load_all()
+    methods = set(METHODS.names())
+    root = Path(importlib.util.find_spec("prvr.harness").submodule_search_locations[0]).parent
+    named, excused = [], set()
+    for folder in NAMELESS_FOLDERS:
+        for f in sorted((root / folder).rglob("*.py")):
+            rel = f.relative_to(root).as_posix()
+            found = {(rel, s) for s in method_names_in(f.read_text(encoding="utf-8"), methods)}
+            excused |= found & NOT_A_METHOD.keys()
+            named += sorted(found - NOT_A_METHOD.keys())
+    assert named == [], f"method names below the commands (use the specs' flags or the registries): {named}"
+    assert sorted(NOT_A_METHOD.keys() - excused) == [], "gone: remove them from NOT_A_METHOD"
+
+
+def test_method_names_are_found():
+    source = '"""A docstring naming ral."""\nA = "ral@msl"\nB = "arl~base"\nC = "baseline"\nD = "rally"\nE = f"{x}~ral"\n'
+    assert method_names_in(source, {"ral", "arl", "baseline"}) == ["ral@msl", "arl~base", "baseline"]

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from prvr.datasets.loader import Batcher, l2_normalize, pooling_matrix, segment_bounds, segment_mean
-from prvr.harness.config import resolve
-from prvr.harness.registry import DATASETS
+from prvr.harness.engine.config import resolve
+from prvr.harness.base.registry import DATASETS
 
 
 @pytest.mark.parametrize("length, segments", [(7, 3), (3, 8), (32, 32), (100, 32), (1, 4)])
@@ -73,7 +73,7 @@ def test_reference_pooling_rule_matches_the_reference_loop(length, segments):
 
 
 def test_real_layout_presets_use_the_reference_rule():
-    from prvr.harness.config import resolve
+    from prvr.harness.engine.config import resolve
 
     assert resolve("baseline", "tvr").data.pooling == "reference"
     assert resolve("baseline", "sim-tvr").data.pooling == "even"
@@ -275,7 +275,7 @@ def test_epoch_loader_forks_its_workers_whatever_the_default_start_method():
 def test_auto_workers_only_where_a_gpu_trains_and_workers_are_forked(monkeypatch):
     from types import SimpleNamespace
 
-    from prvr.harness import trainer
+    from prvr.harness.engine import trainer
 
     def workers(n, device, start):
         monkeypatch.setattr(trainer, "WORKER_START", start)
@@ -289,8 +289,8 @@ def test_auto_workers_only_where_a_gpu_trains_and_workers_are_forked(monkeypatch
 
 
 def test_a_batch_moved_to_a_device_describes_its_masks():
-    """What the model and the losses read without asking the device (harness/masks.py)."""
-    from prvr.harness import masks
+    """What the model and the losses read without asking the device (harness/base/masks.py)."""
+    from prvr.harness.base import masks
 
     cfg = resolve("baseline", "sim-tiny", 0)
     split = DATASETS.get("sim-tiny").load(cfg)["train"]

@@ -19,7 +19,7 @@ import torch
 from prvr.datasets.loader import Batcher
 from prvr.datasets.real.bigfile import BigFile, read_frames_seek, write_bigfile
 from prvr.datasets.types import Ragged, Split
-from prvr.harness.sections import DataConfig
+from prvr.harness.engine.sections import DataConfig
 
 DIM = 3072
 VIDEOS = 128  # one MS-SL training batch

@@ -1,4 +1,4 @@
-"""`LossOutput` (harness/contract.py): what an objective returns, the loss, its parts and the
+"""`LossOutput` (harness/base/contract.py): what an objective returns, the loss, its parts and the
 diagnostics kept apart; the trainer logs them all and takes only a LossOutput."""
 
 import dataclasses
@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from prvr.datasets.loader import epoch_batches
-from prvr.harness.build import build_run
-from prvr.harness.config import resolve
-from prvr.harness.contract import LossOutput
-from prvr.harness.io import UserError
+from prvr.harness.engine.build import build_run
+from prvr.harness.engine.config import resolve
+from prvr.harness.base.contract import LossOutput
+from prvr.harness.base.io import UserError
 
 
 def _t(x: float) -> torch.Tensor:

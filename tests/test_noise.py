@@ -1,6 +1,6 @@
 """Noise robustness (RAL Fig. 5): a segment of p x each test video inserted at its start
 (datasets/noise.py), the curve in run records and from `prvr-bench evaluate`, and the
-leaderboard's figures and tables (harness/noise.py)."""
+leaderboard's figures and tables (harness/reports/noise.py)."""
 
 import json
 
@@ -10,8 +10,8 @@ import pytest
 from prvr.datasets.noise import StackedRows, with_noise
 from prvr.datasets.types import Ragged, Split
 from prvr.harness.cli import main
-from prvr.harness.io import UserError
-from prvr.harness.records import load_record, record_path, write_record
+from prvr.harness.base.io import UserError
+from prvr.harness.engine.records import load_record, record_path, write_record
 
 LEVELS = (0.1, 0.25, 0.5, 1.0)
 
@@ -181,8 +181,8 @@ def test_noise_settings_default_to_off(tiny_cfg):
 # ----------------------------------------------------------------------------- a run, evaluate, the leaderboard
 @pytest.fixture(scope="module")
 def noisy_run(tmp_path_factory):
-    from prvr.harness.config import resolve
-    from prvr.harness.runner import run_one
+    from prvr.harness.engine.config import resolve
+    from prvr.harness.engine.runner import run_one
 
     out = tmp_path_factory.mktemp("noise")
     cfg = resolve("baseline", "sim-tiny", 0, ["train.epochs=1", "eval.noise_levels=[0, 0.5]"])
@@ -202,7 +202,7 @@ def test_a_run_with_noise_levels_stores_the_curve(noisy_run):
 
 
 def test_sim_events_move_with_the_inserted_rows(tiny_cfg):
-    from prvr.harness.registry import DATASETS
+    from prvr.harness.base.registry import DATASETS
 
     cfg = tiny_cfg()
     test = DATASETS.get("sim-tiny").load(cfg)["test"]
@@ -236,7 +236,7 @@ def test_evaluate_makes_the_curve_of_a_stored_run_and_stores_it(noisy_run, tmp_p
 
 
 def test_leaderboard_writes_the_noise_figure_and_table(noisy_run):
-    from prvr.harness import leaderboard
+    from prvr.harness.reports import leaderboard
 
     out, _, record = noisy_run
     leaderboard.rebuild(out, show=False)
@@ -258,7 +258,7 @@ def fake_record(seed, curve, run="baseline", source="other", nonfinite=None):
 
 
 def test_noise_table_and_figure_from_records(tmp_path):
-    from prvr.harness.noise import write_reports
+    from prvr.harness.reports.noise import write_reports
 
     records = [fake_record(0, {"0.0": 200.0, "0.1": 190.0, "0.5": 150.0}),
                fake_record(1, {"0.0": 210.0, "0.1": 180.0, "0.5": 160.0}),

@@ -1,4 +1,4 @@
-"""Optimizers and schedules (harness/optim.py): BertAdam step by step against hand-computed
+"""Optimizers and schedules (harness/engine/optim.py): BertAdam step by step against hand-computed
 values, its decay groups, the reference warmup_linear schedule, and the registry."""
 
 import math
@@ -7,9 +7,9 @@ import pytest
 import torch
 from torch import nn
 
-from prvr.harness.config import resolve
-from prvr.harness.optim import OPTIMIZERS, BertAdam, build_optimizer, harness_groups, lr_lambda, reference_groups
-from prvr.harness.registry import BACKBONES
+from prvr.harness.engine.config import resolve
+from prvr.harness.engine.optim import OPTIMIZERS, BertAdam, build_optimizer, harness_groups, lr_lambda, reference_groups
+from prvr.harness.base.registry import BACKBONES
 from prvr.methods.backbones.blocks import BranchLayerNorm
 
 
@@ -112,8 +112,8 @@ def test_decay_groups():
 def test_every_backbones_positional_tables_are_embedding_tables(backbone):
     """The type rule keeps the groups the committed adamw records were trained with (they were
     chosen by the name `pos`): every 2-D positional parameter is an embedding table's."""
-    from prvr.harness.build import build_model
-    from prvr.harness.registry import home_method
+    from prvr.harness.engine.build import build_model
+    from prvr.harness.base.registry import home_method
 
     model = build_model(resolve(home_method(backbone), "sim-tiny", 0), 48, 32)
     _, no_decay = harness_groups(model)

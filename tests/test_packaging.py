@@ -31,7 +31,7 @@ def test_a_third_party_datasets_package_imports_beside_the_project(tmp_path):
     fake.mkdir()
     (fake / "__init__.py").write_text("IS_HUGGING_FACE = True\n")
     code = textwrap.dedent("""
-        import datasets, prvr.datasets, prvr.harness.registry as r
+        import datasets, prvr.datasets, prvr.harness.base.registry as r
         r.load_all()
         assert datasets.IS_HUGGING_FACE
         assert 'sim-tvr' in r.DATASETS

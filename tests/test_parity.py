@@ -7,8 +7,8 @@ import json
 import pytest
 
 from prvr.harness.cli import main
-from prvr.harness.io import UserError
-from prvr.harness.parity import read_official_log, shown_command
+from prvr.harness.base.io import UserError
+from prvr.harness.cli.parity import read_official_log, shown_command
 
 # The shape of the official code family's log.txt (timestamps and the logger's prefix), written
 # here by hand: per evaluation three branch recall sums (clip, frame, fused), then the epoch block.

@@ -85,7 +85,7 @@ def test_element_zero_is_the_sentence_for_every_phi():
 
 
 def test_the_simulated_gold_parses_read_and_give_verb_phrases(tiny_cfg):
-    from prvr.harness.registry import DATASETS
+    from prvr.harness.base.registry import DATASETS
 
     cfg = tiny_cfg()
     split = DATASETS.get("sim-tiny").load(cfg)["train"]
@@ -134,8 +134,8 @@ def test_the_rules_find_the_gold_verb_phrases_of_the_simulated_world(tiny_cfg):
     """Every parse the rules write reads back with the text's words; on the templated simulated
     text they find nearly every gold VP (the table of results/census/vp-extraction.md measures it
     on sim-tvr)."""
-    from prvr.harness.census import vp_counts
-    from prvr.harness.registry import DATASETS
+    from prvr.harness.cli.census import vp_counts
+    from prvr.harness.base.registry import DATASETS
 
     split = DATASETS.get("sim-tiny").load(tiny_cfg())["train"]
     parses = rules_parse(split.query_text)

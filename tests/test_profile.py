@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from prvr.harness.cli import main
-from prvr.harness.evaluate import reference_ranks
+from prvr.harness.engine.evaluate import reference_ranks
 from prvr.harness.profiling import evaluator_speed as ev
 from prvr.harness.profiling.flops import UncountedOpsError, count_flops, flops_per_query
 from prvr.harness.profiling.report import CSV_COLUMNS
@@ -20,7 +20,7 @@ from prvr.harness.profiling.reported import REPORTED
 from prvr.harness.profiling.runtime import encode_collection, runtime_per_query
 from prvr.harness.profiling.subjects import build_model, count_params, default_names, random_queries, subjects
 from prvr.harness.profiling.training import peak_memory
-from prvr.harness.registry import METHODS
+from prvr.harness.base.registry import METHODS
 
 L, D, HEADS, FF, BATCH = 10, 16, 2, 32, 3
 

@@ -3,9 +3,9 @@ which budget they were trained under."""
 
 import pytest
 
-from prvr.harness.config import resolve
-from prvr.harness.records import budget_label, dataset_protocol, run_protocol
-from prvr.harness.registry import DATASETS, METHODS
+from prvr.harness.engine.config import resolve
+from prvr.harness.engine.records import budget_label, dataset_protocol, run_protocol
+from prvr.harness.base.registry import DATASETS, METHODS
 
 
 @pytest.mark.parametrize("dataset", DATASETS.names())

@@ -10,10 +10,10 @@ import torch
 import torch.nn.functional as F
 from scipy.optimize import linear_sum_assignment
 
-from prvr.harness import masks
-from prvr.harness.config import resolve
-from prvr.harness.io import UserError
-from prvr.harness.runner import run_one
+from prvr.harness.base import masks
+from prvr.harness.engine.config import resolve
+from prvr.harness.base.io import UserError
+from prvr.harness.engine.runner import run_one
 from prvr.methods.backbones.api import Scores
 from prvr.methods.objectives import prvr as objectives
 from prvr.methods.objectives.prvr import (best_assignments, focal_query_diversity, hard_pool_at, hungarian_matching,
@@ -244,7 +244,7 @@ def test_frame_branch_losses_can_be_weighed_out(method):
     branch's terms (the clip-branch-only diagnostic); the default weighs the triplet 1."""
     from types import SimpleNamespace
 
-    from prvr.harness.registry import METHODS, load_all
+    from prvr.harness.base.registry import METHODS, load_all
 
     load_all()
     spec = METHODS.get(method)

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from prvr.datasets.loader import epoch_batches
-from prvr.harness.build import build_model, build_run
-from prvr.harness.config import resolve
-from prvr.harness.contract import LossOutput
-from prvr.harness.io import UserError
+from prvr.harness.engine.build import build_model, build_run
+from prvr.harness.engine.config import resolve
+from prvr.harness.base.contract import LossOutput
+from prvr.harness.base.io import UserError
 from prvr.methods.backbones.ral import RalModel
 
 RAL_BACKBONES = ("gmmformer2", "gmmformer", "msl")
@@ -204,9 +204,9 @@ def test_table_2_base_row_is_the_backbones_own_run(tmp_path):
     """The base row is trained and read as the home method's plain run (`msl` on MS-SL), never
     as a second copy under RAL's name; a RAL-only setting for the whole table says why it
     cannot apply to that row."""
-    from prvr.harness.ablate import resolve_row, get_table
+    from prvr.harness.cli.ablate import resolve_row, get_table
     from prvr.harness.cli import main
-    from prvr.harness.runner import run_name
+    from prvr.harness.engine.runner import run_name
     from test_records_and_leaderboard import fake_record, store
 
     table = get_table("ral", "2")
@@ -342,13 +342,13 @@ def test_msra_grad_picks_the_encoders_that_l_da_and_l_pm_reach(backbone):
     ("msl", ("ral.heads=code", "ral.pool_padding=code", "loss.text_source=query", "loss.kl_reading=code")),
 ])
 def test_the_objective_reads_the_gaussians_from_the_step_outputs_not_the_model(backbone, sets):
-    """RAL's Gaussians are a step output of the model (`RalModel.step_extras`, harness/contract.py
+    """RAL's Gaussians are a step output of the model (`RalModel.step_extras`, harness/base/contract.py
     `StepExtras`): the objective computes L_DA and L_PM from them with a context whose model is a
     stub without heads, the same figures as from the model's own `gaussians`; computed when first
     read; none without MSRA, and then only the base loss."""
     from types import SimpleNamespace
 
-    from prvr.harness.contract import StepExtras
+    from prvr.harness.base.contract import StepExtras
     from prvr.methods.backbones.ral import GAUSSIANS
     from prvr.methods.objectives.ral import distribution_alignment, proxy_matching, sample_proxies
     from prvr.methods.ral import ral_objective

@@ -1,6 +1,6 @@
 """RAL's analyses (paper section 4.2): R@1 of query groups by uncertainty (Fig. 3,
-`prvr-bench uncertainty`, harness/ral_uncertainty.py) and the M/V bucket chart (Fig. 4, written
-by `prvr-bench leaderboard`, harness/buckets.py)."""
+`prvr-bench uncertainty`, harness/cli/ral_uncertainty.py) and the M/V bucket chart (Fig. 4, written
+by `prvr-bench leaderboard`, harness/reports/buckets.py)."""
 
 import json
 
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from prvr.harness.cli import main
-from prvr.harness.records import load_record, record_path, write_record
-from prvr.harness.ral_uncertainty import make_groups, smooth
+from prvr.harness.engine.records import load_record, record_path, write_record
+from prvr.harness.cli.ral_uncertainty import make_groups, smooth
 
 BUCKET, GROUP = "short", 5  # sim-tiny's test split: 63 short, 8 medium, 1 long queries
 
@@ -18,8 +18,8 @@ BUCKET, GROUP = "short", 5  # sim-tiny's test split: 63 short, 8 medium, 1 long 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """RAL seeds 0 and 1, GMMFormer v2 seed 0 and RAL without MSRA, 1 epoch each on sim-tiny."""
-    from prvr.harness.config import resolve
-    from prvr.harness.runner import run_one
+    from prvr.harness.engine.config import resolve
+    from prvr.harness.engine.runner import run_one
 
     out = tmp_path_factory.mktemp("ral_analyses")
     paths = {}
@@ -35,9 +35,9 @@ def independent(path):
     """(log u_q of every test query, each computed from a batch of that query alone, or None
     for a non-RAL run; labelled ranks from score_matrices' fused matrix and compute_ranks)."""
     from prvr.datasets.loader import Batcher
-    from prvr.harness.evaluate import compute_ranks, score_matrices
-    from prvr.harness.reevaluate import StoredRun
-    from prvr.harness.registry import DATASETS
+    from prvr.harness.engine.evaluate import compute_ranks, score_matrices
+    from prvr.harness.cli.reevaluate import StoredRun
+    from prvr.harness.base.registry import DATASETS
 
     run = StoredRun(path, "cpu")
     data = DATASETS.get(run.cfg.dataset).load(run.cfg)
@@ -62,7 +62,7 @@ def r1(ranks):
 
 
 def test_uncertainty_groups_are_sorted_and_their_r1_is_the_evaluators(runs, tmp_path, capsys):
-    from prvr.harness.evaluate import bucket_of
+    from prvr.harness.engine.evaluate import bucket_of
 
     _, p = runs
     out = tmp_path / "report"
@@ -145,7 +145,7 @@ def test_query_uncertainty_pools_as_the_run_was_trained(padding):
     (the reference's unmasked pooling of a lone query); the default over the real tokens only."""
     from types import SimpleNamespace
 
-    from prvr.harness.ral_uncertainty import query_log_uncertainty
+    from prvr.harness.cli.ral_uncertainty import query_log_uncertainty
     from prvr.methods.backbones.ral import GaussianHead, RalModel
 
     torch.manual_seed(0)
@@ -188,7 +188,7 @@ def bucket_record(seed, run="baseline", r1s=(10.0, 20.0, 30.0), sums=(150.0, 200
 
 
 def test_bucket_table_means_spreads_and_counts_and_rebuild_writes_it(tmp_path):
-    from prvr.harness import leaderboard
+    from prvr.harness.reports import leaderboard
 
     records = [bucket_record(0), bucket_record(1, r1s=(12.0, 24.0, 30.0), sums=(160.0, 210.0, 250.0)),
                bucket_record(0, "arl", r1s=(30.0, 40.0, 50.0)),
@@ -212,7 +212,7 @@ def test_bucket_table_means_spreads_and_counts_and_rebuild_writes_it(tmp_path):
 
 
 def test_records_without_bucket_metrics_make_no_chart(tmp_path):
-    from prvr.harness.buckets import write_reports
+    from prvr.harness.reports.buckets import write_reports
 
     rec = bucket_record(0)
     rec["metrics"]["test"]["buckets"] = {}
@@ -220,7 +220,7 @@ def test_records_without_bucket_metrics_make_no_chart(tmp_path):
 
 
 def test_thirds_are_the_means_of_consecutive_groups():
-    from prvr.harness.ral_uncertainty import report_markdown, thirds
+    from prvr.harness.cli.ral_uncertainty import report_markdown, thirds
 
     groups = [{"index": i, "uncertainty": 0.5 + i / 100, "R@1": {"ral": float(i), "msl": 2.0 * i}} for i in range(7)]
     report = {"runs": [{"run": "ral", "role": "ral", "seeds": [0]}, {"run": "msl", "role": "against", "seeds": [0]}],

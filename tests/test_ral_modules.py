@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from prvr.harness.io import UserError
+from prvr.harness.base.io import UserError
 from prvr.methods.backbones.ral import (AGGREGATIONS, Aggregator, CodeGaussianHead, ConfidenceGate, GatedAttentionPool,
                                         GaussianHead, gaussian_heads, masked_mean, support_sets)
 

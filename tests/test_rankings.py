@@ -1,4 +1,4 @@
-"""Stored rankings (harness/rankings.py): the top K and its ranks against a brute-force
+"""Stored rankings (harness/engine/rankings.py): the top K and its ranks against a brute-force
 reference with ties, the file round trip, and `prvr-bench evaluate RECORD --relevance FILE`
 against a full re-evaluation of the same checkpoint."""
 
@@ -10,13 +10,13 @@ import scipy.sparse as sp
 import torch
 
 from prvr.datasets.real.relevance import write_relevance
-from prvr.harness import rankings as rk
+from prvr.harness.engine import rankings as rk
 from prvr.harness.cli import main
-from prvr.harness.evaluate import compute_ranks, metrics_from_ranks, reference_ranks
-from prvr.harness.io import UserError
-from prvr.harness.records import record_path
-from prvr.harness.reevaluate import relevance_rows
-from prvr.harness.runner import run_one
+from prvr.harness.engine.evaluate import compute_ranks, metrics_from_ranks, reference_ranks
+from prvr.harness.base.io import UserError
+from prvr.harness.engine.records import record_path
+from prvr.harness.cli.reevaluate import relevance_rows
+from prvr.harness.engine.runner import run_one
 
 
 def tied_scores(q, v, seed=0):
@@ -29,7 +29,7 @@ def tied_scores(q, v, seed=0):
 
 @pytest.mark.parametrize("videos", [30, 150])
 def test_top_ranks_match_a_full_sort_with_ties_counting_against_the_model(videos):
-    from prvr.harness.scores import worst_if_nonfinite
+    from prvr.harness.base.scores import worst_if_nonfinite
 
     scores = worst_if_nonfinite(tied_scores(12, videos))
     index, rank = rk.top_ranks(scores, 100)
@@ -102,7 +102,7 @@ def test_stored_rankings_need_at_least_the_top_100_and_a_broken_file_is_one_line
 # ----------------------------------------------------------------------------- stored runs
 @pytest.fixture(scope="module")
 def stored_run(tmp_path_factory):
-    from prvr.harness.config import resolve
+    from prvr.harness.engine.config import resolve
 
     out = tmp_path_factory.mktemp("runs")
     record = run_one(resolve("baseline", "sim-tiny", 0, ["train.epochs=1"]), out)
@@ -123,8 +123,8 @@ def test_a_run_stores_its_val_and_test_rankings_beside_its_record(stored_run):
 def world_file(tmp_path, thin=False):
     """The sim-tiny test split's ground truth as a relevance file; `thin`: every third query
     dropped and the others' relevant sets cut to the labelled video plus one more."""
-    from prvr.harness.build import load_data
-    from prvr.harness.config import resolve
+    from prvr.harness.engine.build import load_data
+    from prvr.harness.engine.config import resolve
 
     test = load_data(resolve("baseline", "sim-tiny", 0))["test"]
     if thin:

@@ -7,10 +7,10 @@ import types
 
 import pytest
 
-from prvr.harness import executors
+from prvr.harness.cli import executors
 from prvr.harness.cli import main
-from prvr.harness.io import UserError
-from prvr.harness.jobs import Job, Launch
+from prvr.harness.base.io import UserError
+from prvr.harness.cli.jobs import Job, Launch
 
 
 def test_without_ray_the_error_says_how_to_install_it(capsys, monkeypatch, tmp_path):

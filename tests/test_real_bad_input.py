@@ -11,7 +11,7 @@ from real_layouts import exported, load_tvr, msl_paths
 
 from prvr.datasets.real.problems import LayoutError
 from prvr.harness.cli import main
-from prvr.harness.io import UserError
+from prvr.harness.base.io import UserError
 
 
 @pytest.fixture(scope="module")
@@ -292,8 +292,8 @@ def test_bad_options_name_the_key(layout, overrides, expected):
 
 
 def test_no_data_root_says_how_to_give_one(tmp_path):
-    from prvr.harness.config import resolve
-    from prvr.harness.registry import DATASETS
+    from prvr.harness.engine.config import resolve
+    from prvr.harness.base.registry import DATASETS
 
     with pytest.raises(LayoutError, match="pass --data-root DIR or set PRVR_DATA"):
         DATASETS.get("tvr").load(resolve("baseline", "tvr", 0, [f"data.cache_dir={tmp_path}"]))

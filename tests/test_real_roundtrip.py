@@ -11,10 +11,10 @@ from real_layouts import TINY, exported, load_tvr, msl_paths, sim_tiny, tvr_conf
 from prvr.datasets.real import store
 from prvr.datasets.real.bigfile import MappedRows
 from prvr.datasets.types import SPLITS
-from prvr.harness.build import build_run
+from prvr.harness.engine.build import build_run
 from prvr.harness.cli import main
-from prvr.harness.config import from_dict, resolve
-from prvr.harness.runner import run_one
+from prvr.harness.engine.config import from_dict, resolve
+from prvr.harness.engine.runner import run_one
 
 COMPARED = ("R@1", "R@5", "R@10", "R@100", "SumR", "median_rank", "mean_rank", "n", "buckets")
 

@@ -1,4 +1,4 @@
-"""The run record's types describe the records (issue 37, harness/record_types.py): every
+"""The run record's types describe the records (issue 37, harness/engine/record_types.py): every
 committed record holds only keys its types declare and every key they require; a record written
 from a `RunRecord` reads back equal and is the JSON it always was; a run returns a record of its
 type."""
@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from prvr.harness.config import resolve
-from prvr.harness.record_types import (MOMENT_METRIC_PREFIXES, SPLIT_METRIC_KEYS, Recalls, RunRecord,
+from prvr.harness.engine.config import resolve
+from prvr.harness.engine.record_types import (MOMENT_METRIC_PREFIXES, SPLIT_METRIC_KEYS, Recalls, RunRecord,
                                        SplitMetrics)
-from prvr.harness.records import (OPTIONAL, RECORD_FILE, REQUIRED, SCHEMA_VERSION, SHAPE, load_record, record_path,
+from prvr.harness.engine.records import (OPTIONAL, RECORD_FILE, REQUIRED, SCHEMA_VERSION, SHAPE, load_record, record_path,
                                   write_record)
-from prvr.harness.robustness import SUMMARY
-from prvr.harness.runner import run_one
+from prvr.harness.engine.robustness import SUMMARY
+from prvr.harness.engine.runner import run_one
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 # Keys a run writes only when something happened (a non-finite loss, a degenerate run, a resume);

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from prvr.harness import leaderboard
-from prvr.harness.io import UserError, atomic_path, write_json
-from prvr.harness.records import cpu_facts, load_record, provenance, record_path, write_record
+from prvr.harness.reports import leaderboard
+from prvr.harness.base.io import UserError, atomic_path, write_json
+from prvr.harness.engine.records import cpu_facts, load_record, provenance, record_path, write_record
 
 DATA = Path(__file__).parent / "data"
 
@@ -230,9 +230,9 @@ def test_plug_in_rows_are_compared_with_their_backbones_row(tmp_path):
 def test_a_record_names_the_code_its_run_started_with(tmp_path, monkeypatch):
     """A checkout that changes while a run trains (another commit checked out in that folder)
     must not become the revision its record names: provenance is taken before training."""
-    from prvr.harness import runner
-    from prvr.harness.config import resolve
-    from prvr.harness.trainer import Trainer
+    from prvr.harness.engine import runner
+    from prvr.harness.engine.config import resolve
+    from prvr.harness.engine.trainer import Trainer
 
     checkout = {"rev": "started-with"}
     monkeypatch.setattr(runner, "provenance", lambda device: {"git_revision": checkout["rev"], "device": device})

@@ -6,15 +6,15 @@ from pathlib import Path
 import pytest
 
 from prvr.harness.cli import main
-from prvr.harness.io import UserError
-from prvr.harness.records import record_path
-from prvr.harness.reevaluate import SUMMARY, evaluate_runs
-from prvr.harness.runner import run_one
+from prvr.harness.base.io import UserError
+from prvr.harness.engine.records import record_path
+from prvr.harness.cli.reevaluate import SUMMARY, evaluate_runs
+from prvr.harness.engine.runner import run_one
 
 
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory):
-    from prvr.harness.config import resolve
+    from prvr.harness.engine.config import resolve
 
     out = tmp_path_factory.mktemp("runs")
     paths = []
@@ -88,7 +88,7 @@ def test_records_and_checkpoints_of_an_earlier_version_re_evaluate_to_their_metr
 
 @pytest.fixture(scope="module")
 def v2_run(tmp_path_factory):
-    from prvr.harness.config import resolve
+    from prvr.harness.engine.config import resolve
 
     out = tmp_path_factory.mktemp("v2")
     rec = run_one(resolve("gmmformer2", "sim-tiny", 0, ["train.epochs=1"]), out)
@@ -101,9 +101,9 @@ def test_fusion_weights_equal_the_blocks_weights_recomputed_from_their_inputs(v2
     import torch
 
     from prvr.datasets.loader import Batcher
-    from prvr.harness.evaluate import encode_split
-    from prvr.harness.fusion_weights import rows as fusion_weight_rows
-    from prvr.harness.reevaluate import StoredRun, split_data
+    from prvr.harness.engine.evaluate import encode_split
+    from prvr.harness.cli.fusion_weights import rows as fusion_weight_rows
+    from prvr.harness.cli.reevaluate import StoredRun, split_data
     from prvr.methods.backbones.blocks import DynamicGMMBlock, full_mask
 
     rows = fusion_weight_rows([v2_run])
@@ -145,9 +145,9 @@ def test_score_levels_are_the_matrices_statistics(two_runs, tmp_path, capsys):
     import numpy as np
 
     from prvr.datasets.loader import Batcher
-    from prvr.harness.evaluate import score_matrices
-    from prvr.harness.reevaluate import StoredRun, score_level_rows
-    from prvr.harness.registry import DATASETS
+    from prvr.harness.engine.evaluate import score_matrices
+    from prvr.harness.cli.reevaluate import StoredRun, score_level_rows
+    from prvr.harness.base.registry import DATASETS
 
     _, paths = two_runs
     rows = score_level_rows([paths[0]], parts=True)
@@ -213,8 +213,8 @@ def test_a_checkpoint_of_another_method_is_named_as_such(two_runs, tmp_path):
 
     import torch
 
-    from prvr.harness.config import resolve
-    from prvr.harness.runner import run_one
+    from prvr.harness.engine.config import resolve
+    from prvr.harness.engine.runner import run_one
 
     out, paths = two_runs
     shutil.copytree(out, tmp_path / "out")

@@ -24,14 +24,16 @@ import math
 import sys
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
+
 import pytest
 import torch
 
 import prvr.methods
-from prvr.harness.build import build_run
-from prvr.harness.config import resolve
-from prvr.harness.io import UserError
-from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS, OBJECTIVES, import_modules
+from prvr.harness.engine.build import build_run
+from prvr.harness.engine.config import resolve
+from prvr.harness.base.io import UserError
+from prvr.harness.base.registry import BACKBONES, DATASETS, DETECTORS, METHODS, OBJECTIVES, import_modules
 from prvr.methods.backbones.api import missing_outputs
 
 LATE_EPOCH = 50  # past every method's warm-up and hard-negative start on sim-tiny
@@ -231,37 +233,44 @@ def test_the_file_watch_sees_a_read():
 def test_the_moment_tables_reference_is_registered_by_its_method():
     """The leaderboard's moment table compares with the one method whose spec says so (XML's,
     methods/xml.py), not with a name kept in the leaderboard."""
-    from prvr.harness.rows import moment_baseline
+    from prvr.harness.reports.rows import moment_baseline
 
     assert moment_baseline() == "xml"
     assert [n for n in METHODS.names() if METHODS.get(n).moment_reference] == ["xml"]
 
 
-def test_a_parts_commands_are_registered_by_the_part_and_reach_the_command_line(capsys):
-    """RAL's uncertainty report and the SBERT detector's census are registered from
-    methods/ral.py and methods/relations/sbert.py (registry.COMMANDS), not listed in cli.py."""
+def test_commands_register_themselves_and_no_part_knows_the_command_line(capsys):
+    """Every command module of harness/cli/ registers what it adds (`args.command`); the methods'
+    own commands (RAL's `uncertainty`, the SBERT detector's `census`) and analyses (GMMFormer v2's
+    `--fusion-weights`) register from their command modules there, so no method, detector or
+    dataset file imports the command line, and no module path is written as a string."""
     import inspect
 
-    from prvr.harness import cli
-    from prvr.harness.registry import COMMANDS
-    from prvr.methods import ral
-    from prvr.methods.relations import sbert
+    from prvr.harness.cli import app
+    from prvr.harness.cli.args import COMMANDS, load_commands
 
-    assert {n: COMMANDS.get(n) for n in COMMANDS.names()} == {"census": "prvr.harness.census",
-                                                               "ral-uncertainty": "prvr.harness.ral_uncertainty"}
-    assert 'COMMANDS.add("census"' in inspect.getsource(sbert) and 'COMMANDS.add("ral-uncertainty"' in inspect.getsource(ral)
-    assert not any("census" in m or "uncertainty" in m for m in cli.HARNESS_COMMANDS)
+    load_commands()
+    from prvr.harness.cli.reevaluate import EVALUATIONS
+
     with pytest.raises(SystemExit):
-        cli.main(["--help"])
+        app.main(["--help"])
     out = capsys.readouterr().out
+    assert {"census", "uncertainty", "run", "bench", "evaluate", "calibrate-world"} <= set(COMMANDS.names())
     assert "census" in out and "uncertainty" in out
+    for entry in COMMANDS.entries():
+        assert entry.obj.__module__.startswith("prvr.harness.cli."), entry.name
+        assert inspect.getsource(entry.obj)  # a function, not a module path
+    assert EVALUATIONS.get("fusion-weights").rows.__module__ == "prvr.harness.cli.fusion_weights"
+    for folder in ("methods", "datasets", "harness/base", "harness/engine", "harness/reports", "harness/profiling"):
+        for f in (ROOT / folder).rglob("*.py"):
+            assert "prvr.harness.cli" not in f.read_text(encoding="utf-8"), f"{f} names the command line"
 
 
 # ----------------------------------------------------------------------------- the contract at registration
 def test_the_registries_check_the_members_of_the_contract_protocols():
     """BACKBONES and DETECTORS check the members of contract.Backbone / RelationDetector when a
     class registers; the lists they check are the protocols' own members."""
-    from prvr.harness import contract, registry
+    from prvr.harness.base import contract, registry
 
     for registry_members, protocol in ((registry.BACKBONE_MEMBERS, contract.Backbone),
                                        (registry.DETECTOR_MEMBERS, contract.RelationDetector)):
@@ -272,7 +281,7 @@ def test_the_registries_check_the_members_of_the_contract_protocols():
 
 
 def test_a_backbone_without_a_member_of_the_contract_is_refused_at_registration_in_one_line():
-    from prvr.harness.registry import Registry, RegistryError
+    from prvr.harness.base.registry import Registry, RegistryError
 
     backbones = Registry("backbone", ("config_cls", "provides", "encode_queries", "score"), "Backbone")
 

@@ -1,6 +1,6 @@
 import pytest
 
-from prvr.harness.registry import BACKBONES, DATASETS, DETECTORS, METHODS, OBJECTIVES, Registry, RegistryError
+from prvr.harness.base.registry import BACKBONES, DATASETS, DETECTORS, METHODS, OBJECTIVES, Registry, RegistryError
 
 
 def test_duplicate_name_is_an_error():
@@ -49,7 +49,7 @@ def test_registered_names_never_hold_a_run_name_separator(name):
 
 
 def test_edit_distance_counts_a_swap_of_neighbours_as_one_edit():
-    from prvr.harness.registry import edit_distance, unknown_message
+    from prvr.harness.base.registry import edit_distance, unknown_message
 
     assert [edit_distance(*p) for p in [("mls", "msl"), ("mls", "xml"), ("kitten", "sitting"), ("", "abc"),
                                         ("abc", "abc")]] == [1, 2, 3, 3, 0]

@@ -12,9 +12,9 @@ from real_layouts import exported, load_tvr, msl_paths, sim_tiny, tvr_config
 
 from prvr.datasets.real import relevance as rel
 from prvr.datasets.real.problems import LayoutError
-from prvr.harness.config import resolve
-from prvr.harness.evaluate import compute_ranks, evaluate_scores, metrics_from_ranks
-from prvr.harness.io import UserError
+from prvr.harness.engine.config import resolve
+from prvr.harness.engine.evaluate import compute_ranks, evaluate_scores, metrics_from_ranks
+from prvr.harness.base.io import UserError
 
 
 def write_lines(path, objs):
@@ -177,8 +177,8 @@ def test_export_writes_the_ground_truth_and_the_real_loaders_join_it_back(tmp_pa
 
 def test_oracle_metrics_on_the_loaded_export_equal_the_worlds_own(tmp_path):
     from prvr.datasets.loader import Batcher
-    from prvr.harness.build import build_model
-    from prvr.harness.evaluate import evaluate_model
+    from prvr.harness.engine.build import build_model
+    from prvr.harness.engine.evaluate import evaluate_model
 
     root = exported(tmp_path / "data")
     real, sim = load_tvr(root, tmp_path / "cache"), sim_tiny()
@@ -230,8 +230,8 @@ def test_data_relevance_on_a_simulated_world_is_a_config_error():
 
 # ----------------------------------------------------------------------------- the leaderboard
 def test_the_leaderboard_shows_verified_relevance_rows_with_their_coverage(tmp_path):
-    from prvr.harness import leaderboard
-    from prvr.harness.records import record_path, write_record
+    from prvr.harness.reports import leaderboard
+    from prvr.harness.engine.records import record_path, write_record
 
     def record(seed, relevance):
         oracle = {"SumR": 200.0 + seed, "dense R@1": 10.0, "dense R@5": 20.0, "dense R@10": 30.0,

@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from prvr.harness import leaderboard
-from prvr.harness.ablate import resolve_row, paper_rows
+from prvr.harness.reports import leaderboard
+from prvr.harness.cli.ablate import resolve_row, paper_rows
 from prvr.harness.cli import main
-from prvr.harness.config import resolve
-from prvr.harness.sections import EvalConfig
-from prvr.harness.io import UserError
-from prvr.harness.records import record_path, write_record
-from prvr.harness.registry import load_all
-from prvr.harness.runner import run_name
-from prvr.harness.vcmr import SVMR_KS, VCMR_KS, metric_name
+from prvr.harness.engine.config import resolve
+from prvr.harness.engine.sections import EvalConfig
+from prvr.harness.base.io import UserError
+from prvr.harness.engine.records import record_path, write_record
+from prvr.harness.base.registry import load_all
+from prvr.harness.engine.runner import run_name
+from prvr.harness.engine.vcmr import SVMR_KS, VCMR_KS, metric_name
 from prvr.methods.recipes import TABLES
 
 VCMR = [f"VCMR-{t} R@{k}" for t in ("0.5", "0.7") for k in (1, 10, 100)]
@@ -240,7 +240,7 @@ def test_the_xml_row_of_tables_1_to_4_is_the_plain_xml_run(tmp_path, method, nam
     """The XML row is a home row: its own overrides (condition `xml`, no detector) give `xml`'s
     config on every dataset but for the method's name, with the same objective and model, so the
     row is trained and read as the plain `xml` run (the leaderboard's), never again as a copy."""
-    from prvr.harness.registry import METHODS
+    from prvr.harness.base.registry import METHODS
 
     load_all()
     table = TABLES[(method, name)]
@@ -275,7 +275,7 @@ def test_the_phi_theta_row_of_the_datasets_preset_is_the_plain_run(tmp_path, met
     """A Phi x theta row whose settings are the dataset's preset (np-vp 0.7 on sim-charades, vp 0.5
     on sim-didemo) changes nothing of the plain recipe, so the table reads and trains it as the plain
     run (`xml-pr`), never again as `xml-pr~np-vp_0.7`; every other row keeps its own run."""
-    from prvr.harness.ablate import plan_runs
+    from prvr.harness.cli.ablate import plan_runs
 
     load_all()
     table = TABLES[(method, name)]

@@ -16,7 +16,7 @@ import torch
 
 from prvr.datasets.loader import Batcher
 from prvr.datasets.types import PRVRData, Ragged, Split
-from prvr.harness.io import UserError
+from prvr.harness.base.io import UserError
 from prvr.methods.relations import sbert, text_parsers
 from prvr.methods.relations.base import Relations
 from prvr.methods.relations.sbert import QueryText, SbertConfig, VideoPairs
@@ -108,7 +108,7 @@ def test_queries_of_one_video_never_pair():
 @pytest.mark.parametrize("phi", ["sent", "vp", "np-vp"])
 def test_the_blocked_pass_matches_the_pair_by_pair_reference(tiny_cfg, phi):
     """On sim-tiny's 144 queries with a 16 MB bound (many blocks), every pair and value."""
-    from prvr.harness.registry import DATASETS
+    from prvr.harness.base.registry import DATASETS
 
     text = QueryText.of_split(DATASETS.get("sim-tiny").load(tiny_cfg())["train"])
     enc = BagEncoder()
@@ -188,7 +188,7 @@ def table_encoder(monkeypatch):
 
 
 def hand_detector(tiny_cfg, tmp_path, *extra):
-    from prvr.harness.registry import DETECTORS
+    from prvr.harness.base.registry import DETECTORS
 
     cfg = tiny_cfg(overrides=["relations=sbert", "relations.sbert.phi=vp", "relations.sbert.theta=0.7",
                               "train.device=cpu", f"data.cache_dir={tmp_path}", *extra])

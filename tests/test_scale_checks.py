@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from prvr.harness.cli import main
-from prvr.harness.profiling import gpu_check
+from prvr.harness.cli import gpu_check
 from prvr.harness.profiling.training import cpu_model
 from prvr.methods.relations import sbert
 from test_sbert_detector import BagEncoder
@@ -154,7 +154,7 @@ def test_cuda_tests_run_in_two_background_halves_and_come_back_as_the_first_row(
 
 
 def test_the_world_made_in_the_background_is_the_cache_a_run_reads(tmp_path, monkeypatch, capsys):
-    from prvr.harness import progress
+    from prvr.harness.base import progress
 
     monkeypatch.setenv("PRVR_CACHE", str(tmp_path / "cache"))
     proc = gpu_check.make_world("sim-tiny")
@@ -285,7 +285,7 @@ def test_the_step_clock_keeps_the_first_batch_apart_from_the_steady_ones():
 
 
 def test_a_kernel_that_refuses_the_resident_reset_is_said_not_raised(tmp_path, monkeypatch):
-    from prvr.harness import devices
+    from prvr.harness.base import devices
     from prvr.harness.profiling import rehearsal
 
     monkeypatch.setattr(devices, "CLEAR_REFS", tmp_path / "missing" / "clear_refs")  # as under gVisor

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from prvr.datasets import selection
-from prvr.harness import leaderboard
-from prvr.harness.config import resolve
-from prvr.harness.io import UserError
-from prvr.harness.registry import DATASETS
-from prvr.harness.records import run_protocol
+from prvr.harness.reports import leaderboard
+from prvr.harness.engine.config import resolve
+from prvr.harness.base.io import UserError
+from prvr.harness.base.registry import DATASETS
+from prvr.harness.engine.records import run_protocol
 
 
 @pytest.fixture(scope="module")

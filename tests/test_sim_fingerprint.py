@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from prvr.datasets.sim import LATER_KNOBS, generate, world
-from prvr.harness.config import resolve
+from prvr.harness.engine.config import resolve
 
 # Every knob added after the first worlds set on, with the older text and relevance knobs: the
 # generator's paths that the presets' default values leave alone are pinned too.

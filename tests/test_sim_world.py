@@ -5,8 +5,8 @@ import pytest
 
 from prvr.datasets.sim import generate, world
 from prvr.datasets.sim import language as lang
-from prvr.harness.config import resolve
-from prvr.harness.registry import DATASETS
+from prvr.harness.engine.config import resolve
+from prvr.harness.base.registry import DATASETS
 
 
 def tiny_sim(**knobs):

@@ -3,11 +3,11 @@ import json
 import pytest
 import torch
 
-from prvr.harness.config import resolve
-from prvr.harness.io import UserError
-from prvr.harness.records import load_record
-from prvr.harness.runner import run_one
-from prvr.harness.optim import lr_lambda
+from prvr.harness.engine.config import resolve
+from prvr.harness.base.io import UserError
+from prvr.harness.engine.records import load_record
+from prvr.harness.engine.runner import run_one
+from prvr.harness.engine.optim import lr_lambda
 
 TINY = ["train.epochs=4", "train.patience=10"]
 
@@ -136,7 +136,7 @@ def test_a_backbone_without_moments_is_selected_on_vr_sumr_under_vcmr(tmp_path):
 
 
 def test_checkpoints_from_before_select_on_resume_as_vr(tmp_path):
-    from prvr.harness.trainer import resume_changes
+    from prvr.harness.engine.trainer import resume_changes
 
     requested = resolve("baseline", "sim-tiny", 0, TINY).to_dict()
     stored = json.loads(json.dumps(requested))

@@ -13,8 +13,8 @@ import pytest
 from prvr.datasets.real.problems import LayoutError
 from prvr.datasets.real.xml import COLLECTIONS
 from prvr.harness.cli import main
-from prvr.harness.config import resolve
-from prvr.harness.registry import DATASETS
+from prvr.harness.engine.config import resolve
+from prvr.harness.base.registry import DATASETS
 from test_real_roundtrip import assert_same_data
 
 RNG = np.random.default_rng(0)

@@ -1,4 +1,4 @@
-"""The moment retrieval pass of the evaluator (harness/vcmr.py through harness/evaluate.py
+"""The moment retrieval pass of the evaluator (harness/engine/vcmr.py through harness/engine/evaluate.py
 evaluate_model) with tiny fake localizing backbones, the simulated world's relevant moments,
 and the vcmr_* settings of the `eval` section."""
 
@@ -12,11 +12,11 @@ import torch
 from prvr.datasets.loader import Batcher
 from prvr.datasets.sim import world
 from prvr.datasets.types import Ragged, Split
-from prvr.harness import vcmr
-from prvr.harness.config import resolve
-from prvr.harness.sections import DataConfig, EvalConfig
-from prvr.harness.evaluate import evaluate_model
-from prvr.harness.io import UserError
+from prvr.harness.engine import vcmr
+from prvr.harness.engine.config import resolve
+from prvr.harness.engine.sections import DataConfig, EvalConfig
+from prvr.harness.engine.evaluate import evaluate_model
+from prvr.harness.base.io import UserError
 from prvr.methods.backbones.api import Scores
 
 CPU = torch.device("cpu")
@@ -218,7 +218,7 @@ def test_oracle_vcmr_counts_any_truly_relevant_moment(sim_split):
 
 
 def test_a_record_keeps_the_moment_metrics_beside_the_retrieval_ones():
-    from prvr.harness.runner import _keep
+    from prvr.harness.engine.runner import _keep
 
     metrics = {"R@1": 1.0, "SumR": 4.0, "VCMR-0.5 R@1": 2.0, "VCMR SumR": 3.0, "SVMR-0.7 R@5": 5.0,
                "oracle": {"R@1": 1.0}, "scratch": 9.0}

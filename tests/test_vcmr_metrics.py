@@ -1,4 +1,4 @@
-"""Moment retrieval metrics (harness/vcmr.py): tIoU, ranks with ties, recall, span decoding and
+"""Moment retrieval metrics (harness/engine/vcmr.py): tIoU, ranks with ties, recall, span decoding and
 the top-video cut, against hand-computed values and a brute-force reference that enumerates
 every candidate moment."""
 
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from prvr.harness import vcmr
-from prvr.harness.scores import worst_if_nonfinite
-from prvr.harness.vcmr import MomentTruth, RankedMoments, moment_ranks, recall_at, temporal_iou
+from prvr.harness.engine import vcmr
+from prvr.harness.base.scores import worst_if_nonfinite
+from prvr.harness.engine.vcmr import MomentTruth, RankedMoments, moment_ranks, recall_at, temporal_iou
 
 
 # ----------------------------------------------------------------------------- tIoU

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from prvr.harness.census import ambiguity
+from prvr.harness.cli.census import ambiguity
 from prvr.harness.cli import main
-from prvr.harness.world_calibration import World, distance, read_worlds, within
+from prvr.harness.reports.world_calibration import World, distance, read_worlds, within
 
 HEAD = "dataset,world,split,queries,videos,phi,theta,precision,recall,base_rate,lift,multi_relevant_share,relevant_per_query"
 
@@ -126,7 +126,7 @@ def test_a_variant_resolves_as_its_base_but_for_its_world():
     """sim-tvr-v: sim-tvr's protocol, scales and every method's sim-tvr settings; its own knobs."""
     import dataclasses
 
-    from prvr.harness.config import resolve
+    from prvr.harness.engine.config import resolve
 
     knobs = {"repeat_prob", "repeat_copies", "vague_prob", "extra_events", "unnamed_prob"}
     for name, own in (("sim-tvr-v", knobs), ("sim-tvr-v2", knobs | {"compound_prob"})):
@@ -138,8 +138,8 @@ def test_a_variant_resolves_as_its_base_but_for_its_world():
 
 
 def test_a_variant_of_an_unknown_dataset_is_one_line_naming_the_preset(monkeypatch):
-    from prvr.harness import sections
-    from prvr.harness.io import UserError
+    from prvr.harness.engine import sections
+    from prvr.harness.base.io import UserError
 
     real = sections.load_yaml
     odd = {"sim-tvr-v.yaml": {"variant_of": "sim-nowhere"}, "sim-charades-v.yaml": {"variant_of": "sim-tvr-v"}}
@@ -152,7 +152,7 @@ def test_a_variant_of_an_unknown_dataset_is_one_line_naming_the_preset(monkeypat
 
 
 def test_a_calibrated_variant_is_judged_against_the_real_split_not_the_20_percent():
-    from prvr.harness import calibration
+    from prvr.harness.reports import calibration
     from test_calibration import CALIBRATED, sim_record
 
     real = calibration.real_ambiguity("sim-tvr-v")
@@ -194,8 +194,8 @@ def test_each_calibrated_preset_is_the_world_its_report_chose():
     the preset the runs use is the world the report shows meeting (or missing) the targets."""
     import re
 
-    from prvr.harness import sections
-    from prvr.harness.registry import DATASETS
+    from prvr.harness.engine import sections
+    from prvr.harness.base.registry import DATASETS
 
     results = Path(__file__).parent.parent / "results" / "calibration"
     checked = 0

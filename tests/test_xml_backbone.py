@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from prvr.harness.config import resolve
-from prvr.harness.evaluate import index_videos
-from prvr.harness.io import UserError
+from prvr.harness.engine.config import resolve
+from prvr.harness.engine.evaluate import index_videos
+from prvr.harness.base.io import UserError
 from prvr.methods.backbones.xml import temporal_endpoints
 from test_backbones import FRAME_LENGTHS, VIDEO_DIM, build, content, query_batch, video_batch
 

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from prvr.datasets.loader import Batcher, moment_rows, rows_to_seconds
-from prvr.harness.build import build_run
-from prvr.harness.config import resolve
-from prvr.harness.io import UserError
-from prvr.harness.registry import DATASETS, METHODS
+from prvr.harness.engine.build import build_run
+from prvr.harness.engine.config import resolve
+from prvr.harness.base.io import UserError
+from prvr.harness.base.registry import DATASETS, METHODS
 from prvr.methods.objectives.xml import (pos_at_least_rel, pos_over_neg, rel_over_neg, sample_hard_negatives,
                                          segment_rows, span_nll, vcmr_relevance)
 from prvr.methods.recipes import TABLES
@@ -98,7 +98,7 @@ def test_hard_negatives_from_the_top_20_after_epoch_20_any_negative_before():
 
 @pytest.mark.parametrize("dataset, epoch", [("sim-charades", 12), ("sim-didemo", 12), ("sim-tvr", 6)])
 def test_the_hard_negative_epoch_scales_with_the_datasets_budget(dataset, epoch):
-    from prvr.harness.config import resolve
+    from prvr.harness.engine.config import resolve
 
     cfg = resolve("xml-pr", dataset, 0, [])
     assert cfg.loss.hard_negative_epoch == epoch and cfg.loss.early_pool == 0

@@ -14,8 +14,8 @@ from prvr.datasets.base import PRESETS, DatasetSpec
 from prvr.datasets.real.relevance import attach
 from prvr.datasets.real.specs import SPECS
 from prvr.datasets.real.store import load_real, make_layout
-from prvr.harness import progress
-from prvr.harness.registry import DATASETS
+from prvr.harness.base import progress
+from prvr.harness.base.registry import DATASETS
 
 
 def _load(name: str):

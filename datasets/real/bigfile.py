@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from prvr.datasets.real.problems import Report, layout_error
-from prvr.harness.io import atomic_path, write_text
+from prvr.harness.base.io import atomic_path, write_text
 
 ROW_DTYPE = np.dtype("<f4")  # feature.bin: little-endian float32 rows
 FILES = ("feature.bin", "id.txt", "shape.txt", "video2frames.txt")

@@ -30,7 +30,7 @@ from prvr.datasets.real.relevance import SUFFIX as RELEVANCE_SUFFIX
 from prvr.datasets.real.relevance import write_relevance
 from prvr.datasets.real.specs import SPECS, Row
 from prvr.datasets.types import PRVRData, Split
-from prvr.harness.io import UserError, atomic_path, write_json, write_text
+from prvr.harness.base.io import UserError, atomic_path, write_json, write_text
 
 MARKER = "prvr_export.json"  # written by export, read by the loader into the data facts of each run
 

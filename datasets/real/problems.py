@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prvr.harness.io import UserError
+from prvr.harness.base.io import UserError
 
 
 class LayoutError(UserError):

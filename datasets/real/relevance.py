@@ -38,7 +38,7 @@ from prvr.datasets.real.annotations import normalize_sentence
 from prvr.datasets.real.msl import MSLLayout
 from prvr.datasets.real.problems import LayoutError
 from prvr.datasets.real.xml import XMLLayout
-from prvr.harness.io import write_text
+from prvr.harness.base.io import write_text
 
 PRVR_EA_KEY, OURS_KEY = "gt_video_ids", "relevant"
 SUFFIX = ".relevance.jsonl"  # ours, beside a split's caption file (MS-SL) or release file (XML)

@@ -27,7 +27,7 @@ from typing import Callable
 from prvr.datasets.real import annotations as ann
 from prvr.datasets.real import didemo
 from prvr.datasets.real.problems import Report
-from prvr.harness.io import write_json, write_text
+from prvr.harness.base.io import write_json, write_text
 
 # (video, sentence, start, end, duration, qid) per query, for export
 Row = tuple[str, str, float, float, float, str]

@@ -40,8 +40,8 @@ from prvr.datasets.real.specs import SPECS
 from prvr.datasets.real.xml import XMLLayout
 from prvr.datasets.sim.cache import CorruptCache, cache_key, cache_root, describe_files, read_manifest, verify_files
 from prvr.datasets.types import PRVRData, Ragged, Split
-from prvr.harness import progress
-from prvr.harness.io import ensure_dir, temporary_beside, write_json
+from prvr.harness.base import progress
+from prvr.harness.base.io import ensure_dir, temporary_beside, write_json
 
 FORMAT = 2  # 2: files listed with their digests, feature.bin by its absolute path
 MANIFEST = "manifest.json"

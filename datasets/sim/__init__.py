@@ -14,8 +14,8 @@ import numpy as np
 from prvr.datasets.base import PRESETS, DatasetSpec
 from prvr.datasets.sim import cache, world
 from prvr.datasets.types import PRVRData
-from prvr.harness import progress
-from prvr.harness.registry import DATASETS
+from prvr.harness.base import progress
+from prvr.harness.base.registry import DATASETS
 
 
 def generate(name: str, sim_cfg) -> PRVRData:

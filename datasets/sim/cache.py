@@ -26,7 +26,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from prvr.datasets.types import PRVRData, Ragged, Split
-from prvr.harness.io import NAME_MAX, UserError, ensure_dir, temporary_beside, write_json
+from prvr.harness.base.io import NAME_MAX, UserError, ensure_dir, temporary_beside, write_json
 
 MANIFEST = "manifest.json"
 CACHE_FORMAT = 1

@@ -25,8 +25,8 @@ import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
 
-from prvr.harness.devices import device_name
-from prvr.harness.evaluate import compute_ranks
+from prvr.harness.base.devices import device_name
+from prvr.harness.engine.evaluate import compute_ranks
 
 
 @dataclass(frozen=True)

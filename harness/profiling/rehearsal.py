@@ -40,19 +40,17 @@ from typing import Any, Callable
 import torch
 
 from prvr.datasets.real.export import export
-from prvr.harness import progress
-from prvr.harness.build import build_run
-from prvr.harness.config import resolve
-from prvr.harness.devices import peak_memory_mb, reset_peak_memory, reset_peak_rss, status_kb
-from prvr.harness.io import UserError, atomic_path, ensure_dir, read_json, write_json
-from prvr.harness.profiling.subjects import subjects
+from prvr.harness.base import progress
+from prvr.harness.engine.build import build_run
+from prvr.harness.engine.config import resolve
+from prvr.harness.base.devices import peak_memory_mb, reset_peak_memory, reset_peak_rss, status_kb
+from prvr.harness.base.io import UserError, atomic_path, ensure_dir, read_json, write_json
+from prvr.harness.profiling.subjects import default_names, subjects
 from prvr.harness.profiling.training import StepClock, StopAfter, _sync, cpu_model, describe_device, timed_epoch
-from prvr.harness.records import provenance
-from prvr.harness.registry import DATASETS
+from prvr.harness.engine.records import provenance
+from prvr.harness.base.registry import DATASETS, marked_method
 
 SECTION = "## Real scale: TVR-sized rehearsal"
-DEFAULT_METHODS = ["baseline", "msl", "gmmformer", "gmmformer2", "arl", "ral@msl", "ral@gmmformer", "ral",
-                   "xml", "xml-sl", "xml-pr", "xml-sl-pr"]
 
 
 @dataclass
@@ -75,7 +73,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("rehearse", help="real-scale rehearsal: TVR-sized world -> MS-SL layout -> real loaders -> "
                                         "one epoch (extrapolated), val evaluation and memory per method")
     p.add_argument("--method", nargs="+", default=None, metavar="NAME",
-                   help=f"methods, or METHOD@BACKBONE (default: {' '.join(DEFAULT_METHODS)})")
+                   help=f"methods, or METHOD@BACKBONE (default: every registered method, and each that extends its backbone's method on the others)")
     p.add_argument("--scale", default="full", help="the sim-tvr scale to rehearse (default full: TVR's sizes)")
     p.add_argument("--work", default=None, metavar="DIR",
                    help="where the world's cache, the export and its cache go (default: a temporary folder, "
@@ -129,7 +127,7 @@ def rehearse(work: Path, args: argparse.Namespace, written: Callable[[list[Phase
     the rest go on where they can."""
     base = {"work": str(work), "scale": args.scale, "threads": args.threads, "overrides": args.overrides,
             "device": args.device}
-    methods = args.method or DEFAULT_METHODS
+    methods = args.method or default_names()
     jobs = [{**base, "phase": "method", "method": m, "batches": args.train_batches, "eval": not args.skip_eval}
             for m in methods]
     kept = [p for p in previous_phases(Path(args.out)) if p.name.removeprefix("method ") not in methods] \
@@ -290,7 +288,7 @@ def _overrides(dataset: str, job: dict[str, Any], work: Path) -> list[str]:
 
 
 def _load(dataset: str, job: dict[str, Any], work: Path):
-    return DATASETS.get(dataset).load(resolve("baseline", dataset, 0, _overrides(dataset, job, work)))
+    return DATASETS.get(dataset).load(resolve(marked_method("reference"), dataset, 0, _overrides(dataset, job, work)))
 
 
 def _sizes(data) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prvr.harness.io import write_text
+from prvr.harness.base.io import write_text
 from prvr.harness.profiling import evaluator_speed, flops, training
 from prvr.harness.profiling.evaluator_speed import EvaluatorSpeed
 from prvr.harness.profiling.flops import QueryFlops

@@ -22,8 +22,8 @@ from typing import Callable
 import torch
 
 from prvr.harness.profiling.subjects import Subject, fused_scores, random_queries, random_videos
-from prvr.harness.encoding import cat_padded  # the evaluator's own concatenation and indexing
-from prvr.harness.evaluate import index_videos
+from prvr.harness.base.encoding import cat_padded  # the evaluator's own concatenation and indexing
+from prvr.harness.engine.evaluate import index_videos
 
 
 @dataclass

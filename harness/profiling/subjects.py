@@ -10,12 +10,12 @@ import torch
 import torch.nn.functional as F
 
 from prvr.datasets.loader import pooling_matrix
-from prvr.harness import build
-from prvr.harness.batches import QueryBatch, VideoBatch
-from prvr.harness.config import resolve
-from prvr.harness.records import run_tag
-from prvr.harness.registry import METHODS
-from prvr.harness.sections import Config
+from prvr.harness.engine import build
+from prvr.harness.base.batches import QueryBatch, VideoBatch
+from prvr.harness.engine.config import resolve
+from prvr.harness.engine.records import run_tag
+from prvr.harness.base.registry import METHODS
+from prvr.harness.engine.sections import Config
 from prvr.methods.fit import fitting_backbones
 
 TVR_DIMS = (3072, 768)  # ResNet+I3D video features, RoBERTa token features (MS-SL release)
@@ -71,7 +71,7 @@ def subjects(methods: list[str] | None, dataset: str, overrides: list[str] | Non
 
 
 def build_model(subject: Subject, dims: tuple[int, int], device: torch.device | str = "cpu") -> torch.nn.Module:
-    """The backbone as every command builds it (harness/build.py; the subject's seed is 0), in
+    """The backbone as every command builds it (harness/engine/build.py; the subject's seed is 0), in
     eval mode, on `device`."""
     model = build.build_model(subject.cfg, *dims)
     return model.to(device).eval()

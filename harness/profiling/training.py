@@ -36,11 +36,11 @@ from typing import Iterator
 import torch
 
 from prvr.datasets.loader import epoch_batches
-from prvr.harness import progress
+from prvr.harness.base import progress
 from prvr.harness.profiling.subjects import Subject, subjects
-from prvr.harness.build import build_run
-from prvr.harness.records import cpu_facts
-from prvr.harness.devices import device_name, peak_memory_mb, reset_peak_memory, reset_peak_rss, status_kb
+from prvr.harness.engine.build import build_run
+from prvr.harness.engine.records import cpu_facts
+from prvr.harness.base.devices import device_name, peak_memory_mb, reset_peak_memory, reset_peak_rss, status_kb
 
 
 def cpu_model() -> str:

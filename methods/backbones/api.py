@@ -1,4 +1,4 @@
-"""The backbone seam: what every backbone provides (`Backbone`, `Scores`: harness/contract.py).
+"""The backbone seam: what every backbone provides (`Backbone`, `Scores`: harness/base/contract.py).
 
 A backbone is an `nn.Module` registered in `BACKBONES` with a `config_cls` (its `model`
 config section) and four methods:
@@ -20,7 +20,7 @@ and one that provides `span_logits` (a backbone that localizes moments, e.g. XML
     span_logits(queries, videos, pairs [Q, K]) -> start, end logits [Q, K, T] (the VCMR evaluator)
     span_logits_batch(queries, videos)         -> start, end logits [Q, B, T] (training losses)
 
-Any backbone may also have (`StepExtras`, harness/contract.py)
+Any backbone may also have (`StepExtras`, harness/base/contract.py)
 
     step_extras(queries, videos, video_of_query) -> {name: value} (what its objective alone reads)
 
@@ -31,8 +31,8 @@ of calling back into the model.
 
 from __future__ import annotations
 
-# The types of the seam live in the contract (harness/contract.py); importable from here too.
-from prvr.harness.contract import Backbone, OnDemand, Scores  # noqa: F401
+# The types of the seam live in the contract (harness/base/contract.py); importable from here too.
+from prvr.harness.base.contract import Backbone, OnDemand, Scores  # noqa: F401
 
 # The outputs a backbone may provide, each with what it is (used in refusals and in docs).
 OUTPUTS: dict[str, str] = {

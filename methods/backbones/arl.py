@@ -21,10 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from prvr.harness.batches import QueryBatch, VideoBatch
-from prvr.harness.checks import DROPOUT, FLAG, Range, at_least, param
-from prvr.harness.contract import Encoded, Scores
-from prvr.harness.registry import BACKBONES
+from prvr.harness.base.batches import QueryBatch, VideoBatch
+from prvr.harness.base.checks import DROPOUT, FLAG, Range, at_least, param
+from prvr.harness.base.contract import Encoded, Scores
+from prvr.harness.base.registry import BACKBONES
 from prvr.methods.backbones.baseline import AttentionPool
 from prvr.methods.backbones.blocks import check_heads, rowwise, unit, with_units
 

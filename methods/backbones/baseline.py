@@ -16,10 +16,10 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from prvr.harness.batches import QueryBatch, VideoBatch
-from prvr.harness.checks import DROPOUT, FLAG, PROBABILITY, at_least, param
-from prvr.harness.contract import Encoded, Scores
-from prvr.harness.registry import BACKBONES
+from prvr.harness.base.batches import QueryBatch, VideoBatch
+from prvr.harness.base.checks import DROPOUT, FLAG, PROBABILITY, at_least, param
+from prvr.harness.base.contract import Encoded, Scores
+from prvr.harness.base.registry import BACKBONES
 from prvr.methods.backbones.blocks import check_heads, max_similarity, rowwise, unit, with_units
 
 

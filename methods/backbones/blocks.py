@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from prvr.harness import masks
-from prvr.harness.checks import require
-from prvr.harness.contract import Encoded, OnDemand, Scores
+from prvr.harness.base import masks
+from prvr.harness.base.checks import require
+from prvr.harness.base.contract import Encoded, OnDemand, Scores
 
 PLAIN = 0.0  # a branch width of 0 means plain attention (the reference's `wid=None`)
 
@@ -31,7 +31,7 @@ PLAIN = 0.0  # a branch width of 0 means plain attention (the reference's `wid=N
 def pack(x: torch.Tensor, mask: torch.Tensor, dim: int = 0) -> torch.Tensor:
     """The real rows of a padded tensor whose dims (dim, dim + 1) are [B, L], as one dim N
     (`x[mask]` at `dim`). What the mask looks like is read from its description
-    (harness/masks.py: the loader describes its batches' masks), so nothing is asked of the device.
+    (harness/base/masks.py: the loader describes its batches' masks), so nothing is asked of the device.
     While torch.compile traces, every row is kept (N = B * L), the padding too: a count of real
     rows would be read from the data, a graph break at each call. Per-row maps leave the real rows
     as they would be, and `unpack` zeroes the others."""
@@ -59,7 +59,7 @@ def rowwise(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, mask: t
 
 
 def full_mask(x: torch.Tensor) -> torch.Tensor:
-    """An all-true [B, L] mask of x, described as such (harness/masks.py)."""
+    """An all-true [B, L] mask of x, described as such (harness/base/masks.py)."""
     return masks.describe(torch.ones(x.shape[:2], dtype=torch.bool, device=x.device), all_true=True)
 
 

@@ -21,10 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from prvr.harness.batches import QueryBatch, VideoBatch
-from prvr.harness.checks import DROPOUT, NON_NEGATIVE, POSITIVE, PROBABILITY, ListOf, at_least, param
-from prvr.harness.contract import Encoded, OnDemand, Scores
-from prvr.harness.registry import BACKBONES
+from prvr.harness.base.batches import QueryBatch, VideoBatch
+from prvr.harness.base.checks import DROPOUT, NON_NEGATIVE, POSITIVE, PROBABILITY, ListOf, at_least, param
+from prvr.harness.base.contract import Encoded, OnDemand, Scores
+from prvr.harness.base.registry import BACKBONES
 from prvr.methods.backbones.blocks import (AttentionPool, GMMBlock, InputEmbedding, QueryEncoder, best_clip_scores,
                                            check_heads, init_weights, unit, with_units)
 

@@ -18,10 +18,10 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from prvr.harness.batches import QueryBatch, VideoBatch
-from prvr.harness.checks import DROPOUT, NON_NEGATIVE, POSITIVE, PROBABILITY, ListOf, at_least, param
-from prvr.harness.contract import Encoded, OnDemand, Scores
-from prvr.harness.registry import BACKBONES
+from prvr.harness.base.batches import QueryBatch, VideoBatch
+from prvr.harness.base.checks import DROPOUT, NON_NEGATIVE, POSITIVE, PROBABILITY, ListOf, at_least, param
+from prvr.harness.base.contract import Encoded, OnDemand, Scores
+from prvr.harness.base.registry import BACKBONES
 from prvr.methods.backbones.blocks import (DynamicGMMBlock, InputEmbedding, QueryEncoder, best_clip_scores, check_heads,
                                            init_weights, max_similarity, score_in_chunks, unit, with_units)
 

@@ -28,10 +28,10 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from prvr.harness.batches import QueryBatch, VideoBatch
-from prvr.harness.checks import DROPOUT, POSITIVE, PROBABILITY, at_least, param
-from prvr.harness.contract import Encoded, Scores
-from prvr.harness.registry import BACKBONES
+from prvr.harness.base.batches import QueryBatch, VideoBatch
+from prvr.harness.base.checks import DROPOUT, POSITIVE, PROBABILITY, at_least, param
+from prvr.harness.base.contract import Encoded, Scores
+from prvr.harness.base.registry import BACKBONES
 from prvr.methods.backbones.blocks import (PLAIN, GMMBlock, InputEmbedding, QueryEncoder, check_heads, init_weights,
                                            score_in_chunks)
 

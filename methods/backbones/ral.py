@@ -19,10 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from prvr.harness import masks
-from prvr.harness.batches import QueryBatch, VideoBatch
-from prvr.harness.contract import Backbone, Encoded, OnDemand, Scores
-from prvr.harness.io import UserError
+from prvr.harness.base import masks
+from prvr.harness.base.batches import QueryBatch, VideoBatch
+from prvr.harness.base.contract import Backbone, Encoded, OnDemand, Scores
+from prvr.harness.base.io import UserError
 from prvr.methods.backbones.blocks import PLAIN, UNIT, GMMBlock, init_weights, rowwise, unit
 
 AGGREGATIONS = ("both", "local", "global")  # Table 4: g = LN(x^g + x^l), local only, global only
@@ -445,7 +445,7 @@ class RalModel(nn.Module):
 
     # ------------------------------------------------------------------------- MSRA's Gaussians
     def step_extras(self, queries: Encoded, videos: Encoded, video_of_query: torch.Tensor) -> Mapping[str, Gaussians]:
-        """A training step's outputs for the objective alone (harness/contract.py `StepExtras`):
+        """A training step's outputs for the objective alone (harness/base/contract.py `StepExtras`):
         its `Gaussians` under GAUSSIANS, computed when the objective first reads them (none
         without MSRA)."""
         if self.text_head is None:

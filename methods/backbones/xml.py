@@ -34,10 +34,10 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from prvr.harness.batches import QueryBatch, VideoBatch
-from prvr.harness.checks import DROPOUT, FLAG, POSITIVE, at_least, param, require
-from prvr.harness.contract import Encoded, OnDemand, Scores
-from prvr.harness.registry import BACKBONES
+from prvr.harness.base.batches import QueryBatch, VideoBatch
+from prvr.harness.base.checks import DROPOUT, FLAG, POSITIVE, at_least, param, require
+from prvr.harness.base.contract import Encoded, OnDemand, Scores
+from prvr.harness.base.registry import BACKBONES
 from prvr.methods.backbones.blocks import (PLAIN, GMMBlock, InputEmbedding, QueryEncoder, check_heads, init_weights,
                                            max_similarity, score_in_chunks, unit, with_units)
 
@@ -125,7 +125,7 @@ class XML(nn.Module):
     # ------------------------------------------------------------------ localization
     def step_extras(self, queries: Encoded, videos: Encoded,
                     video_of_query: torch.Tensor) -> Mapping[str, tuple[torch.Tensor, torch.Tensor]]:
-        """A training step's outputs for the objective alone (harness/contract.py `StepExtras`):
+        """A training step's outputs for the objective alone (harness/base/contract.py `StepExtras`):
         the batch's start and end logits (`span_logits_batch`) under SPAN_LOGITS, computed when
         the objective first reads them (a step without moments reads none)."""
         return OnDemand({SPAN_LOGITS: partial(self.span_logits_batch, queries, videos)})

@@ -21,8 +21,8 @@ from typing import cast
 
 import torch
 
-from prvr.harness import masks
-from prvr.harness.registry import OBJECTIVES
+from prvr.harness.base import masks
+from prvr.harness.base.registry import OBJECTIVES
 from prvr.methods.objectives.ranking import sample_negatives
 
 TREATMENTS = ("restrain", "positive", "ignore")

@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 from scipy.optimize import linear_sum_assignment
 
-from prvr.harness import masks
-from prvr.harness.io import UserError
-from prvr.harness.registry import OBJECTIVES
+from prvr.harness.base import masks
+from prvr.harness.base.io import UserError
+from prvr.harness.base.registry import OBJECTIVES
 from prvr.methods.backbones.api import Scores
 from prvr.methods.objectives.ranking import info_nce, mean_where, sample_negatives
 

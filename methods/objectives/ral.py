@@ -21,8 +21,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from prvr.harness import masks
-from prvr.harness.registry import OBJECTIVES
+from prvr.harness.base import masks
+from prvr.harness.base.registry import OBJECTIVES
 
 PM_READINGS = ("paper", "code")
 KL_READINGS = ("std", "code")  # L_DA: sigma a standard deviation in both KLs, or the reference's mix

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from prvr.harness import masks
-from prvr.harness.registry import OBJECTIVES
+from prvr.harness.base import masks
+from prvr.harness.base.registry import OBJECTIVES
 
 
 def _masked_logsumexp(logits: torch.Tensor, mask: torch.Tensor, dim: int) -> torch.Tensor:
@@ -37,7 +37,7 @@ def info_nce(scores: torch.Tensor, positive: torch.Tensor, negative: torch.Tenso
 
 def mean_where(x: torch.Tensor, keep: torch.Tensor, every: bool | None, zero_of: torch.Tensor) -> torch.Tensor:
     """x[keep].mean(), or 0 (in zero_of's graph) where keep is all false. `every`: keep is known
-    to be all true (harness/masks.py), and x.mean(), the same number, asks the device nothing."""
+    to be all true (harness/base/masks.py), and x.mean(), the same number, asks the device nothing."""
     if every:
         return x.mean()
     return x[keep].mean() if keep.any() else zero_of.sum() * 0

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from prvr.harness import masks
-from prvr.harness.registry import OBJECTIVES
+from prvr.harness.base import masks
+from prvr.harness.base.registry import OBJECTIVES
 from prvr.methods.objectives.ranking import sample_negatives
 
 LOGIT_FLOOR = 1e-6  # inf o_st = inf o_ed = 1e-6 (Eq. 14)
@@ -121,7 +121,7 @@ def pos_over_neg(scores: torch.Tensor, positive: torch.Tensor, negatives: Sample
 
 def _pairs(mask: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The pairs (i, j) of a 2-D mask, as `mask.nonzero(as_tuple=True)` gives them but read from
-    its described index where the host knows it (harness/masks.py: no host sync), and which of
+    its described index where the host knows it (harness/base/masks.py: no host sync), and which of
     them `valid` keeps (None: all). A mask made on the device by `&` with `valid` would have to
     ask the device for its pairs; the pairs of the described mask, weighted by `valid`, are the
     same terms."""

@@ -26,13 +26,13 @@ import torch
 import torch.nn.functional as F
 
 from prvr.datasets.types import PRVRData
-from prvr.harness import masks
-from prvr.harness.batches import TrainBatch
-from prvr.harness.checks import OneOf, at_least, param
-from prvr.harness.contract import StepOutputs, as_backbone
-from prvr.harness.encoding import QUERY_BATCH, encode_batches
-from prvr.harness.io import UserError, write_json
-from prvr.harness.registry import DETECTORS
+from prvr.harness.base import masks
+from prvr.harness.base.batches import TrainBatch
+from prvr.harness.base.checks import OneOf, at_least, param
+from prvr.harness.base.contract import StepOutputs, as_backbone
+from prvr.harness.base.encoding import QUERY_BATCH, encode_batches
+from prvr.harness.base.io import UserError, write_json
+from prvr.harness.base.registry import DETECTORS
 from prvr.methods.backbones.api import OUTPUTS
 from prvr.methods.backbones.arl import frame_similarity
 from prvr.methods.backbones.blocks import max_similarity

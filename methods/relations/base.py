@@ -21,13 +21,13 @@ import torch
 
 from prvr.datasets.sim.world import relevant_moments
 from prvr.datasets.types import PRVRData, Split
-from prvr.harness import masks
-from prvr.harness.batches import TrainBatch
-from prvr.harness.checks import OneOf, param
-# The types a detector's seam carries live in the contract (harness/contract.py); importable from here too.
-from prvr.harness.contract import DetectorState, LossOutput, Relations, StepOutputs
-from prvr.harness.io import UserError
-from prvr.harness.registry import DETECTORS
+from prvr.harness.base import masks
+from prvr.harness.base.batches import TrainBatch
+from prvr.harness.base.checks import OneOf, param
+# The types a detector's seam carries live in the contract (harness/base/contract.py); importable from here too.
+from prvr.harness.base.contract import DetectorState, LossOutput, Relations, StepOutputs
+from prvr.harness.base.io import UserError
+from prvr.harness.base.registry import DETECTORS
 
 ORACLE_MODES = ("ignore", "positive")
 
@@ -43,7 +43,7 @@ class Detector:
     config_cls: ClassVar[type | None] = None  # its settings: section relations.<name>
     settings: object | None  # an instance of config_cls, None without one (a subclass declares its class)
 
-    def __init__(self, cfg: Any) -> None:  # the run's Config (harness/sections.py, a floor above the parts)
+    def __init__(self, cfg: Any) -> None:  # the run's Config (harness/engine/sections.py, a floor above the parts)
         self.cfg = cfg
         # its section of the run's config; a config made for another detector (code that builds
         # detectors by hand) gives this one its defaults
@@ -107,7 +107,7 @@ def find_pairs(keys: np.ndarray, num_videos: int, queries: np.ndarray, videos: n
 
 def host_positive(batch: Any) -> torch.Tensor:
     """The labels' positive mask [Q, B] on the host (`Detector.detect`'s, which is on the
-    device), from the labelled columns the loader described (harness/masks.py): what a detector
+    device), from the labelled columns the loader described (harness/base/masks.py): what a detector
     that looks its pairs up on the host leaves out of them."""
     item = torch.from_numpy(masks.host_values(batch.query_item))
     return Relations.one_to_one(item, batch.videos.frames.shape[0]).positive
@@ -134,7 +134,7 @@ class PairMoments:
 
     def host_lookup(self, batch: TrainBatch) -> torch.Tensor:
         """[Q, B, 2] seconds of each (batch query, batch video) pair, NaN where not relevant, on
-        the host, from the batch indices the loader described (harness/masks.py)."""
+        the host, from the batch indices the loader described (harness/base/masks.py)."""
         q, v = masks.host_values(batch.queries.query_index), masks.host_values(batch.videos.video_index)
         found, at = find_pairs(self.keys, self.num_videos, q, v)
         out = np.full((*found.shape, 2), np.nan)
@@ -164,7 +164,7 @@ class OracleDetector(Detector):
         self._moments = PairMoments.of_world(data["train"])
 
     def detect(self, batch: Any, outputs: StepOutputs) -> Relations:
-        """From the ground truth's host copy and the labels' (harness/masks.py), its masks sent
+        """From the ground truth's host copy and the labels' (harness/base/masks.py), its masks sent
         to the device described, so that the losses read their pairs without a host sync."""
         rel = super().detect(batch, outputs)
         device = rel.positive.device

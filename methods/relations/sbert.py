@@ -32,12 +32,12 @@ import torch
 
 from prvr.datasets.sim.cache import cache_key, cache_root
 from prvr.datasets.types import PRVRData, Split
-from prvr.harness import masks, progress
-from prvr.harness.batches import TrainBatch
-from prvr.harness.checks import Free, OneOf, Range, at_least, param
-from prvr.harness.devices import pick_device
-from prvr.harness.io import UserError, atomic_path
-from prvr.harness.registry import COMMANDS, DETECTORS
+from prvr.harness.base import masks, progress
+from prvr.harness.base.batches import TrainBatch
+from prvr.harness.base.checks import Free, OneOf, Range, at_least, param
+from prvr.harness.base.devices import pick_device
+from prvr.harness.base.io import UserError, atomic_path
+from prvr.harness.base.registry import DETECTORS
 from prvr.methods.relations.base import Detector, DetectorState, Relations, StepOutputs, find_pairs, host_positive
 from prvr.methods.relations.phrases import PHIS, elements
 from prvr.methods.relations.text_parsers import PARSERS, ParserChoice, choose_parser
@@ -471,7 +471,7 @@ class SbertDetector(Detector):
 
     def host_lookup(self, batch: Any) -> "HostPairs":
         """The batch's potentially relevant pairs, on the host, from the batch indices the loader
-        described (harness/masks.py; a batch nobody described is copied from the device)."""
+        described (harness/base/masks.py; a batch nobody described is copied from the device)."""
         queries, videos = masks.host_values(batch.queries.query_index), masks.host_values(batch.videos.video_index)
         found, conf, source = self.pairs.lookup(queries, videos)
         positive = host_positive(batch)
@@ -500,4 +500,3 @@ class SbertDetector(Detector):
         return {"active": True, "detection": self.facts, "split": self.split_quality, "batch": batch}
 
 # The detector's command: `prvr-bench census` (its pairs over a dataset's query text)
-COMMANDS.add("census", "prvr.harness.census", "the SBERT detector's census of a dataset's query text")

@@ -26,8 +26,8 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from prvr.harness import progress
-from prvr.harness.io import UserError
+from prvr.harness.base import progress
+from prvr.harness.base.io import UserError
 from prvr.methods.relations.phrases import Tree
 
 PARSERS = ("auto", "gold", "benepar", "rules")

@@ -1,0 +1,133 @@
+"""What every command module of `prvr-bench` shares: the registry it adds itself to, the
+arguments that several commands take, and the way a command runs and fails.
+
+A command module registers the function that adds its subcommands with `@command(NAME, SUMMARY)`;
+`prvr-bench` (harness/cli/app.py) imports every module of this package and adds them all, as
+methods register their recipes. Nothing here knows which commands exist, and no command module
+imports the entry point back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from typing import Callable
+
+from prvr.harness.base import progress
+from prvr.harness.base.io import UserError
+from prvr.harness.base.registry import Registry, RegistryError, import_modules
+from prvr.harness.cli.jobs import EXECUTORS
+
+DEFAULT_DATASET = "sim-tvr"
+
+# name -> the function that adds the command's parser(s) to `prvr-bench`'s subparsers and sets `func`
+# on each (a module may add several: `profile` also adds `rehearse`)
+AddCommands = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
+COMMANDS: Registry[AddCommands] = Registry("command")
+
+
+def command(name: str, summary: str = "") -> Callable[[AddCommands], AddCommands]:
+    """Register a module's `add_commands(subparsers)` under `name` (a duplicate name is an error)."""
+    return COMMANDS.register(name, summary)
+
+
+def load_commands() -> None:
+    """Import every module of this package, so that each registers its commands (idempotent)."""
+    import_modules("prvr.harness.cli")
+
+
+def run_parsed(args: argparse.Namespace) -> int:
+    """Run a parsed command line's `func`: 0, or 2 with one line for a user's error, 130 on Ctrl-C."""
+    if getattr(args, "quiet", False):
+        progress.set_enabled(False)
+    try:
+        args.func(args)
+    except (UserError, RegistryError) as e:
+        print(f"prvr-bench: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("prvr-bench: interrupted; continue with --resume", file=sys.stderr)
+        return 130
+    return 0
+
+
+def run_command(name: str, argv: list[str]) -> int:
+    """One registered command run in this process, as `prvr-bench NAME ARGV...` would run it (the GPU
+    check evaluates a record so), without building the whole command line."""
+    load_commands()
+    parser = argparse.ArgumentParser(prog="prvr-bench")
+    COMMANDS.get(name)(parser.add_subparsers(dest="command", required=True))
+    return run_parsed(parser.parse_args([name, *argv]))
+
+
+def command_line() -> str:
+    """The command as a user would type it (no paths of this machine), quoted for the shell so
+    that it runs again as stored."""
+    return shlex.join(["prvr-bench", *sys.argv[1:]])
+
+
+def data_root_overrides(args: argparse.Namespace) -> list[str]:
+    """--data-root DIR (or $PRVR_DATA) as a data.data_root override and --backbone B as
+    backbone=B, before the user's --set."""
+    root = getattr(args, "data_root", None) or os.environ.get("PRVR_DATA")
+    backbone = getattr(args, "backbone", None)
+    return [*([f"data.data_root={root}"] if root else []), *([f"backbone={backbone}"] if backbone else [])]
+
+
+def add_jobs_argument(p: argparse.ArgumentParser) -> None:
+    """--jobs, --runs-per-gpu, --executor, --address: how `bench` and `ablate` fan their runs out."""
+    p.add_argument("--jobs", default=None, metavar="N",
+                   help="runs at a time, each in its own process with its output in OUT/logs/ (default 1: "
+                        "one after another in this process; auto: GPUs x --runs-per-gpu where CUDA trains, "
+                        "else one per CPU core)")
+    p.add_argument("--runs-per-gpu", type=int, default=1, metavar="N",
+                   help="runs that share one GPU under --jobs auto and --executor ray (default 1)")
+    p.add_argument("--executor", choices=EXECUTORS, default="local",
+                   help="local: processes on this machine (default); ray: one Ray task per run "
+                        "(pip install prvr-bench[ray]; docs/cluster.md)")
+    p.add_argument("--address", default=None, metavar="auto|HOST:PORT",
+                   help="with --executor ray: the Ray cluster to join (default: start a local Ray)")
+
+
+def common_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backbone", default=None, metavar="NAME",
+                   help="train the method's objective on another backbone (default: the method's own; "
+                        "`prvr-bench list` names them)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one config key, e.g. --set train.lr=1e-4 (repeatable)")
+    p.add_argument("--config", help="YAML file of config overrides (sections as keys)")
+    p.add_argument("--tag", default="", help="suffix for the run name, to keep variants apart")
+    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint when there is one")
+    p.add_argument("--force-resume", action="store_true",
+                   help="--resume even when the checkpoint was trained with other settings, or stores none "
+                        "(the record lists the changed keys)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--data-root", default=None, metavar="DIR",
+                   help="root folder of real datasets in their public layouts (default: $PRVR_DATA)")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="torch CPU threads per run (default: torch's choice; with bench --jobs: the cores shared out)")
+
+
+def set_threads(threads: int | None) -> None:
+    """--threads: torch CPU threads of this process (None: torch's choice)."""
+    if threads is None:
+        return
+    if threads < 1:
+        raise UserError(f"--threads must be at least 1, got {threads}")
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def run_args(args: argparse.Namespace, method: str, dataset: str, seed: int, overrides: list[str]) -> list[str]:
+    """The `prvr-bench run` arguments of one planned run (threads are added per job)."""
+    out = ["--method", method, "--dataset", dataset, "--seed", str(seed), "--out", str(args.out)]
+    for o in overrides:
+        out += ["--set", o]
+    for flag, value in (("--config", args.config), ("--tag", args.tag), ("--data-root", args.data_root),
+                        ("--backbone", args.backbone)):
+        if value:
+            out += [flag, str(value)]
+    return out + (["--resume"] if args.resume else []) + (["--force-resume"] if args.force_resume else [])

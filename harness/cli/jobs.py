@@ -1,0 +1,257 @@
+"""`bench --jobs N`, `ablate --jobs N`: the planned runs as N concurrent `prvr-bench run` processes.
+
+On a CPU machine, training runs of this size use their cores better side by side (one
+torch thread each) than one after another with every core on one run: a thread's matrix
+products lose speed as threads are added, and the element-wise work between them barely
+parallelises. Each run is its own process, so a run does exactly what `prvr-bench run`
+does alone (same seed and thread count: the same metrics), writes its own record
+atomically, and its output goes to a log file; this process only schedules and reports.
+
+On a machine with GPUs each process that trains on CUDA sees one GPU (`CUDA_VISIBLE_DEVICES`),
+handed round-robin: a run goes to the GPU with the fewest runs on it. A process that trains on
+the CPU sees none (`CUDA_VISIBLE_DEVICES` empty, on Ray too), so nothing in it can start CUDA on
+a GPU that other runs use (torch.compile does, docs/gpu.md). `--jobs auto` starts
+GPUs x `--runs-per-gpu` runs at once (at most one per core), and one per core without a GPU.
+The GPUs are counted, never initialised, in this process (docs/cluster.md).
+
+Scheduling: longest expected run first (the run's earlier records in the same results
+folder give its expected time; a run never made before goes first, as it may be long),
+which keeps the slowest run from starting last.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prvr.harness.base import progress
+from prvr.harness.base.devices import DEVICE_ENV
+from prvr.harness.base.io import UserError, ensure_dir, read_json
+
+POLL_S = 0.5
+CUDA_ENV = "CUDA_VISIBLE_DEVICES"
+EXECUTORS = ("local", "ray")
+
+
+@dataclass
+class Job:
+    """One planned `prvr-bench run`: its arguments, the record it writes and where its output goes;
+    `device` where it trains (`run_device`: cuda, cpu, or an indexed cuda:N), `threads` and `memory_mb`
+    (0: unknown) what it needs."""
+
+    args: list[str]  # arguments after `prvr-bench run`
+    label: str  # e.g. "gmmformer on sim-tvr, seed 0"
+    record: Path
+    log: Path
+    expected_s: float = float("inf")
+    started: float = field(default=0.0, repr=False)
+    device: str = ""
+    threads: int = 1
+    memory_mb: float = 0.0
+
+    @property
+    def cuda(self) -> bool:
+        """It trains on CUDA where there is one, on a GPU it is handed."""
+        return self.device == "cuda"
+
+    @property
+    def cpu(self) -> bool:
+        """It trains on the CPU wherever it runs."""
+        return self.device == "cpu"
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How planned runs start: `local` processes (`gpus` handed round-robin, `runs_per_gpu` at once
+    for --jobs auto) or `ray` tasks (on a local Ray, or the cluster at `address`)."""
+
+    executor: str = "local"
+    gpus: tuple[str, ...] = ()
+    runs_per_gpu: int = 1
+    address: str | None = None
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def visible_gpus(count: int | None = None, env: Mapping[str, str] | None = None) -> list[str]:
+    """The GPUs runs may be given, as `CUDA_VISIBLE_DEVICES` entries: this process's own list where
+    it is set (so a list from a scheduler is respected), else 0 .. count-1. `count` defaults to
+    torch.cuda.device_count(), which counts devices without creating a CUDA context here."""
+    env = os.environ if env is None else env
+    if count is None:
+        import torch
+
+        count = torch.cuda.device_count()
+    if count < 1:
+        return []
+    listed = env.get(CUDA_ENV)
+    if listed is None:
+        return [str(i) for i in range(count)]
+    return [d.strip() for d in listed.split(",") if d.strip()][:count]
+
+
+def run_device(device: str, env: Mapping[str, str] | None = None) -> str:
+    """The device a run with this train.device trains on where a GPU is present: `auto` is
+    $PRVR_DEVICE when set, else `cuda`; any other name as it is."""
+    env = os.environ if env is None else env
+    return (env.get(DEVICE_ENV) or "cuda") if device == "auto" else device
+
+
+def wants_cuda(device: str, env: Mapping[str, str] | None = None) -> bool:
+    """Whether a run with this train.device trains on CUDA where a GPU is visible: `cuda`, or
+    `auto` unless $PRVR_DEVICE names another device. An indexed `cuda:N` keeps the GPUs it was
+    given (handing it one GPU would leave no device N)."""
+    return run_device(device, env) == "cuda"
+
+
+def gpu_env(job: Job, gpu: str | None) -> dict[str, str]:
+    """What the environment of a job's process is changed to: the one GPU it is given, or no GPU at
+    all where it trains on the CPU; nothing otherwise."""
+    if gpu is not None:
+        return {CUDA_ENV: gpu}
+    return {CUDA_ENV: ""} if job.cpu else {}
+
+
+def parse_jobs(value: str | None, gpus: int = 0, runs_per_gpu: int = 1) -> int:
+    """--jobs: a positive number, or `auto`: with `gpus` GPUs, gpus x runs_per_gpu (at most one per
+    usable core); without, one per usable core. None (not given) is 1."""
+    if runs_per_gpu < 1:
+        raise UserError(f"--runs-per-gpu must be at least 1, got {runs_per_gpu}")
+    if value is None:
+        return 1
+    if value == "auto":
+        return min(gpus * runs_per_gpu, usable_cores()) if gpus else usable_cores()
+    try:
+        n = int(value)
+    except ValueError:
+        raise UserError(f"--jobs expects a number of concurrent runs or 'auto', got {value!r}") from None
+    if n < 1:
+        raise UserError(f"--jobs must be at least 1, got {n}")
+    return n
+
+
+def threads_per_job(jobs: int, threads: int | None) -> int:
+    """torch threads of each run: as given, else the usable cores shared out (at least 1)."""
+    return threads if threads is not None else max(1, usable_cores() // jobs)
+
+
+def expected_seconds(record: Path) -> float:
+    """Mean total time (all phases) of the run's records already in its folder, any seed;
+    infinity when there are none or none can be read."""
+    times = []
+    for path in sorted(record.parent.glob("seed*.json")):
+        try:
+            timings = read_json(path).get("timings", {})
+            if timings:
+                times.append(sum(float(t) for t in timings.values()))
+        except (UserError, AttributeError, TypeError, ValueError):  # a bad record only loses its estimate
+            continue
+    return sum(times) / len(times) if times else float("inf")
+
+
+def schedule(jobs: list[Job]) -> list[Job]:
+    """Longest expected first; equal expectations keep the plan's order."""
+    return sorted(jobs, key=lambda j: -j.expected_s)
+
+
+class GpuRoundRobin:
+    """Hands each starting run the GPU with the fewest runs on it (the first such GPU on ties), so
+    runs go round-robin over the GPUs and a GPU freed by a finished run is the next one given."""
+
+    def __init__(self, gpus: Sequence[str]) -> None:
+        self.load = {gpu: 0 for gpu in gpus}
+
+    def take(self) -> str | None:
+        """A GPU for a run that trains on CUDA; None without GPUs."""
+        if not self.load:
+            return None
+        gpu = min(self.load, key=self.load.__getitem__)
+        self.load[gpu] += 1
+        return gpu
+
+    def give(self, gpu: str | None) -> None:
+        if gpu is not None:
+            self.load[gpu] -= 1
+
+
+def run_command(args: Sequence[str]) -> list[str]:
+    """The process that trains one planned run: `prvr-bench run ARGS` with this Python."""
+    return [sys.executable, "-m", "prvr.harness.cli", "run", *args]
+
+
+def run_jobs(jobs: list[Job], workers: int, command: str, gpus: Sequence[str] = ()) -> None:
+    """Run every job, `workers` at a time, a job that trains on CUDA on one of `gpus`; raise UserError
+    naming each failed run and its log (`command`: the prvr-bench command that planned them, for the
+    progress lines)."""
+    pending, running, failed = schedule(jobs), [], []
+    devices = GpuRoundRobin(gpus)
+    start = time.perf_counter()
+    with progress.task(f"{command} ({workers} jobs)", total=len(jobs)) as advance:
+        try:
+            while pending or running:
+                while pending and len(running) < workers:
+                    job = pending.pop(0)
+                    gpu = devices.take() if job.cuda else None
+                    running.append((_start(job, gpu), job, gpu))
+                time.sleep(POLL_S)
+                for proc, job, gpu in [r for r in running if r[0].poll() is not None]:
+                    running.remove((proc, job, gpu))
+                    devices.give(gpu)
+                    if proc.returncode != 0:
+                        failed.append(job)
+                    report(job, proc.returncode, time.perf_counter() - job.started)
+                    advance(1)
+        except KeyboardInterrupt:
+            for proc, _, _ in running:
+                proc.terminate()
+            for proc, _, _ in running:
+                proc.wait()
+            raise
+    progress.log(f"{command}: {len(jobs)} runs in {time.perf_counter() - start:.0f} s, {workers} at a time")
+    raise_failures(failed, len(jobs))
+
+
+def _start(job: Job, gpu: str | None) -> subprocess.Popen:
+    ensure_dir(job.log.parent)
+    progress.log(f"start {job.label}{'' if gpu is None else f' on GPU {gpu}'} (log: {job.log})")
+    job.started = time.perf_counter()
+    env = {**os.environ, **gpu_env(job, gpu)}
+    with open(job.log, "w", encoding="utf-8") as log:
+        return subprocess.Popen(run_command(job.args), stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+def report(job: Job, code: int, took: float) -> None:
+    """One progress line for a finished run: its test SumR, or why it failed."""
+    if code != 0:
+        progress.log(f"[red]failed[/] {job.label} after {took:.0f} s (exit {code}): {_last_line(job.log)}")
+        return
+    try:
+        sumr = f"test SumR {read_json(job.record)['metrics']['test']['SumR']:.1f}"
+    except (UserError, KeyError, TypeError):
+        sumr = "no readable record"
+    progress.log(f"done {job.label} in {took:.0f} s: {sumr}")
+
+
+def raise_failures(failed: list[Job], total: int) -> None:
+    """One error line naming each failed run, its last output line and its log."""
+    if failed:
+        lines = "; ".join(f"{j.label}: {_last_line(j.log)} (log: {j.log})" for j in failed)
+        raise UserError(f"{len(failed)} of {total} runs failed: {lines}")
+
+
+def _last_line(log: Path) -> str:
+    try:
+        lines = [ln for ln in log.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return "(no log)"
+    return lines[-1].strip() if lines else "(empty log)"

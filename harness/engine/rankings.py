@@ -1,0 +1,189 @@
+"""Stored rankings: a run's val and test ranks kept beside its record, to score again later.
+
+At the end of a run (harness/engine/runner.py) the best checkpoint ranks each evaluated split once
+more, and `seed<S>.rank.npz` beside `seed<S>.json` keeps, per query: the top K videos
+(K = `TOP_K` = 100 by default, best first), each listed video's rank under the evaluator's
+rule (#{v : s_v >= s}: ties count against the model), and the labelled video's rank; plus
+the split's ids, query texts, labelled videos and M/V fractions, so that the file alone can
+be joined to a relevance file. `prvr-bench evaluate RECORD --relevance FILE`
+(harness/cli/reevaluate.py) then scores the run under new labels without its checkpoint: R@K,
+SumR, median and mean rank and the M/V buckets exactly (from the labelled ranks), and the
+oracle figures (R@K, SumR, dense R@K, the multi-relevant share, coverage) exactly for every
+K <= the stored K. What needs every video's score is not stored: `unlabelled_above` (None).
+
+A listed video tied with the first video past the list has a rank past K: its rank is
+stored as K + 1, which is all the metrics at K <= 100 need. The file is a compressed numpy
+archive read with allow_pickle=False: integers, floats, and the texts as UTF-8 JSON bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from prvr.datasets.real.relevance import SplitKeys
+from prvr.harness.engine.evaluate import (KS, ScoreFn, count_ranks, encode_split, fused_scores, metrics_from_ranks,
+                                   padded_targets)
+from prvr.harness.base.io import UserError, atomic_path
+from prvr.harness.base.scores import worst_if_nonfinite
+
+TOP_K = 100
+FORMAT = 1
+SUFFIX = ".rank.npz"
+
+
+@dataclass
+class SplitRanking:
+    """The stored ranks of one split."""
+
+    top: np.ndarray  # [Q, k] video indices, best first
+    top_rank: np.ndarray  # [Q, k] each listed video's rank; k + 1: tied with the first video past the list
+    labelled_rank: np.ndarray  # [Q] the labelled video's rank (the evaluator's `labelled` ranks)
+    moment_fraction: np.ndarray  # [Q] moment length / video length, NaN where unknown
+    keys: SplitKeys
+    top_k: int
+
+    @property
+    def num_queries(self) -> int:
+        return len(self.labelled_rank)
+
+    def labels(self) -> sp.csr_matrix:
+        q = np.arange(self.num_queries)
+        return sp.csr_matrix((np.ones(len(q), dtype=bool), (q, self.keys.query_video)),
+                             shape=(self.num_queries, len(self.keys.video_ids)))
+
+
+def rankings_path(record: str | Path) -> Path:
+    """seed<S>.json -> seed<S>.rank.npz beside it."""
+    record = Path(record)
+    return record.with_name(record.stem + SUFFIX)
+
+
+# ----------------------------------------------------------------------------- ranking
+def top_ranks(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top k videos per query of NaN-free scores [q, V] (`worst_if_nonfinite`), best first,
+    and each one's rank #{v : s_v >= s} (k + 1 where it ties with the first unlisted video)."""
+    n = scores.shape[1]
+    k = min(k, n)
+    values, index = scores.topk(min(k + 1, n), dim=1)  # descending
+    listed = values[:, :k].contiguous()
+    # #{listed i : s_i >= s_j}, exact where s_j beats every unlisted score
+    rank = torch.searchsorted(-listed, -listed, right=True)
+    if n > k:
+        rank = rank.masked_fill(listed <= values[:, k : k + 1], k + 1)
+    return index[:, :k], rank
+
+
+@torch.no_grad()
+def rank_split(model: torch.nn.Module, split, batcher, device: torch.device, chunk: int,
+               top_k: int = TOP_K) -> SplitRanking:
+    """Encode the split once and keep its ranks (the fused score, as `evaluate_model` ranks it)."""
+    queries, videos = encode_split(model, split, batcher, device)
+    return ranking_of(fused_scores(model, queries, videos), split, chunk, top_k)
+
+
+def ranking_of(score_fn: ScoreFn, split, chunk: int, top_k: int = TOP_K) -> SplitRanking:
+    """The SplitRanking of chunked scores (`compute_ranks`' ScoreFn) of a split."""
+    if top_k < max(KS):
+        raise UserError(f"stored rankings keep at least the top {max(KS)} videos (R@{max(KS)}), got {top_k}")
+    lab_idx, lab_mask = padded_targets(split.labels())
+    tops, ranks, labelled = [], [], []
+    for start in range(0, split.num_queries, chunk):
+        end = min(start + chunk, split.num_queries)
+        scores = worst_if_nonfinite(score_fn(start, end).float())
+        index, rank = top_ranks(scores, top_k)
+        tops.append(index.cpu().numpy())
+        ranks.append(rank.cpu().numpy())
+        li = torch.as_tensor(lab_idx[start:end], device=scores.device)
+        lm = torch.as_tensor(lab_mask[start:end], device=scores.device)
+        labelled.append(count_ranks(scores, li, lm).cpu().numpy())
+    k = min(top_k, split.num_videos)
+    return SplitRanking(_cat(tops, (0, k)), _cat(ranks, (0, k)), _cat(labelled, (0,)),
+                        np.asarray(split.moment_fraction(), dtype=np.float64), SplitKeys.of_split(split), top_k)
+
+
+def _cat(parts: list[np.ndarray], empty: tuple[int, ...]) -> np.ndarray:
+    return np.concatenate(parts).astype(np.int64) if parts else np.zeros(empty, dtype=np.int64)
+
+
+# ----------------------------------------------------------------------------- scoring again
+def ranks_of(ranking: SplitRanking, relevance: sp.csr_matrix | None) -> dict[str, np.ndarray]:
+    """The `compute_ranks` dict the stored ranks give: `labelled`, and under a relevance
+    matrix `oracle` (exact up to the stored K; past it: K + 1) and `relevant_top`."""
+    out = {"labelled": ranking.labelled_rank}
+    if relevance is None:
+        return out
+    nq, nv = relevance.shape
+    coo = sp.coo_matrix(relevance)
+    relevant_keys = np.unique(coo.row.astype(np.int64) * nv + coo.col)
+    listed = np.arange(nq, dtype=np.int64)[:, None] * nv + ranking.top
+    hit = np.isin(listed, relevant_keys)  # [Q, k]: the listed video is relevant
+    past = ranking.top_k + 1
+    out["oracle"] = np.where(hit, ranking.top_rank, past).min(1, initial=past)
+    out["relevant_top"] = np.stack([(hit & (ranking.top_rank <= k)).sum(1) for k in KS], axis=1)
+    return out
+
+
+def metrics_of(ranking: SplitRanking, relevance: sp.csr_matrix | None) -> dict:
+    """The metrics block of the stored ranks (under `relevance` where given); see the module note."""
+    return metrics_from_ranks(ranks_of(ranking, relevance), ranking.moment_fraction, relevance)
+
+
+# ----------------------------------------------------------------------------- the file
+def save_rankings(path: str | Path, rankings: dict[str, SplitRanking], meta: dict[str, Any]) -> Path:
+    """Write the splits' rankings atomically (compressed; read back by `load_rankings`)."""
+    arrays: dict[str, np.ndarray] = {"meta": _json_bytes({"format": FORMAT, **meta, "splits": list(rankings)})}
+    for name, r in rankings.items():
+        nv = len(r.keys.video_ids)
+        positions = np.arange(1, r.top.shape[1] + 1)
+        arrays[f"{name}.top"] = r.top.astype(np.uint16 if nv < 2**16 else np.int32)
+        # rank - position: 0 but where ties are (rank >= position), so the column compresses to nothing
+        arrays[f"{name}.ties"] = (r.top_rank - positions).astype(np.uint8 if r.top_k < 2**8 else np.int32)
+        arrays[f"{name}.labelled_rank"] = r.labelled_rank.astype(np.int32)
+        arrays[f"{name}.moment_fraction"] = r.moment_fraction
+        arrays[f"{name}.query_video"] = r.keys.query_video.astype(np.int32)
+        arrays[f"{name}.text"] = _json_bytes({"video_ids": r.keys.video_ids, "query_ids": r.keys.query_ids,
+                                              "query_text": r.keys.query_text, "top_k": r.top_k})
+    path = Path(path)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        # numpy's stub lets a **dict of arrays fill its allow_pickle: bool; no key here is named so
+        np.savez_compressed(f, **arrays)  # type: ignore[arg-type]
+    return path
+
+
+def load_rankings(path: str | Path) -> tuple[dict[str, SplitRanking], dict[str, Any]]:
+    """The rankings of a `.rank.npz` and its meta; an unreadable file is a one-line error."""
+    path = Path(path)
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            meta = _from_json(z["meta"])
+            if meta.get("format") != FORMAT:
+                raise ValueError(f"format {meta.get('format')!r}, this prvr-bench reads {FORMAT}")
+            return {name: _split_of(z, name) for name in meta["splits"]}, meta
+    except (OSError, KeyError, ValueError, TypeError) as e:
+        raise UserError(f"stored rankings {path} cannot be read ({type(e).__name__}: {e}); re-evaluate the run "
+                        "from its checkpoint instead (prvr-bench evaluate RECORD --relevance FILE --from-checkpoint)") \
+            from None
+
+
+def _split_of(z, name: str) -> SplitRanking:
+    text = _from_json(z[f"{name}.text"])
+    top = z[f"{name}.top"].astype(np.int64)
+    top_rank = z[f"{name}.ties"].astype(np.int64) + np.arange(1, top.shape[1] + 1)
+    keys = SplitKeys(text["video_ids"], text["query_ids"], text["query_text"], z[f"{name}.query_video"].astype(np.int64))
+    return SplitRanking(top, top_rank, z[f"{name}.labelled_rank"].astype(np.int64), z[f"{name}.moment_fraction"],
+                        keys, int(text["top_k"]))
+
+
+def _json_bytes(obj: Any) -> np.ndarray:
+    return np.frombuffer(json.dumps(obj).encode("utf-8"), dtype=np.uint8)
+
+
+def _from_json(array: np.ndarray) -> Any:
+    return json.loads(array.tobytes().decode("utf-8"))

@@ -1,0 +1,128 @@
+"""One training run, from a resolved config to a stored run record."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, cast
+
+from prvr.harness.base import progress
+from prvr.harness.engine.build import build_run
+from prvr.harness.base.io import claim
+from prvr.harness.base.names import check_name, check_tag
+from prvr.harness.engine.rankings import TOP_K, rank_split, rankings_path, save_rankings
+from prvr.harness.engine.record_types import (MOMENT_METRIC_PREFIXES, SPLIT_METRIC_KEYS, DataFacts, RunMetrics, RunRecord,
+                                       SplitMetrics)
+from prvr.harness.engine.records import (checkpoint_dir, provenance, provenance_time, record_path, run_protocol, run_tag,
+                                  write_record)
+from prvr.harness.base.registry import METHODS
+from prvr.harness.engine.robustness import curve_line, noise_curve
+from prvr.harness.engine.sections import Config
+from prvr.harness.base.timing import Timings
+from prvr.harness.base.devices import device_name
+
+RANKED_SPLITS = ("val", "test")  # stored beside the record (harness/engine/rankings.py)
+
+
+def run_name(cfg: Config, tag: str = "") -> str:
+    """The run's folder name (checked: harness/base/names.py)."""
+    spec = METHODS.get(cfg.method)
+    name = run_tag(cfg.method, cfg.relations.name, spec.relations, cfg.backbone, spec.backbone, check_tag(tag))
+    return check_name(name, "run name", "use a shorter --tag")
+
+
+def run_one(cfg: Config, out: str | Path, resume: bool = False, tag: str = "", hooks: list | None = None,
+            command: str = "", force_resume: bool = False) -> RunRecord:
+    """`train_and_record`, with the run claimed for this process (one writer per run and seed:
+    a second is refused in one line naming the first)."""
+    name = run_name(cfg, tag)
+    with claim(record_path(out, cfg.dataset, name, cfg.seed), f"run {name} on {cfg.dataset}, seed {cfg.seed}"):
+        return train_and_record(cfg, out, resume, tag, hooks, command, force_resume)
+
+
+def train_and_record(cfg: Config, out: str | Path, resume: bool = False, tag: str = "", hooks: list | None = None,
+                     command: str = "", force_resume: bool = False) -> RunRecord:
+    """Train, early-stop on val SumR, test the best checkpoint, write the record; return it.
+
+    `force_resume` resumes even from a checkpoint trained with other settings (the record's
+    `resumes` lists them). A record whose loss became non-finite (train.on_nonfinite=continue)
+    carries `nonfinite: {epoch, step}`, and the leaderboard leaves it out of its means."""
+    timings = Timings()
+    name = run_name(cfg, tag)
+    path = record_path(out, cfg.dataset, name, cfg.seed)
+    ckpt_dir = checkpoint_dir(out, cfg.dataset, name, cfg.seed)
+    run = build_run(cfg, timings=timings)
+    data, detector = run.data, run.detector
+    trainer = run.trainer(ckpt_dir, hooks)
+    progress.log(f"[bold]{name}[/] on {cfg.dataset}, seed {cfg.seed}: {run.parameters / 1e6:.2f}M "
+                 f"parameters, {trainer.device}")
+    # the code that trains is the code checked out now: a checkout changed while the run goes on
+    # (another commit, edited files) must not be what its record names
+    started = provenance(device_name(trainer.device))
+    trainer.fit(resume=resume or force_resume, force_resume=force_resume)
+    trainer.load_model(ckpt_dir / "best.pt")
+    with timings("eval_test"):
+        test = trainer.evaluate("test", show=True)
+    noise = None
+    if cfg.eval.noise_levels:  # robustness to an inserted segment (harness/engine/robustness.py), the same checkpoint
+        with timings("eval_noise"):
+            noise = noise_curve(trainer.model, data["test"], cfg.data, trainer.device, cfg.eval.chunk,
+                                cfg.eval.noise_levels, cfg.eval.noise_source, plain=test, show=True)
+        progress.log(f"test SumR with inserted noise ({cfg.eval.noise_source}): {curve_line(noise)}")
+    with timings("eval_rankings"):  # the best checkpoint's ranks, to score again under other labels
+        ranked = {s: rank_split(trainer.model, data[s], trainer.batchers[s], trainer.device, cfg.eval.chunk)
+                  for s in RANKED_SPLITS if s in data.splits}
+    val = trainer.best["metrics"]
+    assert val is not None  # fit evaluates val at its last epoch at least
+    metrics: RunMetrics = {"val": _keep(val), "test": _keep(test)}
+    if noise is not None:
+        metrics["noise"] = noise
+    record: RunRecord = {
+        "method": cfg.method, "dataset": cfg.dataset, "seed": cfg.seed, "backbone": cfg.backbone,
+        "relations": cfg.relations.name, "run_name": name, "tag": tag, "command": command,
+        "config": cfg.to_dict(),
+        "provenance": {**started, "created": provenance_time(), "data": _data_facts(data)},
+        "protocol": run_protocol(cfg.to_dict(), cfg.dataset, data.meta.get("selection"),
+                                 localizes=trainer.localizes),
+        "timings": timings.as_dict(),
+        "best_epoch": trainer.best["epoch"], "epochs_run": trainer.epoch,
+        "metrics": metrics,
+        "history": trainer.history,
+    }
+    if trainer.nonfinite is not None:
+        record["nonfinite"] = trainer.nonfinite
+    if trainer.degenerate is not None:
+        record["degenerate"] = trainer.degenerate
+    elif test.get("degenerate_scores"):  # the tested checkpoint's scores tell no video apart
+        record["degenerate"] = {"scores": test["degenerate_scores"]}
+        progress.log(f"[yellow]warning[/]: the test scores of the best checkpoint: {test['degenerate_scores']}; the "
+                     "record is marked degenerate and the leaderboard leaves it out of its means")
+    if trainer.resumes:
+        record["resumes"] = trainer.resumes
+    # Detector figures and tables (e.g. ARL's similarity / uncertainty distributions) go
+    # next to the record, named after it: seed<S>.<what>.png
+    record["artifacts"] = detector.write_artifacts(path.parent, path.stem) or []
+    rank_file = save_rankings(rankings_path(path), ranked, {"run": name, "dataset": cfg.dataset, "seed": cfg.seed})
+    record["rankings"] = {"file": rank_file.name, "top_k": TOP_K, "splits": list(ranked)}
+    write_record(path, record)
+    mark = "" if trainer.nonfinite is None else (f"; marked: loss not finite from epoch {trainer.nonfinite['epoch']}, "
+                                                 f"step {trainer.nonfinite['step']}")
+    progress.log(f"wrote {path}: test SumR {test['SumR']:.1f} (val {val['SumR']:.1f}, best epoch "
+                 f"{trainer.best['epoch']}{mark})")
+    return record
+
+
+def _keep(metrics: Mapping[str, Any]) -> SplitMetrics:
+    """A split's block of the record: of the evaluator's figures, the retrieval ones
+    (SPLIT_METRIC_KEYS), then the moment ones (harness/engine/vcmr.py: VCMR-0.5 R@1, SVMR-0.7 R@5, VCMR
+    SumR, ...); scratch such as `degenerate_scores` is left out."""
+    kept = {k: metrics[k] for k in SPLIT_METRIC_KEYS if k in metrics}
+    # the cast: every key kept is one SplitMetrics declares, by name or by its moment prefix
+    return cast(SplitMetrics, {**kept, **{k: v for k, v in metrics.items() if k.startswith(MOMENT_METRIC_PREFIXES)}})
+
+
+def _data_facts(data: Any) -> DataFacts:
+    facts: DataFacts = {"name": data.name}
+    for key in ("generator_version", "test", "train", "selection", "relevance"):
+        if key in data.meta:
+            facts[key] = data.meta[key]
+    return facts
