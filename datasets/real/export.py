@@ -31,6 +31,7 @@ from prvr.datasets.real.relevance import write_relevance
 from prvr.datasets.real.specs import SPECS, Row
 from prvr.datasets.types import PRVRData, Split
 from prvr.harness.base.io import UserError, atomic_path, write_json, write_text
+from prvr.harness.base.names import check_name
 
 MARKER = "prvr_export.json"  # written by export, read by the loader into the data facts of each run
 
@@ -48,6 +49,8 @@ def export(data: PRVRData, collection: str, to: Path, layout: str, feature: str 
     spec = SPECS[collection]
     if layout not in spec.layouts:
         raise UserError(f"layout {layout!r} does not exist for {collection} (has: {', '.join(spec.layouts)}); fix --layout")
+    if feature:  # a folder / file name under the export: never a path that leaves it
+        check_name(feature, "--feature", "name a feature folder, e.g. i3d_resnet")
     folder = Path(to) / collection
     if folder.exists() and any(folder.iterdir()) and not force:
         raise UserError(f"{folder} exists and is not empty; pass --force to overwrite it or pick another --to")

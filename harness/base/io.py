@@ -7,6 +7,12 @@ folder removes it once its writer is known to be gone: written on this host, by 
 that no longer exists, and untouched for a minute. Temporaries from other hosts (a shared
 folder) are left alone: their pids mean nothing here. Files get the mode the umask allows
 (0o666 & ~umask), like any file the user creates.
+
+Every file the suite writes goes through `atomic_path` (records, rankings, tables, JSON, figures,
+exports, calibration, the rehearsal): its target must be a regular file or absent. A device node,
+FIFO, socket, folder or symbolic link in its place is named and left alone (`check_target`), so
+`--json /dev/null` never turns a device into a file; a failed write (a full disk) leaves the old
+file as it was and says so in one line.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import re
 import secrets
 import shutil
 import socket
+import stat
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -36,17 +43,48 @@ class UserError(Exception):
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path in the target's folder; rename it over `path` on success.
 
-    A crash or exception leaves the old file (or no file) in place, never half a file.
+    A crash or exception leaves the old file (or no file) in place, never half a file. The target
+    must be a regular file or absent (`check_target`); an OSError of the write (a full disk, a name
+    too long) is one line naming the file and its cause.
     """
     path = Path(path)
+    check_target(path)
     ensure_dir(path.parent)
     tmp_path = temporary_beside(path)
     try:
         yield tmp_path
+        check_target(path)  # nothing else took its place while it was written
         os.replace(tmp_path, path)
+    except OSError as e:
+        raise UserError(f"cannot write {path}: {os_cause(e, path)}; nothing was replaced") from None
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+
+
+def file_kind(mode: int) -> str:
+    """What a file of this `st_mode` is, in words."""
+    for test, kind in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link"), (stat.S_ISREG, "a file")):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+def check_target(path: str | Path) -> None:
+    """A path the suite is about to write must be a regular file or absent: anything else (a folder,
+    a FIFO, a device node, a socket, a symbolic link) is refused in one line before anything is
+    written, and left as it was."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise UserError(f"cannot write {path}: {os_cause(e, path)}") from None
+    if not stat.S_ISREG(mode):
+        raise UserError(f"{path} is {file_kind(mode)}, not a regular file: nothing is written there; "
+                        "give the path of a file (or of none yet)")
 
 
 def temporary_beside(path: Path, folder: bool = False) -> Path:
@@ -145,6 +183,15 @@ def claim(path: str | Path, what: str) -> Iterator[None]:
 def write_text(path: str | Path, text: str) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
+
+
+def write_texts(files: dict[Path, str]) -> None:
+    """Several files of one output (a table's .md and .csv): every target is checked before the first is
+    written, so a refused one leaves all of them as they were."""
+    for path in files:
+        check_target(path)
+    for path, text in files.items():
+        write_text(path, text)
 
 
 def write_json(path: str | Path, obj: Any) -> None:

@@ -7,8 +7,8 @@ import argparse
 import shlex
 from pathlib import Path
 
-from prvr.harness.base.io import UserError, write_text
-from prvr.harness.base.names import from_here
+from prvr.harness.base.io import UserError, write_texts
+from prvr.harness.base.names import check_name, from_here, inside
 from prvr.harness.cli.args import command
 from prvr.harness.reports.world_calibration import distance, read_worlds, render
 
@@ -36,6 +36,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_calibrate_world(args: argparse.Namespace) -> None:
+    check_name(args.world, "--world", "name the simulated dataset, e.g. sim-tvr")  # it names the report's files
     real = read_worlds(Path(args.real), args.real_split)
     if len(real) != 1:
         raise UserError(f"{args.real}: {len(real)} worlds in the real table; give the census of one real split")
@@ -56,9 +57,8 @@ def cmd_calibrate_world(args: argparse.Namespace) -> None:
                         *(w for p, world in args.preset for w in ("--preset", p, repr(world))),
                         *(["--before", repr(args.before)] if args.before else [])])
     md, table = render(args.world, real[0], worlds, thetas, command, marked)
-    out = Path(args.out) / "calibration" / f"{args.world}~real"
-    write_text(out.with_suffix(".md"), md)
-    write_text(out.with_suffix(".csv"), table)
+    out = inside(Path(args.out) / "calibration" / f"{args.world}~real", args.out, "--world")
+    write_texts({out.with_suffix(".md"): md, out.with_suffix(".csv"): table})
     print(md)
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import ModuleType
 
 from prvr.harness.base import progress
-from prvr.harness.base.io import UserError
+from prvr.harness.base.io import UserError, check_target
 from prvr.harness.cli.jobs import Job, Launch, gpu_env, raise_failures, report, run_command, schedule
 
 WORKER_NICENESS = "RAY_worker_niceness"  # read by the raylet a local `ray.init` starts
@@ -49,6 +49,7 @@ def train_job(args: list[str], log: str, cwd: str, env: dict[str, str] | None = 
     changed in the worker's environment; its exit code and seconds. A cancelled task stops its run."""
     start = time.perf_counter()
     Path(log).parent.mkdir(parents=True, exist_ok=True)
+    check_target(log)
     with open(log, "w", encoding="utf-8") as out:
         proc = subprocess.Popen(run_command(args), stdout=out, stderr=subprocess.STDOUT, cwd=cwd,
                                 env={**os.environ, **(env or {})},

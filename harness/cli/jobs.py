@@ -31,7 +31,7 @@ from pathlib import Path
 
 from prvr.harness.base import progress
 from prvr.harness.base.devices import DEVICE_ENV
-from prvr.harness.base.io import UserError, ensure_dir, read_json
+from prvr.harness.base.io import UserError, check_target, ensure_dir, read_json
 
 POLL_S = 0.5
 CUDA_ENV = "CUDA_VISIBLE_DEVICES"
@@ -193,7 +193,9 @@ def run_jobs(jobs: list[Job], workers: int, command: str, gpus: Sequence[str] = 
     """Run every job, `workers` at a time, a job that trains on CUDA on one of `gpus`; raise UserError
     naming each failed run and its log (`command`: the prvr-bench command that planned them, for the
     progress lines)."""
-    pending, running, failed = schedule(jobs), [], []
+    pending = schedule(jobs)
+    running: list[tuple[subprocess.Popen, Job, str | None]] = []  # (process, its job, its GPU)
+    failed: list[Job] = []
     devices = GpuRoundRobin(gpus)
     start = time.perf_counter()
     with progress.task(f"{command} ({workers} jobs)", total=len(jobs)) as advance:
@@ -223,6 +225,7 @@ def run_jobs(jobs: list[Job], workers: int, command: str, gpus: Sequence[str] = 
 
 def _start(job: Job, gpu: str | None) -> subprocess.Popen:
     ensure_dir(job.log.parent)
+    check_target(job.log)  # a log is a file: never a FIFO or a device left in its place
     progress.log(f"start {job.label}{'' if gpu is None else f' on GPU {gpu}'} (log: {job.log})")
     job.started = time.perf_counter()
     env = {**os.environ, **gpu_env(job, gpu)}

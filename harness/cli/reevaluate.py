@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 from pathlib import Path
 from dataclasses import dataclass
@@ -293,6 +294,9 @@ def _joined(file: RelevanceFile, keys: SplitKeys, split_name: str, record: Path)
     return relevance, report
 
 
+RUN_FILE = re.compile(r"seed-?\d+(\.json|\.rank\.npz)")  # a run's record / rankings (records.record_path)
+
+
 @dataclass(frozen=True)
 class Analysis:
     """An analysis a method brings to `evaluate` as a flag of its own (GMMFormer v2's `--fusion-weights`):
@@ -448,8 +452,13 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
 
 
 def _write_json(args: argparse.Namespace, rows: list[dict[str, Any]], **extra: Any) -> None:
-    """`--json FILE`: the split, any extra keys and the rows, written atomically."""
+    """`--json FILE`: the split, any extra keys and the rows, written atomically; never over a run's
+    record or rankings (a file named as the runs name theirs, or one of the records given)."""
     if args.json:
+        target = Path(args.json)
+        if RUN_FILE.fullmatch(target.name) or any(Path(r).resolve() == target.resolve() for r in args.records):
+            raise UserError(f"--json {args.json}: that is the name of a run's record or rankings, which evaluate "
+                            "never changes; write the figures to another file")
         write_json(args.json, {"split": args.split, **extra, "rows": rows})
         progress.log(f"wrote {args.json}")
 

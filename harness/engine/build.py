@@ -14,9 +14,10 @@ from typing import Any, cast
 
 import torch
 
+from prvr.datasets.sim.cache import cache_root
 from prvr.harness.base.contract import MethodSpec, RelationDetector
 from prvr.harness.base.devices import pick_device
-from prvr.harness.engine.precision import set_encoders, warn_where_compile_starts_cuda
+from prvr.harness.engine.precision import compile_caches_under, set_encoders, warn_where_compile_starts_cuda
 from prvr.harness.base.registry import BACKBONES, DATASETS, DETECTORS, METHODS, extended_home
 from prvr.harness.engine.sections import Config
 from prvr.harness.base.timing import Timings
@@ -35,6 +36,7 @@ def build_model(cfg: Config, video_dim: int, query_dim: int) -> torch.nn.Module:
     model = spec.wrap(backbone, cfg, video_dim, query_dim) if spec.wrap is not None else cast(torch.nn.Module, backbone)
     if cfg.train.compile:
         warn_where_compile_starts_cuda(pick_device(cfg.train.device))
+        compile_caches_under(cache_root(cfg.data.cache_dir))  # not the system's temporary folder
     return set_encoders(model, cfg.train.precision, cfg.train.compile)  # train.precision / compile, everywhere
 
 

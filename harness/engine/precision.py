@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -82,6 +83,19 @@ def set_encoders(model: torch.nn.Module, precision: str, compile: bool = False) 
             encode = torch.compile(encode, dynamic=True)
         setattr(model, name, encode)
     return model
+
+
+# torch.compile's build caches (inductor's generated code and kernels, triton's), which torch puts in the
+# system's temporary folder by default: a compiled run keeps them under the suite's cache folder instead
+COMPILE_CACHE_ENV = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+
+
+def compile_caches_under(cache: Path) -> dict[str, str]:
+    """Point torch.compile's build caches into `cache`/torch-compile/ (inductor, triton), unless the user
+    set them; torch reads these variables when it compiles. Returns the variables as they now are."""
+    for name in COMPILE_CACHE_ENV:
+        os.environ.setdefault(name, str(cache / "torch-compile" / name.split("_")[0].lower()))
+    return {name: os.environ[name] for name in COMPILE_CACHE_ENV}
 
 
 def warn_where_compile_starts_cuda(device: torch.device) -> None:

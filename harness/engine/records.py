@@ -205,7 +205,9 @@ def cpu_facts(cpuinfo: str | Path = "/proc/cpuinfo") -> CpuFacts:
 def _git(*args: str) -> str:
     here = Path(__file__).resolve().parent
     try:
-        out = subprocess.run(["git", *args], cwd=here, capture_output=True, text=True, timeout=10)
+        # --no-optional-locks: reading the state takes no lock on the index, so a run never blocks
+        # (or is blocked by) a git command of the user's in the same checkout
+        out = subprocess.run(["git", "--no-optional-locks", *args], cwd=here, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
     return out.stdout.strip() if out.returncode == 0 else "unknown"

@@ -34,7 +34,7 @@ import numpy as np
 from prvr.harness.reports import buckets, calibration, noise
 
 from prvr.harness.base import progress
-from prvr.harness.base.io import UserError, read_yaml, write_text
+from prvr.harness.base.io import UserError, read_yaml, write_texts
 from prvr.harness.reports.quick import QUICK_TAG, is_quick
 from prvr.harness.engine.record_types import RunRecord
 from prvr.harness.engine.records import load_record_at
@@ -459,8 +459,7 @@ def write(root: str | Path, rows: list[dict[str, Any]], reported: list[dict[str,
           left_out: list[str] | None = None, skipped: list[str] | None = None) -> tuple[Path, Path]:
     root = Path(root)
     csv_path, md_path = root / "leaderboard.csv", root / "leaderboard.md"
-    write_text(csv_path, to_csv(rows, reported))
-    write_text(md_path, to_markdown(rows, reported, left_out, skipped))
+    write_texts({Path(csv_path): to_csv(rows, reported), Path(md_path): to_markdown(rows, reported, left_out, skipped)})
     return csv_path, md_path
 
 
