@@ -1,0 +1,80 @@
+"""`prvr-bench compare`: paired differences of rows of one dataset, with intervals and tests.
+
+`prvr-bench compare --dataset sim-tvr-v2 --rows ral@msl:msl baseline+oracle:baseline --out results`
+compares each pair A:B over their shared seeds' stored test rankings (harness/reports/stats.py):
+A - B of the mean R@K and SumR, a 95% two-level bootstrap interval, a paired randomization
+test's p and Holm's adjusted p over the table; it prints the markdown table and writes
+`<out>/compare/<dataset>.md` and `.csv`. What the figures mean: docs/statistics.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from pathlib import Path
+
+from prvr.harness.base import progress
+from prvr.harness.base.io import UserError, write_text
+from prvr.harness.base.names import check_name, from_here, inside
+from prvr.harness.cli.args import command
+from prvr.harness.reports.stats import METRICS, PERMUTATIONS, RESAMPLES, SEED, CompareTable, Settings, \
+    compare_table, to_csv, to_markdown
+
+
+@command("compare", "paired differences of rows, with bootstrap intervals, randomization tests and Holm's correction")
+def add_commands(sub) -> None:
+    p = sub.add_parser("compare", help="paired differences of rows of one dataset from their stored rankings: "
+                                       "bootstrap intervals, randomization tests, Holm's correction")
+    p.add_argument("--dataset", required=True, help="the dataset whose rows to compare, e.g. sim-tvr-v2")
+    p.add_argument("--rows", nargs="+", required=True, metavar="A:B",
+                   help="pairs of run names, A minus B, e.g. ral@msl:msl baseline+oracle:baseline")
+    p.add_argument("--out", default="results", help="the results folder (reads runs/, writes compare/)")
+    p.add_argument("--metrics", nargs="+", default=list(METRICS), help=f"of {' '.join(METRICS)} (default: all)")
+    p.add_argument("--resamples", type=int, default=RESAMPLES, help="bootstrap resamples")
+    p.add_argument("--permutations", type=int, default=PERMUTATIONS, help="randomization-test permutations")
+    p.add_argument("--seed", type=int, default=SEED, help="the random seed of the bootstrap and the test")
+    p.add_argument("--min-seeds", type=int, default=2, choices=(1, 2),
+                   help="shared seeds a pair needs; 1 gives a queries-only interval, marked so (default 2)")
+    p.set_defaults(func=cmd_compare)
+
+
+def cmd_compare(args: argparse.Namespace) -> None:
+    pairs = [parse_pair(text) for text in args.rows]
+    settings = Settings(args.resamples, args.permutations, args.seed, args.min_seeds, tuple(args.metrics))
+    table = compare_table(args.out, args.dataset, pairs, settings)
+    md, path = write_tables(args.out, table, pairs)
+    print(md, end="")
+    progress.log(f"wrote {path} and {path.with_suffix('.csv')}")
+
+
+def parse_pair(text: str) -> tuple[str, str]:
+    """`A:B` -> (A, B), each a run name."""
+    a, sep, b = text.partition(":")
+    if not sep or not a or not b or ":" in b:
+        raise UserError(f"--rows {text!r} is not a pair A:B of run names; write e.g. ral@msl:msl")
+    return (check_name(a, f"--rows {text!r}: row", "give a run's folder name"),
+            check_name(b, f"--rows {text!r}: row", "give a run's folder name"))
+
+
+def write_tables(out: str | Path, table: CompareTable, pairs: list[tuple[str, str]]) -> tuple[str, Path]:
+    """The markdown (with the command that made it) and CSV under <out>/compare/<dataset>."""
+    dataset = check_name(table.dataset, "--dataset", "give a dataset name, e.g. sim-tvr-v2")
+    path = inside(Path(out) / "compare" / f"{dataset}.md", out, "comparison table")
+    md = to_markdown(table, command_line(out, table, pairs))
+    write_text(path, md)
+    write_text(path.with_suffix(".csv"), to_csv(table))
+    return md, path
+
+
+def command_line(out: str | Path, table: CompareTable, pairs: list[tuple[str, str]]) -> str:
+    """The command that makes the table again (the defaults left out)."""
+    s = table.settings
+    words = ["prvr-bench", "compare", "--dataset", table.dataset, "--rows", *(f"{a}:{b}" for a, b in pairs),
+             "--out", from_here(out) or "OUT"]
+    if s.metrics != METRICS:
+        words += ["--metrics", *s.metrics]
+    for flag, value, default in (("--resamples", s.resamples, RESAMPLES), ("--permutations", s.permutations,
+                                 PERMUTATIONS), ("--seed", s.seed, SEED), ("--min-seeds", s.min_seeds, 2)):
+        if value != default:
+            words += [flag, str(value)]
+    return shlex.join(words)

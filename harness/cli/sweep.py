@@ -1,0 +1,147 @@
+"""`prvr-bench sweep`: methods trained at several values of one world knob, then their curves.
+
+    prvr-bench sweep --dataset sim-tvr-v2 --knob sim.repeat_prob --values 0 0.2 0.35 0.6 0.9 \\
+        --method baseline msl ral@msl --oracle --seeds 0 1 2 --jobs 2
+
+Each (value, method, seed) is an ordinary `prvr-bench run` with `--set KNOB=VALUE`: at the preset's
+own value the run is the method's plain row (no tag, so the leaderboard's runs count), elsewhere it is
+tagged `<knob>V` (`baseline~repeat_prob0.6`). `METHOD@BACKBONE` trains a method on another backbone
+(`ral@msl`); `--oracle` adds each method fed the simulated ground truth (`baseline+oracle`). A run whose
+record exists is kept, so an interrupted sweep resumes where it stopped and makes no run twice. Every
+run is resolved before the first trains: an unknown knob or a value out of its range is one line.
+The curves and the table (harness/reports/sweeps.py) follow from the records, also alone with
+`--report-only`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from prvr.harness.base import progress
+from prvr.harness.base.io import UserError, ensure_dir
+from prvr.harness.base.registry import DATASETS
+from prvr.harness.cli.args import add_jobs_argument, command, command_line, common_arguments, data_root_overrides, \
+    run_args, set_threads
+from prvr.harness.cli.fanout import launch_from_args, run_in_processes
+from prvr.harness.cli.plan import PROFILE_FILE, BenchRun, PlanRow, estimate, plan_table, profile_costs
+from prvr.harness.engine.config import resolve
+from prvr.harness.engine.records import record_path
+from prvr.harness.engine.runner import run_name, run_one
+from prvr.harness.engine.sections import Config
+from prvr.harness.reports.sweeps import Sweep, knob_tag, write_sweep
+
+
+@dataclass(frozen=True)
+class SweepRun:
+    """One planned run of a sweep: the bench's planned run and its tag ("" at the preset's value)."""
+
+    run: BenchRun
+    tag: str
+
+
+@command("sweep", "methods at several values of a world knob, then their curves")
+def add_commands(sub) -> None:
+    p = sub.add_parser("sweep", help="train methods at several values of one world knob (e.g. sim.repeat_prob), "
+                                     "then OUT/sweeps/<dataset>~<knob>.{md,csv,png}")
+    p.add_argument("--dataset", default="sim-tvr-v2", help="a simulated dataset (default: sim-tvr-v2)")
+    p.add_argument("--knob", required=True, help="the config key swept, e.g. sim.repeat_prob or sim.mislabel_rate")
+    p.add_argument("--values", nargs="+", required=True, type=float, metavar="V", help="its values")
+    p.add_argument("--method", nargs="+", required=True, help="methods, or METHOD@BACKBONE (ral@msl)")
+    p.add_argument("--oracle", action="store_true", help="also each method with the oracle detector")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--out", default="results")
+    p.add_argument("--plan", action="store_true", help="print the planned runs and their expected time, and stop")
+    p.add_argument("--report-only", action="store_true", help="write the curves from the records there are")
+    add_jobs_argument(p)
+    common_arguments(p)
+    p.set_defaults(func=cmd_sweep)
+
+
+def plan_sweep(args: argparse.Namespace) -> tuple[Sweep, list[SweepRun]]:
+    """Every run of the sweep, resolved up front (a bad knob, value, method or name fails here)."""
+    if not DATASETS.get(args.dataset).simulated:
+        raise UserError(f"--dataset {args.dataset} is not simulated: a sweep moves a knob of a simulated world; "
+                        "pick one of the sim-* datasets")
+    if len(set(args.values)) != len(args.values):
+        raise UserError(f"--values {' '.join(f'{v:g}' for v in args.values)}: a value given twice; give each once")
+    preset = resolve(_method(args.method[0]), args.dataset, 0, [*data_root_overrides(args), *args.overrides])
+    default = _knob_value(preset, args.knob)
+    runs: list[SweepRun] = []
+    names: dict[str, str] = {}  # the run's name at the preset's value -> its method argument
+    for value in args.values:
+        tag = "" if value == default else knob_tag(args.knob, value)
+        for method in args.method:
+            for oracle in ([False, True] if args.oracle else [False]):
+                extra = [f"{args.knob}={value:g}", *(["relations.name=oracle"] if oracle else [])]
+                for seed in args.seeds:
+                    cfg = resolve(_method(method), args.dataset, seed, [*data_root_overrides(args), *args.overrides,
+                                                                         *_backbone(method), *extra], args.config)
+                    name = run_name(cfg, tag)
+                    names.setdefault(run_name(cfg), method)
+                    one = copy.copy(args)
+                    one.tag, one.backbone = tag, _backbone_name(method) or args.backbone
+                    planned = BenchRun(cfg, name, record_path(args.out, cfg.dataset, name, seed),
+                                       tuple(run_args(one, _method(method), args.dataset, seed,
+                                                      [*args.overrides, *extra])))
+                    runs.append(SweepRun(planned, tag))
+    sweep = Sweep(args.dataset, args.knob, tuple(args.values), default, tuple(names), tuple(args.seeds),
+                  command_line())
+    return sweep, runs
+
+
+def cmd_sweep(args: argparse.Namespace) -> None:
+    set_threads(args.threads)
+    sweep, planned = plan_sweep(args)
+    if not args.report_only:
+        _train(args, planned)
+    if not args.plan:
+        print(write_sweep(sweep, args.out), end="")
+
+
+def _train(args: argparse.Namespace, planned: list[SweepRun]) -> None:
+    """The plan, then the runs without a record (`--plan`: the plan alone)."""
+    runs = [p.run for p in planned]
+    todo = [p for p in planned if not p.run.record.exists()]
+    costs = profile_costs(Path(args.out) / PROFILE_FILE)
+    rows = [PlanRow(r.name, r.cfg.dataset, r.cfg.seed, estimate(r.cfg, r.record, costs), r.record.exists())
+            for r in runs]
+    workers, launch = launch_from_args(args, [p.run.cfg for p in todo])
+    print(plan_table(rows, workers, args.out), end="", flush=True)
+    if args.plan:
+        return
+    ensure_dir(args.out)
+    start = time.perf_counter()
+    if workers > 1 or launch.executor == "ray":
+        run_in_processes(args.out, [(p.run.cfg, p.run.name, list(p.run.args)) for p in todo], workers, args.threads,
+                         "sweep", launch)
+    else:
+        for i, p in enumerate(todo):
+            progress.log(f"[{i + 1}/{len(todo)}] {p.run.name} on {p.run.cfg.dataset}, seed {p.run.cfg.seed}")
+            run_one(p.run.cfg, args.out, tag=p.tag, command=command_line())
+    progress.log(f"sweep: {len(runs)} runs planned, {len(todo)} made, in {time.perf_counter() - start:.0f} s")
+
+
+def _method(name: str) -> str:
+    return name.partition("@")[0]
+
+
+def _backbone_name(name: str) -> str:
+    return name.partition("@")[2]
+
+
+def _backbone(name: str) -> list[str]:
+    return [f"backbone={_backbone_name(name)}"] if _backbone_name(name) else []
+
+
+def _knob_value(cfg: Config, knob: str) -> float:
+    """The preset's value of the knob: a number of a section of the config (e.g. sim.repeat_prob)."""
+    section, _, key = knob.partition(".")
+    value = getattr(getattr(cfg, section, None), key, None) if key else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise UserError(f"--knob {knob}: not a number of the config (e.g. sim.repeat_prob, sim.mislabel_rate, "
+                        "train.batch_size); `prvr-bench config --method M --dataset D` shows them")
+    return float(value)

@@ -1,0 +1,431 @@
+"""Statistics from stored rankings: is row A better than row B on a dataset's test split, and by how much?
+
+A run's record holds its test R@K and SumR; its stored rankings (`seed<S>.rank.npz`,
+harness/engine/rankings.py) hold each test query's labelled rank, from which those figures are
+the mean over queries of per-query scores: R@K of a query is 100 if its labelled video ranks
+<= K else 0, its SumR the sum of its four R@K. Two rows of one dataset share their seeds' test
+queries, so their per-(seed, query) scores pair up, and this module compares them:
+
+- the difference of the rows' mean figure (mean over the shared seeds of each seed's test
+  figure, A minus B), with a 95% interval from a two-level paired bootstrap: resample the seeds
+  with replacement, then within each resampled seed its test queries with replacement, the
+  same query indices for both rows (`bootstrap_differences`). The seed level carries the
+  training randomness, the query level the test set's. `scipy.stats.bootstrap` resamples one
+  level only, so this is numpy: one seeded Generator, vectorized over resamples in chunks;
+  the interval is the percentile interval of the resampled differences;
+- the p of a paired randomization test (`randomization_p`): under the null the two rows'
+  scores of a (seed, query) are exchangeable, so each pair's scores swap at random
+  (`scipy.stats.permutation_test`, permutation_type='samples', two-sided, vectorized);
+- Holm's step-down correction over every p a table reports (`holm`; scipy has only the
+  Benjamini-Hochberg `false_discovery_control`).
+
+With a single shared seed there is no seed level: `Settings(min_seeds=1)` (`--min-seeds 1`)
+then gives the query-level interval and test, marked `QUERIES_ONLY` in the table; by default
+two shared seeds are required. Every figure is seeded and deterministic. docs/statistics.md
+says what a difference means and why these libraries.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, Literal, Mapping, Sequence
+
+import numpy as np
+from scipy import stats
+
+from prvr.harness.base.io import UserError
+from prvr.harness.base.names import check_name, inside
+from prvr.harness.engine.evaluate import KS, recall_table
+from prvr.harness.engine.rankings import SplitRanking, load_rankings, rankings_path
+from prvr.harness.engine.record_types import RunRecord
+from prvr.harness.engine.records import RECORD_FILE, load_record_at
+from prvr.harness.reports.rows import dataset_label
+
+METRICS: tuple[str, ...] = (*(f"R@{k}" for k in KS), "SumR")
+RESAMPLES = 10_000  # bootstrap resamples
+PERMUTATIONS = 10_000  # randomization-test resamples
+SEED = 0
+LEVEL = 0.95
+SPLIT: Final = "test"
+BOTH_LEVELS: Final = "seeds and queries"
+QUERIES_ONLY: Final = "queries only (1 seed)"
+IntervalOver = Literal["seeds and queries", "queries only (1 seed)"]
+CHUNK_ELEMENTS = 2**20  # query draws per bootstrap chunk: bounds its memory (~8 bytes x metrics each)
+PERMUTATION_BATCH = 1000  # permutations per vectorized call of the statistic
+
+
+# ----------------------------------------------------------------------------- per-query scores
+@dataclass(frozen=True)
+class SeedScores:
+    """One seed of one row: its test query ids, labelled videos and per-query scores."""
+
+    seed: int
+    record: Path
+    query_ids: list[str]
+    labelled_videos: list[str]
+    scores: np.ndarray  # [Q, len(METRICS)] in percent; the column means are the record's figures
+    figures: dict[str, float]  # the record's stored test figures (METRICS)
+
+
+@dataclass(frozen=True)
+class Row:
+    """A row (run name) of a dataset: its seeds' scores, and the world it was run in."""
+
+    dataset: str
+    run: str
+    world: tuple[str, ...]
+    seeds: dict[int, SeedScores]
+
+
+def query_scores(labelled_rank: np.ndarray) -> np.ndarray:
+    """[Q, len(METRICS)] per-query R@K (100 or 0) and SumR (their sum) from 1-based labelled ranks:
+    each column's mean is `recall_table`'s figure (harness/engine/evaluate.py)."""
+    hits = 100.0 * (np.asarray(labelled_rank)[:, None] <= np.asarray(KS)[None, :])
+    return np.concatenate([hits, hits.sum(axis=1, keepdims=True)], axis=1)
+
+
+def world_of(record: RunRecord) -> tuple[str, ...]:
+    """What makes two records' test sets one world: the dataset (marked where it is an export of a
+    simulated one), the simulator's generator version, the data scale and, for a simulated world, its
+    knobs (`--set sim.repeat_prob=0.6` makes another world under the same dataset name: a sweep's)."""
+    data = record.get("provenance", {}).get("data", {})
+    config: Mapping[str, Any] = record.get("config", {})
+    scale = (config.get("data") or {}).get("scale", "")
+    knobs = ""
+    if data.get("generator_version") is not None and isinstance(config.get("sim"), dict):
+        knobs = hashlib.sha256(json.dumps(config["sim"], sort_keys=True).encode()).hexdigest()[:8]
+    return (dataset_label(record), str(data.get("generator_version", "")), str(scale), knobs)
+
+
+def load_row(out: str | Path, dataset: str, run: str) -> Row:
+    """Every seed of `<out>/runs/<dataset>/<run>/`, each with its test scores from its stored rankings."""
+    check_name(dataset, "--dataset", "give a dataset name, e.g. sim-tvr-v2")
+    check_name(run, "row", "give a run's folder name, e.g. msl or arl~base")
+    folder = inside(Path(out) / "runs" / dataset / run, out, "run folder")
+    files = sorted(f for f in folder.glob("seed*.json") if RECORD_FILE.fullmatch(f.name)) if folder.is_dir() else []
+    if not files:
+        raise UserError(f"row {run!r}: no run records under {folder}; check the row's name, --dataset and --out")
+    seeds: dict[int, SeedScores] = {}
+    worlds: dict[tuple[str, ...], Path] = {}
+    for f in files:
+        record = load_record_at(f)
+        worlds.setdefault(world_of(record), f)
+        seeds[record["seed"]] = seed_scores(f, record)
+    if len(worlds) > 1:
+        (w1, f1), (w2, f2) = list(worlds.items())[:2]
+        raise UserError(f"row {run!r} mixes worlds: {f1} is {_world(w1)}, {f2} is {_world(w2)}; "
+                        "keep one world's runs in a run folder")
+    return Row(dataset, run, next(iter(worlds)), dict(sorted(seeds.items())))
+
+
+def seed_scores(path: Path, record: RunRecord) -> SeedScores:
+    """A record's test scores from the rankings stored beside it, checked to give its test figures."""
+    stored = rankings_path(path)
+    if not stored.is_file():
+        raise UserError(f"run record {path} has no stored rankings ({stored.name}: runs made before rankings were "
+                        "stored have none); re-run that run to compare it, or leave the row out")
+    rankings, meta = load_rankings(stored)
+    if SPLIT not in rankings:
+        raise UserError(f"stored rankings {stored} hold no {SPLIT} split (only {', '.join(rankings) or 'none'}); "
+                        "re-run that run to compare it")
+    ranking = rankings[SPLIT]
+    block: Mapping[str, Any] = record["metrics"][SPLIT]
+    figures = {m: float(block.get(m, math.nan)) for m in METRICS}
+    check_meta(stored, path, record, meta)
+    check_figures(stored, path, ranking, figures)
+    keys = ranking.keys
+    return SeedScores(record["seed"], path, list(keys.query_ids), [keys.video_ids[i] for i in keys.query_video],
+                      query_scores(ranking.labelled_rank), figures)
+
+
+def check_meta(stored: Path, path: Path, record: RunRecord, meta: Mapping[str, Any]) -> None:
+    """The rankings name the dataset, run and seed of their record."""
+    want = {"dataset": record["dataset"], "run": record.get("run_name", record["method"]), "seed": record["seed"]}
+    for key, value in want.items():
+        if key in meta and meta[key] != value:
+            raise UserError(f"stored rankings {stored} are of {key} {meta[key]!r}, but run record {path} is of "
+                            f"{value!r}: the rankings do not belong to the record; re-run that run")
+
+
+def check_figures(stored: Path, path: Path, ranking: SplitRanking, figures: dict[str, float]) -> None:
+    """The rankings' test figures must be the record's: else they are another run's."""
+    again = recall_table(ranking.labelled_rank)
+    for m in METRICS:
+        if not math.isclose(again[m], figures[m], rel_tol=1e-9, abs_tol=1e-9):
+            raise UserError(f"stored rankings {stored} give test {m} {again[m]:.4f}, but run record {path} says "
+                            f"{figures[m]:.4f}: the rankings do not belong to the record; re-run that run")
+
+
+# ----------------------------------------------------------------------------- the statistics
+def bootstrap_differences(diffs: Sequence[np.ndarray], resamples: int = RESAMPLES, seed: int = SEED) -> np.ndarray:
+    """[resamples, M] bootstrap replicates of the mean over seeds of the mean over queries of
+    `diffs` (per seed [Q_s, M]: A's per-query scores minus B's). Two levels: each replicate draws
+    len(diffs) seeds with replacement, then within each drawn seed Q_s queries with replacement;
+    with one seed, the queries only. numpy, not scipy.stats.bootstrap (one level only): one
+    `np.random.default_rng(seed)`, vectorized over the replicates of a chunk, seeds of unequal
+    query counts padded with a zero row that draws past a seed's count point at."""
+    rng = np.random.default_rng(seed)
+    counts = np.array([len(d) for d in diffs])
+    n_seeds, qmax, m = len(diffs), int(counts.max()), diffs[0].shape[1]
+    table = np.zeros((m, n_seeds, qmax + 1))  # per metric: a row per seed, and a zero past each seed's queries
+    for s, d in enumerate(diffs):
+        table[:, s, : len(d)] = d.T
+    flat = table.reshape(m, n_seeds * (qmax + 1))
+    position = np.arange(qmax)
+    chunk = max(1, CHUNK_ELEMENTS // (n_seeds * qmax))
+    out = np.empty((resamples, m))
+    for start in range(0, resamples, chunk):
+        n = min(chunk, resamples - start)
+        drawn = (rng.integers(0, n_seeds, size=(n, n_seeds)) if n_seeds > 1
+                 else np.zeros((n, 1), dtype=np.int64))  # [n, S]: the resampled seeds
+        q = counts[drawn][..., None]  # [n, S, 1]
+        if (counts == qmax).all():
+            queries = rng.integers(0, qmax, size=(n, n_seeds, qmax))  # [n, S, qmax]: each drawn seed's queries
+        else:
+            queries = np.where(position < q, rng.integers(0, q, size=(n, n_seeds, qmax)), qmax)
+        index = drawn[..., None] * (qmax + 1) + queries
+        sums = np.stack([column[index].sum(axis=2) for column in flat], axis=-1)  # [n, S, M]
+        out[start : start + n] = (sums / q).mean(axis=1)
+    return out
+
+
+def randomization_p(a: Sequence[np.ndarray], b: Sequence[np.ndarray], permutations: int = PERMUTATIONS,
+                    seed: int = SEED) -> float:
+    """Two-sided p of the paired randomization test of one metric: per seed, rows A's and B's
+    per-query scores [Q_s]; the statistic is the difference of the mean over seeds of the mean
+    over queries; the null swaps each (seed, query) pair's two scores at random
+    (scipy.stats.permutation_test, permutation_type='samples'; exact where 2^pairs <= permutations).
+    Pairs with equal scores are left out: swapping them changes nothing (scipy needs two pairs or more)."""
+    weights = np.concatenate([np.full(len(x), 1.0 / (len(a) * len(x))) for x in a])
+    x, y = np.concatenate(list(a)), np.concatenate(list(b))
+    differ = x != y
+    if differ.sum() < 2:  # no pair or one pair that differs: the observed difference or its negative, p = 1
+        return 1.0
+    x, y, w = x[differ], y[differ], weights[differ]
+
+    def statistic(x: np.ndarray, y: np.ndarray, axis: int) -> np.ndarray:
+        return np.moveaxis(x - y, axis, -1) @ w
+
+    result = stats.permutation_test((x, y), statistic, permutation_type="samples", vectorized=True,
+                                    n_resamples=permutations, batch=PERMUTATION_BATCH, alternative="two-sided",
+                                    rng=np.random.default_rng(seed))
+    return float(result.pvalue)
+
+
+def holm(p: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the order given: the i-th smallest p (1-based) times
+    (m - i + 1), made non-decreasing along that order and capped at 1."""
+    order = np.argsort(np.asarray(p, dtype=np.float64), kind="stable")
+    m = len(order)
+    adjusted = np.empty(m)
+    running = 0.0
+    for i, j in enumerate(order):
+        running = max(running, min(1.0, (m - i) * float(p[j])))
+        adjusted[j] = running
+    return [float(v) for v in adjusted]
+
+
+# ----------------------------------------------------------------------------- a comparison
+@dataclass(frozen=True)
+class MetricDifference:
+    """One metric of a comparison: the rows' means over the shared seeds, A - B, its interval and p."""
+
+    metric: str
+    mean_a: float
+    mean_b: float
+    difference: float
+    low: float
+    high: float
+    p: float
+    p_holm: float = math.nan  # filled by `compare_table` over the table's p-values
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Row A against row B of one dataset, over their shared seeds' test queries."""
+
+    dataset: str
+    row_a: str
+    row_b: str
+    seeds: tuple[int, ...]
+    queries: tuple[int, ...]  # per shared seed
+    interval_over: IntervalOver
+    metrics: tuple[MetricDifference, ...]
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How a table's statistics were drawn."""
+
+    resamples: int = RESAMPLES
+    permutations: int = PERMUTATIONS
+    seed: int = SEED
+    min_seeds: int = 2
+    metrics: tuple[str, ...] = METRICS
+
+
+def compare_rows(a: Row, b: Row, settings: Settings = Settings()) -> Comparison:
+    """A against B on their shared seeds (see the module note); bad pairs are one-line errors."""
+    check_pair(a, b)
+    shared = sorted(set(a.seeds) & set(b.seeds))
+    need = max(1, settings.min_seeds)
+    if len(shared) < need:
+        raise UserError(f"rows {a.run!r} and {b.run!r} share {len(shared)} seed(s) ({_seeds(shared)}; {a.run} has "
+                        f"{_seeds(a.seeds)}, {b.run} has {_seeds(b.seeds)}): the bootstrap's seed level needs at "
+                        "least 2; run the missing seeds, or pass --min-seeds 1 for a queries-only interval (marked so)")
+    for s in shared:
+        check_queries(a, b, s)
+    columns = [METRICS.index(m) for m in settings.metrics]
+    sa = [a.seeds[s].scores[:, columns] for s in shared]
+    sb = [b.seeds[s].scores[:, columns] for s in shared]
+    replicates = bootstrap_differences([x - y for x, y in zip(sa, sb)], settings.resamples, settings.seed)
+    tail = (1 - LEVEL) / 2
+    low, high = np.quantile(replicates, [tail, 1 - tail], axis=0)
+    out = []
+    for j, metric in enumerate(settings.metrics):
+        mean_a = float(np.mean([a.seeds[s].figures[metric] for s in shared]))
+        mean_b = float(np.mean([b.seeds[s].figures[metric] for s in shared]))
+        p = randomization_p([x[:, j] for x in sa], [y[:, j] for y in sb], settings.permutations, settings.seed)
+        out.append(MetricDifference(metric, mean_a, mean_b, mean_a - mean_b, float(low[j]), float(high[j]), p))
+    over: IntervalOver = BOTH_LEVELS if len(shared) > 1 else QUERIES_ONLY
+    return Comparison(a.dataset, a.run, b.run, tuple(shared), tuple(len(x) for x in sa), over, tuple(out))
+
+
+def check_pair(a: Row, b: Row) -> None:
+    if a.dataset != b.dataset or a.world != b.world:
+        raise UserError(f"rows {a.run!r} ({a.dataset}: {_world(a.world)}) and {b.run!r} ({b.dataset}: "
+                        f"{_world(b.world)}) were run on different datasets or worlds, so their test queries do "
+                        "not pair up; compare rows of one dataset and world")
+
+
+def check_queries(a: Row, b: Row, seed: int) -> None:
+    """Paired scores need the same test queries, in the same order, with the same labelled videos."""
+    x, y = a.seeds[seed], b.seeds[seed]
+    for what, u, v in (("query ids", x.query_ids, y.query_ids), ("labelled videos", x.labelled_videos,
+                                                                  y.labelled_videos)):
+        if u != v:
+            i = next((i for i, (p, q) in enumerate(zip(u, v)) if p != q), min(len(u), len(v)))
+            first = f"{_cell(u, i)} vs {_cell(v, i)} at query {i}"
+            raise UserError(f"rows {a.run!r} and {b.run!r} seed {seed}: the test {what} of their stored rankings "
+                            f"differ ({len(u)} vs {len(v)} queries; {first}: {x.record.name} of {a.run} against "
+                            f"{y.record.name} of {b.run}); compare rows evaluated on one test split")
+
+
+@dataclass(frozen=True)
+class CompareTable:
+    """The comparisons of one table, with Holm's correction over all their p-values."""
+
+    dataset: str
+    comparisons: tuple[Comparison, ...]
+    settings: Settings
+
+
+def compare_table(out: str | Path, dataset: str, pairs: Sequence[tuple[str, str]],
+                  settings: Settings = Settings()) -> CompareTable:
+    """Each (A, B) of `pairs` on `dataset` under `out`, and Holm's adjusted p over every p of the table."""
+    unknown = [m for m in settings.metrics if m not in METRICS]
+    if unknown or not settings.metrics:
+        raise UserError(f"--metrics {' '.join(unknown) or '(none)'}: pick from {' '.join(METRICS)}")
+    if settings.resamples < 1 or settings.permutations < 1 or settings.seed < 0:
+        raise UserError(f"--resamples {settings.resamples}, --permutations {settings.permutations}, --seed "
+                        f"{settings.seed}: the counts must be at least 1 and the seed at least 0")
+    rows: dict[str, Row] = {}
+    for run in dict.fromkeys(r for pair in pairs for r in pair):  # in the order given: the first bad row reports
+        rows[run] = load_row(out, dataset, run)
+    found = [compare_rows(rows[a], rows[b], settings) for a, b in pairs]
+    adjusted = iter(holm([d.p for c in found for d in c.metrics]))
+    found = [Comparison(c.dataset, c.row_a, c.row_b, c.seeds, c.queries, c.interval_over,
+                        tuple(MetricDifference(d.metric, d.mean_a, d.mean_b, d.difference, d.low, d.high, d.p,
+                                               next(adjusted)) for d in c.metrics)) for c in found]
+    return CompareTable(dataset, tuple(found), settings)
+
+
+# ----------------------------------------------------------------------------- the table's text
+HEAD = ("A", "B", "metric", "mean A", "mean B", "A - B", "95% interval", "p", "Holm p", "seeds", "queries",
+        "interval over")
+
+
+def table_cells(table: CompareTable) -> list[list[str]]:
+    """The table's rows as text cells (HEAD), run names as they are (escape for the format)."""
+    rows = []
+    for c in table.comparisons:
+        queries = str(c.queries[0]) if len(set(c.queries)) == 1 else "/".join(map(str, c.queries))
+        for d in c.metrics:
+            rows.append([c.row_a, c.row_b, d.metric, f"{d.mean_a:.2f}", f"{d.mean_b:.2f}", f"{d.difference:+.2f}",
+                         f"[{d.low:+.2f}, {d.high:+.2f}]", fmt_p(d.p), fmt_p(d.p_holm),
+                         " ".join(map(str, c.seeds)), queries, c.interval_over])
+    return rows
+
+
+def fmt_p(p: float) -> str:
+    return f"{p:.2g}" if p < 0.001 else f"{p:.3f}"
+
+
+def to_markdown(table: CompareTable, command: str) -> str:
+    s = table.settings
+    note = ("Differences of the mean test figure over the shared seeds (A minus B, in points), from the stored "
+            "rankings beside each run record. 95% interval: two-level paired bootstrap (seeds, then test queries "
+            f"within each resampled seed, the same queries for both rows), percentile interval of {s.resamples} "
+            "resamples. p: two-sided paired randomization test over the (seed, query) pairs "
+            f"(scipy.stats.permutation_test, permutation_type='samples', {s.permutations} permutations; the "
+            f"smallest p random swaps can give is {fmt_p(2 / (s.permutations + 1))}). Holm p: Holm's step-down "
+            f"correction over all {sum(len(c.metrics) for c in table.comparisons)} p-values of this table. "
+            f"Random seed {s.seed}. What this means: docs/statistics.md. Written by `{command}`.")
+    lines = [f"# Paired comparisons on {markdown_cell(table.dataset)}", "", note, "",
+             "| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
+    lines += ["| " + " | ".join(markdown_cell(c) for c in row) + " |" for row in table_cells(table)]
+    return "\n".join(lines) + "\n"
+
+
+def to_csv(table: CompareTable) -> str:
+    s = table.settings
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["dataset", "row_a", "row_b", "metric", "mean_a", "mean_b", "difference", "low", "high", "p",
+                     "p_holm", "seeds", "queries", "interval_over", "interval", "test", "correction"])
+    interval = f"two-level paired bootstrap, percentile, {s.resamples} resamples, seed {s.seed}"
+    test = f"paired randomization test, two-sided, {s.permutations} permutations, seed {s.seed}"
+    for c in table.comparisons:
+        for d in c.metrics:
+            writer.writerow([spreadsheet_safe(v) for v in (
+                c.dataset, c.row_a, c.row_b, d.metric, f"{d.mean_a:.6g}", f"{d.mean_b:.6g}", f"{d.difference:.6g}",
+                f"{d.low:.6g}", f"{d.high:.6g}", f"{d.p:.6g}", f"{d.p_holm:.6g}", " ".join(map(str, c.seeds)),
+                " ".join(map(str, c.queries)), c.interval_over, interval, test, "Holm over the table")])
+    return buffer.getvalue()
+
+
+def markdown_cell(text: str) -> str:
+    """A markdown table cell from input: pipes and backslashes escaped, line breaks made spaces."""
+    return re.sub(r"\s*[\r\n]+\s*", " ", text.replace("\\", "\\\\").replace("|", "\\|"))
+
+
+NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)(e[+-]?\d+)?|[+-]?(inf|nan)", re.IGNORECASE)
+
+
+def spreadsheet_safe(text: str) -> str:
+    """A CSV cell a spreadsheet will not run as a formula: input beginning with = + - @ (or a tab or
+    carriage return) gets a leading quote; numbers this module formatted stay numbers."""
+    if text[:1] in ("=", "+", "-", "@", "\t", "\r") and not NUMBER.fullmatch(text):
+        return "'" + text
+    return text
+
+
+def _seeds(seeds: Sequence[int] | dict[int, SeedScores]) -> str:
+    return " ".join(map(str, seeds)) or "none"
+
+
+def _world(world: tuple[str, ...]) -> str:
+    label, version, scale, knobs = world
+    return (f"{label}, generator version {version or 'none'}, scale {scale or 'none'}"
+            + (f", world knobs {knobs}" if knobs else ""))
+
+
+def _cell(values: list[str], i: int) -> str:
+    return repr(values[i]) if i < len(values) else "(none)"

@@ -1,0 +1,229 @@
+"""A sweep's curves and table (`prvr-bench sweep`, harness/cli/sweep.py), from the run records.
+
+At each value of the swept knob: the world's figures as its records state them (the test split's
+multi-relevant share, relevant videos per query, words per query, the training split's mislabelled
+queries), so a reader sees what moved with the knob and what did not; each run's labelled and oracle
+SumR (mean and sample std over seeds); and each run's gain over its base on the same world, with the
+95% interval of the two-level bootstrap and the randomization test's p (harness/reports/stats.py).
+A run's base: `X+oracle` -> `X` (how much knowing every false negative is worth), `M@B` of a method
+that extends its backbone's own method -> that method (RAL on MS-SL -> MS-SL).
+
+Written to OUT/sweeps/<dataset>~<knob>.{md,csv,png}; the CSV through the csv module, one row per
+(value, run), cells from input made safe for spreadsheets.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from prvr.harness.base import progress
+from prvr.harness.base.io import UserError, write_png, write_texts
+from prvr.harness.base.names import check_name, inside
+from prvr.harness.base.registry import METHODS, home_method
+from prvr.harness.engine.records import load_record_at, record_path
+from prvr.harness.reports.stats import (BOTH_LEVELS, Comparison, MetricDifference, Settings, compare_rows, load_row,
+                                        markdown_cell, spreadsheet_safe)
+
+# the world's figures shown at each value (provenance.data.<split>.<key>)
+FACTS = (("test", "multi_relevant_share", "multi-relevant share (test)"),
+         ("test", "relevant_per_query_mean", "relevant videos per query (test)"),
+         ("test", "words_per_query", "words per query (test)"),
+         ("train", "mislabelled", "mislabelled queries (train)"))
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """What a sweep trained: a knob of a dataset at some values, runs (named as at the preset's value), seeds."""
+
+    dataset: str
+    knob: str
+    values: tuple[float, ...]
+    default: float  # the preset's value: its runs are the plain rows, untagged
+    runs: tuple[str, ...]
+    seeds: tuple[int, ...]
+    command: str
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run at one value: its seeds' labelled and oracle SumR, and its gain over its base."""
+
+    value: float
+    run: str
+    seeds: tuple[int, ...]
+    sumr: tuple[float, ...]
+    oracle_sumr: tuple[float, ...]
+    base: str
+    gain: Comparison | None
+    note: str = ""
+
+
+def knob_tag(knob: str, value: float) -> str:
+    """The tag of a sweep's run away from the preset's value: `repeat_prob0.6` for sim.repeat_prob=0.6."""
+    return check_name(f"{knob.rpartition('.')[2]}{value:g}", "sweep tag", "sweep a knob with a shorter name")
+
+
+def run_at(run: str, sweep: Sweep, value: float) -> str:
+    """The folder name of `run` at `value`: the plain name at the preset's value, else tagged."""
+    return run if value == sweep.default else f"{run}~{knob_tag(sweep.knob, value)}"
+
+
+def base_of(run: str) -> str | None:
+    """The run a gain is measured against: `X+oracle` -> `X`; `M@B` where M extends B's own method -> that
+    method; else none."""
+    if "+oracle" in run:
+        return run.replace("+oracle", "", 1)
+    method, _, backbone = run.partition("@")
+    if backbone and method in METHODS and METHODS.get(method).extends_backbone:
+        return home_method(backbone)
+    return None
+
+
+def sweep_cells(sweep: Sweep, out: str | Path, settings: Settings) -> tuple[list[Cell], dict[float, dict[str, Any]]]:
+    """Every (value, run) with records, and the world's figures at each value."""
+    cells, facts = [], {}
+    for value in sweep.values:
+        for run in sweep.runs:
+            name = run_at(run, sweep, value)
+            records = [(s, record_path(out, sweep.dataset, name, s)) for s in sweep.seeds]
+            found = [(s, load_record_at(p)) for s, p in records if p.is_file()]
+            if not found:
+                continue
+            facts.setdefault(value, _facts(found[0][1]))
+            base = base_of(run)
+            gain, note = None, ""
+            if base is not None:
+                gain, note = _gain(out, sweep, value, name, run_at(base, sweep, value), settings)
+            cells.append(Cell(value, run, tuple(s for s, _ in found),
+                              tuple(float(r["metrics"]["test"]["SumR"]) for _, r in found),
+                              tuple(_oracle(r) for _, r in found), base or "", gain, note))
+    return cells, facts
+
+
+def _gain(out: str | Path, sweep: Sweep, value: float, name: str, base: str,
+          settings: Settings) -> tuple[Comparison | None, str]:
+    try:
+        return compare_rows(load_row(out, sweep.dataset, name), load_row(out, sweep.dataset, base), settings), ""
+    except UserError as e:  # too few shared seeds, a base not made yet: said in the cell
+        return None, str(e)
+
+
+def _facts(record: Any) -> dict[str, Any]:
+    data = record.get("provenance", {}).get("data", {})
+    return {label: data.get(split, {}).get(key) for split, key, label in FACTS}
+
+
+def _oracle(record: Any) -> float:
+    value = record["metrics"]["test"].get("oracle", {}).get("SumR")
+    return float(value) if isinstance(value, (int, float)) else math.nan
+
+
+def _mean_std(values: Sequence[float]) -> str:
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return ""
+    if len(finite) == 1:
+        return f"{finite[0]:.1f}"
+    return f"{np.mean(finite):.1f} ± {np.std(finite, ddof=1):.1f}"
+
+
+def _gain_cells(cell: Cell) -> list[str]:
+    if cell.gain is None:
+        return ["", "", "", cell.note[:120] if cell.base else ""]
+    d = sumr_of(cell.gain)
+    return [f"{d.difference:+.1f}", f"[{d.low:+.1f}, {d.high:+.1f}]", f"{d.p:.3g}",
+            "" if cell.gain.interval_over == BOTH_LEVELS else str(cell.gain.interval_over)]
+
+
+def sumr_of(comparison: Comparison) -> MetricDifference:
+    return next(m for m in comparison.metrics if m.metric == "SumR")
+
+
+HEAD = ["value", "run", "seeds", "SumR", "oracle SumR", "base", "gain (SumR)", "95% interval", "p", "note"]
+
+
+def rows_of(cells: list[Cell]) -> list[list[str]]:
+    return [[f"{c.value:g}", c.run, " ".join(map(str, c.seeds)), _mean_std(c.sumr), _mean_std(c.oracle_sumr),
+             c.base, *_gain_cells(c)] for c in cells]
+
+
+def render(sweep: Sweep, cells: list[Cell], facts: dict[float, dict[str, Any]]) -> tuple[str, str]:
+    """The report (markdown) and its CSV."""
+    fact_head = ["value", *(label for _, _, label in FACTS)]
+    fact_rows = [[f"{v:g}", *(_fact(facts[v].get(label)) for _, _, label in FACTS)] for v in sweep.values if v in facts]
+    md = [f"# {sweep.dataset}: {sweep.knob} swept", "",
+          f"Written by `{sweep.command}` (harness/reports/sweeps.py; the statistics: docs/statistics.md). "
+          f"At {sweep.knob}={sweep.default:g} (the preset's value) the runs are the dataset's plain rows. SumR: "
+          "test split, mean ± sample std over seeds; oracle SumR: the same ranks against every relevant video; "
+          "gain: the run's mean SumR minus its base's on the same world and seeds, with the 95% interval of the "
+          "two-level (seeds, then test queries) paired bootstrap and the paired randomization test's p.", "",
+          "## The world at each value", "", _table(fact_head, fact_rows), "",
+          "## Runs", "", _table(HEAD, [[markdown_cell(x) for x in row] for row in rows_of(cells)]), ""]
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow([*HEAD, *(label for _, _, label in FACTS)])
+    for cell, row in zip(cells, rows_of(cells)):
+        writer.writerow([spreadsheet_safe(x) for x in row] + [_fact(facts[cell.value].get(label)) for _, _, label in FACTS])
+    return "\n".join(md), buf.getvalue()
+
+
+def _fact(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, (int, float)) else ""
+
+
+def _table(head: list[str], rows: list[list[str]]) -> str:
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head),
+                      *("| " + " | ".join(r) + " |" for r in rows)])
+
+
+def plot(sweep: Sweep, cells: list[Cell], facts: dict[float, dict[str, Any]]):
+    """SumR (labelled, solid; oracle, dashed) against the multi-relevant share, one colour per run, and each
+    gain with its interval."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    x_of = {v: facts[v].get(FACTS[0][2]) if sweep.knob == "sim.repeat_prob" else v for v in facts}
+    xlabel = FACTS[0][2] if sweep.knob == "sim.repeat_prob" else sweep.knob
+    for run in sweep.runs:
+        mine = sorted((c for c in cells if c.run == run), key=lambda c: c.value)
+        xs = [x_of[c.value] for c in mine]
+        line, = left.plot(xs, [np.mean(c.sumr) for c in mine], marker="o", label=run)
+        left.plot(xs, [np.nanmean(c.oracle_sumr) for c in mine], linestyle="--", color=line.get_color())
+        gains = [c for c in mine if c.gain is not None]
+        if gains:
+            d = [sumr_of(c.gain) for c in gains if c.gain is not None]
+            right.errorbar([x_of[c.value] for c in gains], [m.difference for m in d],
+                           yerr=[[m.difference - m.low for m in d], [m.high - m.difference for m in d]],
+                           marker="o", capsize=3, label=f"{run} - {gains[0].base}", color=line.get_color())
+    left.set(xlabel=xlabel, ylabel="test SumR (dashed: oracle)", title=f"{sweep.dataset}: SumR")
+    right.axhline(0, color="k", linewidth=0.8)
+    right.set(xlabel=xlabel, ylabel="gain over base (SumR, 95% interval)", title="gains")
+    for ax in (left, right):
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def write_sweep(sweep: Sweep, out: str | Path, settings: Settings = Settings()) -> str:
+    """The sweep's table and curves under OUT/sweeps/; returns the markdown."""
+    cells, facts = sweep_cells(sweep, out, settings)
+    if not cells:
+        raise UserError(f"no records of the sweep under {Path(out) / 'runs' / sweep.dataset} yet; run it without "
+                        "--report-only, or check --out")
+    md, table = render(sweep, cells, facts)
+    stem = inside(Path(out) / "sweeps" / f"{sweep.dataset}~{knob_tag(sweep.knob, 0).removesuffix('0')}", out,
+                  "--knob")
+    write_texts({stem.with_suffix(".md"): md, stem.with_suffix(".csv"): table})
+    write_png(plot(sweep, cells, facts), stem.with_suffix(".png"))
+    progress.log(f"wrote {stem}.md, .csv, .png")
+    return md

@@ -1,0 +1,57 @@
+"""`prvr-bench sweep` (harness/cli/sweep.py, harness/reports/sweeps.py): runs at each value of a world
+knob, kept when they exist, then the world's figures at each value and each gain with its interval.
+On sim-tiny, one epoch a run (CPU)."""
+
+import csv
+
+import pytest
+
+from prvr.harness.cli import main
+from prvr.harness.engine.config import resolve
+from prvr.harness.reports.sweeps import base_of, knob_tag
+
+TINY = ["--dataset", "sim-tiny", "--set", "train.epochs=1", "--quiet"]
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--knob", "sim.no_such_knob", "--values", "0.1"], "no_such_knob"),
+    (["--knob", "sim.repeat_prob", "--values", "2"], "repeat_prob"),
+    (["--knob", "sim.repeat_prob", "--values", "0.1", "0.1"], "a value given twice"),
+    (["--knob", "sim.mv_fractions", "--values", "0.1"], "not a number of the config"),
+    (["--knob", "sim.repeat_prob", "--values", "0.1", "--dataset", "tvr"], "is not simulated"),
+])
+def test_a_bad_sweep_is_one_line_before_anything_runs(tmp_path, capsys, argv, says):
+    code = main(["sweep", "--method", "baseline", "--out", str(tmp_path), *TINY, *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and says in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "runs").exists()
+
+
+def test_names_of_a_sweeps_runs_and_their_bases():
+    assert knob_tag("sim.repeat_prob", 0.6) == "repeat_prob0.6" and knob_tag("sim.mislabel_rate", 0) == "mislabel_rate0"
+    assert base_of("baseline+oracle~repeat_prob0.6") == "baseline~repeat_prob0.6"
+    assert base_of("ral@msl") == "msl" and base_of("msl") is None
+
+
+@pytest.mark.slow
+def test_a_sweep_trains_each_value_once_and_reports_the_world_and_the_gains(tmp_path, capsys):
+    default = resolve("baseline", "sim-tiny", 0, []).sim.repeat_prob
+    argv = ["sweep", "--knob", "sim.repeat_prob", "--values", f"{default:g}", "0.9", "--method", "baseline",
+            "--oracle", "--seeds", "0", "1", "--out", str(tmp_path), *TINY]
+    assert main(argv) == 0
+    runs = sorted(p.parent.name for p in (tmp_path / "runs" / "sim-tiny").glob("*/seed1.json"))
+    assert runs == ["baseline", "baseline+oracle", "baseline+oracle~repeat_prob0.9", "baseline~repeat_prob0.9"]
+    md = (tmp_path / "sweeps" / "sim-tiny~repeat_prob.md").read_text()
+    assert "## The world at each value" in md and "| 0.9 |" in md and "multi-relevant share (test)" in md
+    rows = list(csv.DictReader((tmp_path / "sweeps" / "sim-tiny~repeat_prob.csv").open()))
+    gains = [r for r in rows if r["run"] == "baseline+oracle"]
+    assert len(rows) == 4 and len(gains) == 2 and all(r["base"] == "baseline" for r in gains)
+    for r in gains:  # the interval holds its difference
+        low, high = (float(x) for x in r["95% interval"].strip("[]").split(","))
+        assert low <= float(r["gain (SumR)"]) <= high
+    shares = {r["value"]: float(r["multi-relevant share (test)"]) for r in rows}
+    assert shares["0.9"] > shares[f"{default:g}"]  # the knob moved the figure it is for
+    assert (tmp_path / "sweeps" / "sim-tiny~repeat_prob.png").stat().st_size > 0
+    capsys.readouterr()
+    assert main([*argv, "--plan"]) == 0  # resumed: every run kept, none made twice
+    assert capsys.readouterr().out.count("kept (record exists)") == 8
