@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Literal, get_args
 
 import numpy as np
 import torch
@@ -29,7 +29,8 @@ from prvr.datasets.types import Ragged, Split
 from prvr.harness.base.batches import QueryBatch, TrainBatch, VideoBatch
 
 
-POOLING_RULES = ("even", "reference")
+PoolingRule = Literal["even", "reference"]  # data.pooling
+POOLING_RULES: tuple[PoolingRule, ...] = get_args(PoolingRule)
 
 
 def segment_bounds(length: int, segments: int, rule: str = "even") -> tuple[np.ndarray, np.ndarray]:
@@ -199,14 +200,14 @@ def process_split(split: Split, cfg, parts: list[str]) -> Kept:
             _empty_ragged(np.minimum(split.frames.lengths, cfg.max_frames), split.frames.dim)
     if "clips" in parts:
         kept.clips = np.empty((split.num_videos, cfg.num_clips, split.frames.dim), dtype=np.float32)
-    fill_frames = kept.frames is not None and kept.frames is not split.frames
-    if fill_frames or kept.clips is not None:
+    fill = kept.frames if kept.frames is not split.frames else None  # frames to fill video by video
+    if fill is not None or kept.clips is not None:
         for v in range(split.num_videos):
             raw = np.asarray(split.frames[v], dtype=np.float32)
             if kept.clips is not None:
                 kept.clips[v] = clip_rows(raw, cfg)
-            if fill_frames:
-                kept.frames.data[kept.frames.offsets[v] : kept.frames.offsets[v + 1]] = frame_rows(raw, cfg)
+            if fill is not None:
+                fill.data[fill.offsets[v] : fill.offsets[v + 1]] = frame_rows(raw, cfg)
     if "tokens" in parts:
         if _raw_serves(split.tokens, cfg.max_query_len, cfg.normalize_tokens):
             kept.tokens = split.tokens

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import replace
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 
@@ -42,7 +42,8 @@ from prvr.datasets.sim.world import EV_END, EV_START, EV_VIDEO
 from prvr.datasets.types import Ragged, Split
 from prvr.harness.base.io import UserError
 
-NOISE_SOURCES = ("other", "gaussian")
+NoiseSource = Literal["other", "gaussian"]  # eval.noise_source
+NOISE_SOURCES: tuple[NoiseSource, ...] = get_args(NoiseSource)
 NOISE_SEED = 2021  # with p and the source, the only seed of the inserted segments
 UNIT_NORM_TOLERANCE = 1e-3  # rows whose norms all lie within this of 1 count as L2-normalised
 

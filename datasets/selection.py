@@ -90,8 +90,8 @@ def apply(data: PRVRData, cfg) -> PRVRData:
                                    "rule": "numpy default_rng([crc32(dataset name), N]).permutation, first N",
                                    "video_ids": data["val"].video_ids}
     elif facts["val_is_test"]:
-        progress.log(f"[yellow]warning[/]: {data.name}: val holds the test queries ({overlap:.0%} of test found in val, "
-                     "by content), so checkpoints are selected on the test split as in the published figures; "
-                     "--set data.val_from_train=N holds out N training videos for selection instead")
+        progress.warn(f"{data.name}: val holds the test queries ({overlap:.0%} of test found in val, "
+                      "by content), so checkpoints are selected on the test split as in the published figures; "
+                      "--set data.val_from_train=N holds out N training videos for selection instead")
     data.meta["selection"] = facts
     return data

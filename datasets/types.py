@@ -8,12 +8,13 @@ dataset of a million frames is one contiguous (possibly memory-mapped) block.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 import scipy.sparse as sp
 
-SPLITS = ("train", "val", "test")
+SplitName = Literal["train", "val", "test"]
+SPLITS: tuple[SplitName, ...] = get_args(SplitName)
 
 
 @dataclass
@@ -59,7 +60,7 @@ class Ragged:
 
     def __getitem__(self, i: int) -> np.ndarray:
         start, end = self.offsets[i], self.offsets[i + 1]
-        if self.rows is None:
+        if self.rows is None or self._runs is None:  # _runs is None exactly when rows is
             return self.data[start:end]
         if self._runs[i]:
             first = self.rows[start] if end > start else 0

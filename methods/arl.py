@@ -21,22 +21,23 @@ from dataclasses import dataclass
 
 import torch
 
-from prvr.harness.base.checks import NON_NEGATIVE, POSITIVE, OneOf, at_least, param, require
+from prvr.harness.base.checks import NON_NEGATIVE, POSITIVE, at_least, one_of, param, require
 from prvr.harness.base.contract import LossOutput, Relations, Scores, StepContext
 from prvr.harness.base.io import UserError
 from prvr.harness.base.registry import METHODS
 from prvr.methods.backbones.arl import BRANCHES
-from prvr.methods.objectives.arl import TREATMENTS, LossWeights, frame_loss, video_loss
+from prvr.methods.objectives.arl import TREATMENTS, LossWeights, Treatment, frame_loss, video_loss
+from prvr.methods.objectives.ranking import hard_pool_at
 from prvr.methods.recipes import PRESETS, AblationRow, AblationTable, MethodSpec, register_table
-from prvr.methods.relations.arl import DEFAULT_WARMUP, VARIANTS, ArlPlan, branch_relations
+from prvr.methods.relations.arl import DEFAULT_WARMUP, VARIANTS, ArlPlan, VariantName, branch_relations
 
 
 @dataclass
 class ArlConfig:
     """ARL's method knobs (config section `loss`). Per-dataset values: methods/presets/arl.yaml."""
 
-    variant: str = param("full", OneOf(tuple(VARIANTS)))  # Table 5: base | tv_only | tv_tf | tv_cross | full (rows a-e)
-    treatment: str = param("restrain", OneOf(TREATMENTS))  # Table 6: restrain (ARL) | positive | ignore
+    variant: VariantName = param("full", one_of(VariantName))  # Table 5 rows a-e: base | tv_only | tv_tf | tv_cross | full
+    treatment: Treatment = param("restrain", one_of(Treatment))  # Table 6: restrain (ARL) | positive | ignore
     # open ("a few epochs"): 3 of the 12 sim epochs, 5 of 100 on real data (preset)
     warmup_epochs: int = param(DEFAULT_WARMUP, at_least(0))
     # lambda_nce (GMMFormer's TVR NCE factor 0.05; ActivityNet / Charades 0.02)
@@ -70,7 +71,7 @@ def arl_objective(cfg: ArlConfig, scores: Scores, relations: Relations, context:
     check(cfg)
     variant = VARIANTS[cfg.variant]
     use_sets = variant.text_video and context.epoch >= cfg.warmup_epochs
-    hard = cfg.hard_pool if 0 <= cfg.hard_negative_epoch <= context.epoch else None
+    hard = hard_pool_at(context.epoch, cfg.hard_negative_epoch, cfg.hard_pool)
     weights = LossWeights(cfg.lambda_nce, cfg.temperature, cfg.margin, cfg.margin_a, hard)
     branches = [b for b in BRANCHES if b in scores.branches]
     if not branches:

@@ -9,32 +9,35 @@ Relations come from the configured detector (`none` by default; `oracle` for the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import cast
+from typing import Literal, cast
 
 import torch
 
-from prvr.harness.base.checks import NON_NEGATIVE, POSITIVE, ListOf, OneOf, at_least, param
+from prvr.harness.base.checks import NON_NEGATIVE, POSITIVE, ListOf, at_least, one_of, param
 from prvr.harness.base.contract import LossOutput, Relations, Scores, StepContext
 from prvr.harness.base.registry import METHODS
-from prvr.methods.objectives.ranking import info_nce, triplet
+from prvr.methods.objectives.ranking import hard_pool_at, info_nce, triplet
 from prvr.methods.recipes import PRESETS, MethodSpec
+
+Branch = Literal["clip", "frame"]  # a score matrix the standard objective trains
 
 
 @dataclass
 class StandardLossConfig:
     margin: float = param(0.1, NON_NEGATIVE)  # triplet margin (MS-SL TVR: 0.1; 0.2 elsewhere)
-    hard_negative_epoch: int = param(6, at_least(0))  # hard negatives from this epoch on (MS-SL: 20 of 100 epochs)
+    # hard negatives from this epoch on (MS-SL: 20 of 100 epochs); -1 = never
+    hard_negative_epoch: int = param(6, at_least(-1, "-1 = never"))
     hard_pool: int = param(20, at_least(1))  # hard negatives sampled from the top-k (MS-SL: 20)
     nce_weight: float = param(0.05, NON_NEGATIVE)  # weight of InfoNCE against the triplet
     temperature: float = param(0.05, POSITIVE)  # InfoNCE temperature on cosine similarities
     # score matrices trained
-    branches: list[str] = param(["clip", "frame"], ListOf(OneOf(("clip", "frame")), distinct=True))
+    branches: list[Branch] = param(["clip", "frame"], ListOf(one_of(Branch), distinct=True))
 
 
 def standard_objective(cfg: StandardLossConfig, scores: Scores, relations: Relations,
                        context: StepContext) -> LossOutput:
     """Triplet + weighted InfoNCE on each branch's [Q, B] score matrix."""
-    hard = cfg.hard_pool if context.epoch >= cfg.hard_negative_epoch else None
+    hard = hard_pool_at(context.epoch, cfg.hard_negative_epoch, cfg.hard_pool)
     out: dict[str, torch.Tensor] = {}
     pos, neg = relations.positive, relations.negative
     for b in cfg.branches:

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from prvr.harness.base.checks import FINITE, NON_NEGATIVE, POSITIVE, at_least, param
 from prvr.harness.base.contract import LossOutput, Relations, Scores, StepContext
 from prvr.harness.base.registry import METHODS
-from prvr.methods.objectives.prvr import (hard_pool_at, query_diversity, same_video_pairs, two_branch_ranking,
-                                          two_branch_sum)
+from prvr.methods.objectives.prvr import query_diversity, same_video_pairs, two_branch_ranking, two_branch_sum
+from prvr.methods.objectives.ranking import hard_pool_at
 from prvr.methods.recipes import PRESETS, MethodSpec
 
 

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from prvr.harness.base.checks import NON_NEGATIVE, at_least, param
 from prvr.harness.base.contract import LossOutput, Relations, Scores, StepContext
 from prvr.harness.base.registry import METHODS
-from prvr.methods.objectives.prvr import hard_pool_at, two_branch_ranking, two_branch_sum
+from prvr.methods.objectives.prvr import two_branch_ranking, two_branch_sum
+from prvr.methods.objectives.ranking import hard_pool_at
 from prvr.methods.recipes import PRESETS, MethodSpec
 
 

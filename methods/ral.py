@@ -23,13 +23,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prvr.harness.base.checks import FLAG, NON_NEGATIVE, POSITIVE, OneOf, Range, at_least, param
+from prvr.harness.base.checks import FLAG, NON_NEGATIVE, POSITIVE, Range, at_least, one_of, param
 from prvr.harness.base.contract import LossOutput, Objective, Relations, Scores, StepContext
 from prvr.harness.base.registry import METHODS
-from prvr.methods.backbones.ral import (AGGREGATIONS, GAUSSIANS, HEADS, MSRA_GRADS, PADDED_FRAMES, POOL_PADDINGS,
-                                        TEXT_SOURCES, Gaussians, RalModel)
-from prvr.methods.objectives.ral import (KL_READINGS, PM_READINGS, distribution_alignment, proxy_matching,
-                                         sample_proxies)
+from prvr.methods.backbones.ral import (GAUSSIANS, Aggregation, Gaussians, Heads, MsraGrad, PaddedFrames, PoolPadding,
+                                        RalModel, TextSource)
+from prvr.methods.objectives.ral import KlReading, PmReading, distribution_alignment, proxy_matching, sample_proxies
 from prvr.methods.recipes import PRESETS, AblationRow, AblationTable, MethodSpec, register_table
 
 
@@ -39,7 +38,7 @@ class RalConfig:
 
     msra: bool = param(True, FLAG)  # Gaussian heads + L_DA + L_PM (Table 2)
     csa: bool = param(True, FLAG)  # confidence-gated word-frame score in the frame branch (Table 2)
-    aggregation: str = param("both", OneOf(AGGREGATIONS))  # Eq. 6-7; Table 4: local or global only
+    aggregation: Aggregation = param("both", one_of(Aggregation))  # Eq. 6-7; Table 4: local or global only
     # RAL's token encoder uses the base query encoder's learned positions and their LayerNorm
     # (the reference shares query_pos_embed between its two query encoders; the paper is silent);
     # false: its own, so that nothing of RAL's frame branch reaches the clip branch's queries
@@ -52,17 +51,17 @@ class RalConfig:
     # or zero (the reference's: each video's encoded frames are padded to 128 with zero vectors
     # that take part in the max, so in a video shorter than the backbone's model.max_frames every
     # word scores at least 0, in the cosine score and in the raw one)
-    padded_frames: str = param("exclude", OneOf(PADDED_FRAMES))
+    padded_frames: PaddedFrames = param("exclude", one_of(PaddedFrames))
     # parity switches (docs/parity.md), each the reference's form of an MSRA part:
     # the Gaussian heads: paper (Eq. 3-7: mu and log sigma linear heads on LN(FC(mean) + local))
     # or code (its PIENet / uncertainty-module pair: mu = LN(pooled + sigmoid(FC(attention))),
     # the video's pooled vector the normalised mean of normalised frames; backbones.ral.CodeGaussianHead)
-    heads: str = param("paper", OneOf(HEADS))
+    heads: Heads = param("paper", one_of(Heads))
     # the heads' attention poolings: masked (over real rows) or code (the reference's unmasked
     # poolings over its padded tensors: a video's frames padded with zeros to model.max_frames,
     # a support set made of each query's whole padded token matrix, zero-padded to
     # support_capacity queries)
-    pool_padding: str = param("masked", OneOf(POOL_PADDINGS))
+    pool_padding: PoolPadding = param("masked", one_of(PoolPadding))
     support_capacity: int = param(26, at_least(1))  # the reference's hard-coded 26 (pool_padding=code only)
     # [queries, videos, words, frames] elements scored at once in evaluation (memory only)
     eval_budget: int = param(1 << 24, at_least(1))
@@ -79,19 +78,19 @@ class RalLossConfig:
     # Eq. 10 as printed (cosine / temperature, text to video) or the code's (raw dot products,
     # mean -log_softmax over the K x K same-video pairs, both directions); default: the code's,
     # the only fully specified one (the paper gives no temperature)
-    pm_reading: str = param("code", OneOf(PM_READINGS))
+    pm_reading: PmReading = param("code", one_of(PmReading))
     pm_temperature: float = param(0.05, POSITIVE)  # paper reading only; open (the paper names none)
     use_da: bool = param(True, FLAG)  # Table 3 "w/o L_DA"
     use_pm: bool = param(True, FLAG)  # Table 3 "w/o L_PM"
-    text_source: str = param("support", OneOf(TEXT_SOURCES))  # Table 4 "X^q = Q"
+    text_source: TextSource = param("support", one_of(TextSource))  # Table 4 "X^q = Q"
     # the code L2-normalises the means before sampling and in the KLs; the paper says nothing
     normalize_mean: bool = param(True, FLAG)
     # L_DA's reading of sigma: std (exp(log sigma) a standard deviation in both KLs, the KLs at
     # mu; Eq. 9 fixes it) or code (the reference's, for parity runs: a variance in the prior KL,
     # a standard deviation in the cross-modal one, both at the mean of the K sampled proxies)
-    kl_reading: str = param("std", OneOf(KL_READINGS))
-    # the encoders L_DA and L_PM reach (MSRA_GRADS, methods/backbones/ral.py); both: the paper's and the code's
-    msra_grad: str = param("both", OneOf(MSRA_GRADS))
+    kl_reading: KlReading = param("std", one_of(KlReading))
+    # the encoders L_DA and L_PM reach (MsraGrad, methods/backbones/ral.py); both: the paper's and the code's
+    msra_grad: MsraGrad = param("both", one_of(MsraGrad))
 
 
 def wrap(base, cfg, video_dim: int, query_dim: int) -> RalModel:

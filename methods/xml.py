@@ -24,40 +24,44 @@ simulated ground truth (confidence 1, the world's moment where it gives one). Kn
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
 from prvr.datasets.loader import moment_rows
 from prvr.harness.base import masks
-from prvr.harness.base.checks import FLAG, NON_NEGATIVE, ListOf, OneOf, at_least, param, require
+from prvr.harness.base.checks import FLAG, NON_NEGATIVE, ListOf, at_least, one_of, param, require
 from prvr.harness.base.contract import LossOutput, Relations, Scores, StepContext
 from prvr.harness.base.registry import METHODS
 from prvr.methods.backbones.xml import SPAN_LOGITS
-from prvr.methods.objectives.xml import (CONFIDENCE_ON, pos_at_least_rel, pos_over_neg, rel_over_neg,
+from prvr.methods.objectives.xml import (ConfidenceOn, pos_at_least_rel, pos_over_neg, rel_over_neg,
                                          sample_hard_negatives, segment_rows, span_nll, vcmr_relevance)
+from prvr.methods.objectives.ranking import hard_pool_at
 from prvr.methods.recipes import PRESETS, AblationRow, AblationTable, MethodSpec, register_table
 from prvr.methods.relations.phrases import PHIS
 from prvr.methods.relations.sbert import THETAS
 
 # condition -> (segment-level loss L_vcmr, potentially relevant pairs): paper Section 5.1
-CONDITIONS = {"xml": (False, False), "sl": (True, False), "pr": (False, True), "sl_pr": (True, True)}
+Condition = Literal["xml", "sl", "pr", "sl_pr"]
+CONDITIONS: dict[Condition, tuple[bool, bool]] = {"xml": (False, False), "sl": (True, False), "pr": (False, True),
+                                                  "sl_pr": (True, True)}
 # groups of the PR terms that appendix B leaves out together (Tables 7-8)
-PR_GROUPS = ("vr_rank", "nll2", "vcmr_rank")
+PRGroup = Literal["vr_rank", "nll2", "vcmr_rank"]
 
 
 @dataclass
 class XMLLossConfig:
     """Section `loss` of the XML recipes. Every lambda is the weight a condition switches on."""
 
-    condition: str = param("xml", OneOf(tuple(CONDITIONS)))  # Tables 5-6 rows: xml | sl | pr | sl_pr
+    condition: Condition = param("xml", one_of(Condition))  # Tables 5-6 rows: xml | sl | pr | sl_pr
     # appendix B: PR terms left out, by group: vr_rank (L^vr_rel>neg with L^vr_pos>=rel), nll2, vcmr_rank
-    leave_out: list[str] = param([], ListOf(OneOf(PR_GROUPS), min_length=0, distinct=True))
+    leave_out: list[PRGroup] = param([], ListOf(one_of(PRGroup), min_length=0, distinct=True))
     unit_confidence: bool = param(False, FLAG)  # C = 1 on every potentially relevant pair (Tables 5-8)
     # where C acts in the ranking terms: `score` = C R inside the hinge, as Eq. 11-12 write it;
     # `hinge` (a deviation, not the paper's) = C times the hinge of the unscaled scores, which no
     # common shift of the scores can lower (docs/methods/sbert-pr.md, "The confidence on a score
     # that can be negative")
-    confidence_on: str = param("score", OneOf(CONFIDENCE_ON))
+    confidence_on: ConfidenceOn = param("score", one_of(ConfidenceOn))
     margin: float = param(0.1, NON_NEGATIVE)  # Delta = 0.1 (appendix A; XML --margin 0.1)
     hard_pool: int = param(20, at_least(1))  # N_pool = 20 from hard_negative_epoch on (appendix A; --hard_pool_size)
     # appendix A: N_pool = 20 after the first 20 epochs (XML --hard_negtiave_start_epoch 20); -1 = never
@@ -92,17 +96,17 @@ class XMLLossConfig:
 # The recipes differ in their condition only.
 @dataclass
 class XMLSLLossConfig(XMLLossConfig):
-    condition: str = param("sl", OneOf(tuple(CONDITIONS)))  # +SL
+    condition: Condition = param("sl", one_of(Condition))  # +SL
 
 
 @dataclass
 class XMLPRLossConfig(XMLLossConfig):
-    condition: str = param("pr", OneOf(tuple(CONDITIONS)))  # +PR
+    condition: Condition = param("pr", one_of(Condition))  # +PR
 
 
 @dataclass
 class XMLSLPRLossConfig(XMLLossConfig):
-    condition: str = param("sl_pr", OneOf(tuple(CONDITIONS)))  # +SL+PR
+    condition: Condition = param("sl_pr", one_of(Condition))  # +SL+PR
 
 
 @dataclass(frozen=True)
@@ -216,9 +220,7 @@ def localization_terms(cfg: XMLLossConfig, w: Weights, s_vr: torch.Tensor, relat
 def negative_pool(cfg: XMLLossConfig, epoch: int) -> int | None:
     """N_pool of an epoch: `hard_pool` from `hard_negative_epoch` on, `early_pool` before (None:
     any negative)."""
-    if 0 <= cfg.hard_negative_epoch <= epoch:
-        return cfg.hard_pool
-    return cfg.early_pool or None
+    return hard_pool_at(epoch, cfg.hard_negative_epoch, cfg.hard_pool, before=cfg.early_pool or None)
 
 
 def xml_objective(cfg: XMLLossConfig, scores: Scores, relations: Relations, context: StepContext) -> LossOutput:

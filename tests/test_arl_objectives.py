@@ -5,11 +5,18 @@ import math
 import pytest
 import torch
 
-from prvr.methods.objectives.arl import (LossWeights, Rows, ambiguity_restrained_loss, dual_triplet, frame_loss,
-                                         frame_rows, multi_positive_nce, nce_rows, video_loss)
+from prvr.methods.objectives.arl import (LossWeights, Rows, ambiguity_restrained_loss, frame_loss, frame_rows, nce_rows,
+                                         video_loss)
 from prvr.methods.objectives.ranking import info_nce, triplet
 
 e = math.exp
+
+
+def arl_video(s, pos, amb, temperature=1.0, margin_a=0.1, margin=0.2, hard_pool=1):
+    """ARL's L^video terms {nce (Eq. 10), trip_a (Eq. 11), trip_n (Eq. 12), loss}, the negatives
+    being every pair neither positive nor ambiguous."""
+    weights = LossWeights(1.0, temperature, margin=margin, margin_a=margin_a, hard_pool=hard_pool)
+    return video_loss(s, pos, amb, ~(pos | amb), weights)
 
 
 def _row(scores, amb_cols, neg_cols):
@@ -37,12 +44,12 @@ def test_nce_rows_three_treatments_hand_computed():
     assert nce_rows(r2, 0.1).item() == pytest.approx(-math.log((e(2) + e(1)) / (e(2) + e(1) + e(-3))), abs=1e-6)
 
 
-def test_multi_positive_nce_hand_computed():
+def test_video_nce_hand_computed():
     # 3 queries, 2 videos: q0 -> v0, q1 -> v1, q2 -> v0; (q0, v1) ambiguous.
     s = torch.tensor([[0.9, 0.5], [0.2, 0.7], [0.6, 0.4]])
     pos = torch.tensor([[True, False], [False, True], [True, False]])
     amb = torch.tensor([[False, True], [False, False], [False, False]])
-    loss = multi_positive_nce(s, pos, amb, ~(pos | amb), temperature=1.0)
+    loss = arl_video(s, pos, amb, temperature=1.0)["nce"]
     terms = [
         0.0,  # (q0, v0) t2v: v1 ambiguous, no negative -> numerator = denominator
         -math.log(e(.9) / (e(.9) + e(.2))),  # (q0, v0) v2t: q2 is another positive of v0, takes no part
@@ -54,12 +61,12 @@ def test_multi_positive_nce_hand_computed():
     assert loss.item() == pytest.approx(sum(terms) / 3)  # Eq. 10: 1/n over the n = 3 positive pairs
 
 
-def test_multi_positive_nce_without_ambiguity_matches_infonce_on_one_to_one():
+def test_video_nce_without_ambiguity_matches_infonce_on_one_to_one():
     g = torch.Generator().manual_seed(0)
     s = torch.randn(5, 5, generator=g)
     pos = torch.eye(5, dtype=torch.bool)
     none = torch.zeros_like(pos)
-    assert multi_positive_nce(s, pos, none, ~pos, 0.5).item() == pytest.approx(info_nce(s, pos, ~pos, 0.5).item())
+    assert arl_video(s, pos, none, temperature=0.5)["nce"].item() == pytest.approx(info_nce(s, pos, ~pos, 0.5).item())
 
 
 S3 = [[0.8, 0.75, 0.1],
@@ -67,12 +74,13 @@ S3 = [[0.8, 0.75, 0.1],
       [0.0, 0.1, 0.9]]
 
 
-def test_dual_triplet_hand_computed():
+def test_video_triplets_hand_computed():
     s = torch.tensor(S3)
     pos = torch.eye(3, dtype=torch.bool)
     amb = torch.zeros_like(pos)
     amb[0, 1] = True  # (q0, v1) ambiguous: in A_0^q and in A_1^v
-    la, ln = dual_triplet(s, pos, amb, ~(pos | amb), margin_a=0.1, margin=0.2, hard_pool=1)
+    out = arl_video(s, pos, amb, margin_a=0.1, margin=0.2)
+    la, ln = out["trip_a"], out["trip_n"]
     # Eq. 11, t2v: only q0 has an ambiguous video: 0.1 + 0.75 - 0.8; v2t: only v1 has one: 0.1 + 0.75 - 0.6
     assert la.item() == pytest.approx((0.1 + 0.75 - 0.8) / 3 + (0.1 + 0.75 - 0.6) / 3)
     # Eq. 12, hardest negatives: t2v q0 -> v2 (0.1), q1 -> v0 (0.5), q2 -> v1 (0.1); v2t v0 <- q1 (0.5),
@@ -82,29 +90,30 @@ def test_dual_triplet_hand_computed():
     assert ln.item() == pytest.approx(sum(t2v) / 3 + sum(v2t) / 3)
 
 
-def test_dual_triplet_hierarchy_m_a_below_m():
+def test_video_triplets_hierarchy_m_a_below_m():
     s = torch.tensor(S3)
     pos = torch.eye(3, dtype=torch.bool)
     amb = torch.zeros_like(pos)
     amb[0, 1] = True
     # s(q0, v1) = 0.75 sits between s(q0, v0) - m = 0.6 and s(q0, v0) - m_a = 0.78: restrained, it
     # costs nothing in the t2v direction; as a negative it would cost m + 0.75 - 0.8 = 0.15.
-    la, _ = dual_triplet(s, pos, amb, ~(pos | amb), margin_a=0.02, margin=0.2, hard_pool=1)
+    la = arl_video(s, pos, amb, margin_a=0.02, margin=0.2)["trip_a"]
     assert la.item() == pytest.approx((0.02 + 0.75 - 0.6) / 3)  # only the v2t term of v1 remains
-    _, ln_as_negative = dual_triplet(s, pos, torch.zeros_like(pos), ~pos, margin_a=0.02, margin=0.2, hard_pool=1)
+    ln_as_negative = arl_video(s, pos, torch.zeros_like(pos), margin_a=0.02, margin=0.2)["trip_n"]
     assert ln_as_negative.item() > la.item()
     with pytest.raises(ValueError, match="m_a < m"):
-        dual_triplet(s, pos, amb, ~(pos | amb), margin_a=0.2, margin=0.2)
+        arl_video(s, pos, amb, margin_a=0.2, margin=0.2)
     with pytest.raises(ValueError, match="m_a < m"):
         LossWeights(1.0, 1.0, margin=0.1, margin_a=0.3)
 
 
-def test_dual_triplet_without_ambiguity_is_the_standard_triplet():
+def test_video_triplets_without_ambiguity_are_the_standard_triplet():
     g = torch.Generator().manual_seed(1)
     s = torch.rand(6, 4, generator=g)
     pos = torch.zeros(6, 4, dtype=torch.bool)
     pos[torch.arange(6), torch.tensor([0, 0, 1, 2, 3, 3])] = True
-    la, ln = dual_triplet(s, pos, torch.zeros_like(pos), ~pos, margin_a=0.05, margin=0.1, hard_pool=1)
+    out = arl_video(s, pos, torch.zeros_like(pos), margin_a=0.05, margin=0.1)
+    la, ln = out["trip_a"], out["trip_n"]
     assert la.item() == 0.0
     assert ln.item() == pytest.approx(triplet(s, pos, ~pos, 0.1, hard_pool=1).item())
 

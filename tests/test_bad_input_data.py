@@ -294,13 +294,13 @@ def test_leaderboard_of_a_folder_without_runs_is_an_error(make, message, tmp_pat
 def test_piped_leaderboard_shows_every_figure_whole(tmp_path, capsys):
     for seed in (0, 1, 2):
         store(tmp_path, fake_record(seed, 150.0 + 2 * seed, oracle=170.0))
-        store(tmp_path, fake_record(seed, 169.25 + seed, run_name="a-rather-long-run-name+oracle@gmmformer2~tag",
+        store(tmp_path, fake_record(seed, 169.25 + seed, run_name="baseline+oracle@gmmformer2~a-rather-long-tag-name",
                                     relations="oracle"))
     code, out, _ = run_cli(capsys, "leaderboard", "--out", tmp_path)
     assert code == 0
     assert "…" not in out
     lines = out.splitlines()
-    (row,) = [ln for ln in lines if "a-rather-long-run-name+oracle@gmmformer2~tag" in ln]
+    (row,) = [ln for ln in lines if "baseline+oracle@gmmformer2~a-rather-long-tag-name" in ln]
     for figure in ("170.2 ± 1.0", "17.0 ± 0.1", "+18.2 (p="):
         assert figure in row, (figure, row)
     assert len(row) > 80  # one line however wide, never wrapped

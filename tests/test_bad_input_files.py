@@ -4,6 +4,8 @@ UTF-8 (a BOM dropped), and strictly (a key twice is an error, not a value lost);
 one line naming the file."""
 
 import json
+import os
+import stat
 
 import pytest
 
@@ -74,10 +76,24 @@ def test_files_larger_than_their_bound_are_refused_before_they_are_read_whole(tm
         read_json(big, "run record")
 
 
-def test_an_endless_official_log_is_refused(monkeypatch):
-    monkeypatch.setattr(io, "MAX_TEXT_BYTES", 4096)
-    with pytest.raises(UserError, match=r"official log /dev/zero is larger than"):
-        read_official_log("/dev/zero")
+def test_an_endless_official_log_is_refused(tmp_path):
+    """A log larger than any log is refused unread beyond the bound; a device that never ends (a node with
+    /dev/zero's numbers, made in the test's own folder) and a FIFO are never opened."""
+    big = tmp_path / "log.txt"
+    big.write_bytes(b"x" * (io.MAX_TEXT_BYTES + 1))
+    with pytest.raises(UserError, match=r"official log .*log.txt is larger than"):
+        read_official_log(big)
+    fifo = tmp_path / "fifo.txt"
+    os.mkfifo(fifo)
+    with pytest.raises(UserError, match=r"official log .*fifo.txt is a FIFO \(named pipe\), not a regular file"):
+        read_official_log(fifo)
+    zero = tmp_path / "zero"
+    try:
+        os.mknod(zero, stat.S_IFCHR | 0o666, os.makedev(1, 5))
+    except PermissionError:
+        return  # a device node needs root; the FIFO above covers the rule
+    with pytest.raises(UserError, match=r"official log .*zero is a character device, not a regular file"):
+        read_official_log(zero)
 
 
 def test_a_number_in_an_official_log_that_is_not_one_is_named_with_its_line(tmp_path):
@@ -180,3 +196,22 @@ def test_a_record_missing_a_table_figure_is_refused(tmp_path):
     del record["metrics"]["test"]["R@5"]
     (folder / "seed0.json").write_text(json.dumps(record))
     assert "seed0.json key 'metrics.test.R@5': missing, the table shows it" in _leaderboard_error(tmp_path)
+
+
+def test_a_sumr_that_is_not_the_sum_of_its_recalls_is_refused(tmp_path):
+    """Round four: SumR 399 beside R@K that sum to less was averaged as a figure."""
+    folder = _trained(tmp_path)
+    record = json.loads((folder / "seed0.json").read_text())
+    record["metrics"]["test"]["SumR"] = 399.0
+    (folder / "seed0.json").write_text(json.dumps(record))
+    assert "key 'metrics.test.SumR': 399.0 is not the sum of its R@1, R@5, R@10, R@100" in _leaderboard_error(tmp_path)
+
+
+def test_a_record_of_another_method_in_a_runs_folder_is_refused(tmp_path):
+    """Round four: a record under baseline/ that says method msl was accepted (a wrong dataset was not)."""
+    folder = _trained(tmp_path)
+    record = json.loads((folder / "seed0.json").read_text())
+    record.pop("run_name", None)
+    record["method"] = "msl"
+    (folder / "seed0.json").write_text(json.dumps(record))
+    assert "is of method 'msl', but its folder baseline is a run of baseline" in _leaderboard_error(tmp_path)

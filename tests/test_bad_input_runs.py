@@ -33,6 +33,7 @@ def test_an_epoch_whose_loss_parts_are_all_zero_marks_the_record_and_leaves_the_
                                                                                       diagnostics):
     lines = []
     monkeypatch.setattr(progress, "log", lines.append)
+    monkeypatch.setattr(progress, "warn", lambda m: lines.append(f"warning: {m}"))
     monkeypatch.setattr(Trainer, "train_step", lambda self, batch, epoch, step: LossOutput(
         torch.zeros(()), {"triplet": torch.zeros(())}, diagnostics))  # a loss that trains nothing
     record = run_one(resolve("baseline", "sim-tiny", 0, EPOCHS), tmp_path)
@@ -46,8 +47,10 @@ def test_an_epoch_whose_loss_parts_are_all_zero_marks_the_record_and_leaves_the_
 def test_resume_without_a_run_state_says_it_starts_fresh(tmp_path, monkeypatch):
     lines = []
     monkeypatch.setattr(progress, "log", lines.append)
+    monkeypatch.setattr(progress, "warn", lambda m: lines.append(f"warning: {m}"))
     run_one(resolve("baseline", "sim-tiny", 0, ["train.epochs=1"]), tmp_path, resume=True)
-    assert any(line.startswith("--resume: no run state ") and line.endswith("training from epoch 0") for line in lines)
+    assert any(line.startswith("warning: --resume: no run state ") and line.endswith("training from epoch 0")
+               for line in lines)
 
 
 def test_a_second_writer_of_a_run_is_refused_naming_the_first(tmp_path):
@@ -127,6 +130,7 @@ def test_the_score_watch_names_nonfinite_and_constant_scores():
 def test_a_lone_video_in_each_epochs_last_batch_is_said(tmp_path, monkeypatch):
     lines = []
     monkeypatch.setattr(progress, "log", lines.append)
+    monkeypatch.setattr(progress, "warn", lambda m: lines.append(f"warning: {m}"))
     from prvr.harness.engine.build import build_run
 
     cfg = resolve("baseline", "sim-tiny", 0, ["train.epochs=1"])

@@ -273,7 +273,10 @@ def test_best_checkpoint_of_another_model_for_evaluate_is_one_line(capsys, here)
 def test_resume_with_a_shape_changing_setting_is_one_line(capsys, here):
     err = one_line_error(capsys, here, *RUN, "--resume", "--set", "model.hidden=32")
     assert "was trained with other settings (model.hidden 64 -> 32)" in err and "--force-resume" in err
-    err = one_line_error(capsys, here, *RUN, "--force-resume", "--set", "model.hidden=32")
+    assert main([*RUN, "--force-resume", "--set", "model.hidden=32"]) == 2
+    warning, err = capsys.readouterr().err.strip().splitlines()  # the warning stays under --quiet, then one error
+    assert warning.startswith("warning: resuming ") and "(--force-resume)" in warning
+    assert err.startswith("prvr-bench: error: ")
     assert f"checkpoint {SEED0}/last.pt holds another model than this run's" in err and "there, " in err
 
 
@@ -330,6 +333,7 @@ def test_failed_fresh_run_keeps_an_earlier_runs_checkpoints(here):
 def test_early_stop_line_follows_its_epoch_line(tmp_path, monkeypatch):
     lines = []
     monkeypatch.setattr(progress, "log", lines.append)
+    monkeypatch.setattr(progress, "warn", lambda m: lines.append(f"warning: {m}"))
     constant = {"R@1": 1.0, "R@5": 2.0, "R@10": 3.0, "R@100": 4.0, "SumR": 10.0}
     monkeypatch.setattr(Trainer, "evaluate", lambda self, split, show=False: dict(constant))
     run_one(resolve("baseline", "sim-tiny", 0, ["train.epochs=3", "train.patience=1"]), tmp_path)

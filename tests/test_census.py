@@ -179,6 +179,7 @@ def test_annotation_rows_the_reader_leaves_out_are_counted_and_named(tmp_path, f
 
     lines = []
     monkeypatch.setattr(progress, "log", lines.append)
+    monkeypatch.setattr(progress, "warn", lambda m: lines.append(f"warning: {m}"))
     root, out = tmp_path / "data", tmp_path / "results"
     root.mkdir()
     write_layout(root, "tvr")

@@ -132,6 +132,7 @@ def test_a_compiled_cpu_run_on_a_gpu_machine_is_warned_once(monkeypatch, device,
     monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: initialized)
     monkeypatch.setattr(progress, "log", lines.append)
+    monkeypatch.setattr(progress, "warn", lambda m: lines.append(f"warning: {m}"))
     model = build_model(resolve("baseline", "sim-tiny", 0, ["train.compile=true", f"train.device={device}"]), 8, 8)
     assert "encode_queries" in vars(model)  # compiled (lazily: nothing is traced until it is called)
     warnings = [line for line in lines if "train.compile on the CPU starts CUDA" in line]

@@ -9,6 +9,7 @@ import glob
 import json
 import math
 import os
+import typing
 from dataclasses import dataclass, fields
 
 import pytest
@@ -49,6 +50,41 @@ def test_every_field_declares_a_check(where, key, cls):
 def test_every_default_passes_its_own_check(where, key, cls):
     cfg = resolve("baseline", "sim-tiny", 0)
     check_section(cls(), key, "the defaults", cfg)  # the fields' checks, then the class's own check(key)
+
+
+def _fixed_choices(chk) -> tuple[str, ...] | None:
+    """The words a check accepts when they are a fixed set (None: not a choice, or one that
+    depends on the config, as data.scale on the dataset's scales)."""
+    if isinstance(chk, ListOf):
+        return _fixed_choices(chk.item)
+    if isinstance(chk, OneOf) and not callable(chk.choices):
+        return tuple(chk.choices)
+    return None
+
+
+@pytest.mark.parametrize("where, key, cls", CLASSES, ids=IDS)
+def test_fixed_choices_are_read_from_the_fields_literal_type(where, key, cls):
+    # one list: the field's annotation is a Literal alias (a list of one) and its check's words are the alias's
+    hints = typing.get_type_hints(cls)
+    for f in fields(cls):
+        words = _fixed_choices(declared(f))
+        if words is None:
+            continue
+        tp = hints[f.name]
+        if typing.get_origin(tp) is list:
+            (tp,) = typing.get_args(tp)
+        assert typing.get_origin(tp) is typing.Literal, f"{cls.__name__}.{f.name}: annotate it with a Literal alias"
+        assert typing.get_args(tp) == words, f"{cls.__name__}.{f.name}: build its check with one_of(<its alias>)"
+
+
+def test_the_tables_keyed_by_a_choice_cover_every_choice():
+    from prvr.datasets.real.store import LAYOUTS, Layout
+    from prvr.harness.engine.sections import SELECT_ON, SelectOn
+    from prvr.methods.relations.arl import VARIANTS, VariantName
+    from prvr.methods.xml import CONDITIONS, Condition
+
+    for table, alias in ((LAYOUTS, Layout), (SELECT_ON, SelectOn), (VARIANTS, VariantName), (CONDITIONS, Condition)):
+        assert tuple(table) == typing.get_args(alias)
 
 
 def test_config_scalars_declare_checks_and_sections_are_marked():

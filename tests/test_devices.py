@@ -105,6 +105,7 @@ def test_cuda_random_state_is_restored_for_the_gpus_present_with_one_warning(mon
     monkeypatch.setattr(torch.cuda, "device_count", lambda: present)
     monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, i: restored.append((int(state[0]), i)))
     monkeypatch.setattr(progress, "log", lines.append)
+    monkeypatch.setattr(progress, "warn", lambda m: lines.append(f"warning: {m}"))
     restore_cuda_rng([torch.full((4,), k, dtype=torch.uint8) for k in range(saved)], "last.pt")
     assert restored == [(k, k) for k in range(min(saved, present))]
     if saved == present:
@@ -113,9 +114,16 @@ def test_cuda_random_state_is_restored_for_the_gpus_present_with_one_warning(mon
         assert len(lines) == 1 and f"saved with {saved} GPU(s) visible, this process sees {present}" in lines[0]
 
 
-def test_tf32_on_a_cpu_is_one_line(tmp_path):
-    with pytest.raises(UserError, match="'train.precision' is 'tf32', but the run trains on cpu"):
-        run_one(resolve("baseline", "sim-tiny", 0, [*EPOCHS, "train.precision=tf32"]), tmp_path)
+@pytest.mark.parametrize("device", ["auto", "cpu"])
+def test_tf32_on_a_cpu_is_refused_as_the_config_resolves(device, monkeypatch):
+    monkeypatch.setenv(DEVICE_ENV, "cpu")  # auto: the CPU, as on a machine without CUDA
+    with pytest.raises(UserError) as err:  # at resolve: no data loaded, no model built
+        resolve("baseline", "sim-tiny", 0, [*EPOCHS, "train.precision=tf32", f"train.device={device}"])
+    message = str(err.value)
+    assert "\n" not in message
+    assert message == ("config key 'train.precision' is 'tf32', but the run trains on cpu: TF32 is a CUDA matrix mode; "
+                       "use --set train.precision=fp32 (or bf16)")
+    resolve("baseline", "sim-tiny", 0, [*EPOCHS, "train.precision=bf16", f"train.device={device}"])  # bf16: on a CPU too
 
 
 def test_resume_with_another_precision_is_refused(capsys, tmp_path, monkeypatch):

@@ -246,12 +246,17 @@ def test_leaderboard_writes_the_noise_figure_and_table(noisy_run):
 
 
 # ----------------------------------------------------------------------------- records and reports
+def _level(sumr):
+    """A noise level's figures whose SumR is `sumr` and is the sum of its R@K (as a run's are)."""
+    return {"R@1": sumr / 10, "R@5": sumr / 5, "R@10": 3 * sumr / 10, "R@100": 4 * sumr / 10, "SumR": sumr}
+
+
 def fake_record(seed, curve, run="baseline", source="other", nonfinite=None):
     test = {"R@1": 1.0, "R@5": 2.0, "R@10": 3.0, "R@100": 4.0, "SumR": 10.0}
     rec = {"method": run, "dataset": "sim-x", "seed": seed, "run_name": run, "command": f"prvr-bench run --seed {seed}",
            "config": {"train": {"epochs": 12, "patience": 5}}, "provenance": {},
            "metrics": {"val": test, "test": test,
-                       "noise": {"source": source, "levels": {k: {**test, "SumR": v} for k, v in curve.items()}}}}
+                       "noise": {"source": source, "levels": {k: _level(v) for k, v in curve.items()}}}}
     if nonfinite:
         rec["nonfinite"] = nonfinite
     return rec

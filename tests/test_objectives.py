@@ -1,9 +1,13 @@
+import dataclasses
 import math
 
 import pytest
 import torch
 
-from prvr.methods.objectives.ranking import info_nce, sample_negatives, triplet
+from prvr.harness.base.registry import METHODS, load_all
+from prvr.methods.objectives.ranking import hard_pool_at, info_nce, sample_negatives, triplet
+
+load_all()
 
 
 def test_info_nce_hand_computed_one_positive_each():
@@ -69,3 +73,50 @@ def test_losses_backpropagate():
     pos[torch.arange(6), torch.tensor([0, 0, 1, 1, 2, 2])] = True
     (info_nce(s, pos, ~pos, 0.05) + triplet(s, pos, ~pos, 0.2)).backward()
     assert torch.isfinite(s.grad).all() and s.grad.abs().sum() > 0
+
+
+# --------------------------------------------------------------------------- the hard-negative rule
+@pytest.mark.parametrize("start", [0, 3, 20])
+def test_hard_negatives_from_the_configured_epoch_on(start):
+    assert hard_pool_at(start - 1, start, 20) is None  # the epoch before: any negative
+    assert hard_pool_at(start, start, 20) == 20  # epoch e itself
+    assert hard_pool_at(start + 1, start, 20) == 20
+    assert hard_pool_at(start - 1, start, 20, before=1) == 1  # XML's N_pool before it (loss.early_pool)
+
+
+def test_hard_negative_epoch_minus_one_is_never():
+    assert all(hard_pool_at(epoch, -1, 20) is None for epoch in (0, 1, 99))
+    assert hard_pool_at(99, -1, 20, before=1) == 1
+
+
+def _calls_the_rule(fn, seen: set[int] | None = None) -> bool:
+    """Whether `fn` calls `hard_pool_at` by a global name, directly or through helpers of prvr.methods."""
+    seen = set() if seen is None else seen
+    codes = [fn.__code__]
+    while codes:
+        code = codes.pop()
+        codes += [c for c in code.co_consts if hasattr(c, "co_names")]
+        for n in code.co_names:
+            obj = fn.__globals__.get(n)
+            if obj is hard_pool_at:
+                return True
+            if (callable(obj) and hasattr(obj, "__code__") and id(obj) not in seen
+                    and getattr(obj, "__module__", "").startswith("prvr.methods")):
+                seen.add(id(obj))
+                if _calls_the_rule(obj, seen):
+                    return True
+    return False
+
+
+HARD_NEGATIVE_METHODS = [e.name for e in METHODS.entries()
+                         if any(f.name == "hard_negative_epoch" for f in dataclasses.fields(e.obj.loss_cls))]
+
+
+def test_the_hard_negative_methods_are_found():
+    assert {"baseline", "msl", "gmmformer", "gmmformer2", "arl", "xml"} <= set(HARD_NEGATIVE_METHODS)
+
+
+@pytest.mark.parametrize("method", HARD_NEGATIVE_METHODS)
+def test_every_loss_with_a_hard_negative_epoch_reads_it_through_the_one_rule(method):
+    assert _calls_the_rule(METHODS.get(method).objective), (
+        f"{method}'s objective must read loss.hard_negative_epoch through ranking.hard_pool_at")

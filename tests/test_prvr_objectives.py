@@ -16,7 +16,7 @@ from prvr.harness.base.io import UserError
 from prvr.harness.engine.runner import run_one
 from prvr.methods.backbones.api import Scores
 from prvr.methods.objectives import prvr as objectives
-from prvr.methods.objectives.prvr import (best_assignments, focal_query_diversity, hard_pool_at, hungarian_matching,
+from prvr.methods.objectives.prvr import (best_assignments, focal_query_diversity, hungarian_matching,
                                           hungarian_pairs, matching_pairs, msl_triplet, query_diversity,
                                           same_video_pairs, two_branch_ranking)
 from prvr.methods.relations.base import Relations
@@ -82,11 +82,6 @@ def test_ranking_parts_name_the_missing_raw_scores():
     with pytest.raises(UserError, match=r"Scores.raw\['clip'\]"):
         two_branch_ranking(Scores(torch.zeros(3, 2), {"clip": torch.zeros(3, 2), "frame": torch.zeros(3, 2)}),
                            rel.positive, rel.negative, 0.1, None, None)
-
-
-def test_hard_negatives_start_at_the_configured_epoch():
-    assert hard_pool_at(1, 2, 20) is None and hard_pool_at(2, 2, 20) == 20
-    assert hard_pool_at(50, -1, 20) is None
 
 
 # --------------------------------------------------------------------------- query diversity

@@ -313,7 +313,8 @@ def test_msra_grad_picks_the_encoders_that_l_da_and_l_pm_reach(backbone):
     and always train MSRA's heads; they reach RAL's words, the backbone's frames, both or neither."""
     from types import SimpleNamespace
 
-    from prvr.methods.ral import MSRA_GRADS, ral_objective
+    from prvr.methods.backbones.ral import MSRA_GRADS
+    from prvr.methods.ral import ral_objective
 
     values = {}
     for reach in MSRA_GRADS:

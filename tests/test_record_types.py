@@ -101,7 +101,7 @@ def test_a_written_record_reads_back_equal_and_is_todays_json(tmp_path):
     record: RunRecord = {"method": "baseline", "dataset": "sim-x", "seed": 3, "run_name": "baseline", "tag": "",
                          "config": {"train": {"epochs": 12, "patience": 5}}, "provenance": {"device": "cpu"},
                          "timings": {"train": 1.25}, "best_epoch": 0, "epochs_run": 1,
-                         "metrics": {"val": split, "test": {**split, "SumR": 171.0},
+                         "metrics": {"val": split, "test": {**split, "R@1": 11.0, "SumR": 171.0},
                                      "noise": {"source": "other", "levels": {"0.0": {"SumR": 171.0}}}},
                          "history": [{"epoch": 0, "loss": 1.5, "lr": 1e-4, "val": {"SumR": 170.0}}],
                          "artifacts": [], "rankings": {"file": "seed3.rank.npz", "top_k": 100, "splits": ["val"]}}

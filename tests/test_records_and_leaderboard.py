@@ -11,6 +11,7 @@ import pytest
 from scipy import stats
 
 from prvr.harness.reports import leaderboard
+from prvr.harness.reports.table import mean_std
 from prvr.harness.base.io import UserError, atomic_path, write_json
 from prvr.harness.engine.records import cpu_facts, load_record, provenance, record_path, write_record
 
@@ -116,8 +117,8 @@ def test_leaderboard_means_spreads_and_significance(tmp_path):
     base, orc = rows
     assert base["run"] == "baseline" and base["n"] == 3
     assert np.mean(base["SumR"]) == pytest.approx(150.0)
-    assert leaderboard.fmt(base["SumR"]) == "150.0 ± 4.0"
-    assert leaderboard.fmt(base["oracle SumR"]) == "170.0 ± 4.0"
+    assert mean_std(base["SumR"]) == "150.0 ± 4.0"
+    assert mean_std(base["oracle SumR"]) == "170.0 ± 4.0"
     assert orc["delta"] == pytest.approx(9.6667, abs=1e-3)
     assert orc["p"] is not None and orc["p"] < 0.05
     assert orc["oracle SumR"] == []  # missing metric: empty cell, not a mean over what exists

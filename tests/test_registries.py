@@ -168,6 +168,13 @@ def test_every_method_names_the_registered_objectives_its_objective_combines(met
         f"MethodSpec.objectives of '{method}' must name the registered objectives its objective calls")
 
 
+def test_every_registered_objective_is_combined_by_a_method():
+    # a registration only tests use is dead weight in `prvr-bench list`; a test calls the function itself
+    used = {name for e in METHODS.entries() for name in e.obj.objectives}
+    unused = [name for name in OBJECTIVES.names() if name not in used]
+    assert not unused, f"registered objectives no method's `objectives` names: {', '.join(unused)}"
+
+
 def test_the_objective_walk_finds_parts_through_helpers():
     assert registered_parts(METHODS.get("msl").objective) == {"msl-triplet", "infonce"}  # via two_branch_ranking
 

@@ -241,20 +241,20 @@ def test_the_leaderboard_shows_verified_relevance_rows_with_their_coverage(tmp_p
         data = {"relevance": {"test": {"file": "tvrdenseval_v.gt.jsonl", "covered": 8097, "queries": 10895,
                                        "note": "filter: type == v", "counts": {}}}} if relevance else {}
         return {"method": "baseline", "dataset": "tvr", "seed": seed, "backbone": "msl", "relations": "none",
-                "run_name": "baseline" if relevance else "plain", "tag": "", "command": "prvr-bench run ...",
+                "run_name": "baseline" if relevance else "baseline~plain", "tag": "", "command": "prvr-bench run ...",
                 "config": {"train": {"epochs": 100, "patience": 10}}, "provenance": {"data": data},
                 "metrics": {"val": test, "test": test}}
 
     for seed in (0, 1):
         write_record(record_path(tmp_path, "tvr", "baseline", seed), record(seed, True))
-    write_record(record_path(tmp_path, "tvr", "plain", 0), record(0, False))
+    write_record(record_path(tmp_path, "tvr", "baseline~plain", 0), record(0, False))
     leaderboard.rebuild(tmp_path, show=False)
     md = (tmp_path / "leaderboard.md").read_text()
     assert "## Verified relevance" in md and "see *Verified relevance*" in md
     assert ("| tvr | baseline | 2 | 200.5 ± 0.7 | 10.0 ± 0.0 | 20.0 ± 0.0 | 30.0 ± 0.0 | 60.0 ± 0.0 | 120.5 ± 0.7 | "
             "10.0 ± 0.0 | 8,097 of 10,895 test queries (`tvrdenseval_v.gt.jsonl`; filter: type == v) |") in md
     section = md.split("## Verified relevance")[1]
-    assert "| tvr | plain |" not in section  # a row without a relevance file has no such figures
+    assert "| tvr | baseline~plain |" not in section  # a row without a relevance file has no such figures
 
 
 def test_data_check_lists_the_relevance_join_and_a_bad_file_as_an_error(tmp_path, capsys):

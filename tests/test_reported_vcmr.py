@@ -37,7 +37,8 @@ def metrics(sumr: float, moment: float | None = None) -> dict:
 
 def fake_record(dataset: str, method: str, seed: int, sumr: float, moment: float | None = None) -> dict:
     block = metrics(sumr, moment)
-    return {"method": method, "dataset": dataset, "seed": seed, "backbone": method.split("-")[0],
+    backbone = "dual-branch" if method == "baseline" else method.split("-")[0]  # a registered backbone
+    return {"method": method, "dataset": dataset, "seed": seed, "backbone": backbone,
             "relations": "none", "run_name": method, "tag": "", "command": f"prvr-bench bench --method {method}",
             "config": {"train": {"epochs": 12, "patience": 5}}, "provenance": {},
             "metrics": {"val": block, "test": block}}
@@ -85,7 +86,7 @@ def test_a_dataset_whose_runs_localize_gets_the_moment_table(tmp_path):
     assert f"| sim-y | xml-pr | 12 ep / stop 5 | 3 | {cells} | 18.00 ± 6.00 | +6.00 (p=0.225) |" in moment
     assert "| sim-y | xml | 12 ep / stop 5 | 3 | 2.00 ± 1.00 |" in moment and "sim-x" not in moment
     # the PRVR table above still holds every row, sim-x's as before
-    assert "| sim-x | baseline | 12 ep / stop 5 | baseline | none | 3 |" in md
+    assert "| sim-x | baseline | 12 ep / stop 5 | dual-branch | none | 3 |" in md
     table = list(csv.reader(io.StringIO((tmp_path / "leaderboard.csv").read_text())))
     head = table[0]
     assert head[-1] == "source" and "VCMR-0.5 R@1 mean" in head and "delta VCMR SumR vs xml" in head
@@ -382,7 +383,7 @@ def test_a_prvr_ablation_table_is_written_as_before(tmp_path):
         for seed in (0, 1):
             cfg = resolve_row(table, row, "sim-tiny", seed, [], None)  # the base row: the gmmformer2 run
             rec = fake_record("sim-tiny", "ral", seed, 150.0 + 6 * i + 4 * seed)
-            rec.update(config=cfg.to_dict(), run_name=run_name(cfg, row.tag), tag=row.tag)
+            rec.update(config=cfg.to_dict(), run_name=run_name(cfg, row.tag), tag=row.tag, method=cfg.method)
             write_record(record_path(tmp_path, "sim-tiny", rec["run_name"], seed), rec)
     assert main(["ablate", "--method", "ral", "--table", "2", "--dataset", "sim-tiny", "--seeds", "0", "1",
                  "--report-only", "--out", str(tmp_path), "--quiet"]) == 0

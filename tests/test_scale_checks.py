@@ -218,9 +218,9 @@ def test_rehearsal_goes_from_world_to_export_to_real_loaders_to_an_epoch(tmp_pat
     assert [p["name"] for p in again] == [p["name"] for p in after[:4]] + ["method arl", "method baseline"]
     assert (elsewhere / "data").is_dir() and again[4] == after[5] and "eval_val_s" not in again[5]["figures"]
     # one table holds one scale: rows of another are refused before anything runs
-    assert main(["rehearse", "--scale", "small", "--method", "msl", "--out", str(tmp_path), "--work", str(work),
+    assert main(["rehearse", "--scale", "default", "--method", "msl", "--out", str(tmp_path), "--work", str(work),
                  "--only-methods", "--quiet"]) == 2
-    assert "holds rows at scale tiny, this run is at scale small" in capsys.readouterr().err
+    assert "holds rows at scale tiny, this run is at scale default" in capsys.readouterr().err
     assert json.loads((tmp_path / "rehearsal.json").read_text()) == again
     # into a folder of its own (one setting against another on the same export): the method rows alone
     apart = tmp_path / "apart"

@@ -7,6 +7,7 @@ import csv
 import io
 import itertools
 import math
+import re
 
 import numpy as np
 import pytest
@@ -33,7 +34,7 @@ def write_run(out, run, seed, ranks, dataset="sim-x", query_ids=None, generator=
                            np.full(q, np.nan), keys, 100)
     metrics = metrics_from_ranks({"labelled": ranking.labelled_rank}, ranking.moment_fraction)
     path = record_path(out, dataset, run, seed)
-    write_record(path, {"method": run, "dataset": dataset, "seed": seed, "run_name": run,
+    write_record(path, {"method": re.split(r"[+@~]", run)[0], "dataset": dataset, "seed": seed, "run_name": run,
                         "config": {"data": {"scale": "default"}, **({"sim": sim} if sim else {})},
                         "provenance": {"data": {"generator_version": generator}},
                         "metrics": {"val": metrics, "test": metrics}})

@@ -52,6 +52,8 @@ def test_a_sweep_trains_each_value_once_and_reports_the_world_and_the_gains(tmp_
     shares = {r["value"]: float(r["multi-relevant share (test)"]) for r in rows}
     assert shares["0.9"] > shares[f"{default:g}"]  # the knob moved the figure it is for
     assert (tmp_path / "sweeps" / "sim-tiny~repeat_prob.png").stat().st_size > 0
+    slope = md.split("## Does the gain grow with the noise?")[1]
+    assert "| baseline+oracle | baseline | 4 |" in slope  # two values x two seeds of per-seed gains
     capsys.readouterr()
     assert main([*argv, "--plan"]) == 0  # resumed: every run kept, none made twice
     assert capsys.readouterr().out.count("kept (record exists)") == 8

@@ -30,7 +30,7 @@ class Caption:
     text: str
     video: str
     path: Path  # file and line, for messages
-    line: int
+    line: int | None  # None: an entry of a json file (no lines), named by its key
     moment: tuple[float, float] | None = None  # XML rows carry their timestamps (clipped already)
     duration: float = math.nan
 

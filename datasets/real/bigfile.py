@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import array
 import ast
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -91,8 +92,7 @@ def read_ids(path: Path, expected: int) -> list[str]:
         raise layout_error(path, f"holds {len(ids)} frame ids but shape.txt says {expected} rows",
                            "regenerate id.txt and shape.txt from the same feature.bin")
     if len(set(ids)) != len(ids):
-        seen: set[str] = set()
-        dup = next(i for i in ids if i in seen or seen.add(i))
+        dup = next(i for i, n in Counter(ids).items() if n > 1)
         raise layout_error(path, f"frame id {dup!r} appears twice", "frame ids must be unique; regenerate id.txt")
     return ids
 
@@ -144,13 +144,14 @@ def parse_video2frames(path: Path, size_limit: int) -> dict[str, list[str]]:
             raise layout_error(path, f"the value is a {_node_name(v)}, not a list of quoted frame ids",
                                "regenerate video2frames.txt", line=v.lineno, key=key)
         frames = [_string(e) for e in v.elts]
-        if None in frames:
-            bad = v.elts[frames.index(None)]
+        bad = next((e for e, frame in zip(v.elts, frames) if frame is None), None)
+        if bad is not None:
             raise layout_error(path, f"a frame id is a {_node_name(bad)}, not a quoted string",
                                "regenerate video2frames.txt", line=bad.lineno, key=key)
         if key in out:
-            raise layout_error(path, "video id listed twice", "keep one entry per video", line=k.lineno, key=key)
-        out[key] = frames
+            raise layout_error(path, "video id listed twice", "keep one entry per video", line=(k or v).lineno,
+                               key=key)
+        out[key] = [frame for frame in frames if frame is not None]  # every one, as none is None
     return out
 
 

@@ -74,7 +74,8 @@ def read_didemo(path: Path, report: Report) -> list[DidemoQuery]:
             report.problem(path, bad, "fix or drop the entry (DiDeMo: times are [first, last] segment pairs)", key=key)
             continue
         out.append(DidemoQuery(int(entry["annotation_id"]), entry["video"], entry["description"],
-                               int(entry["num_segments"]), tuple(tuple(int(x) for x in t) for t in entry["times"])))
+                               int(entry["num_segments"]),
+                               tuple((int(first), int(last)) for first, last in entry["times"])))
     return out
 
 

@@ -82,7 +82,8 @@ def _cap_ids(data: PRVRData, plan) -> dict[str, list[str]]:
     seen: set[str] = set()
     out = {}
     for name, split in data.splits.items():
-        ids, per_video = [], Counter()
+        ids: list[str] = []
+        per_video: Counter[str] = Counter()
         for q in plan[name][1]:
             vid = split.video_ids[split.query_video[q]]
             qid = split.query_ids[q]
@@ -103,7 +104,8 @@ def _text(text: str) -> str:
 def _annotation_rows(data: PRVRData, plan, qids: dict[str, list[str]], counts: Counter) -> dict[str, list[Row]]:
     rows: dict[str, list[Row]] = {}
     for name, split in data.splits.items():
-        items, spans = [], {}
+        items: list[Row] = []
+        spans: dict[tuple[str, str], tuple[float, float]] = {}
         for q, qid in zip(plan[name][1], qids[name]):
             vid = split.video_ids[split.query_video[q]]
             s, e = (float(x) for x in split.moments[q])
@@ -140,7 +142,10 @@ def _write_msl(data: PRVRData, plan, folder: Path, feature: str, summary: Export
     write_bigfile(feat_dir, frame_ids, _blocks(sources), data.video_dim, video2frames)
     summary.files.append(feat_dir)
     summary.counts["frames"] = len(frame_ids)
-    SPECS[collection].write_annotations(ann_dir, _annotation_rows(data, plan, qids, summary.counts))
+    write_annotations = SPECS[collection].write_annotations
+    if write_annotations is None:  # a collection without an MS-SL layout never reaches here (its layouts say so)
+        raise UserError(f"{collection} has no MS-SL annotation layout; export it with --layout xml")
+    write_annotations(ann_dir, _annotation_rows(data, plan, qids, summary.counts))
     summary.files.append(ann_dir)
 
 

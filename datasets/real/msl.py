@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from prvr.datasets.real.annotations import TimestampIndex, clip_rows
-from prvr.datasets.real.assemble import Built, Caption, TokenSink, assemble_split
+from prvr.datasets.real.assemble import Built, BuiltSplit, Caption, TokenSink, assemble_split
 from prvr.datasets.real.bigfile import FILES, BigFile
 from prvr.datasets.real.problems import LayoutError, Report, layout_error
 from prvr.datasets.real.specs import RealSpec
@@ -129,7 +129,8 @@ class MSLLayout:
         tokens = H5Tokens(self.query_file, self.cfg.data.on_bad_rows, QUERY_HINT)
         try:
             index = annotation_index(self.spec, self.annotations, report)
-            splits, token_rows = {}, {}
+            splits: dict[str, BuiltSplit] = {}
+            token_rows: dict[str, int] = {}  # token rows written per split
             for split in SPLITS:
                 captions = read_captions(self.caption_file(split), report)
                 sink = TokenSink(out / f"{split}.tokens.f32" if out is not None else None)

@@ -38,7 +38,9 @@ from prvr.datasets.real.annotations import normalize_sentence
 from prvr.datasets.real.msl import MSLLayout
 from prvr.datasets.real.problems import LayoutError
 from prvr.datasets.real.xml import XMLLayout
-from prvr.harness.base.io import write_text
+from prvr.harness.base.io import MAX_TEXT_BYTES, read_text, write_text
+
+MAX_RELEVANCE_BYTES = MAX_TEXT_BYTES  # 64 MB: prvr-ea's TVR val file is a few MB
 
 PRVR_EA_KEY, OURS_KEY = "gt_video_ids", "relevant"
 SUFFIX = ".relevance.jsonl"  # ours, beside a split's caption file (MS-SL) or release file (XML)
@@ -109,7 +111,7 @@ def parse_entry(obj: object, path: Path, line: int) -> Entry:
     qid = _string(obj, "query_id", path, line, required=key == PRVR_EA_KEY)
     caption = _string(obj, "caption", path, line)
     video = _string(obj, "video", path, line)
-    if key == PRVR_EA_KEY and video is None and "#" in qid:
+    if key == PRVR_EA_KEY and video is None and qid is not None and "#" in qid:
         video = qid.split("#", 1)[0]  # the MS-SL cap id: '<video>#enc#<k>'
     if qid is None and (video is None or caption is None):
         raise _bad(path, line, "name the query by 'query_id', or by 'video' (its labelled video) and 'caption'")
@@ -119,17 +121,25 @@ def parse_entry(obj: object, path: Path, line: int) -> Entry:
 def read_relevance(path: str | Path) -> RelevanceFile:
     """Read a relevance file (either format, checked line by line)."""
     path = Path(path).expanduser()
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         raise LayoutError(f"relevance file {path} does not exist; check data.relevance / --relevance")
-    raw = path.read_bytes()
-    entries, seen, kinds = [], {}, set()
-    for number, text in enumerate(raw.decode("utf-8", errors="replace").splitlines(), start=1):
+    # bounded, UTF-8 (a BOM dropped), a regular file only: a FIFO, folder or device is named, never read
+    text_of_file = read_text(path, "relevance file", "give a JSON-lines relevance file (docs/evaluation.md)",
+                             MAX_RELEVANCE_BYTES)
+    raw = text_of_file.encode("utf-8")
+    entries: list[Entry] = []
+    seen: dict[str, int] = {}  # query id -> its line
+    kinds: set[str] = set()
+    for number, text in enumerate(text_of_file.splitlines(), start=1):
         if not text.strip():
             continue
         try:
             obj = json.loads(text)
         except json.JSONDecodeError as e:
             raise _bad(path, number, f"not valid JSON ({e.msg} at column {e.colno})") from None
+        except RecursionError:
+            raise _bad(path, number, "nested deeper than Python can read (a relevance line is one flat object)") \
+                from None
         entry = parse_entry(obj, path, number)
         if entry.query_id is not None:
             if entry.query_id in seen:

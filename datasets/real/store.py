@@ -27,6 +27,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any, Callable, Literal, get_args
 
 import numpy as np
 
@@ -36,7 +37,7 @@ from prvr.datasets.real.bigfile import ROW_DTYPE, MappedRows
 from prvr.datasets.real.export import MARKER
 from prvr.datasets.real.msl import MSLLayout
 from prvr.datasets.real.problems import LayoutError, Report
-from prvr.datasets.real.specs import SPECS
+from prvr.datasets.real.specs import SPECS, RealSpec
 from prvr.datasets.real.xml import XMLLayout
 from prvr.datasets.sim.cache import CorruptCache, cache_key, cache_root, describe_files, read_manifest, verify_files
 from prvr.datasets.types import PRVRData, Ragged, Split
@@ -46,14 +47,16 @@ from prvr.harness.base.io import ensure_dir, temporary_beside, write_json
 FORMAT = 2  # 2: files listed with their digests, feature.bin by its absolute path
 MANIFEST = "manifest.json"
 ARRAYS = ("frame_rows", "frame_offsets", "durations", "token_offsets", "query_video", "moments")
-LAYOUTS = {"msl": MSLLayout, "xml": XMLLayout}
+Layout = Literal["msl", "xml"]  # data.layout: the release a real dataset's files follow
+OnBadRows = Literal["error", "skip"]  # data.on_bad_rows
+LAYOUTS: dict[Layout, Callable[[RealSpec, Any], MSLLayout | XMLLayout]] = {"msl": MSLLayout, "xml": XMLLayout}
 
 
 def make_layout(name: str, cfg) -> MSLLayout | XMLLayout:
     spec = SPECS[name]
     if cfg.data.layout not in LAYOUTS:
         raise LayoutError(f"unknown data.layout {cfg.data.layout!r}; use one of {', '.join(LAYOUTS)}")
-    if cfg.data.on_bad_rows not in ("error", "skip"):
+    if cfg.data.on_bad_rows not in get_args(OnBadRows):
         raise LayoutError(f"data.on_bad_rows must be 'error' or 'skip', got {cfg.data.on_bad_rows!r}")
     return LAYOUTS[cfg.data.layout](spec, cfg)
 

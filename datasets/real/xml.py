@@ -42,7 +42,7 @@ import numpy as np
 
 from prvr.datasets.real import annotations as ann
 from prvr.datasets.real import didemo
-from prvr.datasets.real.assemble import Built, Caption, TokenSink, assemble_split
+from prvr.datasets.real.assemble import Built, BuiltSplit, Caption, TokenSink, assemble_split
 from prvr.datasets.real.msl import collection_folder, data_root
 from prvr.datasets.real.problems import Report, layout_error
 from prvr.datasets.real.specs import RealSpec
@@ -201,7 +201,7 @@ def _didemo_moment(row, report: Report) -> tuple[str, tuple[float, float]]:
     ts = row.get("ts") if isinstance(row, dict) else None
     if not (isinstance(ts, list) and ts and all(isinstance(t, list) for t in ts)):
         bad = ann._tvr_row_problem(row)
-        return bad, NO_MOMENT if bad else (float(ts[0]), float(ts[1]))
+        return bad, NO_MOMENT if bad else (float(row["ts"][0]), float(row["ts"][1]))  # a checked pair
     if not all(len(t) == 2 and all(ann._number(x) for x in t) for t in ts):
         return f"'ts' must be [[start, end], ...] in seconds, one per annotator, found {ts!r}", NO_MOMENT
     bad = ann._tvr_row_problem({**row, "ts": ts[0]})  # the other keys
@@ -274,7 +274,8 @@ class XMLLayout:
         path = self.split_file(split)
         if not path.is_file():
             raise layout_error(path, "missing", self.hint)
-        out, seen = [], {}
+        out: list[Caption] = []
+        seen: dict[str, str] = {}  # desc_id -> where it was read first
         for r in ann.clip_rows(self._inside(self.rows(path, report).rows, path, report), report):
             where = {"line": r.line} if r.line else {"key": r.qid}
             if r.qid in seen:
@@ -313,7 +314,8 @@ class XMLLayout:
                           self.hint, "|".join(self.files.video_files))
         tokens = H5Tokens(self.query_file, self.cfg.data.on_bad_rows, self.hint)
         try:
-            splits, token_rows = {}, {}
+            splits: dict[str, BuiltSplit] = {}
+            token_rows: dict[str, int] = {}  # token rows written per split
             for split in SPLITS:
                 sink = TokenSink(out / f"{split}.tokens.f32" if out is not None else None)
                 try:

@@ -20,7 +20,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import scipy.sparse as sp
@@ -28,10 +28,14 @@ import scipy.sparse as sp
 from prvr.datasets.types import PRVRData, Ragged, Split
 from prvr.harness.base.io import NAME_MAX, UserError, ensure_dir, temporary_beside, write_json
 
+if TYPE_CHECKING:
+    from _hashlib import _HashObject  # typeshed's hash object: what hashlib.file_digest makes
+
 MANIFEST = "manifest.json"
 CACHE_FORMAT = 1
 DIGEST = "sha256"  # what new entries list; older entries list blake2b
-DIGESTS = {"sha256": hashlib.sha256, "blake2b": lambda: hashlib.blake2b(digest_size=16)}
+DIGESTS: dict[str, Callable[[], _HashObject]] = {"sha256": hashlib.sha256,
+                                                  "blake2b": lambda: hashlib.blake2b(digest_size=16)}
 
 
 class CorruptCache(Exception):

@@ -570,6 +570,13 @@ def _leaves(node: _Node) -> list[_Node]:
     return [leaf for child in node.children for leaf in _leaves(child)]
 
 
+def _word(leaf: _Node) -> str:
+    """A leaf's word (`_leaves` returns preterminals only, each with its word)."""
+    if leaf.word is None:
+        raise ValueError(f"{leaf.label} is not a preterminal")
+    return leaf.word
+
+
 def _render(node: _Node, first_leaf: _Node | None = None) -> str:
     """PTB bracket string; `first_leaf` (by identity) is written capitalised."""
     if node.word is not None:
@@ -700,10 +707,10 @@ def realize(
     children.append(_Node(".", word="."))
     root = _Node("ROOT", (_Node("S", tuple(children)),))
     leaves = _leaves(root)
-    words = [_capitalise(leaves[0].word)] + [leaf.word for leaf in leaves[1:]]
+    words = [_word(leaf) for leaf in leaves]
     return Sentence(
-        text=_join(words),
-        tokens=[leaf.word.lower() for leaf in leaves],
+        text=_join([_capitalise(words[0]), *words[1:]]),
+        tokens=[word.lower() for word in words],
         concepts=[leaf.concept for leaf in leaves],
         parse=_render(root, leaves[0]),
     )

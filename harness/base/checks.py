@@ -4,9 +4,13 @@ Every field of a config dataclass is written with `param(default, check)`:
 
     lr: float = param(3e-4, POSITIVE)                 # a finite number > 0
     epochs: int = param(12, at_least(1))              # an integer >= 1
-    decay: str = param("cosine", OneOf(DECAYS))       # one of a fixed set
+    decay: Decay = param("cosine", one_of(Decay))     # one of a fixed set: Decay = Literal[...]
     optimizer: str = param("adamw", Registered(lambda: OPTIMIZERS))
     cache_dir: str = param("", Free("a folder; '' = the default cache"))
+
+A setting with a fixed set of choices is annotated with a `Literal[...]` alias, and `one_of`
+reads its check's choices from that alias: mypy and the config check read one list (a test
+holds every such field to it).
 
 A rule that ties fields of one section together is a method `check(self, key)` of the
 dataclass that raises UserError naming `key.field` (`key` is the section's name, e.g. "loss").
@@ -21,11 +25,20 @@ from __future__ import annotations
 import copy
 import math
 import re
+import typing
 from dataclasses import Field, dataclass, field, fields
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, ClassVar, Literal, Protocol, Sequence
 
 from prvr.harness.base.io import UserError
 from prvr.harness.base.names import unknown_message
+
+
+class Section(Protocol):
+    """A config section's settings: a dataclass whose fields are written with `param` (a
+    backbone's `config_cls`, a method's `loss_cls`, a detector's `config_cls`; they share no base
+    class). A `check(self, key)` method, where one has it, ties its fields together."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
 
 
 class Check:
@@ -135,6 +148,19 @@ class OneOf(Check):
         if value in options:
             return None
         return f"must be one of {', '.join(options)}, got {show(value)}"
+
+
+def words_of(alias: object) -> tuple[str, ...]:
+    """The words of a `Literal[...]` alias of a fixed-choice setting, in its order."""
+    words = typing.get_args(alias)
+    if typing.get_origin(alias) is not Literal or not all(isinstance(w, str) for w in words):
+        raise TypeError(f"{alias!r} is not a Literal of words")
+    return words
+
+
+def one_of(alias: object) -> OneOf:
+    """The check of a field annotated with the `Literal[...]` alias `alias`: one of its words."""
+    return OneOf(words_of(alias))
 
 
 @dataclass(frozen=True)

@@ -238,6 +238,10 @@ class StepContext:
 # A method's objective: objective(loss config, scores, relations, context) -> LossOutput; a method
 # that extends its backbone's method also gets `base=` that method's objective (MethodSpec).
 Objective = Callable[..., LossOutput]
+# A registered objective part (`OBJECTIVES`, methods/objectives/): a pure loss function of tensors
+# that a method's objective combines, giving one term or a loss with its named parts (ARL's
+# {"nce", "trip_a", "trip_n", "loss"}).
+ObjectivePart = Callable[..., torch.Tensor | dict[str, torch.Tensor]]
 
 
 @runtime_checkable

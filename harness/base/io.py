@@ -105,7 +105,7 @@ def temporary_beside(path: Path, folder: bool = False) -> Path:
 
 def remove_stale_temporaries(folder: Path) -> list[Path]:
     """Remove the temporaries in `folder` whose writer is gone (see the module docstring)."""
-    removed = []
+    removed: list[Path] = []
     try:
         entries = list(os.scandir(folder))
     except OSError:
@@ -210,6 +210,7 @@ def read_text(path: str | Path, what: str, fix: str, limit: int | None = None) -
     """A UTF-8 text file (a leading BOM dropped) of at most `limit` bytes (MAX_TEXT_BYTES); a
     missing, larger, unreadable or non-UTF-8 file is one line naming it, the byte offset, and `fix`."""
     path, limit = Path(path), MAX_TEXT_BYTES if limit is None else limit
+    check_source(path, what, fix)
     try:
         with open(path, "rb") as f:
             raw = f.read(limit + 1)
@@ -224,6 +225,20 @@ def read_text(path: str | Path, what: str, fix: str, limit: int | None = None) -
     except UnicodeDecodeError as e:
         raise UserError(f"{what} {path} is not UTF-8 text (byte {e.start}: {raw[e.start:e.start + 1]!r}); "
                         f"{fix}") from None
+
+
+def check_source(path: str | Path, what: str, fix: str) -> None:
+    """A file the suite is about to read must be a regular file (a link to one is followed): a FIFO, a
+    folder or a device is named as such and never opened, so reading it can neither block nor run
+    without end (a FIFO given as a record, /dev/zero as a relevance file)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise UserError(f"{what} not found: {path}") from None
+    except OSError as e:
+        raise UserError(f"{what} {path} cannot be read ({os_cause(e, path)}); {fix}") from None
+    if not stat.S_ISREG(mode):
+        raise UserError(f"{what} {path} is {file_kind(mode)}, not a regular file, so it is not read; {fix}")
 
 
 def read_json(path: str | Path, what: str = "JSON file") -> Any:

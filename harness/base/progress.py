@@ -45,6 +45,12 @@ def task(description: str | None, total: int | None) -> Iterator[Callable[..., N
         yield advance
 
 
+def warn(message: str) -> None:
+    """A warning on stderr, `warning: MESSAGE`: shown under --quiet too (which only removes progress bars
+    and the running log), since it says something the user has to know about the run."""
+    console.print(f"[yellow]warning[/]: {message}", soft_wrap=not console.is_terminal)
+
+
 def log(message: str) -> None:
     """One message on stderr: wrapped to a terminal's width, one unbroken line in a pipe or a log
     file (where a wrap would split numbers and paths)."""

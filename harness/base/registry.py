@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, TypeVar
 from prvr.harness.base.names import RULE, edit_distance, name_problem, unknown_message  # noqa: F401 (edit_distance)
 
 if TYPE_CHECKING:  # the registries' types (harness/base/contract.py imports torch, which the CLI loads late)
-    from prvr.harness.base.contract import Backbone, DatasetEntry, MethodSpec, RelationDetector
+    from prvr.harness.base.contract import Backbone, DatasetEntry, MethodSpec, ObjectivePart, RelationDetector
 
 T = TypeVar("T")
 RUN_NAME_SEPARATORS = "+@~"
@@ -97,6 +97,21 @@ class Registry(Generic[T]):
         return isinstance(name, str) and name in self._entries
 
 
+_Part = TypeVar("_Part", bound="ObjectivePart")  # one registered objective part, with its own signature
+
+
+class ObjectiveRegistry(Registry["ObjectivePart"]):
+    """The objective parts' registry: a registered loss function keeps its own signature for the
+    objectives that call it, while the registry holds it as an `ObjectivePart`."""
+
+    def register(self, name: str, summary: str = "") -> Callable[[_Part], _Part]:
+        def deco(fn: _Part) -> _Part:
+            self.add(name, fn, summary)
+            return fn
+
+        return deco
+
+
 def _where(obj: Any) -> str:
     return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
 
@@ -109,7 +124,7 @@ DETECTOR_MEMBERS = ("needs", "config_cls", "setup", "prepare", "on_epoch_start",
                     "epoch_report", "write_artifacts")
 BACKBONES: Registry[type[Backbone]] = Registry("backbone", BACKBONE_MEMBERS, "Backbone")
 DETECTORS: Registry[type[RelationDetector]] = Registry("relation detector", DETECTOR_MEMBERS, "RelationDetector")
-OBJECTIVES: Registry[Callable[..., Any]] = Registry("objective")  # loss functions of tensors (methods/objectives/)
+OBJECTIVES = ObjectiveRegistry("objective")  # loss functions of tensors (methods/objectives/)
 DATASETS: Registry[DatasetEntry] = Registry("dataset")
 
 _PLUGIN_MODULES = ("prvr.methods", "prvr.datasets")

@@ -21,7 +21,7 @@ import argparse
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -34,10 +34,13 @@ from prvr.harness.engine.config import from_dict, resolve
 from prvr.harness.base.io import UserError, ensure_dir, write_text
 from prvr.harness.reports.leaderboard import REPORTED_FILE, paper_figures
 from prvr.harness.base.names import check_name, check_tag, inside
+from prvr.harness.engine.record_types import RunRecord
 from prvr.harness.engine.records import load_record_at, record_path, run_tag
 from prvr.harness.base.registry import METHODS, home_method, load_all
-from prvr.harness.reports.rows import COLUMNS, MOMENT_SUM, Column, fmt, is_metric_key, moment_columns, p_value, value_at
+from prvr.harness.reports.rows import COLUMNS, MOMENT_SUM, Column, is_metric_key, moment_columns, p_value, value_at
+from prvr.harness.reports.table import mean_std
 from prvr.harness.engine.runner import run_name, run_one
+from prvr.harness.engine.sections import Config
 from prvr.methods.recipes import TABLES, AblationRow, AblationTable
 
 METRICS = ("R@1", "R@5", "R@10", "R@100", "SumR")
@@ -148,6 +151,9 @@ def resolve_row(table: AblationTable, row: AblationRow, dataset: str, seed: int,
     if not row.home:
         return cfg
     home = home_method(cfg.backbone)
+    if home is None:
+        raise UserError(f"row '{row.label}' of {table.title} is the plain run of backbone {cfg.backbone}'s own method, "
+                        "but no method is built on that backbone; run the table on another --backbone")
     try:
         return resolve(home, dataset, seed, overrides, config)
     except UserError as e:
@@ -209,7 +215,8 @@ def _tag(row: AblationRow, extra: str) -> str:
     return "_".join(t for t in (row.tag, extra) if t)
 
 
-def report(table: AblationTable, out: str, dataset: str, plan, extra_tag: str = "", overrides: list[str] = ()) -> Path:
+def report(table: AblationTable, out: str, dataset: str, plan, extra_tag: str = "",
+           overrides: Sequence[str] = ()) -> Path:
     """Write and print the table from the stored records (missing runs are empty cells). With
     another backbone than the method's own, or another detector, the file is named after the
     method's run with them (`ral@msl_table2.md`, `ral+oracle@msl_table2.md`), so tables on
@@ -251,7 +258,7 @@ def report(table: AblationTable, out: str, dataset: str, plan, extra_tag: str = 
                      f"delta {headline.name},p,paired seeds", "seeds", "run"])]
     for row, name, n, cells, by_seed in rows:
         delta = paired_delta(by_seed, reference[4]) if row is not reference[0] else None
-        md.append("| " + " | ".join([row.label, *row.marks, *(fmt(cells[c.name], c.decimals) for c in columns),
+        md.append("| " + " | ".join([row.label, *row.marks, *(mean_std(cells[c.name], c.decimals) for c in columns),
                                      _fmt_delta(delta, headline.decimals), str(n), name]) + " |")
         csv.append(",".join([row.label, *row.marks, *(_csv(cells[c.name]) for c in columns),
                              *(("", "", "") if delta is None else
@@ -262,7 +269,7 @@ def report(table: AblationTable, out: str, dataset: str, plan, extra_tag: str = 
         md += ["", "Records trained with other settings than this command asks (record: key stored / asked):", "",
                *(f"- {m}" for m in mismatched)]
         for m in mismatched:
-            progress.log(f"warning: {m}")
+            progress.warn(m)
     # the file is named as the runs are (run_tag), with a detector the command sets for every row
     # (`--set relations=oracle`): the labelled table and the oracle one never overwrite each other
     spec = METHODS.get(table.method)
@@ -281,7 +288,7 @@ def report(table: AblationTable, out: str, dataset: str, plan, extra_tag: str = 
     return path
 
 
-def _cells(recs: list[dict], column: Column) -> list[float]:
+def _cells(recs: list[RunRecord], column: Column) -> list[float]:
     """A column's values over the seeds' records: all of them, or none (an empty cell, never a
     mean over the seeds that happen to have it)."""
     values = [v for r in recs if (v := value_at(r["metrics"].get("test", {}), column.path)) is not None]
@@ -321,14 +328,14 @@ def _fmt_delta(delta: tuple[float, float | None, int] | None, decimals: int = 1)
     return f"{d:+.{decimals}f} ({n} seed{'s' if n > 1 else ''}" + (f", p={p:.3f})" if p is not None else ")")
 
 
-def settings_diff(cfg, record: dict, shown: int = 3, source: str = "stored config") -> str:
+def settings_diff(cfg: Config, record: RunRecord, shown: int = 3, source: str = "stored config") -> str:
     """The config keys on which a stored record differs from the planned `cfg`, as
     "key stored / asked" items ("" when they agree). The record's config is rebuilt the way
     resume does (keys added since it was made take their defaults); keys that change no
     trained number (`RESUME_FREE_KEYS`: locations, chunking, the noise-robustness test) are
     left out."""
-    def flat(d: dict, prefix: str = "") -> dict:
-        out = {}
+    def flat(d: dict, prefix: str = "") -> dict[str, Any]:
+        out: dict[str, Any] = {}
         for k, v in d.items():
             out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
         return out

@@ -6,11 +6,12 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from typing import Any
 
 from prvr.harness.base import progress
 from prvr.harness.base.io import UserError, ensure_dir
 from prvr.harness.base.names import check_tag
-from prvr.harness.base.registry import BACKBONES, DATASETS, DETECTORS, METHODS, OBJECTIVES
+from prvr.harness.base.registry import BACKBONES, DATASETS, DETECTORS, METHODS, OBJECTIVES, Registry
 from prvr.harness.cli.args import (DEFAULT_DATASET, add_jobs_argument, command, command_line, common_arguments,
                                    data_root_overrides, run_args, set_threads)
 from prvr.harness.cli.fanout import launch_from_args, run_in_processes
@@ -95,7 +96,7 @@ def _bench_plan(args: argparse.Namespace) -> list:
     plan = []
     for dataset in args.dataset:
         for method in args.method or METHODS.names():
-            variants = [[]]
+            variants: list[list[str]] = [[]]  # each run's overrides beyond the bench's
             # On simulated data each method also runs with the oracle detector: its objectives fed
             # the ground truth, the upper bound of what its detection could give.
             if args.oracle and DATASETS.get(dataset).simulated:
@@ -122,16 +123,19 @@ def cmd_leaderboard(args: argparse.Namespace) -> None:
 
 
 def cmd_list(args: argparse.Namespace) -> None:
-    for title, reg in (("methods", METHODS), ("backbones", BACKBONES), ("detectors", DETECTORS),
-                       ("objectives", OBJECTIVES), ("datasets", DATASETS)):
+    registries: tuple[tuple[str, Registry[Any]], ...] = (
+        ("methods", METHODS), ("backbones", BACKBONES), ("detectors", DETECTORS), ("objectives", OBJECTIVES),
+        ("datasets", DATASETS))
+    for title, reg in registries:
         print(f"{title}:")
         entries = list(reg.entries())
         width = max([18, *(len(e.name) + 1 for e in entries)])
         for e in entries:
             print(f"  {e.name:<{width}} {e.summary}")
-            if reg is METHODS and e.obj.objectives:  # the registered parts its objective combines
-                parts = [OBJECTIVES.entry(o).name for o in e.obj.objectives]  # an unknown name: one line
-                more = " + those of its backbone's own method" if e.obj.extends_backbone else ""
+            spec = METHODS.get(e.name) if reg is METHODS else None
+            if spec is not None and spec.objectives:  # the registered parts its objective combines
+                parts = [OBJECTIVES.entry(o).name for o in spec.objectives]  # an unknown name: one line
+                more = " + those of its backbone's own method" if spec.extends_backbone else ""
                 print(f"  {'':<{width}} objectives: {', '.join(parts)}{more}")
 
 

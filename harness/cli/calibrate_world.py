@@ -9,6 +9,7 @@ from pathlib import Path
 
 from prvr.harness.base.io import UserError, write_texts
 from prvr.harness.base.names import check_name, from_here, inside
+from prvr.harness.base.registry import DATASETS, load_all
 from prvr.harness.cli.args import command
 from prvr.harness.reports.world_calibration import distance, read_worlds, render
 
@@ -37,9 +38,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 def cmd_calibrate_world(args: argparse.Namespace) -> None:
     check_name(args.world, "--world", "name the simulated dataset, e.g. sim-tvr")  # it names the report's files
+    load_all()
     real = read_worlds(Path(args.real), args.real_split)
     if len(real) != 1:
         raise UserError(f"{args.real}: {len(real)} worlds in the real table; give the census of one real split")
+    if real[0].dataset in DATASETS and DATASETS.get(real[0].dataset).simulated:
+        raise UserError(f"--real {args.real} is a census of the simulated dataset {real[0].dataset}, not of a real "
+                        "split; give the census of the real split made with its relevance file (census --relevance)")
     worlds = [w for path in args.tables for w in read_worlds(Path(path), "test")]
     thetas = sorted(real[0].recall)
     names = {w.name for w in worlds}

@@ -41,7 +41,7 @@ import shlex
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -205,6 +205,8 @@ def judged_splits(splits: list[TextSplit], path: str) -> tuple[list[TextSplit], 
     out, notes = [], [f"Relevance: `{file.name}` ({file.format} format, SHA-256 {file.sha256})."]
     for ts in splits:
         text = ts.text
+        if ts.video_ids is None:  # the command refuses --relevance for simulated text before this
+            raise ValueError(f"{ts.dataset} {ts.split} is simulated text: no video ids to join a relevance file to")
         keys = SplitKeys(ts.video_ids, [""] * len(text.texts), text.texts, text.query_video)
         relevance, report = join(file, keys)
         notes += [f"- {ts.split}: " + "; ".join(line.strip() for line in report_lines(report.as_dict()))]
@@ -249,7 +251,8 @@ class MemoEncoder:
     """Encodes each distinct string once across calls (one encoding for every Phi)."""
 
     def __init__(self, encoder: Encoder) -> None:
-        self.encoder, self.name, self.seen = encoder, encoder.name, {}
+        self.encoder, self.name = encoder, encoder.name
+        self.seen: dict[str, np.ndarray] = {}
 
     def encode(self, texts: list[str]) -> np.ndarray:
         new = [t for t in dict.fromkeys(texts) if t not in self.seen]
@@ -275,7 +278,7 @@ def census_split(ts: TextSplit, encoder: MemoEncoder, phis: list[str], thetas: l
     for phi in phis:
         el = build_elements(per_phi[phi], encoder, device)
         counts = {t: np.zeros(len(text.texts), dtype=np.int64) for t in thetas}
-        video_pairs = {t: [] for t in thetas}
+        video_pairs: dict[float, list[np.ndarray]] = {t: [] for t in thetas}
         for i, j, score, _ in phi_blocks(el, text.query_video, min(thetas), memory_mb):
             for t in thetas:
                 keep = score >= t
@@ -304,7 +307,8 @@ def _row(ts: TextSplit, phi: str, theta: float, choice: ParserChoice, model: str
          keys: np.ndarray, truth: np.ndarray | None) -> dict:
     n, v = len(ts.text.texts), ts.text.num_videos
     judged = ts.judged
-    row = {"dataset": ts.dataset, "world": ts.world, "split": ts.split, "queries": n, "videos": v, "phi": phi,
+    row: dict[str, Any] = {"dataset": ts.dataset, "world": ts.world, "split": ts.split, "queries": n, "videos": v,
+                           "phi": phi,
            "theta": theta, "parser": choice.name + (" (fallback)" if choice.fallback else ""), "model": model_id(model),
            "share_with_pr": float(np.mean(counts > 0)) if n else None,
            "pr_queries_per_query": float(counts.mean()) if n else None, "pr_videos_per_query": len(keys) / max(1, n),
@@ -341,9 +345,9 @@ def _norm(phrases: list[str]) -> list[str]:
     return [" ".join(p.lower().split()) for p in phrases]
 
 
-def vp_rows(ts: TextSplit) -> list[dict]:
-    """One row per parser for a split with gold parses: gold (the reference), benepar, rules."""
-    gold = ts.text.parses
+def vp_rows(ts: TextSplit, gold: list[str]) -> list[dict]:
+    """One row per parser for a split with gold parses (`gold`, its text's): gold (the reference),
+    benepar, rules."""
     base = {"dataset": ts.dataset, "split": ts.split}
     rows = [{**base, "parser": "gold", "status": "reference (the dataset's parses)", **vp_counts(gold, gold)}]
     ok, why = benepar_status()
@@ -382,7 +386,7 @@ def _md_table(rows: list[dict], fields: tuple[str, ...]) -> list[str]:
 
 
 def write_census(out: Path, dataset: str, rows: list[dict], command: str, notes: list[str], tag: str = "") -> Path:
-    fields = CENSUS_FIELDS if any(r["precision"] is not None for r in rows) else CENSUS_FIELDS[:-3]
+    fields: tuple[str, ...] = CENSUS_FIELDS if any(r["precision"] is not None for r in rows) else CENSUS_FIELDS[:-3]
     if any(r.get("covered_queries") is not None for r in rows):
         fields = (*CENSUS_FIELDS[:-3], *JUDGED_FIELDS, *CENSUS_FIELDS[-3:])
     if any(r.get("multi_relevant_share") is not None for r in rows):
@@ -526,7 +530,7 @@ def cmd_census(args: argparse.Namespace) -> None:
             notes.append(f"Annotation rows of {ts.split} left out (not readable as queries): "
                          + "; ".join(ts.left_out) + ".")
         if ts.text.parses is not None and not ts.world:  # the VP table measures the preset worlds
-            vp += vp_rows(ts)
+            vp += vp_rows(ts, ts.text.parses)
     out = Path(args.out)
     tag = (args.tag or "knobs") if knobs else (args.tag or "relevance") if args.relevance else ""
     path = write_census(out, args.dataset, rows, _command(args), notes, tag)

@@ -14,7 +14,7 @@ import shlex
 from pathlib import Path
 
 from prvr.harness.base import progress
-from prvr.harness.base.io import UserError, write_text
+from prvr.harness.base.io import UserError, write_texts
 from prvr.harness.base.names import check_name, from_here, inside
 from prvr.harness.cli.args import command
 from prvr.harness.reports.stats import METRICS, PERMUTATIONS, RESAMPLES, SEED, CompareTable, Settings, \
@@ -35,6 +35,8 @@ def add_commands(sub) -> None:
     p.add_argument("--seed", type=int, default=SEED, help="the random seed of the bootstrap and the test")
     p.add_argument("--min-seeds", type=int, default=2, choices=(1, 2),
                    help="shared seeds a pair needs; 1 gives a queries-only interval, marked so (default 2)")
+    p.add_argument("--name", default=None, help="the table's file name under OUT/compare/ (default: the dataset's; "
+                                                "several tables of one dataset each take a name)")
     p.set_defaults(func=cmd_compare)
 
 
@@ -42,7 +44,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
     pairs = [parse_pair(text) for text in args.rows]
     settings = Settings(args.resamples, args.permutations, args.seed, args.min_seeds, tuple(args.metrics))
     table = compare_table(args.out, args.dataset, pairs, settings)
-    md, path = write_tables(args.out, table, pairs)
+    md, path = write_tables(args.out, table, pairs, args.name)
     print(md, end="")
     progress.log(f"wrote {path} and {path.with_suffix('.csv')}")
 
@@ -56,23 +58,26 @@ def parse_pair(text: str) -> tuple[str, str]:
             check_name(b, f"--rows {text!r}: row", "give a run's folder name"))
 
 
-def write_tables(out: str | Path, table: CompareTable, pairs: list[tuple[str, str]]) -> tuple[str, Path]:
-    """The markdown (with the command that made it) and CSV under <out>/compare/<dataset>."""
+def write_tables(out: str | Path, table: CompareTable, pairs: list[tuple[str, str]],
+                 name: str | None = None) -> tuple[str, Path]:
+    """The markdown (with the command that made it) and CSV under <out>/compare/<name or dataset>."""
     dataset = check_name(table.dataset, "--dataset", "give a dataset name, e.g. sim-tvr-v2")
-    path = inside(Path(out) / "compare" / f"{dataset}.md", out, "comparison table")
-    md = to_markdown(table, command_line(out, table, pairs))
-    write_text(path, md)
-    write_text(path.with_suffix(".csv"), to_csv(table))
+    stem = check_name(name, "--name", "give a plain file name, e.g. sim-tvr-v2~regime") if name else dataset
+    path = inside(Path(out) / "compare" / f"{stem}.md", out, "comparison table")
+    md = to_markdown(table, command_line(out, table, pairs, name))
+    write_texts({path: md, path.with_suffix(".csv"): to_csv(table)})
     return md, path
 
 
-def command_line(out: str | Path, table: CompareTable, pairs: list[tuple[str, str]]) -> str:
+def command_line(out: str | Path, table: CompareTable, pairs: list[tuple[str, str]], name: str | None = None) -> str:
     """The command that makes the table again (the defaults left out)."""
     s = table.settings
     words = ["prvr-bench", "compare", "--dataset", table.dataset, "--rows", *(f"{a}:{b}" for a, b in pairs),
              "--out", from_here(out) or "OUT"]
     if s.metrics != METRICS:
         words += ["--metrics", *s.metrics]
+    if name:
+        words += ["--name", name]
     for flag, value, default in (("--resamples", s.resamples, RESAMPLES), ("--permutations", s.permutations,
                                  PERMUTATIONS), ("--seed", s.seed, SEED), ("--min-seeds", s.min_seeds, 2)):
         if value != default:

@@ -20,6 +20,7 @@ from prvr.harness.base import progress
 from prvr.harness.base.io import UserError, write_text
 from prvr.harness.reports.leaderboard import RECORD_NAME
 from prvr.harness.base.names import check_name, inside
+from prvr.harness.engine.record_types import RunRecord
 from prvr.harness.engine.records import load_record_at
 
 FIELDS = ("per_query", "precision", "recall")  # from the chosen part's report (a branch or the union)
@@ -42,7 +43,7 @@ def cmd_detection(args: argparse.Namespace) -> None:
         progress.log(f"wrote {path} and {path.with_suffix('.csv')}")
 
 
-def epoch_rows(records: list[dict[str, Any]], part: str) -> list[dict[str, Any]]:
+def epoch_rows(records: list[RunRecord], part: str) -> list[dict[str, Any]]:
     """Per epoch with an active detector: the mean over seeds of each field (None when no
     seed has it) and how many seeds reported that epoch."""
     by_epoch: dict[int, list[dict]] = {}
@@ -67,7 +68,7 @@ def epoch_rows(records: list[dict[str, Any]], part: str) -> list[dict[str, Any]]
 SHARES = ("precision", "recall", "frame_share")
 
 
-def check_reports(path: Path, record: dict[str, Any], part: str) -> None:
+def check_reports(path: Path, record: RunRecord, part: str) -> None:
     """The history entries this table reads, checked: an integer epoch, and each figure a number
     (a share within [0, 1]); anything else is one line naming the file and the key."""
     for i, h in enumerate(record.get("history", [])):
@@ -77,7 +78,8 @@ def check_reports(path: Path, record: dict[str, Any], part: str) -> None:
         if not isinstance(h.get("epoch"), int) or isinstance(h.get("epoch"), bool) or h["epoch"] < 0:
             raise UserError(f"run record {path} key 'history[{i}].epoch': {h.get('epoch')!r} is not an epoch number; "
                             "delete it or re-run that run")
-        branch = rel.get(_first_branch(rel)) if isinstance(rel.get(_first_branch(rel)), dict) else {}
+        found = rel.get(_first_branch(rel))
+        branch = found if isinstance(found, dict) else {}
         figures = [(f"relations.{part}.{k}", rel[part].get(k)) for k in FIELDS] + \
                   [(f"relations.{_first_branch(rel)}.{k}", branch.get(k)) for k in BRANCH_FIELDS]
         for key, v in figures:

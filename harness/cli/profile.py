@@ -16,7 +16,7 @@ from prvr.harness.base import progress
 from prvr.harness.base.io import UserError, ensure_dir
 from prvr.harness.profiling import evaluator_speed as ev, rehearsal
 from prvr.harness.profiling.flops import flops_per_query
-from prvr.harness.profiling.report import MethodProfile, Profile, Settings, write_profile
+from prvr.harness.profiling.report import MethodProfile, Profile, ProfileProvenance, Settings, write_profile
 from prvr.harness.profiling.reported import reported_for
 from prvr.harness.profiling.runtime import runtime_per_query
 from prvr.harness.profiling.subjects import TVR_DIMS, Subject, build_model, count_params, subjects
@@ -103,8 +103,8 @@ def cmd_profile(args: argparse.Namespace) -> None:
     if not args.skip_evaluator:
         progress.log(f"evaluator speed: {settings.eval_shape.describe()}")
         evaluator = ev.evaluator_speed(settings.eval_shape, device, settings.eval_repeats)
-    prov = provenance(describe_device(device))
-    prov.update(command=_command_line(), torch=torch.__version__, wall_s=time.perf_counter() - start)
+    prov = ProfileProvenance(**provenance(describe_device(device)), command=_command_line(), torch=torch.__version__,
+                             wall_s=time.perf_counter() - start)
     profile = Profile(settings, results, reported_for(args.method), evaluator, prov)
     paths = write_profile(args.out, profile)
     progress.log(f"profile: wrote {paths[1]} and {paths[0]} in {prov['wall_s']:.0f} s")

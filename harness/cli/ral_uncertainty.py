@@ -47,6 +47,7 @@ from prvr.harness.base import progress
 from prvr.harness.engine.evaluate import BUCKETS, bucket_of, split_ranks
 from prvr.harness.base.io import UserError, ensure_dir, write_json, write_png, write_text
 from prvr.harness.base.names import inside
+from prvr.harness.engine.record_types import RunRecord
 from prvr.harness.engine.records import load_record_at, record_layout
 from prvr.harness.cli.reevaluate import StoredRun, _shown_path, _world
 from prvr.harness.base.registry import DATASETS
@@ -55,7 +56,7 @@ SPLIT = "test"
 
 
 # ----------------------------------------------------------------------------- measuring
-def check_ral_record(path: str | Path) -> dict[str, Any]:
+def check_ral_record(path: str | Path) -> RunRecord:
     """A record given as --run: a run of method `ral` whose model has MSRA (one-line errors)."""
     record = load_record_at(path)
     if record["method"] != "ral":
@@ -102,6 +103,13 @@ class _Measured:
         self.path = run.path
         _, self.dataset, self.run, self.seed = record_layout(run.path)
         self.ranks, self.log_u = ranks, log_u
+
+    @property
+    def uncertainty(self) -> np.ndarray:
+        """log u_q per query, which only a RAL run (--run) measures."""
+        if self.log_u is None:
+            raise ValueError(f"{self.path} is an --against run: no log u_q measured")
+        return self.log_u
 
 
 def _measure(files: list[str | Path], ral: bool, device: str, data_root: str | None, datasets: dict,
@@ -184,15 +192,15 @@ def uncertainty_reports(run_files: list[str | Path], against_files: list[str | P
 
 def _report(name: str, seeds: list[_Measured], others: dict[str, list[_Measured]], selected: np.ndarray,
             size: int, bucket: str, command: str) -> dict[str, Any]:
-    per_seed = [make_groups(m.log_u, selected, size) for m in seeds]
+    per_seed = [make_groups(m.uncertainty, selected, size) for m in seeds]
     groups, dropped = per_seed[0][0], per_seed[0][1]
-    rows = []
+    rows: list[dict[str, Any]] = []
     for i in range(len(groups)):
         members = [g[i] for g, _ in per_seed]
-        log_u = [float(np.mean(m.log_u[q])) for m, q in zip(seeds, members)]
+        log_u = [float(np.mean(m.uncertainty[q])) for m, q in zip(seeds, members)]
         r1 = {name: [recall_at_1(m.ranks[q]) for m, q in zip(seeds, members)]}
-        for other, runs in others.items():
-            r1[other] = [float(np.mean([recall_at_1(o.ranks[q]) for o in runs])) for q in members]
+        for other, measured in others.items():
+            r1[other] = [float(np.mean([recall_at_1(o.ranks[q]) for o in measured])) for q in members]
         rows.append({"index": i, "uncertainty": float(np.exp(np.mean(log_u))),
                      "uncertainty_per_seed": [float(np.exp(v)) for v in log_u],
                      "R@1": {k: float(np.mean(v)) for k, v in r1.items()}, "R@1_per_seed": r1,

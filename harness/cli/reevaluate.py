@@ -51,7 +51,7 @@ from prvr.harness.engine.evaluate import evaluate_model, evaluate_scores, score_
 from prvr.harness.base.io import UserError, write_json
 from prvr.harness.base.names import from_here
 from prvr.harness.reports.noise import check_levels, store_curve
-from prvr.harness.engine.rankings import load_rankings, metrics_of, rankings_path
+from prvr.harness.engine.rankings import metrics_of, rankings_of_record
 from prvr.harness.engine.record_types import RunRecord
 from prvr.harness.engine.records import checkpoint_dir, load_record, load_record_at, record_layout
 from prvr.harness.base.registry import DATASETS, Registry, load_all
@@ -257,11 +257,7 @@ def relevance_rows(record_files: list[str | Path], relevance: str | Path, split_
 
 def _stored_row(path: Path, file: RelevanceFile, split_name: str) -> dict[str, Any]:
     record = load_record(path)
-    stored = rankings_path(path)
-    if not stored.is_file():
-        raise UserError(f"{path} has no stored rankings ({stored.name}: runs made before they were stored have none); "
-                        f"re-evaluate it from its checkpoint instead: add --from-checkpoint")
-    rankings, _ = load_rankings(stored)
+    rankings, stored = rankings_of_record(path, record)
     if split_name not in rankings:
         raise UserError(f"{stored} holds the rankings of {', '.join(rankings)}, not of '{split_name}'; pick --split")
     ranking = rankings[split_name]

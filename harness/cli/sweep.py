@@ -23,6 +23,7 @@ from pathlib import Path
 
 from prvr.harness.base import progress
 from prvr.harness.base.io import UserError, ensure_dir
+from prvr.harness.base.names import check_name
 from prvr.harness.base.registry import DATASETS
 from prvr.harness.cli.args import add_jobs_argument, command, command_line, common_arguments, data_root_overrides, \
     run_args, set_threads
@@ -56,6 +57,7 @@ def add_commands(sub) -> None:
     p.add_argument("--out", default="results")
     p.add_argument("--plan", action="store_true", help="print the planned runs and their expected time, and stop")
     p.add_argument("--report-only", action="store_true", help="write the curves from the records there are")
+    p.add_argument("--name", default="", help="the report's file name under OUT/sweeps/ (default <dataset>~<knob>)")
     add_jobs_argument(p)
     common_arguments(p)
     p.set_defaults(func=cmd_sweep)
@@ -88,8 +90,10 @@ def plan_sweep(args: argparse.Namespace) -> tuple[Sweep, list[SweepRun]]:
                                        tuple(run_args(one, _method(method), args.dataset, seed,
                                                       [*args.overrides, *extra])))
                     runs.append(SweepRun(planned, tag))
+    if args.name:
+        check_name(args.name, "--name", "give a plain file name, e.g. sim-tvr-v2~repeat_prob-ral")
     sweep = Sweep(args.dataset, args.knob, tuple(args.values), default, tuple(names), tuple(args.seeds),
-                  command_line())
+                  command_line(), args.name)
     return sweep, runs
 
 

@@ -65,15 +65,15 @@ def restore_cuda_rng(states: Any, path: Path) -> None:
     the checkpoint saw another number of GPUs (dropout on a GPU that was not there starts
     from its seed's state)."""
     if not isinstance(states, (list, tuple)) or not states:
-        progress.log(f"[yellow]warning[/]: {path} stores no CUDA random state (trained on another device); "
-                     "dropout on the GPU continues from this process's state")
+        progress.warn(f"{path} stores no CUDA random state (trained on another device); "
+                      "dropout on the GPU continues from this process's state")
         return
     present = torch.cuda.device_count()
     for i, rng in enumerate(states[:present]):
         torch.cuda.set_rng_state(rng, i)
     if len(states) != present:
-        progress.log(f"[yellow]warning[/]: {path} was saved with {len(states)} GPU(s) visible, this process sees "
-                     f"{present}: the random state of the first {min(len(states), present)} restored")
+        progress.warn(f"{path} was saved with {len(states)} GPU(s) visible, this process sees "
+                      f"{present}: the random state of the first {min(len(states), present)} restored")
 
 
 LOW_DISK_BYTES = 256 * 2**20  # a checkpoint write that fails with less free than this failed for want of space
@@ -179,7 +179,7 @@ def resume_changes(stored: dict | None, requested: dict, path: Path, force: bool
             raise UserError(f"--resume: checkpoint {path} stores no settings (written by an older prvr-bench), so "
                             "they cannot be compared with this run's; pass --force-resume to continue it anyway, "
                             "or run without --resume to train afresh")
-        progress.log(f"[yellow]warning[/]: {path} stores no settings; continuing it anyway (--force-resume)")
+        progress.warn(f"{path} stores no settings; continuing it anyway (--force-resume)")
         return None
     old, new = {**SETTLED_BEFORE, **_flatten(stored)}, _flatten(requested)
     pairs = {k: (old.get(k, _ABSENT), new.get(k, _ABSENT)) for k in sorted(old.keys() | new.keys())}
@@ -191,7 +191,7 @@ def resume_changes(stored: dict | None, requested: dict, path: Path, force: bool
             raise UserError(f"--resume: checkpoint {path} was trained with other settings ({listing}); resume with "
                             "its settings, pass --force-resume to continue with these anyway (the record lists the "
                             "changes), or run without --resume to train afresh")
-        progress.log(f"[yellow]warning[/]: resuming {path} with other settings ({listing}) (--force-resume)")
+        progress.warn(f"resuming {path} with other settings ({listing}) (--force-resume)")
     return {k: [None if a is _ABSENT else a, None if b is _ABSENT else b] for k, (a, b) in differ.items()}
 
 

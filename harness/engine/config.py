@@ -13,6 +13,7 @@ declared checks: harness/engine/sections.py.
 from __future__ import annotations
 
 import dataclasses
+import os
 import difflib
 import typing
 from dataclasses import fields, is_dataclass
@@ -22,8 +23,10 @@ from typing import Any
 import yaml
 
 from prvr.harness.base.checks import Device, check_section, check_value, show
+from prvr.harness.base.devices import DEVICE_ENV, pick_device
 from prvr.harness.base.io import UserError
 from prvr.harness.base.registry import BACKBONES, DATASETS, DETECTORS, METHODS, extended_home, home_method, unknown_message
+from prvr.harness.engine.precision import check_precision
 from prvr.harness.engine.sections import Config, dataset_preset as load_dataset_preset, detector_settings, load_yaml
 from prvr.methods.fit import check_fit
 
@@ -121,7 +124,17 @@ def resolve(method: str, dataset: str, seed: int = 0, overrides: list[str] | Non
 
     check_fit(cfg.method, cfg.backbone, cfg.relations.name)  # what the objective and detector read, provided?
     check_device(cfg.train.device, "config key 'train.device'", "--set train.device=cpu (or auto)")
+    check_auto_device(cfg.train.device)
+    check_precision_device(cfg.train.precision, cfg.train.device)
     return cfg
+
+
+def check_auto_device(device: str) -> None:
+    """`auto` takes $PRVR_DEVICE where it is set: checked as train.device is (a name torch takes, a CUDA
+    device this machine has), so a wrong value is one line, not a traceback when the run starts."""
+    chosen = os.environ.get(DEVICE_ENV)
+    if device == "auto" and chosen:
+        check_device(chosen, f"${DEVICE_ENV}", f"{DEVICE_ENV}=cpu (or unset it, or a CUDA device this machine has)")
 
 
 def check_config(cfg: Config, source: str) -> None:
@@ -152,6 +165,13 @@ def check_device(device: str, what: str, fix: str) -> None:
     if index >= torch.cuda.device_count():
         raise UserError(f"{what} is '{device}', but this machine has {torch.cuda.device_count()} CUDA device(s) "
                         f"(cuda:0 to cuda:{torch.cuda.device_count() - 1}); use {fix}")
+
+
+def check_precision_device(precision: str, device: str) -> None:
+    """The run's precision against the device it will train on (`auto` as it resolves on this
+    machine), as the config is resolved: tf32 on a CPU is refused before any data is loaded."""
+    if precision != "fp32":
+        check_precision(precision, pick_device(device))
 
 
 def _field(cls: type, name: str) -> dataclasses.Field:
@@ -319,6 +339,8 @@ def _unknown_key(key: str, known: list[str], source: str) -> str:
 
 
 def _coerce(value: Any, tp: Any, key: str, source: str, from_cli: bool) -> Any:
+    if typing.get_origin(tp) is typing.Literal:
+        tp = str  # a fixed-choice word: its check (`one_of` the same Literal) answers a word that is not a choice
     if from_cli and isinstance(value, str) and tp is not str:
         value = _parse_cli_value(value)
     origin = typing.get_origin(tp)

@@ -20,14 +20,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Literal, get_args
 
 import torch
 from torch import nn
 
 from prvr.harness.base.registry import Registry
 
-DECAYS = ("cosine", "linear", "constant", "warmup_linear")
+Decay = Literal["cosine", "linear", "constant", "warmup_linear"]  # train.decay
+DECAYS: tuple[Decay, ...] = get_args(Decay)
 
 
 @dataclass(frozen=True)

@@ -105,9 +105,9 @@ def warn_where_compile_starts_cuda(device: torch.device) -> None:
     (refused where GPUs are in exclusive-process mode). `bench --jobs` and Ray start CPU runs with no GPU
     visible; a run started alone is told how to do the same."""
     if device.type == "cpu" and torch.cuda.is_available() and not torch.cuda.is_initialized():
-        progress.log("[yellow]warning[/]: train.compile on the CPU starts CUDA here (torch.compile saves CUDA's "
-                     "random state as it compiles) and holds memory on a GPU; start the run with "
-                     "CUDA_VISIBLE_DEVICES= to keep every GPU out of it")
+        progress.warn("train.compile on the CPU starts CUDA here (torch.compile saves CUDA's "
+                      "random state as it compiles) and holds memory on a GPU; start the run with "
+                      "CUDA_VISIBLE_DEVICES= to keep every GPU out of it")
 
 
 def _in_bf16(encode: Callable[[Any], Any]) -> Callable[[Any], Any]:

@@ -19,21 +19,25 @@ archive read with allow_pickle=False: integers, floats, and the texts as UTF-8 J
 from __future__ import annotations
 
 import json
+import math
+import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import scipy.sparse as sp
 import torch
 
 from prvr.datasets.real.relevance import SplitKeys
-from prvr.harness.engine.evaluate import (KS, ScoreFn, count_ranks, encode_split, fused_scores, metrics_from_ranks,
+from prvr.harness.engine.evaluate import (KS, ScoreFn, recall_table, count_ranks, encode_split, fused_scores, metrics_from_ranks,
                                    padded_targets)
 from prvr.harness.base.io import UserError, atomic_path
 from prvr.harness.base.scores import worst_if_nonfinite
 
 TOP_K = 100
+RECALLS = (*(f"R@{k}" for k in KS), "SumR")  # the figures a record states that its rankings give
 FORMAT = 1
 SUFFIX = ".rank.npz"
 
@@ -158,18 +162,91 @@ def save_rankings(path: str | Path, rankings: dict[str, SplitRanking], meta: dic
 
 
 def load_rankings(path: str | Path) -> tuple[dict[str, SplitRanking], dict[str, Any]]:
-    """The rankings of a `.rank.npz` and its meta; an unreadable file is a one-line error."""
+    """The rankings of a `.rank.npz` and its meta, each split checked to be rankings a run can store
+    (`check_split`); an unreadable or malformed file is a one-line error naming it."""
     path = Path(path)
     try:
         with np.load(path, allow_pickle=False) as z:
             meta = _from_json(z["meta"])
+            if not isinstance(meta, dict):
+                raise ValueError(f"its meta is {type(meta).__name__}, not an object")
             if meta.get("format") != FORMAT:
                 raise ValueError(f"format {meta.get('format')!r}, this prvr-bench reads {FORMAT}")
-            return {name: _split_of(z, name) for name in meta["splits"]}, meta
-    except (OSError, KeyError, ValueError, TypeError) as e:
+            splits = meta.get("splits")
+            if not isinstance(splits, list) or not all(isinstance(s, str) for s in splits):
+                raise ValueError(f"its meta's 'splits' is {splits!r}, not a list of split names")
+            out = {name: _split_of(z, name) for name in splits}
+    except UserError:
+        raise
+    except (OSError, EOFError, KeyError, ValueError, TypeError, IndexError, AttributeError, zipfile.BadZipFile,
+            zlib.error) as e:
         raise UserError(f"stored rankings {path} cannot be read ({type(e).__name__}: {e}); re-evaluate the run "
                         "from its checkpoint instead (prvr-bench evaluate RECORD --relevance FILE --from-checkpoint)") \
             from None
+    for name, ranking in out.items():
+        problem = split_problem(ranking)
+        if problem:
+            raise UserError(f"stored rankings {path}, split {name!r}: {problem}, which no run stores; the file was "
+                            "changed or is another tool's: re-run that run, or re-evaluate it from its checkpoint "
+                            "(--from-checkpoint)")
+    return out, meta
+
+
+def split_problem(r: SplitRanking) -> str | None:
+    """What makes a split's rankings impossible for a run to have stored, in words; None when sound: ranks
+    from 1 to the split's videos, video indices within the split, the stored width its `top_k` (or the
+    split's videos, where fewer), each
+    listed rank at least its position, moment fractions in [0, 1] or unknown (NaN)."""
+    q, nv = len(r.labelled_rank), len(r.keys.video_ids)
+    if r.top_k < 1 or r.top.ndim != 2 or r.top.shape != (q, min(r.top_k, nv)) or r.top_rank.shape != r.top.shape:
+        return f"top is {r.top.shape} for {q} queries of top_k {r.top_k} among {nv} videos"
+    if not (len(r.keys.query_ids) == len(r.keys.query_text) == len(r.keys.query_video) == len(r.moment_fraction) == q):
+        return f"its query columns have {len(r.keys.query_ids)}, {len(r.keys.query_text)}, {len(r.keys.query_video)} " \
+               f"and {len(r.moment_fraction)} rows for {q} queries"
+    if q and (r.labelled_rank.min() < 1 or r.labelled_rank.max() > nv):
+        return f"labelled ranks from {r.labelled_rank.min()} to {r.labelled_rank.max()} among {nv} videos"
+    for what, idx in (("listed video", r.top), ("labelled video", r.keys.query_video)):
+        if idx.size and (idx.min() < 0 or idx.max() >= nv):
+            return f"{what} indices from {idx.min()} to {idx.max()} for {nv} videos"
+    positions = np.arange(1, r.top.shape[1] + 1)
+    if r.top.size and (np.any(r.top_rank < positions) or r.top_rank.max() > max(nv, r.top_k + 1)):
+        return "listed ranks below their positions (negative ties) or past the split"
+    frac = np.asarray(r.moment_fraction, dtype=float)
+    if np.any(np.isinf(frac)) or np.any((frac < 0) | (frac > 1)):
+        return "moment fractions outside [0, 1]"
+    return None
+
+
+def check_of_record(stored: Path, record_file: Path, record: Mapping[str, Any], meta: Mapping[str, Any],
+                    rankings: dict[str, SplitRanking]) -> None:
+    """Stored rankings are their record's: the meta's dataset, run and seed are the record's, and every split's
+    R@K and SumR recomputed from them are the record's own (rankings renamed in place after a kill before the
+    record was, or copied from another seed, are refused, one line naming both files)."""
+    want = {"dataset": record["dataset"], "run": record.get("run_name", record["method"]), "seed": record["seed"]}
+    for key, value in want.items():
+        if meta.get(key) != value:
+            raise UserError(f"stored rankings {stored} are of {key} {meta.get(key)!r}, but run record {record_file} is "
+                            f"of {value!r}: the rankings do not belong to the record; re-run that run")
+    for split, ranking in rankings.items():
+        stated = record.get("metrics", {}).get(split, {})
+        again = recall_table(ranking.labelled_rank)
+        for key in RECALLS:
+            if key in stated and not math.isclose(again[key], float(stated[key]), rel_tol=1e-9, abs_tol=1e-9):
+                raise UserError(f"stored rankings {stored} give {split} {key} {again[key]:.4f}, but run record "
+                                f"{record_file} says {float(stated[key]):.4f}: the rankings do not belong to the "
+                                "record; re-run that run")
+
+
+def rankings_of_record(record_file: str | Path, record: Mapping[str, Any]) -> tuple[dict[str, SplitRanking], Path]:
+    """The rankings stored beside a record, checked to be sound and the record's own."""
+    stored = rankings_path(record_file)
+    if not stored.is_file():
+        raise UserError(f"run record {record_file} has no stored rankings ({stored.name}: runs made before rankings "
+                        "were stored have none); re-run that run, or (evaluate --relevance) add --from-checkpoint to "
+                        "rank it again from its checkpoint")
+    rankings, meta = load_rankings(stored)
+    check_of_record(stored, Path(record_file), record, meta, rankings)
+    return rankings, stored
 
 
 def _split_of(z, name: str) -> SplitRanking:

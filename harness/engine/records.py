@@ -257,12 +257,19 @@ def load_record_at(path: str | Path) -> RunRecord:
         raise UserError(f"run record {path} names dataset, run and seed {', '.join(show(v) for v in stored)}, but "
                         f"its folder says {dataset}, {run}, {seed}; move it back to the folder of its run or re-run "
                         "that run")
+    method = re.split(r"[+@~]", run, maxsplit=1)[0]  # a run's folder starts with its method: ral@msl~k0
+    if record["method"] != method:
+        raise UserError(f"run record {path} is of method {show(record['method'])}, but its folder {run} is a run of "
+                        f"{method}; move it back to the folder of its run or re-run that run")
     return record
 
 
 # What a metric may be (a figure outside is a damaged or edited record, not a result)
 METRIC_RANGES = {"R@1": (0, 100), "R@5": (0, 100), "R@10": (0, 100), "R@100": (0, 100), "SumR": (0, 400),
                  "median_rank": (1, math.inf), "mean_rank": (1, math.inf), "n": (0, math.inf)}
+
+
+RECALL_KEYS = ("R@1", "R@5", "R@10", "R@100")  # SumR is their sum
 
 
 def value_problem(record: dict[str, Any]) -> tuple[str, str] | None:
@@ -278,6 +285,11 @@ def value_problem(record: dict[str, Any]) -> tuple[str, str] | None:
             value = block.get(name)
             if value is not None and not (math.isfinite(value) and low <= value <= high):
                 return f"{where}.{name}", f"{value!r} is not a figure a run can have (finite, in [{low}, {high}])"
+        recalls = [v for v in (block.get(k) for k in RECALL_KEYS) if isinstance(v, (int, float))]
+        total = block.get("SumR")
+        if isinstance(total, (int, float)) and len(recalls) == len(RECALL_KEYS) \
+                and not math.isclose(total, sum(recalls), abs_tol=1e-6):
+            return f"{where}.SumR", f"{total!r} is not the sum of its R@1, R@5, R@10, R@100 ({sum(recalls):.4f})"
     best, run = record.get("best_epoch"), record.get("epochs_run")
     if isinstance(best, int) and isinstance(run, int) and not -1 <= best < max(run, 1):
         return "best_epoch", f"{best} is not among the {run} epochs the record says were run"

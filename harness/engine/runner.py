@@ -94,8 +94,8 @@ def train_and_record(cfg: Config, out: str | Path, resume: bool = False, tag: st
         record["degenerate"] = trainer.degenerate
     elif test.get("degenerate_scores"):  # the tested checkpoint's scores tell no video apart
         record["degenerate"] = {"scores": test["degenerate_scores"]}
-        progress.log(f"[yellow]warning[/]: the test scores of the best checkpoint: {test['degenerate_scores']}; the "
-                     "record is marked degenerate and the leaderboard leaves it out of its means")
+        progress.warn(f"the test scores of the best checkpoint: {test['degenerate_scores']}; the "
+                      "record is marked degenerate and the leaderboard leaves it out of its means")
     if trainer.resumes:
         record["resumes"] = trainer.resumes
     # Detector figures and tables (e.g. ARL's similarity / uncertainty distributions) go

@@ -9,24 +9,25 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
-from prvr.datasets.loader import POOLING_RULES
-from prvr.datasets.noise import NOISE_SOURCES
-from prvr.datasets.real.store import LAYOUTS
+from prvr.datasets.loader import PoolingRule
+from prvr.datasets.noise import NoiseSource
+from prvr.datasets.real.store import Layout, OnBadRows
+from prvr.datasets.types import SplitName
 from prvr.harness.base.checks import (FLAG, NON_NEGATIVE, POSITIVE, PROBABILITY, SEED, Device, Free, ListOf, OneOf, Range,
-                                 Registered, at_least, param, require, section, show)
+                                 Registered, Section, at_least, one_of, param, require, section, show)
 from prvr.harness.base.io import UserError, read_yaml
-from prvr.harness.engine.optim import DECAYS, OPTIMIZERS
+from prvr.harness.engine.optim import OPTIMIZERS, Decay
 from prvr.harness.base.registry import BACKBONES, DATASETS, DETECTORS, METHODS
 
 
-ON_BAD_ROWS = ("error", "skip")
-ON_NONFINITE = ("stop", "continue")  # train.on_nonfinite, read by harness/engine/trainer.py
-PRECISIONS = ("fp32", "tf32", "bf16")  # train.precision, read by harness/engine/precision.py
-SPLITS = ("train", "val", "test")
+OnNonfinite = Literal["stop", "continue"]  # train.on_nonfinite, read by harness/engine/trainer.py
+ON_NONFINITE: tuple[OnNonfinite, ...] = get_args(OnNonfinite)
+Precision = Literal["fp32", "tf32", "bf16"]  # train.precision, read by harness/engine/precision.py
 # train.select_on: the validation figure that selects the tested epoch and drives early stopping
-SELECT_ON = {"vr": "SumR", "vcmr": "VCMR SumR"}
+SelectOn = Literal["vr", "vcmr"]
+SELECT_ON: dict[SelectOn, str] = {"vr": "SumR", "vcmr": "VCMR SumR"}
 # settings added after runs were stored, with the value those runs were trained under: a stored
 # config (checkpoint, record) without the key reads as if it held that value
 SETTLED_BEFORE = {"train.select_on": "vr", "train.precision": "fp32", "train.compile": False,
@@ -78,10 +79,6 @@ def dataset_scales(cfg: Config | None) -> tuple[str, ...]:
     return ("default", *(dataset_preset(cfg.dataset).get("scales") or {}))
 
 
-def _layouts(cfg: Config | None) -> tuple[str, ...]:
-    return tuple(LAYOUTS)
-
-
 @dataclass(frozen=True)
 class RealDataFile(Free):
     """A file only a real dataset reads: set for a simulated world, which carries its own ground
@@ -92,18 +89,6 @@ class RealDataFile(Free):
             return (f"is {show(value)}, but {cfg.dataset} is simulated and carries its own ground truth; leave it "
                     "out (or `data export` the world and load the export with it)")
         return None
-
-
-def _pooling_rules(cfg: Config | None) -> tuple[str, ...]:
-    return POOLING_RULES
-
-
-def _noise_sources(cfg: Config | None) -> tuple[str, ...]:
-    return NOISE_SOURCES
-
-
-def _decays(cfg: Config | None) -> tuple[str, ...]:
-    return DECAYS
 
 
 def _optimizers():
@@ -121,9 +106,9 @@ class DataConfig:
     normalize_tokens: bool = param(True, FLAG)  # L2-normalise token rows (MS-SL family)
     cache_dir: str = param("", Free("a folder"))  # "" -> $PRVR_CACHE or ~/.cache/prvr-bench
     data_root: str = param("", Free("a folder"))  # real datasets: "" -> $PRVR_DATA
-    on_bad_rows: str = param("error", OneOf(ON_BAD_ROWS))
+    on_bad_rows: OnBadRows = param("error", one_of(OnBadRows))
     # real datasets: "msl" (MS-SL family release) | "xml" (TVRetrieval release: tvr, charades-sta, didemo)
-    layout: str = param("msl", OneOf(_layouts))
+    layout: Layout = param("msl", one_of(Layout))
     # real datasets: video features; "" -> MS-SL FeatureData/<the dataset's folder>, XML resnet_i3d
     feature: str = param("", Free("a feature folder under the data root, or a path"))
     # real datasets: folder of the original annotation files; "" -> <collection>/annotations
@@ -134,7 +119,7 @@ class DataConfig:
     # Segment rule of the clip / frame mean-pooling: "reference" is the MS-SL family's (rounded,
     # clamped boundaries; the real-layout presets use it), "even" splits rows evenly (the
     # simulated presets, whose committed runs were made with it). See datasets/loader.py.
-    pooling: str = param("even", OneOf(_pooling_rules))
+    pooling: PoolingRule = param("even", one_of(PoolingRule))
     # N > 0: N training videos (with all their queries) become the selection split (datasets/selection.py)
     val_from_train: int = param(0, at_least(0, "0 = the dataset's val split"))
     # real datasets: copy video and query features into RAM instead of memory-mapping them
@@ -210,7 +195,7 @@ class TrainConfig:
     weight_decay: float = param(0.01, NON_NEGATIVE)  # not on biases / norms (each optimizer's groups: harness/engine/optim.py)
     warmup_frac: float = param(0.05, Range(0, 1, high_open=True))  # share of all steps with linear warm-up
     # "cosine" | "linear" | "constant" after warm-up, or "warmup_linear" (BertAdam's schedule)
-    decay: str = param("cosine", OneOf(_decays))
+    decay: Decay = param("cosine", one_of(Decay))
     # gradient-norm bound, 0 = none: adamw clips the global norm, bertadam each parameter's
     grad_clip: float = param(5.0, Range(0, note="0 = no clipping"))
     # early stop after this many epochs without a gain of the val figure of select_on (MS-SL: 10 of 100)
@@ -220,7 +205,7 @@ class TrainConfig:
     # as the PRVR papers) | "vcmr" (VCMR SumR, as XML's code: TVRetrieval --stop_task VCMR); a
     # backbone that does not localize is selected on VR SumR under "vcmr", and its record says so.
     # A dataset setting (its preset), like the budget: docs/protocol.md
-    select_on: str = param("vr", OneOf(tuple(SELECT_ON)))
+    select_on: SelectOn = param("vr", one_of(SelectOn))
     # batch-building worker processes; -1: 4 with CUDA (keeps a GPU fed), 0 on CPU
     num_workers: int = param(-1, at_least(-1, "-1 = auto"))
     # "auto" (CUDA when present; the environment variable PRVR_DEVICE, when set, names the device
@@ -228,12 +213,12 @@ class TrainConfig:
     device: str = param("auto", Device())
     # matrix-product precision (harness/engine/precision.py): "fp32" | "tf32" (CUDA only) | "bf16" (encoders
     # under bfloat16 autocast; scores, losses and ranks in float32)
-    precision: str = param("fp32", OneOf(PRECISIONS))
+    precision: Precision = param("fp32", one_of(Precision))
     compile: bool = param(False, FLAG)  # torch.compile the encoders (docs/gpu.md: where it helps)
     deterministic: bool = param(False, FLAG)  # deterministic CUDA kernels (a CPU run is exact either way)
     # a loss that is not finite (a diverged run): "stop" (one line naming the epoch and step, no
     # record) | "continue" (train on; the record is marked and left out of leaderboard means)
-    on_nonfinite: str = param("stop", OneOf(ON_NONFINITE))
+    on_nonfinite: OnNonfinite = param("stop", one_of(OnNonfinite))
 
 
 @dataclass
@@ -247,12 +232,12 @@ class RelationsConfig:
 @dataclass
 class EvalConfig:
     chunk: int = param(1024, at_least(1))  # queries scored at once
-    splits: list[str] = param(["val", "test"], ListOf(OneOf(SPLITS), distinct=True))
+    splits: list[SplitName] = param(["val", "test"], ListOf(one_of(SplitName), distinct=True))
     # noise robustness (RAL Fig. 5): the best checkpoint tested again with a segment of p x each
     # test video's length inserted at its start, per level p (and 0); [] = off (datasets/noise.py)
     noise_levels: list[float] = param([], ListOf(PROBABILITY, min_length=0, distinct=True))
     # where inserted rows come from: "other" (a run of another test video) | "gaussian"
-    noise_source: str = param("other", OneOf(_noise_sources))
+    noise_source: NoiseSource = param("other", one_of(NoiseSource))
     # Moment retrieval (VCMR / SVMR, harness/engine/vcmr.py), for backbones that provide span_logits.
     # Spans of rows i_st <= i_ed with n_min <= i_ed - i_st <= n_max (SBERT-PR paper Eq. 4, in feature
     # rows). Defaults: XML's TVR settings (min_pred_l 2, max_pred_l 16; its code keeps
@@ -279,13 +264,13 @@ class Config:
     backbone: str = param("", Registered(lambda: BACKBONES, empty="the method's backbone"))
     data: DataConfig = section(DataConfig)
     sim: SimConfig = section(SimConfig)
-    model: Any = section()  # the backbone's config dataclass
-    loss: Any = section()  # the method's objective config dataclass
+    model: Section = section()  # the backbone's config dataclass (its `config_cls`), set by config.resolve
+    loss: Section = section()  # the method's objective config dataclass (its `loss_cls`)
     train: TrainConfig = section(TrainConfig)
     relations: RelationsConfig = section(RelationsConfig)
     eval: EvalConfig = section(EvalConfig)
     extra: dict[str, Any] = section(dict)  # method-specific sections
-    detector: Any = section()  # the detector's own settings (its config_cls), section `relations.<name>`
+    detector: Section | None = section()  # the detector's own settings (its config_cls), section `relations.<name>`
 
     @property
     def detector_key(self) -> str:
@@ -312,7 +297,7 @@ class Config:
         return out
 
 
-def detector_settings(name: str) -> Any:
+def detector_settings(name: str) -> Section | None:
     """A fresh settings object of detector `name` (its `config_cls`), or None."""
     cls = getattr(DETECTORS.get(name), "config_cls", None)
     return cls() if cls is not None else None

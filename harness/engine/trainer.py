@@ -88,9 +88,9 @@ class Trainer:
         self.has_queries = np.array([len(q) > 0 for q in self.batchers["train"].video_queries])
         self.steps_per_epoch = math.ceil(self.has_queries.sum() / cfg.train.batch_size)
         if self.has_queries.sum() % cfg.train.batch_size == 1:  # every epoch's last batch: no negative in it
-            progress.log(f"[yellow]warning[/]: {int(self.has_queries.sum())} training videos in batches of "
-                         f"{cfg.train.batch_size} leave one video alone in each epoch's last batch, whose ranking "
-                         "losses are 0 (no negative); a train.batch_size one larger or smaller avoids it")
+            progress.warn(f"{int(self.has_queries.sum())} training videos in batches of "
+                          f"{cfg.train.batch_size} leave one video alone in each epoch's last batch, whose ranking "
+                          "losses are 0 (no negative); a train.batch_size one larger or smaller avoids it")
         self.optimizer, self.optimizer_spec = build_optimizer(model, cfg.train)
         total = self.steps_per_epoch * cfg.train.epochs
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -127,8 +127,8 @@ class Trainer:
             self.load_state(self.ckpt_dir / "last.pt", force_resume)
             progress.log(f"resumed from epoch {self.epoch} ({self.ckpt_dir / 'last.pt'})")
         elif resume:
-            progress.log(f"--resume: no run state {self.ckpt_dir / 'last.pt'} to resume from; training from "
-                         "epoch 0")
+            progress.warn(f"--resume: no run state {self.ckpt_dir / 'last.pt'} to resume from; training from "
+                          "epoch 0")
         try:
             self.train_epochs()
         except BaseException:
@@ -194,9 +194,9 @@ class Trainer:
             self.check_finite(sums, epoch)
         if self.degenerate is None and means and all(means[k] == 0.0 for k in means if k not in sums.diagnostics):
             self.degenerate = {"epoch": epoch}
-            progress.log(f"[yellow]warning[/]: every loss part is exactly 0 in epoch {epoch}: nothing trains (no "
-                         "negative or no positive in any batch?); the record is marked degenerate and the leaderboard "
-                         "leaves it out of its means")
+            progress.warn(f"every loss part is exactly 0 in epoch {epoch}: nothing trains (no "
+                          "negative or no positive in any batch?); the record is marked degenerate and the leaderboard "
+                          "leaves it out of its means")
         summary: dict[str, Any] = {"epoch": epoch, **means, "lr": self.scheduler.get_last_lr()[0]}
         report = self.detector.epoch_report()
         if report:
@@ -231,9 +231,9 @@ class Trainer:
                             "with the run's record marked")
         if self.nonfinite is None:
             self.nonfinite = {"epoch": epoch, "step": step}
-            progress.log(f"[yellow]warning[/]: loss is {loss} at epoch {epoch}, step {step}; training goes on "
-                         "(train.on_nonfinite=continue) and the record is marked, so the leaderboard leaves it "
-                         "out of its means")
+            progress.warn(f"loss is {loss} at epoch {epoch}, step {step}; training goes on "
+                          "(train.on_nonfinite=continue) and the record is marked, so the leaderboard leaves it "
+                          "out of its means")
 
     def num_workers(self) -> int:
         """Worker processes for batch building: as configured, or (-1) 4 when a GPU trains

@@ -18,7 +18,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, TypeVar
 
 import numpy as np
 import scipy.sparse as sp
@@ -27,6 +27,8 @@ import torch.nn.functional as F
 
 from prvr.harness.base.devices import device_name
 from prvr.harness.engine.evaluate import compute_ranks
+
+_T = TypeVar("_T")  # what a timed call returns
 
 
 @dataclass(frozen=True)
@@ -117,7 +119,7 @@ def evaluator_speed(shape: EvalShape, device: torch.device, repeats: int = 3) ->
                           statistics.median(t for t, _ in sort), identical, _device_label(device))
 
 
-def _timed(fn: Callable[[], object], device: torch.device) -> tuple[float, object]:
+def _timed(fn: Callable[[], _T], device: torch.device) -> tuple[float, _T]:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     start = time.perf_counter()

@@ -23,6 +23,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
+from prvr.harness.base.contract import as_backbone
 from prvr.harness.profiling.subjects import Subject, fused_scores, random_queries, random_videos
 
 aten = torch.ops.aten
@@ -108,7 +109,8 @@ def flops_per_query(model: torch.nn.Module, subject: Subject, dims: tuple[int, i
     queries = random_queries(1, subject.tokens, dims[1], device)
     videos = random_videos(1, subject.frames, subject.clips, dims[0], device)
     out: dict[str, Any] = {}
-    q = count_flops(lambda: out.setdefault("q", model.encode_queries(queries)))
-    v = count_flops(lambda: out.setdefault("v", model.encode_videos(videos)))
+    backbone = as_backbone(model)
+    q = count_flops(lambda: out.setdefault("q", backbone.encode_queries(queries)))
+    v = count_flops(lambda: out.setdefault("v", backbone.encode_videos(videos)))
     s = count_flops(lambda: fused_scores(model, out["q"], out["v"]))
     return QueryFlops(q.total, v.total, s.total)

@@ -98,6 +98,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 def cmd_rehearse(args: argparse.Namespace) -> None:
     if args.train_batches < 1:
         raise UserError(f"--train-batches must be at least 1, got {args.train_batches}")
+    if args.threads is not None and args.threads < 1:
+        raise UserError(f"--threads must be at least 1, got {args.threads}")
+    # every argument a phase reads is checked before the first phase starts (a bad --scale or device
+    # replaced a committed table with a failed one): the sim-tvr world resolved at the scale asked for
+    resolve(marked_method("reference"), "sim-tvr", 0,
+            [f"data.scale={args.scale}", f"train.device={args.device}", *args.overrides])
     ensure_dir(args.out)
     start = time.perf_counter()
     keep = args.work is not None

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from prvr.harness.base.io import write_text
+from prvr.harness.engine.record_types import Provenance
 from prvr.harness.profiling import evaluator_speed, flops, training
 from prvr.harness.profiling.evaluator_speed import EvaluatorSpeed
 from prvr.harness.profiling.flops import QueryFlops
@@ -56,13 +57,22 @@ class Settings:
     quick: bool = False
 
 
+class ProfileProvenance(Provenance, total=False):
+    """What made a profile: a run's provenance, and the command, torch's version and the whole
+    profile's seconds."""
+
+    command: str
+    torch: str
+    wall_s: float
+
+
 @dataclass
 class Profile:
     settings: Settings
     methods: list[MethodProfile]
     reported: list[Reported]
     evaluator: EvaluatorSpeed | None
-    provenance: dict[str, Any]
+    provenance: ProfileProvenance
 
 
 # ------------------------------------------------------------------------------- CSV
@@ -78,7 +88,7 @@ def csv_rows(p: Profile) -> list[dict[str, Any]]:
     return rows
 
 
-def _row(section: str, quantity: str, value: float | int, unit: str, condition: str = "", method: str = "",
+def _row(section: str, quantity: str, value: float | str, unit: str, condition: str = "", method: str = "",
          backbone: str = "", source: str = MEASURED, device: str = "") -> dict[str, Any]:
     return {"section": section, "method": method, "backbone": backbone, "source": source, "device": device,
             "quantity": quantity, "condition": condition, "value": value, "unit": unit}
@@ -184,7 +194,8 @@ def _header(p: Profile) -> str:
 
 def _ordered(p: Profile) -> list[tuple[MethodProfile | None, list[Reported]]]:
     """Each measured method followed by its reported rows, then methods only papers report."""
-    out, seen = [], set()
+    out: list[tuple[MethodProfile | None, list[Reported]]] = []
+    seen: set[str] = set()
     for m in p.methods:
         out.append((m, [r for r in p.reported if r.method == m.method]))
         seen.add(m.method)
@@ -281,7 +292,7 @@ def _ms(v: float | None) -> str:
 
 def _training_section(p: Profile) -> str:
     s = p.settings
-    rows = []
+    rows: list[list[Any]] = []
     for m in p.methods:
         e = m.epoch
         if e is None:

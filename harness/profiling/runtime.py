@@ -22,6 +22,7 @@ from typing import Callable
 import torch
 
 from prvr.harness.profiling.subjects import Subject, fused_scores, random_queries, random_videos
+from prvr.harness.base.contract import as_backbone
 from prvr.harness.base.encoding import cat_padded  # the evaluator's own concatenation and indexing
 from prvr.harness.engine.evaluate import index_videos
 
@@ -54,7 +55,7 @@ def encode_collection(model: torch.nn.Module, subject: Subject, size: int, uniqu
                       device: torch.device) -> dict[str, torch.Tensor]:
     """Video embeddings of a `size`-video collection: `unique` encoded videos, tiled."""
     unique = max(1, min(unique, size))
-    part = model.encode_videos(random_videos(unique, subject.frames, subject.clips, video_dim, device))
+    part = as_backbone(model).encode_videos(random_videos(unique, subject.frames, subject.clips, video_dim, device))
     copies = -(-size // unique)
     whole = {k: cat_padded([t] * copies) for k, t in part.items()}
     return index_videos(model, {k: t[:size] for k, t in whole.items()})
@@ -67,7 +68,7 @@ def query_runtime(model: torch.nn.Module, subject: Subject, videos: dict[str, to
     query = random_queries(1, subject.tokens, query_dim, device)
 
     def retrieve() -> torch.Tensor:
-        scores = fused_scores(model, model.encode_queries(query), videos)
+        scores = fused_scores(model, as_backbone(model).encode_queries(query), videos)
         return torch.argsort(scores[0], descending=True)
 
     for _ in range(warmup):

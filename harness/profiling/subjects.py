@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from prvr.datasets.loader import pooling_matrix
 from prvr.harness.engine import build
 from prvr.harness.base.batches import QueryBatch, VideoBatch
+from prvr.harness.base.contract import as_backbone
 from prvr.harness.engine.config import resolve
 from prvr.harness.engine.records import run_tag
 from prvr.harness.base.registry import METHODS
@@ -101,4 +102,4 @@ def random_queries(n: int, tokens: int, dim: int, device: torch.device | str = "
 
 def fused_scores(model: torch.nn.Module, queries: dict[str, Any], videos: dict[str, Any]) -> torch.Tensor:
     """The fused [Q, V] score matrix, the one the evaluator ranks by."""
-    return model.score(queries, videos).fused
+    return as_backbone(model).score(queries, videos).fused

@@ -25,6 +25,7 @@ from prvr.harness.base.names import check_name, inside
 from prvr.harness.engine.record_types import RunRecord
 from prvr.harness.engine.records import budget_label
 from prvr.harness.reports.rows import baseline, dataset_label, diverged, record_protocol
+from prvr.harness.reports.table import markdown_table, mean_std
 
 METRICS = ("R@1", "SumR")
 
@@ -73,13 +74,6 @@ def _label(g: dict[str, Any], groups: list[dict[str, Any]]) -> str:
     return f"{g['run']} [{g['budget']}]" if several else g["run"]
 
 
-def _cell(values: list[float]) -> str:
-    if not values:
-        return ""
-    std = f" ± {np.std(values, ddof=1):.1f}" if len(values) > 1 else ""
-    return f"{np.mean(values):.1f}{std}"
-
-
 def _counts(ns: list[int]) -> str:
     return "?" if not ns else str(ns[0]) if len(ns) == 1 else f"{ns[0]}-{ns[-1]}"
 
@@ -105,12 +99,9 @@ def report_markdown(dataset: str, groups: list[dict[str, Any]], png_name: str,
              f"figure: `{png_name}`.", "",
              "Test queries per bucket: " + ", ".join(f"{b} {_counts(shared[b])}" for b in BUCKETS)
              + (" (a range: the rows differ; each row's in the last column)." if differ else "."), "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for g in groups:
-        seeds = f"{len(g['seeds'])} ({' '.join(map(str, g['seeds']))})"
-        lines.append("| " + " | ".join([_label(g, groups), seeds,
-                                        *(_cell(g["values"][b][m]) for m in METRICS for b in BUCKETS),
-                                        " / ".join(_counts(g["n"][b]) for b in BUCKETS)]) + " |")
+             markdown_table(head, ([_label(g, groups), f"{len(g['seeds'])} ({' '.join(map(str, g['seeds']))})",
+                                    *(mean_std(g["values"][b][m]) for m in METRICS for b in BUCKETS),
+                                    " / ".join(_counts(g["n"][b]) for b in BUCKETS)] for g in groups))]
     return "\n".join(lines) + "\n"
 
 

@@ -32,8 +32,9 @@ from prvr.harness.base.names import check_name, inside
 from prvr.harness.engine.record_types import DataFacts, RunRecord
 from prvr.harness.engine.records import budget_label
 from prvr.harness.base.registry import DATASETS
-from prvr.harness.reports.rows import (baseline, build_rows, csv_cell as _csv_cell, dataset_label, diverged, fmt,
-                               p_value as _p_value, record_protocol)
+from prvr.harness.reports.rows import (baseline, build_rows, dataset_label, diverged, p_value as _p_value,
+                               record_protocol)
+from prvr.harness.reports.table import Markdown, code, composed, csv_text, markdown_table, mean_and_std, mean_std
 from prvr.harness.engine.sections import dataset_preset
 from prvr.harness.reports.world_calibration import TOLERANCE, near_enough, ratio_to_real
 
@@ -162,8 +163,8 @@ def _baseline_sumr(base: dict[str, Any] | None) -> Result:
     if base is None or not base["SumR"]:
         return Result(target, NO_RECORDS, f"no `{baseline()}` records on the protocol", keys)
     mean = float(np.mean(base["SumR"]))
-    recalls = ", ".join(f"{c} {fmt(base[c])}" for c in ("R@1", "R@5", "R@10", "R@100") if base[c])
-    measured = f"{fmt(base['SumR'])} ({recalls})" if recalls else fmt(base["SumR"])
+    recalls = ", ".join(f"{c} {mean_std(base[c])}" for c in ("R@1", "R@5", "R@10", "R@100") if base[c])
+    measured = f"{mean_std(base['SumR'])} ({recalls})" if recalls else mean_std(base["SumR"])
     return Result(target, MET if lo <= mean <= hi else NOT_MET, measured,
                   keys + ["metrics.test.R@1", "metrics.test.R@5", "metrics.test.R@10", "metrics.test.R@100"],
                   values=list(base["SumR"]), **_row_fields(base))
@@ -177,7 +178,7 @@ def _oracle_sumr(base: dict[str, Any] | None) -> Result:
     gaps = [o - s for o, s in zip(base["oracle SumR"], base["SumR"])]
     p = _p_value(dict(zip(base["seeds"], base["oracle SumR"])), dict(zip(base["seeds"], base["SumR"])))
     met = float(np.mean(gaps)) > 0 and p is not None and p < ALPHA
-    measured = (f"{fmt(base['oracle SumR'])} vs {fmt(base['SumR'])}; gap {_fmt_signed(gaps)} "
+    measured = (f"{mean_std(base['oracle SumR'])} vs {mean_std(base['SumR'])}; gap {_fmt_signed(gaps)} "
                 f"(per seed {', '.join(f'{g:+.1f}' for g in gaps)}; {_p_text(p, base['seeds'])})")
     return Result(target, MET if met else NOT_MET, measured, keys, values=gaps, p=p, **_row_fields(base))
 
@@ -194,7 +195,7 @@ def _oracle_gap(base: dict[str, Any] | None, oracle: dict[str, Any] | None) -> R
     b = dict(zip(base["seeds"], base["SumR"]))
     shared = [s for s in oracle["seeds"] if s in b]
     per_seed = [dict(zip(oracle["seeds"], oracle["SumR"]))[s] - b[s] for s in shared]
-    measured = (f"{delta:+.1f} ({fmt(oracle['SumR'])} vs {fmt(base['SumR'])}"
+    measured = (f"{delta:+.1f} ({mean_std(oracle['SumR'])} vs {mean_std(base['SumR'])}"
                 + (f"; per seed {', '.join(f'{d:+.1f}' for d in per_seed)}" if per_seed else "")
                 + f"; {_p_text(p, shared)})")
     return Result(target, MET if delta >= ORACLE_GAP_MIN else NOT_MET, measured, keys,
@@ -203,7 +204,7 @@ def _oracle_gap(base: dict[str, Any] | None, oracle: dict[str, Any] | None) -> R
 
 
 def _fmt_signed(values: list[float]) -> str:
-    text = fmt(values)
+    text = mean_std(values)
     return text if text.startswith("-") else f"+{text}"
 
 
@@ -327,17 +328,15 @@ def to_markdown(dataset: str, results: list[Result], command: str = "prvr-bench 
              "results folder; do not edit by hand. Only runs on the dataset's protocol count (as in the leaderboard); "
              "the test split's facts are the records' `provenance.data.test`, written by each run from the generated "
              "world. Mean ± sample std over seeds; the targets and why they are there: docs/simulated-world.md.", "",
-             "| target | measured | seeds | runs | record keys | records made by | status |",
-             "|---|---|---|---|---|---|---|"]
-    for r in results:
-        cells = [r.target, r.measured, " ".join(map(str, r.seeds)), ", ".join(f"`{x}`" for x in r.runs),
-                 ", ".join(f"`{k}`" for k in r.keys), " ".join(f"[{number[c]}]" for c in r.commands),
-                 f"**{r.status}**"]
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+             markdown_table(["target", "measured", "seeds", "runs", "record keys", "records made by", "status"],
+                            ([composed(r.target), composed(r.measured), " ".join(map(str, r.seeds)),
+                              Markdown(", ".join(code(x) for x in r.runs)), Markdown(", ".join(code(k) for k in r.keys)),
+                              " ".join(f"[{number[c]}]" for c in r.commands), Markdown(f"**{r.status}**")]
+                             for r in results))]
     lines += ["", tally(results)]
     if commands:
         lines += ["", "The records were made by (`nox -s bench -- ARGS` runs `prvr-bench bench ARGS`):", ""]
-        lines += [f"[{number[c]}] `{c}`  " for c in commands]
+        lines += [f"[{number[c]}] {code(c, in_table=False)}  " for c in commands]
         lines[-1] = lines[-1].rstrip()
     return "\n".join(lines) + "\n"
 
@@ -345,16 +344,16 @@ def to_markdown(dataset: str, results: list[Result], command: str = "prvr-bench 
 def to_csv(dataset: str, results: list[Result]) -> str:
     header = ["dataset", "target", "status", "measured", "values", "mean", "std", "p", "seeds", "runs", "record keys",
               "commands"]
-    lines = [",".join(header)]
+    body = []
     for r in results:
         v = r.values
-        cells = [dataset, r.target, r.status, r.measured, " ".join(f"{x:.4f}" for x in v),
-                 f"{np.mean(v):.4f}" if v and r.per_seed else "",
-                 f"{np.std(v, ddof=1):.4f}" if len(v) > 1 and r.per_seed else "",
-                 "" if r.p is None else f"{r.p:.4f}", " ".join(map(str, r.seeds)), " ".join(r.runs),
-                 " ".join(r.keys), " ; ".join(r.commands)]
-        lines.append(",".join(_csv_cell(c) for c in cells))
-    return "\n".join(lines) + "\n"
+        spread = mean_and_std(v) if r.per_seed else None
+        body.append([dataset, r.target, r.status, r.measured, " ".join(f"{x:.4f}" for x in v),
+                     "" if spread is None else f"{spread[0]:.4f}",
+                     "" if spread is None or spread[1] is None else f"{spread[1]:.4f}",
+                     "" if r.p is None else f"{r.p:.4f}", " ".join(map(str, r.seeds)), " ".join(r.runs),
+                     " ".join(r.keys), " ; ".join(r.commands)])
+    return csv_text(header, body)
 
 
 def write_reports(root: str | Path, records: list[RunRecord], show: bool = False,

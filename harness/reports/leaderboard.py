@@ -17,8 +17,15 @@ VR R@K, two decimals as the SBERT-PR paper gives them), with Δ VCMR SumR to the
 row; a dataset without them is shown as before. The papers' figures (methods/reported.yaml)
 follow in their own rows: the PRVR ones in the PRVR columns, the moment ones in the moment columns.
 
-The rows themselves (grouping, means over seeds, Δ and p) are built in harness/reports/rows.py, the floor
-below this file and below the reports it rebuilds.
+The markdown opens with one headline table per dataset (its runs without a `~tag`), then *Variants
+and ablations* (the `~tag` runs), the notes, the comparisons and the papers' figures, and ends with
+the commands that made the records (*Produced by*). A record naming a method, backbone or relation
+detector that is not registered is refused in one line (`registered_name_problem`).
+
+The rows themselves (grouping, means over seeds, Δ and p) are built in harness/reports/rows.py from
+the records' frame, and every table and CSV is written by harness/reports/table.py (`markdown_table`,
+`csv_text`, `mean_std`, `fenced`: cells from records escaped), the floors below this file and below
+the reports it rebuilds.
 """
 
 from __future__ import annotations
@@ -29,7 +36,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
 from prvr.harness.reports import buckets, calibration, noise
 
@@ -38,13 +44,16 @@ from prvr.harness.base.io import UserError, read_yaml, write_texts
 from prvr.harness.reports.quick import QUICK_TAG, is_quick
 from prvr.harness.engine.record_types import RunRecord
 from prvr.harness.engine.records import load_record_at
+from prvr.harness.base.names import unknown_message
+from prvr.harness.base.registry import BACKBONES, DETECTORS, METHODS, Registry
 # The rows and their figures (harness/reports/rows.py); the names below that this file does not use are
 # kept importable from here, where callers and tests have always found them.
 from prvr.harness.reports.rows import (COLUMNS, MOMENT_DECIMALS, MOMENT_DEFAULTS, MOMENT_SUM,  # noqa: F401
                                MOMENT_TIOUS, ORACLE_SUMR, PRVR_KEYS, RELEVANCE_COLUMNS, build_rows, carries_moments,
-                               compare, csv_cell, dataset_label, diverged, fmt, is_metric_key, moment_columns,
+                               compare, dataset_label, diverged, is_metric_key, moment_columns,
                                moment_baseline, near_cap)
-
+from prvr.harness.reports.table import (Markdown, code, csv_text, fenced, markdown_cell, markdown_table, mean_and_std,
+                                        mean_std)
 
 KEY_COLUMNS = ("dataset", "method", "backbone", "relations", "tag")
 RECORD_NAME = re.compile(r"seed-?\d+\.json")
@@ -153,6 +162,9 @@ def collect_checked(root: str | Path, skip_bad: bool = False) -> tuple[list[RunR
     for f in files:
         try:
             record = load_record_at(f)
+            unregistered = registered_name_problem(record)
+            if unregistered:
+                raise UserError(f"run record {f} key {unregistered}; delete it or re-run that run")
             missing = [k for k in TABLE_METRICS if k not in record["metrics"]["test"]]
             if missing:  # an empty cell would pass for a figure nobody measured
                 raise UserError(f"run record {f} key 'metrics.test.{missing[0]}': missing, the table shows it; "
@@ -171,6 +183,22 @@ def collect_checked(root: str | Path, skip_bad: bool = False) -> tuple[list[RunR
             progress.log(f"[yellow]skipped[/]: {e}")
             skipped.append(str(e))
     return records, skipped
+
+
+# The record keys that name a registered part, and the registry each must be in (a tag is free-form)
+REGISTERED_KEYS: tuple[tuple[str, Registry[Any]], ...] = (("method", METHODS), ("backbone", BACKBONES),
+                                                           ("relations", DETECTORS))
+
+
+def registered_name_problem(record: RunRecord) -> str | None:
+    """The first key naming a method, backbone or relation detector that is not registered, with the
+    registry's answer (the known names); None when all are. An absent or empty backbone or relations
+    (older records) passes: the method is required."""
+    for key, registry in REGISTERED_KEYS:
+        name = record.get(key, "")
+        if (name or key == "method") and name not in registry:
+            return f"{key!r}: {unknown_message(registry.kind, name, registry.names())}"
+    return None
 
 
 def protocol_sentence(protocol: dict[str, Any]) -> str:
@@ -204,17 +232,14 @@ def relevance_table(rows: list[dict[str, Any]]) -> list[str]:
     if not rows:
         return []
     head = ["dataset", "run", "seeds", *(c.name for c in RELEVANCE_COLUMNS), "covers"]
-    lines = ["", "## Verified relevance", "",
-             "Rows whose test split was joined to a relevance file (docs/evaluation.md, \"Relevance files\"), over "
-             "the queries it covers: oracle SumR counts a hit when any relevant video is in the top K; dense R@K "
-             "(prvr-ea's multi-GT recall) is |top K ∩ relevant| / |relevant| per query, averaged; multi-relevant % "
-             "= share of covered queries with more than one relevant video. Verified labels mined from models' top "
-             "candidates are a lower bound on relevance.", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        lines.append("| " + " | ".join([r["dataset"], r["run"], str(r["n"]), *(fmt(r[c.name]) for c in
-                                        RELEVANCE_COLUMNS), "; ".join(r["relevance"])]) + " |")
-    return lines
+    return ["", "## Verified relevance", "",
+            "Rows whose test split was joined to a relevance file (docs/evaluation.md, \"Relevance files\"), over "
+            "the queries it covers: oracle SumR counts a hit when any relevant video is in the top K; dense R@K "
+            "(prvr-ea's multi-GT recall) is |top K ∩ relevant| / |relevant| per query, averaged; multi-relevant % "
+            "= share of covered queries with more than one relevant video. Verified labels mined from models' top "
+            "candidates are a lower bound on relevance.", "",
+            markdown_table(head, ([r["dataset"], r["run"], str(r["n"]), *(mean_std(r[c.name]) for c in RELEVANCE_COLUMNS),
+                                   Markdown("; ".join(r["relevance"]))] for r in rows))]
 
 
 def backbone_row_name(row: dict[str, Any]) -> str | None:
@@ -257,20 +282,17 @@ def backbone_table(rows: list[dict[str, Any]]) -> list[str]:
         return []
     head = ["dataset", "run", "against", "seeds / against seeds", "SumR", "against SumR", "Δ SumR",
             "per shared seed", "Δ oracle SumR"]
-    lines = ["", "## Against the backbone", "",
-             "Each method run on another method's backbone (RAL on MS-SL, +PR on XML, ...) against that backbone's "
-             "own row under the same relations and budget: Δ of mean test SumR (p: paired t-test over the shared "
-             "seeds, Welch's test where fewer than two are shared; * p < 0.05), the difference per shared seed, and "
-             "Δ of the oracle SumR (any truly relevant video counts) with its p, where both rows have it.",
-             "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for c in comps:
-        lines.append("| " + " | ".join([
-            c["dataset"], c["run"], c["against"], f"{' '.join(map(str, c['seeds']))} / "
-            f"{' '.join(map(str, c['against_seeds']))}", fmt(c["SumR"]), fmt(c["against_SumR"]),
-            f"{c['delta']:+.1f}{_p_mark(c['p'])}",
-            " ".join(f"{s}: {d:+.1f}" for s, d in zip(c["shared"], c["paired_deltas"])) or "none shared",
-            "" if c["oracle_delta"] is None else f"{c['oracle_delta']:+.1f}{_p_mark(c['oracle_p'])}"]) + " |")
-    return lines
+    body = [[c["dataset"], c["run"], c["against"], f"{' '.join(map(str, c['seeds']))} / "
+             f"{' '.join(map(str, c['against_seeds']))}", mean_std(c["SumR"]), mean_std(c["against_SumR"]),
+             f"{c['delta']:+.1f}{_p_mark(c['p'])}",
+             " ".join(f"{s}: {d:+.1f}" for s, d in zip(c["shared"], c["paired_deltas"])) or "none shared",
+             "" if c["oracle_delta"] is None else f"{c['oracle_delta']:+.1f}{_p_mark(c['oracle_p'])}"] for c in comps]
+    return ["", "## Against the backbone", "",
+            "Each method run on another method's backbone (RAL on MS-SL, +PR on XML, ...) against that backbone's "
+            "own row under the same relations and budget: Δ of mean test SumR (p: paired t-test over the shared "
+            "seeds, Welch's test where fewer than two are shared; * p < 0.05), the difference per shared seed, and "
+            "Δ of the oracle SumR (any truly relevant video counts) with its p, where both rows have it.",
+            "", markdown_table(head, body)]
 
 
 def _p_mark(p: float | None) -> str:
@@ -287,8 +309,9 @@ def fmt_delta(row: dict[str, Any], decimals: int = 1) -> str:
 
 
 def to_csv(rows: list[dict[str, Any]], reported: list[dict[str, Any]] | None = None) -> str:
-    """The leaderboard as CSV; where runs or reported rows hold moment figures, their columns
-    (VCMR / SVMR keys and VCMR SumR, mean and std) and Δ VCMR SumR follow the PRVR ones."""
+    """The leaderboard as CSV (table.csv_text: the csv module, cells from input made safe for
+    spreadsheets); where runs or reported rows hold moment figures, their columns (VCMR / SVMR keys
+    and VCMR SumR, mean and std) and Δ VCMR SumR follow the PRVR ones."""
     reported = reported or []
     moments = [c for c in moment_columns([*rows, *reported]) if not c.name.startswith("VR ")]
     moments += [MOMENT_SUM] if moments else []
@@ -298,23 +321,23 @@ def to_csv(rows: list[dict[str, Any]], reported: list[dict[str, Any]] | None = N
         header += [f"{col.name} mean", f"{col.name} std"]
     header += ["delta SumR vs baseline", "p"]
     header += [f"delta VCMR SumR vs {moment_baseline()}", "p (VCMR SumR)"] if moments else []
-    lines = [",".join([*header, "source"])]
+    body = []
     for r in rows:
         cells = [r["dataset"], r["run"], r["budget"], str(r["on_protocol"]).lower(), r["method"], r["backbone"],
                  r["relations"], r["tag"], str(r["n"]), " ".join(map(str, r["seeds"])), epochs_cell(r)]
         for col in (*COLUMNS, *moments):
-            v = r.get(col.name) or []
-            cells += [f"{np.mean(v):.3f}" if v else "", f"{np.std(v, ddof=1):.3f}" if len(v) > 1 else ""]
+            spread = mean_and_std(r.get(col.name) or [])
+            cells += ["", ""] if spread is None else \
+                [f"{spread[0]:.3f}", "" if spread[1] is None else f"{spread[1]:.3f}"]
         for delta, p in (("delta", "p"), *((("vcmr_delta", "vcmr_p"),) if moments else ())):
             cells += ["" if r.get(delta) is None else f"{r[delta]:.3f}", "" if r.get(p) is None else f"{r[p]:.4f}"]
-        lines.append(",".join(csv_cell(c) for c in [*cells, ""]))
+        body.append([*cells, ""])
     for r in reported:
         cells = [r["dataset"], reported_name(r), "", "", r["method"], "", "reported", r["features"], "0", "", ""]
         for col in (*COLUMNS, *moments):
             cells += [f"{float(r[col.name]):.3f}" if col.name in r else "", ""]
-        cells += ["", "", *(["", ""] if moments else []), r["source"]]
-        lines.append(",".join(csv_cell(str(c)) for c in cells))
-    return "\n".join(lines) + "\n"
+        body.append([*cells, "", "", *(["", ""] if moments else []), r["source"]])
+    return csv_text([*header, "source"], body)
 
 
 def reported_name(r: dict[str, Any]) -> str:
@@ -353,17 +376,76 @@ def budget_cell(r: dict[str, Any]) -> str:
 
 def table_cells(r: dict[str, Any]) -> list[str]:
     return [r["dataset"], r["run"], budget_cell(r), r["backbone"], r["relations"], str(r["n"]), epochs_cell(r)] \
-        + [fmt(r[c.name]) for c in COLUMNS] + [fmt_delta(r)]
+        + [mean_std(r[c.name]) for c in COLUMNS] + [fmt_delta(r)]
 
 
 TABLE_HEADER = ["dataset", "run", "budget", "backbone", "relations", "seeds", "best / run epochs"] + [c.name for c in COLUMNS] + ["Δ SumR vs baseline"]
+COMMANDS = "Produced by"  # the last section: the commands that made the records
+
+
+def is_variant(row: dict[str, Any]) -> bool:
+    """A tagged run (`M~tag`: an ablation or another setting), shown under *Variants and ablations*
+    rather than in its dataset's headline table."""
+    return bool(row.get("tag")) or "~" in row["run"]
+
+
+def headline_tables(rows: list[dict[str, Any]]) -> list[str]:
+    """One table per dataset of its untagged rows: each method on its own, on each backbone it plugs
+    into, and its +oracle row, with Δ SumR to the baseline."""
+    lines: list[str] = []
+    for dataset in dict.fromkeys(r["dataset"] for r in rows if not is_variant(r)):
+        mine = [r for r in rows if r["dataset"] == dataset and not is_variant(r)]
+        lines += ["", f"## {markdown_cell(dataset)}", "", markdown_table(TABLE_HEADER, map(table_cells, mine))]
+    return lines
+
+
+def variants_table(rows: list[dict[str, Any]]) -> list[str]:
+    variants = [r for r in rows if is_variant(r)]
+    if not variants:
+        return []
+    return ["", "## Variants and ablations", "",
+            "The tagged runs (`run~tag`: an ablation, or the method under other settings; the tag's settings are in "
+            f"the command that made the run, under *{COMMANDS}*), in the columns of the tables above.", "",
+            markdown_table(TABLE_HEADER, map(table_cells, variants))]
+
+
+def notes(rows: list[dict[str, Any]], left_out: list[str] | None, skipped: list[str] | None) -> list[str]:
+    """The notes under the tables: convergence, the runs left out, the files skipped, val = test."""
+    lines = ["", convergence_note(rows)] if rows else []
+    dirty = [r for r in rows if r.get("uncommitted")]
+    if dirty:
+        lines += ["", "Made from an uncommitted tree (the records' `provenance.git_dirty`; no commit holds the code "
+                  "that made them, so `prvr-bench reproduce` cannot check them; re-run them from a clean checkout): "
+                  + "; ".join(f"{markdown_cell(r['dataset'])} {markdown_cell(r['run'])} seeds "
+                              f"{' '.join(map(str, r['uncommitted']))}" for r in dirty) + "."]
+    if left_out:
+        lines += ["", "Left out of the table: runs whose training loss became non-finite (trained on with "
+                  "`train.on_nonfinite=continue`; their records are marked `nonfinite`)"
+                  + (" or marked `degenerate` (every loss part exactly 0 for an epoch, or test scores that tell no "
+                     "video apart)"
+                     if any("degenerate" in x for x in left_out) else "") + ": "
+                  + "; ".join(map(markdown_cell, left_out)) + "."]
+    if skipped:
+        lines += ["", f"Skipped (`--skip-bad`): {len(skipped)} file(s) under `runs/` that are not sound run records: "
+                  + "; ".join(map(markdown_cell, skipped)) + "."]
+    if any("val = test" in r["budget"] for r in rows):
+        lines += ["", "Rows whose budget says *on val = test queries* selected their epoch on a val split that holds "
+                  "the test queries (compared by content: datasets/selection.py), as the published MS-SL family "
+                  "figures appear to; `--set data.val_from_train=N` selects on N held-out training videos instead, "
+                  "and such rows never average with these."]
+    return lines
 
 
 def to_markdown(rows: list[dict[str, Any]], reported: list[dict[str, Any]] | None = None,
                 left_out: list[str] | None = None, skipped: list[str] | None = None) -> str:
+    """The leaderboard: one headline table per dataset, the variants and ablations, the notes, the
+    backbone, relevance and moment tables, the papers' figures, and last the commands."""
     commands = sorted({c for r in rows for c in r["commands"]})
     lines = ["# Leaderboard", "",
-             "Generated by `nox -s leaderboard` from the run records under `results/runs/`; do not edit by hand.",
+             "Generated by `nox -s leaderboard` from the run records under `results/runs/`; do not edit by hand. "
+             "First one table per dataset of its runs without a `~tag` (each method, on each backbone it plugs "
+             "into, +oracle), then *Variants and ablations* (the `~tag` runs), the comparisons and the papers' "
+             f"figures; the commands that made the records are at the end (*{COMMANDS}*).",
              "Test split, percent; mean ± sample std over seeds. Δ: difference of mean SumR to the `baseline` row "
              "of the same dataset (p: paired t-test over shared seeds; * p < 0.05). oracle SumR counts a hit when "
              "any truly relevant video is in the top K (simulated data only" + (
@@ -375,42 +457,31 @@ def to_markdown(rows: list[dict[str, Any]], reported: list[dict[str, Any]] | Non
     if protocols:
         lines += ["Protocol (every row of a dataset; the `budget` column shows each row's own, and a row "
                   "off its dataset's protocol is marked and gets no Δ): "
-                  + "; ".join(f"{d}: {protocol_sentence(p)}" for (d, _), p in protocols) + ".", ""]
-    if commands:
-        lines += ["Produced by (`nox -s bench -- ARGS` runs `prvr-bench bench ARGS`):", "", "```", *commands, "```", ""]
-    lines += ["| " + " | ".join(TABLE_HEADER) + " |", "|" + "---|" * len(TABLE_HEADER)]
-    lines += ["| " + " | ".join(table_cells(r)) + " |" for r in rows]
-    if rows:
-        lines += ["", convergence_note(rows)]
-    if left_out:
-        lines += ["", "Left out of the table: runs whose training loss became non-finite (trained on with "
-                  "`train.on_nonfinite=continue`; their records are marked `nonfinite`)"
-                  + (" or marked `degenerate` (every loss part exactly 0 for an epoch, or test scores that tell no "
-                     "video apart)"
-                     if any("degenerate" in x for x in left_out) else "") + ": " + "; ".join(left_out) + "."]
-    if skipped:
-        lines += ["", f"Skipped (`--skip-bad`): {len(skipped)} file(s) under `runs/` that are not sound run records: "
-                  + "; ".join(skipped) + "."]
-    if any("val = test" in r["budget"] for r in rows):
-        lines += ["", "Rows whose budget says *on val = test queries* selected their epoch on a val split that holds "
-                  "the test queries (compared by content: datasets/selection.py), as the published MS-SL family "
-                  "figures appear to; `--set data.val_from_train=N` selects on N held-out training videos instead, "
-                  "and such rows never average with these."]
+                  + "; ".join(f"{d}: {protocol_sentence(p)}" for (d, _), p in protocols) + "."]
+    lines += headline_tables(rows)
+    lines += variants_table(rows)
+    lines += notes(rows, left_out, skipped)
     lines += backbone_table(rows)
     lines += relevance_table(rows)
     lines += moment_table(rows)
-    prvr = [r for r in reported or [] if not carries_moments(r)]
-    moments = [r for r in reported or [] if carries_moments(r)]
-    if prvr or moments:
-        lines += ["", "## Reported in the papers", ""]
+    lines += reported_tables(reported or [])
+    if commands:
+        lines += ["", f"## {COMMANDS}", "", "The commands that made the records (`nox -s bench -- ARGS` runs "
+                  "`prvr-bench bench ARGS`):", "", fenced(commands)]
+    return "\n".join(lines) + "\n"
+
+
+def reported_tables(reported: list[dict[str, Any]]) -> list[str]:
+    """The papers' figures: the PRVR rows, then the moment retrieval rows."""
+    prvr = [r for r in reported if not carries_moments(r)]
+    moments = [r for r in reported if carries_moments(r)]
+    lines = ["", "## Reported in the papers", ""] if prvr or moments else []
     if prvr:
         head = ["dataset", "method", "features", "R@1", "R@5", "R@10", "R@100", "SumR", "source"]
         lines += ["Not reproduced here: the figures the papers report on the real datasets (from "
                   "`methods/reported.yaml`), for comparison with runs on `tvr` / `activitynet`.", "",
-                  "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        lines += ["| " + " | ".join(str(r[k]) for k in head) + " |" for r in prvr]
-    lines += reported_moment_table(moments, after_prvr=bool(prvr))
-    return "\n".join(lines) + "\n"
+                  markdown_table(head, ([str(r[k]) for k in head] for r in prvr))]
+    return lines + reported_moment_table(moments, after_prvr=bool(prvr))
 
 
 def moment_table(rows: list[dict[str, Any]]) -> list[str]:
@@ -420,19 +491,18 @@ def moment_table(rows: list[dict[str, Any]]) -> list[str]:
         return []
     columns = (*moment_columns(rows), MOMENT_SUM)
     head = ["dataset", "run", "budget", "seeds", *(c.name for c in columns), f"Δ VCMR SumR vs {moment_baseline()}"]
-    lines = ["", "## Moment retrieval", "",
-             "The rows of the datasets whose runs localize (VCMR / SVMR: `harness/engine/vcmr.py`, docs/evaluation.md, "
-             "\"Moment retrieval\"): test split, percent, mean ± sample std over seeds, two decimals. VR R@K are the "
-             "video ranks of the table above; VCMR SumR sums the VCMR R@K over k and tIoU (the SBERT-PR paper picks "
-             f"its conditions by this sum). Δ: difference of mean VCMR SumR to the `{moment_baseline()}` row of the "
-             "same dataset (p: paired t-test over shared seeds; * p < 0.05). An empty cell: a figure that not every "
-             "seed of the row has (a backbone that does not localize has no VCMR / SVMR).", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in (r for r in rows if r["dataset"] in datasets):
-        delta = fmt_delta({"delta": r.get("vcmr_delta"), "p": r.get("vcmr_p")}, MOMENT_DECIMALS)
-        lines.append("| " + " | ".join([r["dataset"], r["run"], budget_cell(r), str(r["n"]),
-                                        *(fmt(r.get(c.name) or [], c.decimals) for c in columns), delta]) + " |")
-    return lines
+    body = [[r["dataset"], r["run"], budget_cell(r), str(r["n"]),
+             *(mean_std(r.get(c.name) or [], c.decimals) for c in columns),
+             fmt_delta({"delta": r.get("vcmr_delta"), "p": r.get("vcmr_p")}, MOMENT_DECIMALS)]
+            for r in rows if r["dataset"] in datasets]
+    return ["", "## Moment retrieval", "",
+            "The rows of the datasets whose runs localize (VCMR / SVMR: `harness/engine/vcmr.py`, docs/evaluation.md, "
+            "\"Moment retrieval\"): test split, percent, mean ± sample std over seeds, two decimals. VR R@K are the "
+            "video ranks of the table above; VCMR SumR sums the VCMR R@K over k and tIoU (the SBERT-PR paper picks "
+            f"its conditions by this sum). Δ: difference of mean VCMR SumR to the `{moment_baseline()}` row of the "
+            "same dataset (p: paired t-test over shared seeds; * p < 0.05). An empty cell: a figure that not every "
+            "seed of the row has (a backbone that does not localize has no VCMR / SVMR).", "",
+            markdown_table(head, body)]
 
 
 def reported_moment_table(reported: list[dict[str, Any]], after_prvr: bool = False) -> list[str]:
@@ -441,18 +511,16 @@ def reported_moment_table(reported: list[dict[str, Any]], after_prvr: bool = Fal
         return []
     columns = [c for c in moment_columns(reported) if any(c.path[0] in r for r in reported)]
     head = ["dataset", "method", "condition", "split", "features", *(c.name for c in columns), "source"]
-    datasets = " / ".join(f"`{d}`" for d in dict.fromkeys(r["dataset"] for r in reported))
-    lines = [*([""] if after_prvr else []),
-             "Moment retrieval, not reproduced here either (from `methods/reported.yaml`): the figures the papers "
-             f"report for the conditions, for comparison with runs on {datasets}; the figures of their ablation "
-             "tables are shown under the tables `prvr-bench ablate` writes. VR R@K: video ranks; an empty cell: a "
-             "figure the paper does not give.", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in reported:
-        cells = [r["dataset"], r["method"], str(r.get("condition", "")), str(r.get("split", "")), r["features"]]
-        cells += [f"{float(r[c.path[0]]):.{c.decimals}f}" if c.path[0] in r else "" for c in columns]
-        lines.append("| " + " | ".join([*cells, r["source"]]) + " |")
-    return lines
+    datasets = " / ".join(code(d, in_table=False) for d in dict.fromkeys(r["dataset"] for r in reported))
+    body = [[r["dataset"], r["method"], str(r.get("condition", "")), str(r.get("split", "")), r["features"],
+             *(f"{float(r[c.path[0]]):.{c.decimals}f}" if c.path[0] in r else "" for c in columns), r["source"]]
+            for r in reported]
+    return [*([""] if after_prvr else []),
+            "Moment retrieval, not reproduced here either (from `methods/reported.yaml`): the figures the papers "
+            f"report for the conditions, for comparison with runs on {datasets}; the figures of their ablation "
+            "tables are shown under the tables `prvr-bench ablate` writes. VR R@K: video ranks; an empty cell: a "
+            "figure the paper does not give.", "",
+            markdown_table(head, body)]
 
 
 def write(root: str | Path, rows: list[dict[str, Any]], reported: list[dict[str, Any]] | None = None,
@@ -474,7 +542,7 @@ def terminal_rows(rows: list[dict[str, Any]],
                   reported: list[dict[str, Any]] | None = None) -> list[tuple[list[str], bool]]:
     """The cells of the short view: the headline columns (buckets are in the markdown and CSV),
     then reported rows (flagged True) only for datasets that have runs."""
-    out = [([r["dataset"], r["run"], budget_cell(r), str(r["n"]), *[fmt(r[c]) for c in TERMINAL_COLUMNS],
+    out = [([r["dataset"], r["run"], budget_cell(r), str(r["n"]), *[mean_std(r[c]) for c in TERMINAL_COLUMNS],
              fmt_delta(r)], False) for r in rows]
     datasets = {r["dataset"] for r in rows}
     for r in reported or []:

@@ -25,6 +25,7 @@ from prvr.harness.base.names import check_name, inside
 from prvr.harness.engine.record_types import NoiseCurve, RunRecord
 from prvr.harness.engine.records import budget_label
 from prvr.harness.reports.rows import baseline, dataset_label, diverged, record_protocol
+from prvr.harness.reports.table import code, markdown_table, mean_std
 
 CURVE_FILE = re.compile(r"seed(\d+)\.noise-(\w+)\.json")
 
@@ -136,13 +137,6 @@ def _label(g: dict[str, Any], groups: list[dict[str, Any]], source: bool = True)
     return label
 
 
-def _cell(values: list[float] | None) -> str:
-    if not values:
-        return ""
-    std = f" ± {np.std(values, ddof=1):.1f}" if len(values) > 1 else ""
-    return f"{np.mean(values):.1f}{std}"
-
-
 def report_markdown(dataset: str, groups: list[dict[str, Any]], command: str = "prvr-bench leaderboard") -> str:
     levels = sorted({k for g in groups for k in g["all_levels"]}, key=float)
     head = ["run", "source", "seeds", *(f"p={float(k):g}" for k in levels)]
@@ -155,15 +149,13 @@ def report_markdown(dataset: str, groups: list[dict[str, Any]], command: str = "
              f"Written by `{command}` from the run records' `metrics.noise` (`prvr-bench run ... --set "
              "eval.noise_levels=[...]`) and the curves `prvr-bench evaluate RECORD --noise-levels ...` stores "
              "beside them (`seed<S>.noise-<source>.json`); figure: `" + f"{dataset}.png`.", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for g in groups:
-        seeds = " ".join(str(s) for s in g["seeds"])
-        lines.append("| " + " | ".join([_label(g, groups, source=False), g["source"], f"{len(g['seeds'])} ({seeds})",
-                                        *(_cell(g["levels"].get(k)) for k in levels)]) + " |")
+             markdown_table(head, ([_label(g, groups, source=False), g["source"],
+                                    f"{len(g['seeds'])} ({' '.join(str(s) for s in g['seeds'])})",
+                                    *(mean_std(g["levels"].get(k) or []) for k in levels)] for g in groups))]
     commands = [(_label(g, groups), c) for g in groups for c in g["commands"]]
     if commands:
         lines += ["", "Commands that made the curves:", ""]
-        lines += [f"- {label}: `{c}`" for label, c in commands]
+        lines += [f"- {label}: {code(c, in_table=False)}" for label, c in commands]
     return "\n".join(lines) + "\n"
 
 

@@ -27,12 +27,9 @@ says what a difference means and why these libraries.
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import io
 import json
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal, Mapping, Sequence
@@ -42,11 +39,12 @@ from scipy import stats
 
 from prvr.harness.base.io import UserError
 from prvr.harness.base.names import check_name, inside
-from prvr.harness.engine.evaluate import KS, recall_table
-from prvr.harness.engine.rankings import SplitRanking, load_rankings, rankings_path
+from prvr.harness.engine.evaluate import KS
+from prvr.harness.engine.rankings import rankings_of_record
 from prvr.harness.engine.record_types import RunRecord
 from prvr.harness.engine.records import RECORD_FILE, load_record_at
 from prvr.harness.reports.rows import dataset_label
+from prvr.harness.reports.table import csv_text, markdown_cell, markdown_table, spreadsheet_safe  # noqa: F401
 
 METRICS: tuple[str, ...] = (*(f"R@{k}" for k in KS), "SumR")
 RESAMPLES = 10_000  # bootstrap resamples
@@ -126,41 +124,18 @@ def load_row(out: str | Path, dataset: str, run: str) -> Row:
 
 
 def seed_scores(path: Path, record: RunRecord) -> SeedScores:
-    """A record's test scores from the rankings stored beside it, checked to give its test figures."""
-    stored = rankings_path(path)
-    if not stored.is_file():
-        raise UserError(f"run record {path} has no stored rankings ({stored.name}: runs made before rankings were "
-                        "stored have none); re-run that run to compare it, or leave the row out")
-    rankings, meta = load_rankings(stored)
+    """A record's test scores from the rankings stored beside it, checked to be its own
+    (`rankings.rankings_of_record`: the meta's run, dataset and seed, and every figure they give)."""
+    rankings, stored = rankings_of_record(path, record)
     if SPLIT not in rankings:
         raise UserError(f"stored rankings {stored} hold no {SPLIT} split (only {', '.join(rankings) or 'none'}); "
                         "re-run that run to compare it")
     ranking = rankings[SPLIT]
     block: Mapping[str, Any] = record["metrics"][SPLIT]
     figures = {m: float(block.get(m, math.nan)) for m in METRICS}
-    check_meta(stored, path, record, meta)
-    check_figures(stored, path, ranking, figures)
     keys = ranking.keys
     return SeedScores(record["seed"], path, list(keys.query_ids), [keys.video_ids[i] for i in keys.query_video],
                       query_scores(ranking.labelled_rank), figures)
-
-
-def check_meta(stored: Path, path: Path, record: RunRecord, meta: Mapping[str, Any]) -> None:
-    """The rankings name the dataset, run and seed of their record."""
-    want = {"dataset": record["dataset"], "run": record.get("run_name", record["method"]), "seed": record["seed"]}
-    for key, value in want.items():
-        if key in meta and meta[key] != value:
-            raise UserError(f"stored rankings {stored} are of {key} {meta[key]!r}, but run record {path} is of "
-                            f"{value!r}: the rankings do not belong to the record; re-run that run")
-
-
-def check_figures(stored: Path, path: Path, ranking: SplitRanking, figures: dict[str, float]) -> None:
-    """The rankings' test figures must be the record's: else they are another run's."""
-    again = recall_table(ranking.labelled_rank)
-    for m in METRICS:
-        if not math.isclose(again[m], figures[m], rel_tol=1e-9, abs_tol=1e-9):
-            raise UserError(f"stored rankings {stored} give test {m} {again[m]:.4f}, but run record {path} says "
-                            f"{figures[m]:.4f}: the rankings do not belong to the record; re-run that run")
 
 
 # ----------------------------------------------------------------------------- the statistics
@@ -379,42 +354,20 @@ def to_markdown(table: CompareTable, command: str) -> str:
             f"correction over all {sum(len(c.metrics) for c in table.comparisons)} p-values of this table. "
             f"Random seed {s.seed}. What this means: docs/statistics.md. Written by `{command}`.")
     lines = [f"# Paired comparisons on {markdown_cell(table.dataset)}", "", note, "",
-             "| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
-    lines += ["| " + " | ".join(markdown_cell(c) for c in row) + " |" for row in table_cells(table)]
+             markdown_table(HEAD, table_cells(table))]
     return "\n".join(lines) + "\n"
 
 
 def to_csv(table: CompareTable) -> str:
     s = table.settings
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["dataset", "row_a", "row_b", "metric", "mean_a", "mean_b", "difference", "low", "high", "p",
-                     "p_holm", "seeds", "queries", "interval_over", "interval", "test", "correction"])
     interval = f"two-level paired bootstrap, percentile, {s.resamples} resamples, seed {s.seed}"
     test = f"paired randomization test, two-sided, {s.permutations} permutations, seed {s.seed}"
-    for c in table.comparisons:
-        for d in c.metrics:
-            writer.writerow([spreadsheet_safe(v) for v in (
-                c.dataset, c.row_a, c.row_b, d.metric, f"{d.mean_a:.6g}", f"{d.mean_b:.6g}", f"{d.difference:.6g}",
-                f"{d.low:.6g}", f"{d.high:.6g}", f"{d.p:.6g}", f"{d.p_holm:.6g}", " ".join(map(str, c.seeds)),
-                " ".join(map(str, c.queries)), c.interval_over, interval, test, "Holm over the table")])
-    return buffer.getvalue()
-
-
-def markdown_cell(text: str) -> str:
-    """A markdown table cell from input: pipes and backslashes escaped, line breaks made spaces."""
-    return re.sub(r"\s*[\r\n]+\s*", " ", text.replace("\\", "\\\\").replace("|", "\\|"))
-
-
-NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)(e[+-]?\d+)?|[+-]?(inf|nan)", re.IGNORECASE)
-
-
-def spreadsheet_safe(text: str) -> str:
-    """A CSV cell a spreadsheet will not run as a formula: input beginning with = + - @ (or a tab or
-    carriage return) gets a leading quote; numbers this module formatted stay numbers."""
-    if text[:1] in ("=", "+", "-", "@", "\t", "\r") and not NUMBER.fullmatch(text):
-        return "'" + text
-    return text
+    return csv_text(["dataset", "row_a", "row_b", "metric", "mean_a", "mean_b", "difference", "low", "high", "p",
+                     "p_holm", "seeds", "queries", "interval_over", "interval", "test", "correction"],
+                    ([c.dataset, c.row_a, c.row_b, d.metric, f"{d.mean_a:.6g}", f"{d.mean_b:.6g}", f"{d.difference:.6g}",
+                      f"{d.low:.6g}", f"{d.high:.6g}", f"{d.p:.6g}", f"{d.p_holm:.6g}", " ".join(map(str, c.seeds)),
+                      " ".join(map(str, c.queries)), c.interval_over, interval, test, "Holm over the table"]
+                     for c in table.comparisons for d in c.metrics))
 
 
 def _seeds(seeds: Sequence[int] | dict[int, SeedScores]) -> str:

@@ -14,22 +14,21 @@ Written to OUT/sweeps/<dataset>~<knob>.{md,csv,png}; the CSV through the csv mod
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+import scipy.stats
 
 from prvr.harness.base import progress
 from prvr.harness.base.io import UserError, write_png, write_texts
 from prvr.harness.base.names import check_name, inside
 from prvr.harness.base.registry import METHODS, home_method
 from prvr.harness.engine.records import load_record_at, record_path
-from prvr.harness.reports.stats import (BOTH_LEVELS, Comparison, MetricDifference, Settings, compare_rows, load_row,
-                                        markdown_cell, spreadsheet_safe)
+from prvr.harness.reports.stats import BOTH_LEVELS, Comparison, MetricDifference, Settings, compare_rows, load_row
+from prvr.harness.reports.table import csv_text, markdown_table, mean_std
 
 # the world's figures shown at each value (provenance.data.<split>.<key>)
 FACTS = (("test", "multi_relevant_share", "multi-relevant share (test)"),
@@ -49,6 +48,7 @@ class Sweep:
     runs: tuple[str, ...]
     seeds: tuple[int, ...]
     command: str
+    name: str = ""  # the report's file name under OUT/sweeps/ (default <dataset>~<knob>)
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,8 @@ def base_of(run: str) -> str | None:
 
 def sweep_cells(sweep: Sweep, out: str | Path, settings: Settings) -> tuple[list[Cell], dict[float, dict[str, Any]]]:
     """Every (value, run) with records, and the world's figures at each value."""
-    cells, facts = [], {}
+    cells: list[Cell] = []
+    facts: dict[float, dict[str, Any]] = {}
     for value in sweep.values:
         for run in sweep.runs:
             name = run_at(run, sweep, value)
@@ -125,13 +126,9 @@ def _oracle(record: Any) -> float:
     return float(value) if isinstance(value, (int, float)) else math.nan
 
 
-def _mean_std(values: Sequence[float]) -> str:
-    finite = [v for v in values if math.isfinite(v)]
-    if not finite:
-        return ""
-    if len(finite) == 1:
-        return f"{finite[0]:.1f}"
-    return f"{np.mean(finite):.1f} ± {np.std(finite, ddof=1):.1f}"
+def _finite(values: Sequence[float]) -> list[float]:
+    """The finite values (a seed without an oracle figure is NaN: left out of its mean ± std)."""
+    return [v for v in values if math.isfinite(v)]
 
 
 def _gain_cells(cell: Cell) -> list[str]:
@@ -150,11 +147,53 @@ HEAD = ["value", "run", "seeds", "SumR", "oracle SumR", "base", "gain (SumR)", "
 
 
 def rows_of(cells: list[Cell]) -> list[list[str]]:
-    return [[f"{c.value:g}", c.run, " ".join(map(str, c.seeds)), _mean_std(c.sumr), _mean_std(c.oracle_sumr),
+    return [[f"{c.value:g}", c.run, " ".join(map(str, c.seeds)), mean_std(_finite(c.sumr)), mean_std(_finite(c.oracle_sumr)),
              c.base, *_gain_cells(c)] for c in cells]
 
 
-def render(sweep: Sweep, cells: list[Cell], facts: dict[float, dict[str, Any]]) -> tuple[str, str]:
+@dataclass(frozen=True)
+class Slope:
+    """How a run's gain over its base moves with the test split's multi-relevant share: the least-squares
+    slope of the per-seed gains (the run's SumR minus its base's, same seed and world) against the share
+    in points, per 10 points of share, with its 95% interval (scipy.stats.linregress's standard error and
+    Student's t with n - 2 degrees of freedom)."""
+
+    run: str
+    base: str
+    points: int
+    per_10: float
+    low: float
+    high: float
+
+
+def slopes(sweep: Sweep, out: str | Path, cells: list[Cell], facts: dict[float, dict[str, Any]]) -> list[Slope]:
+    """A slope per run that has a base, where two values or more have both."""
+    found = []
+    for run, base in dict.fromkeys((c.run, c.base) for c in cells if c.base):
+        xs, ys = [], []
+        for value in sweep.values:
+            share = facts.get(value, {}).get(FACTS[0][2])
+            for seed in sweep.seeds:
+                a, b = (record_path(out, sweep.dataset, run_at(r, sweep, value), seed) for r in (run, base))
+                if isinstance(share, (int, float)) and a.is_file() and b.is_file():
+                    xs.append(100 * share)
+                    ys.append(float(load_record_at(a)["metrics"]["test"]["SumR"])
+                              - float(load_record_at(b)["metrics"]["test"]["SumR"]))
+        if len(set(xs)) >= 2 and len(xs) >= 3:
+            fit = scipy.stats.linregress(xs, ys)
+            half = scipy.stats.t.ppf(0.975, len(xs) - 2) * fit.stderr
+            found.append(Slope(run, base, len(xs), 10 * fit.slope, 10 * (fit.slope - half), 10 * (fit.slope + half)))
+    return found
+
+
+def slope_rows(found: list[Slope]) -> list[list[str]]:
+    return [[s.run, s.base, str(s.points), f"{s.per_10:+.2f}", f"[{s.low:+.2f}, {s.high:+.2f}]",
+             "grows with the noise" if s.low > 0 else ("shrinks with the noise" if s.high < 0 else
+                                                       "no trend the interval can tell from none")] for s in found]
+
+
+def render(sweep: Sweep, cells: list[Cell], facts: dict[float, dict[str, Any]],
+           found: Sequence[Slope] = ()) -> tuple[str, str]:
     """The report (markdown) and its CSV."""
     fact_head = ["value", *(label for _, _, label in FACTS)]
     fact_rows = [[f"{v:g}", *(_fact(facts[v].get(label)) for _, _, label in FACTS)] for v in sweep.values if v in facts]
@@ -164,23 +203,23 @@ def render(sweep: Sweep, cells: list[Cell], facts: dict[float, dict[str, Any]]) 
           "test split, mean ± sample std over seeds; oracle SumR: the same ranks against every relevant video; "
           "gain: the run's mean SumR minus its base's on the same world and seeds, with the 95% interval of the "
           "two-level (seeds, then test queries) paired bootstrap and the paired randomization test's p.", "",
-          "## The world at each value", "", _table(fact_head, fact_rows), "",
-          "## Runs", "", _table(HEAD, [[markdown_cell(x) for x in row] for row in rows_of(cells)]), ""]
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow([*HEAD, *(label for _, _, label in FACTS)])
-    for cell, row in zip(cells, rows_of(cells)):
-        writer.writerow([spreadsheet_safe(x) for x in row] + [_fact(facts[cell.value].get(label)) for _, _, label in FACTS])
-    return "\n".join(md), buf.getvalue()
+          "## The world at each value", "", markdown_table(fact_head, fact_rows), "",
+          "## Runs", "", markdown_table(HEAD, rows_of(cells)), "",
+          "## Does the gain grow with the noise?", "",
+          "Per run with a base: the slope of its per-seed gain over the base against the test split's "
+          "multi-relevant share (SumR points per 10 points of share), least squares over every (value, seed) "
+          "with both runs, 95% interval from scipy.stats.linregress's standard error and Student's t. A label-noise "
+          "method earns its name where its gain grows with the noise.", "",
+          markdown_table(["run", "base", "points", "slope per 10 pts of share", "95% interval", "reads"],
+                         slope_rows(list(found))) if found else "(no run with a base at two values yet)", ""]
+    table = csv_text([*HEAD, *(label for _, _, label in FACTS)],
+                     (row + [_fact(facts[cell.value].get(label)) for _, _, label in FACTS]
+                      for cell, row in zip(cells, rows_of(cells))))
+    return "\n".join(md), table
 
 
 def _fact(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, (int, float)) else ""
-
-
-def _table(head: list[str], rows: list[list[str]]) -> str:
-    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head),
-                      *("| " + " | ".join(r) + " |" for r in rows)])
 
 
 def plot(sweep: Sweep, cells: list[Cell], facts: dict[float, dict[str, Any]]):
@@ -220,9 +259,9 @@ def write_sweep(sweep: Sweep, out: str | Path, settings: Settings = Settings()) 
     if not cells:
         raise UserError(f"no records of the sweep under {Path(out) / 'runs' / sweep.dataset} yet; run it without "
                         "--report-only, or check --out")
-    md, table = render(sweep, cells, facts)
-    stem = inside(Path(out) / "sweeps" / f"{sweep.dataset}~{knob_tag(sweep.knob, 0).removesuffix('0')}", out,
-                  "--knob")
+    md, table = render(sweep, cells, facts, slopes(sweep, out, cells, facts))
+    name = sweep.name or f"{sweep.dataset}~{knob_tag(sweep.knob, 0).removesuffix('0')}"
+    stem = inside(Path(out) / "sweeps" / check_name(name, "--name", "give a plain file name"), out, "--name")
     write_texts({stem.with_suffix(".md"): md, stem.with_suffix(".csv"): table})
     write_png(plot(sweep, cells, facts), stem.with_suffix(".png"))
     progress.log(f"wrote {stem}.md, .csv, .png")

@@ -28,8 +28,10 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prvr.harness.base.io import UserError
+from prvr.harness.base.io import MAX_TEXT_BYTES, UserError, read_text
+from prvr.harness.reports.table import csv_text, markdown_table
 
+MAX_TABLE_BYTES = MAX_TEXT_BYTES  # a census table is a few kB; a 2 GB file is refused unread
 TOLERANCE = 1.5  # each figure within a factor of 1.5 of the real split's
 PHI = "sent"
 AMBIGUITY = ("multi_relevant_share", "relevant_per_query")
@@ -44,6 +46,7 @@ class World:
     ambiguity: dict[str, float]
     recall: dict[float, float] = field(default_factory=dict)
     lift: dict[float, float] = field(default_factory=dict)
+    dataset: str = ""  # the census's dataset column: a registered name, simulated or real
 
     def figures(self, thetas: list[float]) -> dict[str, float]:
         out = dict(self.ambiguity)
@@ -54,21 +57,30 @@ class World:
 
 
 def _float(row: dict, key: str, path: Path, line: int) -> float:
+    raw = row.get(key)
     try:
-        return float(row[key])
-    except (KeyError, TypeError, ValueError):
+        value = float(raw)  # type: ignore[arg-type]  # None or text: the error below
+    except (TypeError, ValueError):
         raise UserError(f"{path}, line {line}: no number in column {key!r}; make the table with this version's "
                         f"`prvr-bench census` (it writes {', '.join(AMBIGUITY)} and lift where relevance is known)"
                         ) from None
+    if not (math.isfinite(value) and value >= 0):
+        raise UserError(f"{path}, line {line}: column {key!r} is {raw!r}, not a figure a census gives (finite, "
+                        ">= 0); make the table again with `prvr-bench census`")
+    return value
 
 
 def read_worlds(path: Path, split: str | None) -> list[World]:
     """The worlds of one census CSV (one per `world` value; the preset's is named by its
     dataset), its Phi_sent rows of `split` (None: the file's only split)."""
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         raise UserError(f"{path}: no such census table; make it with `prvr-bench census` (docs/simulated-world.md)")
-    with open(path, newline="", encoding="utf-8") as f:
-        rows = list(csv.DictReader(f))
+    text = read_text(path, "census table", "give a CSV that `prvr-bench census` wrote", MAX_TABLE_BYTES)
+    try:
+        rows = list(csv.DictReader(io.StringIO(text, newline="")))
+    except csv.Error as e:  # e.g. a field larger than the csv module's limit: no census writes one
+        raise UserError(f"census table {path} is not a census CSV ({e}); give a CSV that `prvr-bench census` "
+                        "wrote") from None
     splits = sorted({r.get("split", "") for r in rows})
     if split is None and len(splits) > 1:
         raise UserError(f"{path}: rows of splits {', '.join(splits)}; pass --split to say which is compared")
@@ -77,7 +89,8 @@ def read_worlds(path: Path, split: str | None) -> list[World]:
         if r.get("phi") != PHI or (split is not None and r.get("split") != split):
             continue
         name = r.get("world") or r.get("dataset", "")
-        w = worlds.setdefault(name, World(name, path.name, {k: _float(r, k, path, line) for k in AMBIGUITY}))
+        w = worlds.setdefault(name, World(name, path.name, {k: _float(r, k, path, line) for k in AMBIGUITY},
+                                                 dataset=r.get("dataset") or ""))
         theta = round(_float(r, "theta", path, line), 4)
         w.recall[theta] = _float(r, "recall", path, line)
         w.lift[theta] = _float(r, "lift", path, line)
@@ -137,8 +150,5 @@ def render(dataset: str, real: World, worlds: list[World], thetas: list[float], 
           "(\"Real ambiguity\"). Figures of Phi_sent (no parse) at each theta; `lift` = precision / base rate; "
           "`relevant_per_query` counts the labelled video; `distance` = mean |ln(world / real)| over the figures "
           "(for relevant_per_query, of the extra relevant videos).", "",
-          "| " + " | ".join(head) + " |", "|" + "---|" * len(head),
-          *("| " + " | ".join(row) + " |" for row in body)]
-    buf = io.StringIO()
-    csv.writer(buf, lineterminator="\n").writerows([head, *body])
-    return "\n".join(md) + "\n", buf.getvalue()
+          markdown_table(head, body)]
+    return "\n".join(md) + "\n", csv_text(head, body)

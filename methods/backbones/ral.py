@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, get_args
 
 import torch
 import torch.nn.functional as F
@@ -25,16 +25,19 @@ from prvr.harness.base.contract import Backbone, Encoded, OnDemand, Scores
 from prvr.harness.base.io import UserError
 from prvr.methods.backbones.blocks import PLAIN, UNIT, GMMBlock, init_weights, rowwise, unit
 
-AGGREGATIONS = ("both", "local", "global")  # Table 4: g = LN(x^g + x^l), local only, global only
-PADDED_FRAMES = ("exclude", "zero")  # ral.padded_frames: CSA's max over real frames, or with a zero frame
-HEADS = ("paper", "code")  # ral.heads: Eq. 3-7 as printed, or the reference's PIENet-style pair
-POOL_PADDINGS = ("masked", "code")  # ral.pool_padding: attention over real rows, or the reference's padded rows
-TEXT_SOURCES = ("support", "query")  # loss.text_source, Table 4: X^q = Q_s (Eq. 5) or the query alone
+Aggregation = Literal["both", "local", "global"]  # Table 4: g = LN(x^g + x^l), local only, global only
+AGGREGATIONS: tuple[Aggregation, ...] = get_args(Aggregation)
+PaddedFrames = Literal["exclude", "zero"]  # ral.padded_frames: CSA's max over real frames, or with a zero frame
+Heads = Literal["paper", "code"]  # ral.heads: Eq. 3-7 as printed, or the reference's PIENet-style pair
+HEADS: tuple[Heads, ...] = get_args(Heads)
+PoolPadding = Literal["masked", "code"]  # ral.pool_padding: attention over real rows, or the reference's padded rows
+TextSource = Literal["support", "query"]  # loss.text_source, Table 4: X^q = Q_s (Eq. 5) or the query alone
 # loss.msra_grad: which encoders L_DA and L_PM train besides MSRA's own heads (a diagnostic: docs/methods/ral.md,
 # "MSRA on top of CSA costs the CSA branch"): both (the paper, the code), text (the token encoder only: the heads
 # read the backbone's frames detached), video (the frame encoder only: the heads read RAL's words detached),
 # neither (the heads alone; the ranked score is then CSA's, trained by the base losses only)
-MSRA_GRADS = ("both", "text", "video", "neither")
+MsraGrad = Literal["both", "text", "video", "neither"]
+MSRA_GRADS: tuple[MsraGrad, ...] = get_args(MsraGrad)
 GAUSSIANS = "ral.gaussians"  # the key of a training step's `Gaussians` in its extras (`RalModel.step_extras`)
 
 

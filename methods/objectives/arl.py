@@ -17,7 +17,7 @@ How a row treats A (paper Table 6):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import cast
+from typing import Literal, get_args
 
 import torch
 
@@ -25,7 +25,8 @@ from prvr.harness.base import masks
 from prvr.harness.base.registry import OBJECTIVES
 from prvr.methods.objectives.ranking import sample_negatives
 
-TREATMENTS = ("restrain", "positive", "ignore")
+Treatment = Literal["restrain", "positive", "ignore"]  # how a row treats its ambiguous set (Table 6)
+TREATMENTS: tuple[Treatment, ...] = get_args(Treatment)
 
 
 @dataclass
@@ -161,34 +162,6 @@ def _ambiguous_as_anchors(rows: Rows, margin: float, hard_pool: int | None, gene
     terms = triplet_rows(extra, extra.negative, margin, hard_pool, generator)
     per_row = torch.zeros(len(rows.anchor), device=terms.device, dtype=terms.dtype).index_add(0, r, terms)
     return (per_row / rows.ambiguous.sum(1).clamp(min=1)).mean()
-
-
-@OBJECTIVES.register("multi-positive-nce", "ARL Eq. 8-10: contrastive loss with the ambiguous sets in numerator and denominator")
-def multi_positive_nce(scores: torch.Tensor, positive: torch.Tensor, ambiguous: torch.Tensor,
-                       negative: torch.Tensor, temperature: float, treatment: str = "restrain") -> torch.Tensor:
-    """ARL Eq. 10: (1/n) sum over positive pairs (q_i, V_j) of L^t2v_ij (Eq. 8) + L^v2t_ij (Eq. 9).
-    With empty ambiguous sets it is InfoNCE per positive pair (other positives take no part)."""
-    t2v, v2t = video_rows(scores, positive, ambiguous, negative)
-    if len(t2v.anchor) == 0:
-        return scores.sum() * 0
-    return (nce_rows(t2v, temperature, treatment) + nce_rows(v2t, temperature, treatment)).mean()
-
-
-@OBJECTIVES.register("dual-triplet", "ARL Eq. 11-12: triplets against the ambiguous sets (margin m_a) and the negatives (m)")
-def dual_triplet(scores: torch.Tensor, positive: torch.Tensor, ambiguous: torch.Tensor, negative: torch.Tensor,
-                 margin_a: float, margin: float, hard_pool: int | None = None,
-                 generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(L_a^trip, L_n^trip): for each positive pair, one ambiguous query and video held below it by
-    m_a (Eq. 11) and one negative query and video by m (Eq. 12); means over the n positive pairs."""
-    if not margin_a < margin:
-        raise ValueError(f"ARL needs m_a < m (Eq. 11-12), got m_a={margin_a}, m={margin}")
-    t2v, v2t = video_rows(scores, positive, ambiguous, negative)
-    if len(t2v.anchor) == 0:
-        zero = scores.sum() * 0
-        return zero, zero
-    trip_a = sum(triplet_rows(r, r.ambiguous, margin_a, hard_pool, generator).mean() for r in (t2v, v2t))
-    trip_n = sum(triplet_rows(r, r.negative, margin, hard_pool, generator).mean() for r in (t2v, v2t))
-    return cast(torch.Tensor, trip_a), cast(torch.Tensor, trip_n)  # sums of two tensors
 
 
 @OBJECTIVES.register("arl-video", "ARL L^video = lambda_nce L_nce + L_a^trip + L_n^trip over the text-video pairs")

@@ -56,12 +56,6 @@ def msl_triplet(scores: torch.Tensor, positive: torch.Tensor, negative: torch.Te
     return t2v.mean() + mean_where(v2t, has_pos, masks.covered(positive, 0), scores)
 
 
-def hard_pool_at(epoch: int, start: int, pool: int) -> int | None:
-    """The hard-negative pool size from epoch `start` on; None (random negatives) before it,
-    and always when start < 0."""
-    return pool if 0 <= start <= epoch else None
-
-
 def two_branch_ranking(scores: Scores, positive: torch.Tensor, negative: torch.Tensor,
                        margin: float, hard_pool: int | None,
                        generator: torch.Generator | None) -> dict[str, torch.Tensor]:

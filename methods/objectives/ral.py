@@ -18,14 +18,18 @@ reference's mix, for parity runs only (`loss.kl_reading`).
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 import torch
 import torch.nn.functional as F
 
 from prvr.harness.base import masks
 from prvr.harness.base.registry import OBJECTIVES
 
-PM_READINGS = ("paper", "code")
-KL_READINGS = ("std", "code")  # L_DA: sigma a standard deviation in both KLs, or the reference's mix
+PmReading = Literal["paper", "code"]  # L_PM: the paper's reading or the reference code's
+PM_READINGS: tuple[PmReading, ...] = get_args(PmReading)
+KlReading = Literal["std", "code"]  # L_DA: sigma a standard deviation in both KLs, or the reference's mix
+KL_READINGS: tuple[KlReading, ...] = get_args(KlReading)
 
 
 def gaussian_kl(mu_p: torch.Tensor, log_sigma_p: torch.Tensor, mu_q: torch.Tensor,

@@ -12,6 +12,13 @@ from prvr.harness.base import masks
 from prvr.harness.base.registry import OBJECTIVES
 
 
+def hard_pool_at(epoch: int, start: int, pool: int, before: int | None = None) -> int | None:
+    """The negative pool of epoch `epoch` under the rule every `loss.hard_negative_epoch` follows:
+    hard negatives (the top `pool`) from epoch `start` on, never when start is -1; `before` (None:
+    any negative, uniformly) otherwise."""
+    return pool if 0 <= start <= epoch else before
+
+
 def _masked_logsumexp(logits: torch.Tensor, mask: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.logsumexp(logits.masked_fill(~mask, float("-inf")), dim=dim)
 

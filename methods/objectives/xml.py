@@ -17,6 +17,7 @@ batch without its pairs.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 
@@ -138,7 +139,8 @@ def _pair_mean(t2v: torch.Tensor, v2t: torch.Tensor, keep: torch.Tensor | None) 
     return (torch.where(keep, t2v, 0.0).sum() + torch.where(keep, v2t, 0.0).sum()) / keep.sum().clamp(min=1)
 
 
-CONFIDENCE_ON = ("score", "hinge")
+ConfidenceOn = Literal["score", "hinge"]  # where the confidence C weighs Eq. 11-12
+CONFIDENCE_ON: tuple[ConfidenceOn, ...] = get_args(ConfidenceOn)
 
 
 def _confidence_on(on: str, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

