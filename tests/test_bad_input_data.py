@@ -317,8 +317,12 @@ def test_commands_in_records_are_shell_quoted(monkeypatch):
     argv = ["prvr-bench", "run", "--method", "baseline", "--config", "my overrides.yaml", "--set",
             "data.data_root=/data/it's here"]
     monkeypatch.setattr(sys, "argv", argv)
+    monkeypatch.setattr(cli_args, "_argv", None)  # no main(ARGV) ran: this process's own arguments
     command = cli_args.command_line()
     assert shlex.split(command) == argv
+    cli_args.set_argv(argv[1:])  # main(ARGV) called from Python records ARGV, not the caller's arguments
+    monkeypatch.setattr(sys, "argv", ["pytest", "-q"])
+    assert shlex.split(cli_args.command_line()) == argv
 
 
 # ---------------------------------------------------------------- temporaries and modes

@@ -293,3 +293,37 @@ def test_cells_from_input_are_escaped_for_markdown_and_neutralised_for_spreadshe
     assert (row["row_a"], row["row_b"], row["difference"]) == ("'=cmd|x", "'@b\nc", "-1")
     md = stats.to_markdown(table, "cmd")
     assert "| =cmd\\|x | @b c | SumR |" in md
+
+
+@pytest.mark.slow
+def test_until_resolved_adds_seeds_to_an_unresolved_pair_up_to_the_cap(tmp_path, capsys):
+    """The adaptive rule on sim-tiny (one epoch a run): seeds 0 and 1 of the baseline and of it with the
+    oracle, then `compare --until-resolved --cap 3`: every pair ends resolved or at the cap, each added
+    seed an ordinary run of the row's own command."""
+    from prvr.harness.cli import main
+
+    for seed in (0, 1):
+        for extra in ([], ["--set", "relations.name=oracle"]):
+            assert main(["run", "--method", "baseline", "--dataset", "sim-tiny", "--seed", str(seed), "--out",
+                         str(tmp_path), "--set", "train.epochs=1", "--quiet", *extra]) == 0
+    argv = ["compare", "--dataset", "sim-tiny", "--rows", "baseline+oracle:baseline", "--out", str(tmp_path),
+            "--metrics", "SumR", "--resamples", "500", "--permutations", "500", "--until-resolved", "--cap", "3"]
+    assert main(argv) == 0
+    md = (tmp_path / "compare" / "sim-tiny.md").read_text()
+    (line,) = [ln for ln in md.splitlines() if ln.startswith("- baseline+oracle - baseline: ")]
+    seeds = int(line.split(": ")[1].split()[0])
+    assert seeds in (2, 3) and ("excludes 0" in line) == (seeds == 2 or "excludes 0" in line)
+    if "cap stopped it" in line:
+        assert seeds == 3
+        assert (tmp_path / "runs" / "sim-tiny" / "baseline+oracle" / "seed2.json").is_file()
+    assert "--until-resolved --cap 3" in md
+
+
+def test_a_seed_cap_below_two_is_one_line(tmp_path, capsys):
+    two_seeds(tmp_path, "a")
+    two_seeds(tmp_path, "b")
+    from prvr.harness.cli import main
+
+    assert main(["compare", "--dataset", "sim-x", "--rows", "a:b", "--out", str(tmp_path), "--until-resolved",
+                 "--cap", "0"]) == 2
+    assert "--cap 0: the rule compares over at least 2 seeds" in capsys.readouterr().err

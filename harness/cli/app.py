@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from prvr.harness.cli.args import COMMANDS, load_commands, run_parsed
+from prvr.harness.cli.args import COMMANDS, load_commands, run_parsed, set_argv
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,4 +20,5 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    set_argv(argv)  # the command a record stores is the one run here, also when called from Python
     return run_parsed(build_parser().parse_args(argv))

@@ -53,6 +53,17 @@ def run_parsed(args: argparse.Namespace) -> int:
     return 0
 
 
+def parse_command(name: str, argv: list[str]) -> argparse.Namespace:
+    """`prvr-bench NAME ARGV...` parsed by the registered command alone (a usage error is one line)."""
+    load_commands()
+    parser = argparse.ArgumentParser(prog="prvr-bench")
+    COMMANDS.get(name)(parser.add_subparsers(dest="command", required=True))
+    try:
+        return parser.parse_args([name, *argv])
+    except SystemExit:
+        raise UserError(f"`prvr-bench {name}` does not take {shlex.join(argv)}") from None
+
+
 def run_command(name: str, argv: list[str]) -> int:
     """One registered command run in this process, as `prvr-bench NAME ARGV...` would run it (the GPU
     check evaluates a record so), without building the whole command line."""
@@ -62,10 +73,20 @@ def run_command(name: str, argv: list[str]) -> int:
     return run_parsed(parser.parse_args([name, *argv]))
 
 
+_argv: list[str] | None = None  # the arguments `main` was given (None: this process's own, sys.argv)
+
+
+def set_argv(argv: list[str] | None) -> None:
+    """The arguments of the command line being run, for `command_line` (main(ARGV) from Python or a test
+    records ARGV, not the arguments of the process that called it)."""
+    global _argv
+    _argv = None if argv is None else list(argv)
+
+
 def command_line() -> str:
     """The command as a user would type it (no paths of this machine), quoted for the shell so
     that it runs again as stored."""
-    return shlex.join(["prvr-bench", *sys.argv[1:]])
+    return shlex.join(["prvr-bench", *(sys.argv[1:] if _argv is None else _argv)])
 
 
 def data_root_overrides(args: argparse.Namespace) -> list[str]:

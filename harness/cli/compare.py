@@ -16,7 +16,9 @@ from pathlib import Path
 from prvr.harness.base import progress
 from prvr.harness.base.io import UserError, write_texts
 from prvr.harness.base.names import check_name, from_here, inside
-from prvr.harness.cli.args import command
+from prvr.harness.cli.args import add_jobs_argument, command
+from prvr.harness.cli.resolve_seeds import DEFAULT_CAP, Outcome, until_resolved
+from prvr.harness.reports.table import markdown_cell
 from prvr.harness.reports.stats import METRICS, PERMUTATIONS, RESAMPLES, SEED, CompareTable, Settings, \
     compare_table, to_csv, to_markdown
 
@@ -37,14 +39,24 @@ def add_commands(sub) -> None:
                    help="shared seeds a pair needs; 1 gives a queries-only interval, marked so (default 2)")
     p.add_argument("--name", default=None, help="the table's file name under OUT/compare/ (default: the dataset's; "
                                                 "several tables of one dataset each take a name)")
+    p.add_argument("--until-resolved", action="store_true",
+                   help="train more seeds of each pair whose SumR interval holds 0, until it does not or --cap "
+                        "(each an ordinary run of the row's own command, another seed; made runs are kept)")
+    p.add_argument("--cap", type=int, default=DEFAULT_CAP, help=f"seeds a pair may reach (default {DEFAULT_CAP})")
+    p.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads per added run")
+    add_jobs_argument(p)
     p.set_defaults(func=cmd_compare)
 
 
 def cmd_compare(args: argparse.Namespace) -> None:
     pairs = [parse_pair(text) for text in args.rows]
     settings = Settings(args.resamples, args.permutations, args.seed, args.min_seeds, tuple(args.metrics))
-    table = compare_table(args.out, args.dataset, pairs, settings)
-    md, path = write_tables(args.out, table, pairs, args.name)
+    outcomes: list[Outcome] = []
+    if args.until_resolved:
+        table, outcomes = until_resolved(args, pairs, settings, args.cap)
+    else:
+        table = compare_table(args.out, args.dataset, pairs, settings)
+    md, path = write_tables(args.out, table, pairs, args.name, outcomes, args.cap)
     print(md, end="")
     progress.log(f"wrote {path} and {path.with_suffix('.csv')}")
 
@@ -58,18 +70,23 @@ def parse_pair(text: str) -> tuple[str, str]:
             check_name(b, f"--rows {text!r}: row", "give a run's folder name"))
 
 
-def write_tables(out: str | Path, table: CompareTable, pairs: list[tuple[str, str]],
-                 name: str | None = None) -> tuple[str, Path]:
+def write_tables(out: str | Path, table: CompareTable, pairs: list[tuple[str, str]], name: str | None = None,
+                 outcomes: list[Outcome] | None = None, cap: int = DEFAULT_CAP) -> tuple[str, Path]:
     """The markdown (with the command that made it) and CSV under <out>/compare/<name or dataset>."""
     dataset = check_name(table.dataset, "--dataset", "give a dataset name, e.g. sim-tvr-v2")
     stem = check_name(name, "--name", "give a plain file name, e.g. sim-tvr-v2~regime") if name else dataset
     path = inside(Path(out) / "compare" / f"{stem}.md", out, "comparison table")
-    md = to_markdown(table, command_line(out, table, pairs, name))
+    md = to_markdown(table, command_line(out, table, pairs, name, bool(outcomes), cap))
+    if outcomes:
+        md = md.rstrip("\n") + "\n\n" + "\n".join(
+            [f"## Seeds added until each SumR interval excluded 0 (--until-resolved, cap {cap})", "",
+             *(f"- {markdown_cell(o.sentence())}" for o in outcomes)]) + "\n"
     write_texts({path: md, path.with_suffix(".csv"): to_csv(table)})
     return md, path
 
 
-def command_line(out: str | Path, table: CompareTable, pairs: list[tuple[str, str]], name: str | None = None) -> str:
+def command_line(out: str | Path, table: CompareTable, pairs: list[tuple[str, str]], name: str | None = None,
+                 until_resolved: bool = False, cap: int = DEFAULT_CAP) -> str:
     """The command that makes the table again (the defaults left out)."""
     s = table.settings
     words = ["prvr-bench", "compare", "--dataset", table.dataset, "--rows", *(f"{a}:{b}" for a, b in pairs),
@@ -78,6 +95,8 @@ def command_line(out: str | Path, table: CompareTable, pairs: list[tuple[str, st
         words += ["--metrics", *s.metrics]
     if name:
         words += ["--name", name]
+    if until_resolved:
+        words += ["--until-resolved", *(["--cap", str(cap)] if cap != DEFAULT_CAP else [])]
     for flag, value, default in (("--resamples", s.resamples, RESAMPLES), ("--permutations", s.permutations,
                                  PERMUTATIONS), ("--seed", s.seed, SEED), ("--min-seeds", s.min_seeds, 2)):
         if value != default:
