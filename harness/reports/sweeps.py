@@ -14,6 +14,7 @@ Written to OUT/sweeps/<dataset>~<knob>.{md,csv,png}; the CSV through the csv mod
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +28,8 @@ from prvr.harness.base.io import UserError, write_png, write_texts
 from prvr.harness.base.names import check_name, inside
 from prvr.harness.base.registry import METHODS, home_method
 from prvr.harness.engine.records import load_record_at, record_path
-from prvr.harness.reports.stats import BOTH_LEVELS, Comparison, MetricDifference, Settings, compare_rows, load_row
+from prvr.harness.reports.stats import (BOTH_LEVELS, Comparison, MetricDifference, Row, Settings, compare_rows,
+                                        load_row)
 from prvr.harness.reports.table import csv_text, markdown_table, mean_std
 
 # the world's figures shown at each value (provenance.data.<split>.<key>)
@@ -111,9 +113,15 @@ def sweep_cells(sweep: Sweep, out: str | Path, settings: Settings) -> tuple[list
 def _gain(out: str | Path, sweep: Sweep, value: float, name: str, base: str,
           settings: Settings) -> tuple[Comparison | None, str]:
     try:
-        return compare_rows(load_row(out, sweep.dataset, name), load_row(out, sweep.dataset, base), settings), ""
+        a, b = (_only(load_row(out, sweep.dataset, r), sweep.seeds) for r in (name, base))
+        return compare_rows(a, b, settings), ""
     except UserError as e:  # too few shared seeds, a base not made yet: said in the cell
         return None, str(e)
+
+
+def _only(row: Row, seeds: Sequence[int]) -> Row:
+    """The row on the sweep's seeds alone (a plain row may have more: the leaderboard's three)."""
+    return dataclasses.replace(row, seeds={s: v for s, v in row.seeds.items() if s in seeds})
 
 
 def _facts(record: Any) -> dict[str, Any]:
