@@ -191,3 +191,19 @@ def test_a_read_only_results_folder_is_one_line(tmp_path, capsys):
         assert list(out.iterdir()) == []
     finally:
         out.chmod(0o700)
+
+
+def test_an_export_that_fails_midway_leaves_no_half_written_collection(tmp_path, capsys, monkeypatch):
+    """Round four: `data export` onto a full disk gave h5py tracebacks and left half a collection behind.
+    A full disk in the middle of the export (the feature file's writer fails) is one line naming the disk,
+    and the collection folder this export made is gone."""
+    from prvr.datasets.real import export as export_module
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(export_module, "write_bigfile", full)
+    code = main(["data", "export", "--dataset", "sim-tiny", "--as", "tvr", "--to", str(tmp_path / "d"), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and "cannot export tvr to" in err and "the disk is full" in err and "nothing was left there" in err
+    assert not (tmp_path / "d" / "tvr").exists()

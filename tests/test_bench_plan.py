@@ -205,7 +205,9 @@ def test_quick_records_are_marked_and_stay_out_of_the_leaderboard(capsys, tmp_pa
     code, out, err = _out(capsys, "leaderboard", "--out", str(full))
     assert code == 0, err
     md = (full / "leaderboard.md").read_text()
-    assert "| sim-tiny | baseline |" in md and "quick" not in md and "quick" not in out
+    # neither the quick record's row nor its command (the folders' names hold this test's, so "quick" itself may)
+    assert "| sim-tiny | baseline |" in md and "baseline~quick" not in md and "--quick" not in md
+    assert "baseline~quick" not in out
     assert "quick" not in (full / "leaderboard.csv").read_text()
 
 
@@ -216,3 +218,12 @@ def test_prepare_data_builds_each_cache_and_trains_nothing(capsys, monkeypatch, 
     assert code == 0, err
     assert len(list((tmp_path / "cache" / "sim").iterdir())) == 1
     assert not (tmp_path / "o" / "runs").exists()
+
+
+def test_a_name_given_twice_plans_its_runs_once(capsys):
+    """`bench --method baseline baseline --seeds 0 0` planned each run twice (and would have trained it twice)."""
+    assert main(["bench", "--method", "baseline", "baseline", "--dataset", "sim-tiny", "sim-tiny", "--seeds", "0", "0",
+                 "--plan"]) == 0
+    out = capsys.readouterr().out
+    rows = [ln.split() for ln in out.splitlines() if ln.strip().startswith("baseline ")]
+    assert rows == [["baseline", "sim-tiny", "0", *rows[0][3:]]] and "bench plan: 1 run" in out

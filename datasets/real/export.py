@@ -17,6 +17,7 @@ which the loader joins back, so the oracle figures survive the round trip.
 from __future__ import annotations
 
 import math
+import shutil
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +31,7 @@ from prvr.datasets.real.relevance import SUFFIX as RELEVANCE_SUFFIX
 from prvr.datasets.real.relevance import write_relevance
 from prvr.datasets.real.specs import SPECS, Row
 from prvr.datasets.types import PRVRData, Split
-from prvr.harness.base.io import UserError, atomic_path, write_json, write_text
+from prvr.harness.base.io import UserError, atomic_path, os_cause, write_json, write_text
 from prvr.harness.base.names import check_name
 
 MARKER = "prvr_export.json"  # written by export, read by the loader into the data facts of each run
@@ -56,15 +57,26 @@ def export(data: PRVRData, collection: str, to: Path, layout: str, feature: str 
         raise UserError(f"{folder} exists and is not empty; pass --force to overwrite it or pick another --to")
     summary = ExportSummary(folder)
     plan = {name: _order(split, summary.counts) for name, split in data.splits.items()}
-    # Marks the folder as an export, so runs on it say where the data came from (a simulated
-    # world exported as `tvr` is not TVR); the public layouts ignore the file.
-    write_json(folder / MARKER, {"exported_from": data.name, "layout": layout,
-                                 "simulated": bool(data.meta.get("simulated", False)),
-                                 "generator_version": data.meta.get("generator_version")})
-    if layout == "msl":
-        _write_msl(data, plan, folder, feature or spec.msl_feature, summary)
-    else:
-        _write_xml(data, plan, folder, xml_layout.COLLECTIONS[collection], feature, summary)
+    fresh = not folder.exists()
+    try:
+        # Marks the folder as an export, so runs on it say where the data came from (a simulated
+        # world exported as `tvr` is not TVR); the public layouts ignore the file.
+        write_json(folder / MARKER, {"exported_from": data.name, "layout": layout,
+                                     "simulated": bool(data.meta.get("simulated", False)),
+                                     "generator_version": data.meta.get("generator_version")})
+        if layout == "msl":
+            _write_msl(data, plan, folder, feature or spec.msl_feature, summary)
+        else:
+            _write_xml(data, plan, folder, xml_layout.COLLECTIONS[collection], feature, summary)
+    except (OSError, UserError) as e:
+        # a full disk (h5py's writes fail one by one) or a refused target: no half-written collection stays
+        # behind where this export made it (one it was told to --force over is the user's to look at)
+        if fresh:
+            shutil.rmtree(folder, ignore_errors=True)
+        if isinstance(e, UserError):
+            raise
+        raise UserError(f"cannot export {collection} to {folder}: {os_cause(e, folder)}; "
+                        f"{'nothing was left there' if fresh else 'the folder is half-written'}") from None
     return summary
 
 

@@ -94,15 +94,15 @@ def _bench_plan(args: argparse.Namespace) -> list:
     """Every (method, dataset, variant, seed) of the bench, resolved up front so that a bad
     name or key fails before any training (plan.BenchRun each)."""
     plan = []
-    for dataset in args.dataset:
-        for method in args.method or METHODS.names():
+    for dataset in dict.fromkeys(args.dataset):  # a name given twice plans its runs once
+        for method in dict.fromkeys(args.method or METHODS.names()):
             variants: list[list[str]] = [[]]  # each run's overrides beyond the bench's
             # On simulated data each method also runs with the oracle detector: its objectives fed
             # the ground truth, the upper bound of what its detection could give.
             if args.oracle and DATASETS.get(dataset).simulated:
                 variants.append(["relations.name=oracle"])
             for extra in variants:
-                for seed in args.seeds:
+                for seed in dict.fromkeys(args.seeds):
                     overrides = [*args.overrides, *extra]
                     cfg = resolve(method, dataset, seed, [*data_root_overrides(args), *overrides], args.config)
                     name = run_name(cfg, args.tag)
