@@ -376,3 +376,27 @@ def test_the_packaged_model_gives_unit_384_d_embeddings_that_rank_paraphrases_fi
     assert cos[0, 1] > 0.6 > max(cos[0, 2], cos[0, 3], cos[1, 2], cos[2, 3])
     with pytest.raises(UserError, match=r"cannot be loaded offline .*pip install prvr-bench\[text\]"):
         sbert.SentenceEncoder("no-such-model-anywhere")
+
+
+def test_the_pairs_cache_stores_int32_indices_and_reads_both_widths(tmp_path):
+    """The detection cache keeps its index columns as int32 (16 bytes a pair instead of 28), and reads
+    back int64 arrays equal to what was saved, from a new cache and from one written before (int64)."""
+    rng = np.random.default_rng(3)
+    query_video = rng.integers(0, 40, 200)
+    i, j = rng.integers(0, 200, 500), rng.integers(0, 200, 500)
+    keep = query_video[i] != query_video[j]
+    vp = VideoPairs.reduce(i[keep], j[keep], rng.random(keep.sum()), query_video, 40)
+    new = tmp_path / "new.npz"
+    vp.save(new, {"k": 1})
+    with np.load(new) as z:
+        assert {z[k].dtype for k in ("query", "video", "source")} == {np.dtype(np.int32)}
+    old = tmp_path / "old.npz"
+    with open(old, "wb") as f:  # the layout caches had before: int64 columns
+        np.savez(f, query=vp.query, video=vp.video, source=vp.source, confidence=vp.confidence,
+                 num_videos=np.int64(40), meta=np.str_('{"k": 1}'))
+    assert new.stat().st_size < old.stat().st_size
+    for path in (new, old):
+        back, meta = VideoPairs.load(path)
+        assert meta == {"k": 1} and back.num_videos == 40
+        for k in ("query", "video", "source", "confidence"):
+            assert getattr(back, k).dtype == getattr(vp, k).dtype and np.array_equal(getattr(back, k), getattr(vp, k))
