@@ -35,8 +35,8 @@ def write_run(out, run, seed, ranks, dataset="sim-x", query_ids=None, generator=
     metrics = metrics_from_ranks({"labelled": ranking.labelled_rank}, ranking.moment_fraction)
     path = record_path(out, dataset, run, seed)
     write_record(path, {"method": re.split(r"[+@~]", run)[0], "dataset": dataset, "seed": seed, "run_name": run,
-                        "config": {"data": {"scale": "default"}, **({"sim": sim} if sim else {})},
-                        "provenance": {"data": {"generator_version": generator}},
+                        "config": {"data": {"scale": "default"}},
+                        "provenance": {"data": {"generator_version": generator, **({"test": sim} if sim else {})}},
                         "metrics": {"val": metrics, "test": metrics}})
     save_rankings(rankings_path(path), {"test": ranking}, {"run": run, "dataset": dataset, "seed": seed})
     return path
@@ -193,13 +193,14 @@ def test_rows_of_different_datasets_or_worlds_are_refused(tmp_path):
 
 
 def test_rows_of_one_dataset_name_with_other_world_knobs_are_refused(tmp_path):
-    """A sweep's runs share the dataset's name but not its world (`--set sim.repeat_prob=0.6`)."""
+    """A sweep's runs share the dataset's name but not its world (`--set sim.repeat_prob=0.6`): their test
+    facts differ (the multi-relevant share here)."""
     for seed in (0, 1):
-        write_run(tmp_path, "a", seed, random_ranks(30, seed), sim={"repeat_prob": 0.35})
-        write_run(tmp_path, "a~rp", seed, random_ranks(30, seed), sim={"repeat_prob": 0.6})
-        write_run(tmp_path, "b", seed, random_ranks(30, seed + 5), sim={"repeat_prob": 0.35})
+        write_run(tmp_path, "a", seed, random_ranks(30, seed), sim={"multi_relevant_share": 0.108})
+        write_run(tmp_path, "a~rp", seed, random_ranks(30, seed), sim={"multi_relevant_share": 0.197})
+        write_run(tmp_path, "b", seed, random_ranks(30, seed + 5), sim={"multi_relevant_share": 0.108})
     a = stats.load_row(tmp_path, "sim-x", "a")
-    with pytest.raises(UserError, match=r"world knobs [0-9a-f]{8}\).*world knobs [0-9a-f]{8}\).*different datasets"):
+    with pytest.raises(UserError, match=r"test facts [0-9a-f]{8}\).*test facts [0-9a-f]{8}\).*different datasets"):
         stats.compare_rows(a, stats.load_row(tmp_path, "sim-x", "a~rp"), FAST)
     assert stats.compare_rows(a, stats.load_row(tmp_path, "sim-x", "b"), FAST).seeds == (0, 1)
 

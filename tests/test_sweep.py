@@ -57,3 +57,21 @@ def test_a_sweep_trains_each_value_once_and_reports_the_world_and_the_gains(tmp_
     capsys.readouterr()
     assert main([*argv, "--plan"]) == 0  # resumed: every run kept, none made twice
     assert capsys.readouterr().out.count("kept (record exists)") == 8
+
+
+def test_a_row_of_another_world_gets_no_delta_against_the_plain_baseline():
+    """A sweep's row (`baseline~repeat_prob0`) is tested on another test set than the dataset's baseline:
+    the leaderboard gives it no Δ SumR; a row of the same world (another batch size) keeps its Δ."""
+    from test_records_and_leaderboard import fake_record
+
+    from prvr.harness.reports.rows import build_rows
+
+    records = []
+    for seed in (0, 1):
+        for run, share, sumr in (("baseline", 0.108, 150.0), ("baseline~b32", 0.108, 152.0),
+                                 ("baseline~repeat_prob0", 0.002, 170.0)):
+            rec = fake_record(seed, sumr + seed, run_name=run)
+            rec["provenance"] = {"data": {"test": {"queries": 2500, "multi_relevant_share": share}}}
+            records.append(rec)
+    delta = {r["run"]: r["delta"] for r in build_rows(records)}
+    assert delta["baseline~b32"] == pytest.approx(2.0) and delta["baseline~repeat_prob0"] is None

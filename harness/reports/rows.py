@@ -56,7 +56,8 @@ def _row(group: pd.DataFrame, names: list[str]) -> dict[str, Any]:
         "n": len(group), "best_epochs": [(_int(b), _int(n)) for b, n in zip(group["best_epoch"], group["epochs_run"])],
         "near_cap": [c for c in group["near_cap"] if isinstance(c, dict)],
         "commands": sorted(set(group["command"]) - {""}),
-        "uncommitted": [int(s) for s, dirty in zip(group["seed"], group["uncommitted"]) if dirty]}
+        "uncommitted": [int(s) for s, dirty in zip(group["seed"], group["uncommitted"]) if dirty],
+        "world": first["world"]}
     for name in names:
         values = group[name]
         row[name] = [float(v) for v in values] if values.notna().all() else []
@@ -74,9 +75,15 @@ def _add_significance(rows: list[dict[str, Any]]) -> None:
     for r in rows:
         b = base.get(r["dataset"])
         r["delta"], r["p"] = None, None
-        if b is None or r is b or not r["on_protocol"] or not r["SumR"] or not b["SumR"]:
+        if b is None or r is b or not r["on_protocol"] or not r["SumR"] or not b["SumR"] or not same_world(r, b):
             continue
         r["delta"], r["p"] = compare(r, b, "SumR")
+
+
+def same_world(row: dict[str, Any], base: dict[str, Any]) -> bool:
+    """Whether two rows were tested on one test set (a sweep's rows are other worlds: no Δ against the plain
+    baseline); rows whose records state no facts are taken as their dataset's."""
+    return not row.get("world") or not base.get("world") or row["world"] == base["world"]
 
 
 def compare(row: dict[str, Any], other: dict[str, Any], key: str) -> tuple[float, float | None]:
@@ -105,7 +112,8 @@ def _add_moment_significance(rows: list[dict[str, Any]]) -> None:
     for r in rows:
         b = base.get(r["dataset"])
         r["vcmr_delta"], r["vcmr_p"] = None, None
-        if b is None or r is b or not r["on_protocol"] or not r.get(MOMENT_SUM.name) or not b.get(MOMENT_SUM.name):
+        if b is None or r is b or not r["on_protocol"] or not r.get(MOMENT_SUM.name) or not b.get(MOMENT_SUM.name) \
+                or not same_world(r, b):
             continue
         r["vcmr_delta"], r["vcmr_p"] = compare(r, b, MOMENT_SUM.name)
 

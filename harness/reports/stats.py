@@ -27,8 +27,6 @@ says what a difference means and why these libraries.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +42,7 @@ from prvr.harness.engine.rankings import rankings_of_record
 from prvr.harness.engine.record_types import RunRecord
 from prvr.harness.engine.records import RECORD_FILE, load_record_at
 from prvr.harness.reports.rows import dataset_label
-from prvr.harness.reports.table import csv_text, markdown_cell, markdown_table, spreadsheet_safe  # noqa: F401
+from prvr.harness.reports.table import csv_text, markdown_cell, markdown_table, spreadsheet_safe, world_digest  # noqa: F401
 
 METRICS: tuple[str, ...] = (*(f"R@{k}" for k in KS), "SumR")
 RESAMPLES = 10_000  # bootstrap resamples
@@ -91,15 +89,13 @@ def query_scores(labelled_rank: np.ndarray) -> np.ndarray:
 
 def world_of(record: RunRecord) -> tuple[str, ...]:
     """What makes two records' test sets one world: the dataset (marked where it is an export of a
-    simulated one), the simulator's generator version, the data scale and, for a simulated world, its
-    knobs (`--set sim.repeat_prob=0.6` makes another world under the same dataset name: a sweep's)."""
+    simulated one), the simulator's generator version, the data scale and the test split's facts as the
+    run recorded them (`table.world_digest`: `--set sim.repeat_prob=0.6` makes another world under the
+    same dataset name, a sweep's)."""
     data = record.get("provenance", {}).get("data", {})
     config: Mapping[str, Any] = record.get("config", {})
     scale = (config.get("data") or {}).get("scale", "")
-    knobs = ""
-    if data.get("generator_version") is not None and isinstance(config.get("sim"), dict):
-        knobs = hashlib.sha256(json.dumps(config["sim"], sort_keys=True).encode()).hexdigest()[:8]
-    return (dataset_label(record), str(data.get("generator_version", "")), str(scale), knobs)
+    return (dataset_label(record), str(data.get("generator_version", "")), str(scale), world_digest(record))
 
 
 def load_row(out: str | Path, dataset: str, run: str) -> Row:
@@ -377,7 +373,7 @@ def _seeds(seeds: Sequence[int] | dict[int, SeedScores]) -> str:
 def _world(world: tuple[str, ...]) -> str:
     label, version, scale, knobs = world
     return (f"{label}, generator version {version or 'none'}, scale {scale or 'none'}"
-            + (f", world knobs {knobs}" if knobs else ""))
+            + (f", test facts {knobs}" if knobs else ""))
 
 
 def _cell(values: list[str], i: int) -> str:

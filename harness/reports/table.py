@@ -24,6 +24,9 @@ for a figure a record lacks) make a missing figure an explicit NaN, never a sile
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 import csv
 import io
 import re
@@ -179,7 +182,8 @@ def relevance_phrase(record: RunRecord) -> Markdown | None:
 KEYS = {"dataset": "string", "run": "string", "method": "string", "backbone": "string", "relations": "string",
         "tag": "string", "seed": "int64", "budget": "string", "protocol": "string", "on_protocol": "bool",
         "dataset_protocol": "object", "best_epoch": "Int64", "epochs_run": "Int64", "command": "string",
-        "diverged": "bool", "localizes": "bool", "near_cap": "object", "relevance": "object", "uncommitted": "bool"}
+        "diverged": "bool", "localizes": "bool", "near_cap": "object", "relevance": "object", "uncommitted": "bool",
+        "world": "string"}
 
 
 def metric_columns(records: Sequence[RunRecord]) -> tuple[Column, ...]:
@@ -217,7 +221,19 @@ def _keys_of(record: RunRecord) -> dict[str, Any]:
             "localizes": carries_moments(record["metrics"].get("test", {})), "near_cap": near_cap(record),
             "relevance": relevance_phrase(record),
             # made from a tree with uncommitted changes: no commit holds its code (`prvr-bench reproduce` refuses it)
-            "uncommitted": bool(record.get("provenance", {}).get("git_dirty"))}
+            "uncommitted": bool(record.get("provenance", {}).get("git_dirty")),
+            "world": world_digest(record)}
+
+
+def world_digest(record: RunRecord) -> str:
+    """Which test set a record was scored on, beyond its dataset's name: a digest of the test split's facts as
+    the run recorded them (`provenance.data.test`: videos, queries, multi-relevant share, words per query, ...).
+    A sweep's `--set sim.repeat_prob=0.6` makes another world under the same name; a training setting
+    (`train.batch_size`) does not. "" where the record states none."""
+    facts = record.get("provenance", {}).get("data", {}).get("test")
+    if not isinstance(facts, dict) or not facts:
+        return ""
+    return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:8]
 
 
 # ---------------------------------------------------------------------------- figures
