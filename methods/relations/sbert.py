@@ -328,8 +328,8 @@ class VideoPairs:
     def load(cls, path: Path) -> tuple["VideoPairs", dict]:
         """A cache of either width (caches written before the int32 columns are int64)."""
         with np.load(path, allow_pickle=False) as z:
-            pairs = cls(*(z[k].astype(np.int64) for k in ("query", "video", "source")), z["confidence"],
-                        int(z["num_videos"]))
+            pairs = cls(z["query"].astype(np.int64), z["video"].astype(np.int64), z["source"].astype(np.int64),
+                        z["confidence"], int(z["num_videos"]))
             return pairs, json.loads(str(z["meta"]))
 
 
