@@ -53,24 +53,26 @@ def run_parsed(args: argparse.Namespace) -> int:
     return 0
 
 
-def parse_command(name: str, argv: list[str]) -> argparse.Namespace:
-    """`prvr-bench NAME ARGV...` parsed by the registered command alone (a usage error is one line)."""
+def _one_command(name: str) -> argparse.ArgumentParser:
+    """A parser of the registered command `name` alone, not the whole command line."""
     load_commands()
     parser = argparse.ArgumentParser(prog="prvr-bench")
     COMMANDS.get(name)(parser.add_subparsers(dest="command", required=True))
+    return parser
+
+
+def parse_command(name: str, argv: list[str]) -> argparse.Namespace:
+    """`prvr-bench NAME ARGV...` parsed by the registered command alone (a usage error is one line)."""
     try:
-        return parser.parse_args([name, *argv])
+        return _one_command(name).parse_args([name, *argv])
     except SystemExit:
         raise UserError(f"`prvr-bench {name}` does not take {shlex.join(argv)}") from None
 
 
 def run_command(name: str, argv: list[str]) -> int:
     """One registered command run in this process, as `prvr-bench NAME ARGV...` would run it (the GPU
-    check evaluates a record so), without building the whole command line."""
-    load_commands()
-    parser = argparse.ArgumentParser(prog="prvr-bench")
-    COMMANDS.get(name)(parser.add_subparsers(dest="command", required=True))
-    return run_parsed(parser.parse_args([name, *argv]))
+    check evaluates a record so)."""
+    return run_parsed(_one_command(name).parse_args([name, *argv]))
 
 
 _argv: list[str] | None = None  # the arguments `main` was given (None: this process's own, sys.argv)

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shlex
 from pathlib import Path
 from dataclasses import dataclass
@@ -51,9 +50,9 @@ from prvr.harness.engine.evaluate import evaluate_model, evaluate_scores, score_
 from prvr.harness.base.io import UserError, write_json
 from prvr.harness.base.names import from_here
 from prvr.harness.reports.noise import check_levels, store_curve
-from prvr.harness.engine.rankings import metrics_of, rankings_of_record
+from prvr.harness.engine.rankings import SUFFIX as RANKINGS_SUFFIX, metrics_of, rankings_of_record
 from prvr.harness.engine.record_types import RunRecord
-from prvr.harness.engine.records import checkpoint_dir, load_record, load_record_at, record_layout
+from prvr.harness.engine.records import RECORD_FILE, checkpoint_dir, load_record, load_record_at, record_layout
 from prvr.harness.base.registry import DATASETS, Registry, load_all
 from prvr.harness.engine.robustness import SUMMARY, curve_levels, noise_curve
 from prvr.harness.engine.trainer import load_weights, read_checkpoint
@@ -290,9 +289,6 @@ def _joined(file: RelevanceFile, keys: SplitKeys, split_name: str, record: Path)
     return relevance, report
 
 
-RUN_FILE = re.compile(r"seed-?\d+(\.json|\.rank\.npz)")  # a run's record / rankings (records.record_path)
-
-
 @dataclass(frozen=True)
 class Analysis:
     """An analysis a method brings to `evaluate` as a flag of its own (GMMFormer v2's `--fusion-weights`):
@@ -452,7 +448,9 @@ def _write_json(args: argparse.Namespace, rows: list[dict[str, Any]], **extra: A
     record or rankings (a file named as the runs name theirs, or one of the records given)."""
     if args.json:
         target = Path(args.json)
-        if RUN_FILE.fullmatch(target.name) or any(Path(r).resolve() == target.resolve() for r in args.records):
+        rankings = target.name.endswith(RANKINGS_SUFFIX)
+        as_record = target.name.removesuffix(RANKINGS_SUFFIX) + (".json" if rankings else "")
+        if RECORD_FILE.fullmatch(as_record) or any(Path(r).resolve() == target.resolve() for r in args.records):
             raise UserError(f"--json {args.json}: that is the name of a run's record or rankings, which evaluate "
                             "never changes; write the figures to another file")
         write_json(args.json, {"split": args.split, **extra, "rows": rows})

@@ -1,9 +1,8 @@
 """The adaptive rule of `prvr-bench compare --until-resolved`: seeds added to a close comparison.
 
 A pair is *resolved* when the 95% interval of its SumR difference excludes 0. While a pair is not and
-it has fewer shared seeds than the cap, the next seed (the smallest seed neither row has made yet is
-not chosen: the next after the largest shared one) is trained for each of its rows that lacks it, each
-as an ordinary `prvr-bench run` of that row's own command with `--seed` replaced
+it has fewer shared seeds than the cap, the seed after its largest shared one is trained for each of
+its rows that lacks it, each as an ordinary `prvr-bench run` of that row's own command with `--seed` replaced
 (`reproduce.run_command`), then the table is made again. A row's runs that exist are kept, so an
 interrupted rule resumes. The table then says, per pair, how many seeds it took and whether the cap
 stopped it.
@@ -21,7 +20,7 @@ from prvr.harness.cli.args import data_root_overrides, parse_command
 from prvr.harness.cli.fanout import launch_from_args, run_in_processes
 from prvr.harness.cli.reproduce import run_command
 from prvr.harness.engine.config import resolve
-from prvr.harness.engine.records import load_record_at, record_path
+from prvr.harness.engine.records import RECORD_FILE, load_record_at, record_path
 from prvr.harness.engine.runner import run_name
 from prvr.harness.reports.stats import CompareTable, Comparison, Settings, compare_table
 
@@ -56,19 +55,17 @@ def until_resolved(args: argparse.Namespace, pairs: list[tuple[str, str]], setti
                         f"{DEFAULT_CAP})")
     if "SumR" not in settings.metrics:
         raise UserError("--until-resolved decides on the SumR interval; keep SumR among --metrics")
-    start = {(c.row_a, c.row_b): len(c.seeds) for c in compare_table(args.out, args.dataset, pairs, settings).comparisons}
+    table = compare_table(args.out, args.dataset, pairs, settings)
+    start = {(c.row_a, c.row_b): len(c.seeds) for c in table.comparisons}
     while True:
-        table = compare_table(args.out, args.dataset, pairs, settings)
         todo = [(c, max(c.seeds) + 1) for c in table.comparisons if not resolved(c) and len(c.seeds) < cap]
-        if not todo:
+        runs = {(row, seed): next_run(args, row, seed) for c, seed in todo for row in (c.row_a, c.row_b)
+                if not record_path(args.out, args.dataset, row, seed).is_file()}
+        if not runs:  # every pair resolved or capped (or its next seed made, yet not shared: no loop on it)
             break
-        runs = {}
-        for c, seed in todo:
-            for row in (c.row_a, c.row_b):
-                if not record_path(args.out, args.dataset, row, seed).is_file():
-                    runs[(row, seed)] = next_run(args, row, seed)
         progress.log(f"until resolved: {len(todo)} pair(s) unresolved, {len(runs)} run(s) to add")
         _train(args, list(runs.values()))
+        table = compare_table(args.out, args.dataset, pairs, settings)
     outcomes = [Outcome(c.row_a, c.row_b, len(c.seeds), len(c.seeds) - start[(c.row_a, c.row_b)], resolved(c))
                 for c in table.comparisons]
     return table, outcomes
@@ -78,8 +75,7 @@ def next_run(args: argparse.Namespace, row: str, seed: int) -> tuple:
     """(config, run name, `run` arguments) of `row` at `seed`: the command of one of its records, the seed
     replaced, writing into the table's results folder."""
     folder = Path(args.out) / "runs" / args.dataset / row
-    records = sorted(folder.glob("seed*.json"))
-    record = load_record_at(next(f for f in records if f.name.removesuffix(".json").removeprefix("seed").isdigit()))
+    record = load_record_at(min(f for f in folder.iterdir() if RECORD_FILE.fullmatch(f.name)))
     argv = run_command(record, Path(args.out), args.threads)
     argv[argv.index("--seed") + 1] = str(seed)
     if "--threads" in argv:

@@ -174,19 +174,20 @@ class Slope:
     high: float
 
 
-def slopes(sweep: Sweep, out: str | Path, cells: list[Cell], facts: dict[float, dict[str, Any]]) -> list[Slope]:
-    """A slope per run that has a base, where two values or more have both."""
+def slopes(sweep: Sweep, cells: list[Cell], facts: dict[float, dict[str, Any]]) -> list[Slope]:
+    """A slope per run whose base is swept with it, where two values or more have both, from the cells'
+    own per-seed SumR (the records were read once, by `sweep_cells`)."""
+    sumr = {(c.value, c.run): dict(zip(c.seeds, c.sumr)) for c in cells}
     found = []
     for run, base in dict.fromkeys((c.run, c.base) for c in cells if c.base):
         xs, ys = [], []
         for value in sweep.values:
             share = facts.get(value, {}).get(FACTS[0][2])
-            for seed in sweep.seeds:
-                a, b = (record_path(out, sweep.dataset, run_at(r, sweep, value), seed) for r in (run, base))
-                if isinstance(share, (int, float)) and a.is_file() and b.is_file():
+            mine, theirs = sumr.get((value, run), {}), sumr.get((value, base), {})
+            for seed in sorted(mine.keys() & theirs.keys()):
+                if isinstance(share, (int, float)):
                     xs.append(100 * share)
-                    ys.append(float(load_record_at(a)["metrics"]["test"]["SumR"])
-                              - float(load_record_at(b)["metrics"]["test"]["SumR"]))
+                    ys.append(mine[seed] - theirs[seed])
         if len(set(xs)) >= 2 and len(xs) >= 3:
             fit = scipy.stats.linregress(xs, ys)
             half = scipy.stats.t.ppf(0.975, len(xs) - 2) * fit.stderr
@@ -267,7 +268,7 @@ def write_sweep(sweep: Sweep, out: str | Path, settings: Settings = Settings()) 
     if not cells:
         raise UserError(f"no records of the sweep under {Path(out) / 'runs' / sweep.dataset} yet; run it without "
                         "--report-only, or check --out")
-    md, table = render(sweep, cells, facts, slopes(sweep, out, cells, facts))
+    md, table = render(sweep, cells, facts, slopes(sweep, cells, facts))
     name = sweep.name or f"{sweep.dataset}~{knob_tag(sweep.knob, 0).removesuffix('0')}"
     stem = inside(Path(out) / "sweeps" / check_name(name, "--name", "give a plain file name"), out, "--name")
     write_texts({stem.with_suffix(".md"): md, stem.with_suffix(".csv"): table})
