@@ -8,7 +8,8 @@ import pytest
 
 from prvr.harness.cli import main
 from prvr.harness.engine.config import resolve
-from prvr.harness.reports.sweeps import base_of, knob_tag
+from prvr.harness.base.io import UserError
+from prvr.harness.reports.sweeps import Sweep, WorldCheck, base_of, knob_tag, point_tag
 
 TINY = ["--dataset", "sim-tiny", "--set", "train.epochs=1", "--quiet"]
 
@@ -19,6 +20,12 @@ TINY = ["--dataset", "sim-tiny", "--set", "train.epochs=1", "--quiet"]
     (["--knob", "sim.repeat_prob", "--values", "0.1", "0.1"], "a value given twice"),
     (["--knob", "sim.mv_fractions", "--values", "0.1"], "not a number of the config"),
     (["--knob", "sim.repeat_prob", "--values", "0.1", "--dataset", "tvr"], "is not simulated"),
+    (["--knob", "sim.repeat_prob", "sim.repeat_copies", "--values", "0.1"], "2 numbers joined by commas"),
+    (["--knob", "sim.repeat_prob", "--values", "0.1,2"], "give a number per value"),
+    (["--knob", "sim.repeat_prob", "--values", "nan"], "give a number per value"),
+    (["--knob", "sim.repeat_prob", "sim.repeat_copies", "--values", "1,0"], "repeat_copies"),
+    (["--knob", "sim.repeat_prob", "sim.repeat_prob", "--values", "1,1"], "a knob given twice"),
+    (["--knob", "sim.repeat_prob", "sim.repeat_copies", "--values", "1,4", "1,4.0"], "a value given twice"),
 ])
 def test_a_bad_sweep_is_one_line_before_anything_runs(tmp_path, capsys, argv, says):
     code = main(["sweep", "--method", "baseline", "--out", str(tmp_path), *TINY, *argv])
@@ -31,6 +38,26 @@ def test_names_of_a_sweeps_runs_and_their_bases():
     assert knob_tag("sim.repeat_prob", 0.6) == "repeat_prob0.6" and knob_tag("sim.mislabel_rate", 0) == "mislabel_rate0"
     assert base_of("baseline+oracle~repeat_prob0.6") == "baseline~repeat_prob0.6"
     assert base_of("ral@msl") == "msl" and base_of("msl") is None
+    knobs = ("sim.repeat_prob", "sim.repeat_copies")
+    assert point_tag(knobs, (1.0, 4.0), (0.35, 2.0)) == "repeat_prob1-repeat_copies4"
+    assert point_tag(knobs, (0.0, 2.0), (0.35, 2.0)) == "repeat_prob0"  # one knob's own sweep names it alike
+    assert point_tag(knobs, (0.35, 2.0), (0.35, 2.0)) == ""
+
+
+def test_a_record_of_another_world_is_refused_naming_the_knob(tmp_path):
+    """Rows of a sweep differ in its knobs alone: a record made with another knob too (another --set, an
+    older preset) would credit the swept knob with that change; it is one line, naming both values."""
+    sweep = Sweep("sim-tiny", ("sim.repeat_prob", "sim.repeat_copies"), ((0.0, 2.0), (1.0, 4.0)), (0.0, 2.0),
+                  ("baseline",), (0,), "prvr-bench sweep ...")
+    check = WorldCheck(sweep)
+    record = {"config": {"sim": {"repeat_prob": 0.0, "repeat_copies": 2.0, "vague_prob": 0.1}}}
+    assert check.check(record, tmp_path / "a.json") is record
+    moved = {"config": {"sim": {"repeat_prob": 1.0, "repeat_copies": 4.0, "vague_prob": 0.1}}}
+    assert check.check(moved, tmp_path / "b.json") is moved  # only the swept knobs moved
+    other = {"config": {"sim": {"repeat_prob": 1.0, "repeat_copies": 4.0, "vague_prob": 0.3}}}
+    with pytest.raises(UserError, match=r"c.json: made on another world than .*a.json: sim.vague_prob is 0.3 "
+                                        r"here against 0.1 there"):
+        check.check(other, tmp_path / "c.json")
 
 
 @pytest.mark.slow
@@ -75,3 +102,19 @@ def test_a_row_of_another_world_gets_no_delta_against_the_plain_baseline():
             records.append(rec)
     delta = {r["run"]: r["delta"] for r in build_rows(records)}
     assert delta["baseline~b32"] == pytest.approx(2.0) and delta["baseline~repeat_prob0"] is None
+
+
+@pytest.mark.slow
+def test_knobs_moved_together_tag_their_runs_and_draw_against_the_share(tmp_path):
+    """`--knob A B --values a,b ...`: a path through worlds past where one knob ends (repeat_prob stops at
+    1; repeat_copies takes the share further), each run tagged by the knobs away from the preset."""
+    preset = resolve("baseline", "sim-tiny", 0, []).sim
+    start = f"{preset.repeat_prob:g},{preset.repeat_copies:g}"
+    argv = ["sweep", "--knob", "sim.repeat_prob", "sim.repeat_copies", "--values", start, "1,6",
+            "--method", "baseline", "--seeds", "0", "--out", str(tmp_path), *TINY]
+    assert main(argv) == 0
+    runs = sorted(p.parent.name for p in (tmp_path / "runs" / "sim-tiny").glob("*/seed0.json"))
+    assert runs == ["baseline", "baseline~repeat_prob1-repeat_copies6"]
+    rows = list(csv.DictReader((tmp_path / "sweeps" / "sim-tiny~repeat_prob-repeat_copies.csv").open()))
+    shares = {r["value"]: float(r["multi-relevant share (test)"]) for r in rows}
+    assert set(shares) == {start, "1,6"} and shares["1,6"] > shares[start]

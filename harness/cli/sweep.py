@@ -5,7 +5,10 @@
 
 Each (value, method, seed) is an ordinary `prvr-bench run` with `--set KNOB=VALUE`: at the preset's
 own value the run is the method's plain row (no tag, so the leaderboard's runs count), elsewhere it is
-tagged `<knob>V` (`baseline~repeat_prob0.6`). `METHOD@BACKBONE` trains a method on another backbone
+tagged `<knob>V` (`baseline~repeat_prob0.6`). Several knobs move together when `--knob` names them all and
+each value gives one number per knob, `--knob sim.repeat_prob sim.repeat_copies --values 0,2 1,2 1,4`
+(a path through the worlds past where one knob ends: repeat_prob stops at 1); a run's tag names the knobs
+away from the preset's values (`baseline~repeat_prob1-repeat_copies4`). `METHOD@BACKBONE` trains a method on another backbone
 (`ral@msl`); `--oracle` adds each method fed the simulated ground truth (`baseline+oracle`). A run whose
 record exists is kept, so an interrupted sweep resumes where it stopped and makes no run twice. Every
 run is resolved before the first trains: an unknown knob or a value out of its range is one line.
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +37,7 @@ from prvr.harness.engine.config import resolve
 from prvr.harness.engine.records import record_path
 from prvr.harness.engine.runner import run_name, run_one
 from prvr.harness.engine.sections import Config
-from prvr.harness.reports.sweeps import Sweep, knob_tag, write_sweep
+from prvr.harness.reports.sweeps import Point, Sweep, point_tag, write_sweep
 
 
 @dataclass(frozen=True)
@@ -49,8 +53,10 @@ def add_commands(sub) -> None:
     p = sub.add_parser("sweep", help="train methods at several values of one world knob (e.g. sim.repeat_prob), "
                                      "then OUT/sweeps/<dataset>~<knob>.{md,csv,png}")
     p.add_argument("--dataset", default="sim-tvr-v2", help="a simulated dataset (default: sim-tvr-v2)")
-    p.add_argument("--knob", required=True, help="the config key swept, e.g. sim.repeat_prob or sim.mislabel_rate")
-    p.add_argument("--values", nargs="+", required=True, type=float, metavar="V", help="its values")
+    p.add_argument("--knob", nargs="+", required=True, metavar="KEY",
+                   help="the config key swept, e.g. sim.repeat_prob or sim.mislabel_rate; several move together")
+    p.add_argument("--values", nargs="+", required=True, metavar="V",
+                   help="its values; with several knobs, one number per knob joined by commas (1,4)")
     p.add_argument("--method", nargs="+", required=True, help="methods, or METHOD@BACKBONE (ral@msl)")
     p.add_argument("--oracle", action="store_true", help="also each method with the oracle detector")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
@@ -68,17 +74,21 @@ def plan_sweep(args: argparse.Namespace) -> tuple[Sweep, list[SweepRun]]:
     if not DATASETS.get(args.dataset).simulated:
         raise UserError(f"--dataset {args.dataset} is not simulated: a sweep moves a knob of a simulated world; "
                         "pick one of the sim-* datasets")
-    if len(set(args.values)) != len(args.values):
-        raise UserError(f"--values {' '.join(f'{v:g}' for v in args.values)}: a value given twice; give each once")
+    knobs = tuple(args.knob)
+    if len(set(knobs)) != len(knobs):
+        raise UserError(f"--knob {' '.join(knobs)}: a knob given twice; give each once")
+    values = tuple(_point(v, knobs) for v in args.values)
+    if len(set(values)) != len(values):
+        raise UserError(f"--values {' '.join(args.values)}: a value given twice; give each once")
     preset = resolve(_method(args.method[0]), args.dataset, 0, [*data_root_overrides(args), *args.overrides])
-    default = _knob_value(preset, args.knob)
+    default = tuple(_knob_value(preset, k) for k in knobs)
     runs: list[SweepRun] = []
     names: dict[str, str] = {}  # the run's name at the preset's value -> its method argument
-    for value in args.values:
-        tag = "" if value == default else knob_tag(args.knob, value)
+    for value in values:
+        tag = point_tag(knobs, value, default)
         for method in args.method:
             for oracle in ([False, True] if args.oracle else [False]):
-                extra = [f"{args.knob}={value:g}", *(["relations.name=oracle"] if oracle else [])]
+                extra = [*(f"{k}={v:g}" for k, v in zip(knobs, value)), *(["relations.name=oracle"] if oracle else [])]
                 for seed in args.seeds:
                     cfg = resolve(_method(method), args.dataset, seed, [*data_root_overrides(args), *args.overrides,
                                                                          *_backbone(method), *extra], args.config)
@@ -92,7 +102,7 @@ def plan_sweep(args: argparse.Namespace) -> tuple[Sweep, list[SweepRun]]:
                     runs.append(SweepRun(planned, tag))
     if args.name:
         check_name(args.name, "--name", "give a plain file name, e.g. sim-tvr-v2~repeat_prob-ral")
-    sweep = Sweep(args.dataset, args.knob, tuple(args.values), default, tuple(names), tuple(args.seeds),
+    sweep = Sweep(args.dataset, knobs, values, default, tuple(names), tuple(args.seeds),
                   command_line(), args.name)
     return sweep, runs
 
@@ -139,6 +149,20 @@ def _backbone_name(name: str) -> str:
 
 def _backbone(name: str) -> list[str]:
     return [f"backbone={_backbone_name(name)}"] if _backbone_name(name) else []
+
+
+def _point(text: str, knobs: tuple[str, ...]) -> Point:
+    """One --values item: a number per knob, joined by commas."""
+    parts = text.split(",")
+    try:
+        point = tuple(float(p) for p in parts)
+    except ValueError:
+        point = ()
+    if len(point) != len(knobs) or not all(math.isfinite(v) for v in point):
+        raise UserError(f"--values {text}: give {'a number' if len(knobs) == 1 else f'{len(knobs)} numbers joined by commas'} "
+                        f"per value, one for each of --knob {' '.join(knobs)} (e.g. "
+                        f"{','.join(['1'] * len(knobs))})")
+    return point
 
 
 def _knob_value(cfg: Config, knob: str) -> float:

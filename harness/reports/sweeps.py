@@ -1,12 +1,17 @@
 """A sweep's curves and table (`prvr-bench sweep`, harness/cli/sweep.py), from the run records.
 
-At each value of the swept knob: the world's figures as its records state them (the test split's
+At each value of the swept knob (or point of several knobs moved together, `--knob sim.repeat_prob
+sim.repeat_copies --values 1,4`): the world's figures as its records state them (the test split's
 multi-relevant share, relevant videos per query, words per query, the training split's mislabelled
 queries), so a reader sees what moved with the knob and what did not; each run's labelled and oracle
 SumR (mean and sample std over seeds); and each run's gain over its base on the same world, with the
 95% interval of the two-level bootstrap and the randomization test's p (harness/reports/stats.py).
 A run's base: `X+oracle` -> `X` (how much knowing every false negative is worth), `M@B` of a method
 that extends its backbone's own method -> that method (RAL on MS-SL -> MS-SL).
+
+Every record of a sweep must be of one world but for the swept knobs: a record whose other knobs differ
+(made with another `--set`, or before a preset changed) is refused in one line naming the knob and both
+values, never averaged in.
 
 Written to OUT/sweeps/<dataset>~<knob>.{md,csv,png}; the CSV through the csv module, one row per
 (value, run), cells from input made safe for spreadsheets.
@@ -39,25 +44,37 @@ FACTS = (("test", "multi_relevant_share", "multi-relevant share (test)"),
          ("train", "mislabelled", "mislabelled queries (train)"))
 
 
+Point = tuple[float, ...]  # one value per swept knob
+
+
+# knobs that move the world's relevance: their curves are drawn against the multi-relevant share
+RELEVANCE_KNOBS = {"sim.repeat_prob", "sim.repeat_copies", "sim.vague_prob"}
+
+
 @dataclass(frozen=True)
 class Sweep:
-    """What a sweep trained: a knob of a dataset at some values, runs (named as at the preset's value), seeds."""
+    """What a sweep trained: knobs of a dataset at some points (a value per knob), runs (named as at the
+    preset's point), seeds."""
 
     dataset: str
-    knob: str
-    values: tuple[float, ...]
-    default: float  # the preset's value: its runs are the plain rows, untagged
+    knobs: tuple[str, ...]
+    values: tuple[Point, ...]
+    default: Point  # the preset's values: its runs are the plain rows, untagged
     runs: tuple[str, ...]
     seeds: tuple[int, ...]
     command: str
     name: str = ""  # the report's file name under OUT/sweeps/ (default <dataset>~<knob>)
+
+    @property
+    def knob(self) -> str:
+        return " ".join(self.knobs)
 
 
 @dataclass(frozen=True)
 class Cell:
     """One run at one value: its seeds' labelled and oracle SumR, and its gain over its base."""
 
-    value: float
+    value: Point
     run: str
     seeds: tuple[int, ...]
     sumr: tuple[float, ...]
@@ -72,9 +89,21 @@ def knob_tag(knob: str, value: float) -> str:
     return check_name(f"{knob.rpartition('.')[2]}{value:g}", "sweep tag", "sweep a knob with a shorter name")
 
 
-def run_at(run: str, sweep: Sweep, value: float) -> str:
-    """The folder name of `run` at `value`: the plain name at the preset's value, else tagged."""
-    return run if value == sweep.default else f"{run}~{knob_tag(sweep.knob, value)}"
+def point_tag(knobs: Sequence[str], point: Point, default: Point) -> str:
+    """The tag of a sweep's runs at `point`: each knob away from the preset's value, joined by '-'
+    (`repeat_prob1-repeat_copies4`); "" at the preset's point."""
+    return "-".join(knob_tag(k, v) for k, v, d in zip(knobs, point, default) if v != d)
+
+
+def show_point(point: Point) -> str:
+    """A point as the report and the command line write it: `0.35`, or `1,4` for two knobs."""
+    return ",".join(f"{v:g}" for v in point)
+
+
+def run_at(run: str, sweep: Sweep, value: Point) -> str:
+    """The folder name of `run` at `value`: the plain name at the preset's point, else tagged."""
+    tag = point_tag(sweep.knobs, value, sweep.default)
+    return f"{run}~{tag}" if tag else run
 
 
 def base_of(run: str) -> str | None:
@@ -88,15 +117,16 @@ def base_of(run: str) -> str | None:
     return None
 
 
-def sweep_cells(sweep: Sweep, out: str | Path, settings: Settings) -> tuple[list[Cell], dict[float, dict[str, Any]]]:
+def sweep_cells(sweep: Sweep, out: str | Path, settings: Settings) -> tuple[list[Cell], dict[Point, dict[str, Any]]]:
     """Every (value, run) with records, and the world's figures at each value."""
     cells: list[Cell] = []
-    facts: dict[float, dict[str, Any]] = {}
+    facts: dict[Point, dict[str, Any]] = {}
+    world = WorldCheck(sweep)
     for value in sweep.values:
         for run in sweep.runs:
             name = run_at(run, sweep, value)
-            records = [(s, record_path(out, sweep.dataset, name, s)) for s in sweep.seeds]
-            found = [(s, load_record_at(p)) for s, p in records if p.is_file()]
+            paths = [(s, record_path(out, sweep.dataset, name, s)) for s in sweep.seeds]
+            found = [(s, world.check(load_record_at(p), p)) for s, p in paths if p.is_file()]
             if not found:
                 continue
             facts.setdefault(value, _facts(found[0][1]))
@@ -110,7 +140,36 @@ def sweep_cells(sweep: Sweep, out: str | Path, settings: Settings) -> tuple[list
     return cells, facts
 
 
-def _gain(out: str | Path, sweep: Sweep, value: float, name: str, base: str,
+class WorldCheck:
+    """The records of one sweep differ only in its knobs: the first record's other world knobs (its
+    config's `sim` section) are the sweep's; a record whose other knobs differ is one line naming the
+    record, the knob and both values (a sweep of two worlds' rows would credit the knob with the other
+    change)."""
+
+    def __init__(self, sweep: Sweep) -> None:
+        self.swept = {k.partition(".")[2] for k in sweep.knobs if k.startswith("sim.")}
+        self.first: tuple[Path, dict[str, Any]] | None = None
+
+    def check(self, record: Any, path: Path) -> Any:
+        """The record, once its world is the sweep's."""
+        sim = record.get("config", {}).get("sim")
+        if not isinstance(sim, dict):
+            return record  # a record without its world's knobs (an old schema): its facts still show in the table
+        others = {k: v for k, v in sim.items() if k not in self.swept}
+        if self.first is None:
+            self.first = (path, others)
+            return record
+        where, theirs = self.first
+        for key in sorted(others.keys() & theirs.keys()):  # a knob newer than a record is not in it
+            if others[key] != theirs[key]:
+                raise UserError(f"{path}: made on another world than {where}: sim.{key} is {others[key]!r} "
+                                f"here against {theirs[key]!r} there, and the sweep moves only "
+                                f"{', '.join(sorted(self.swept)) or 'other sections'}; re-make the run (remove its "
+                                "folder) with the sweep's command, or sweep that knob too")
+        return record
+
+
+def _gain(out: str | Path, sweep: Sweep, value: Point, name: str, base: str,
           settings: Settings) -> tuple[Comparison | None, str]:
     try:
         a, b = (_only(load_row(out, sweep.dataset, r), sweep.seeds) for r in (name, base))
@@ -155,7 +214,7 @@ HEAD = ["value", "run", "seeds", "SumR", "oracle SumR", "base", "gain (SumR)", "
 
 
 def rows_of(cells: list[Cell]) -> list[list[str]]:
-    return [[f"{c.value:g}", c.run, " ".join(map(str, c.seeds)), mean_std(_finite(c.sumr)), mean_std(_finite(c.oracle_sumr)),
+    return [[show_point(c.value), c.run, " ".join(map(str, c.seeds)), mean_std(_finite(c.sumr)), mean_std(_finite(c.oracle_sumr)),
              c.base, *_gain_cells(c)] for c in cells]
 
 
@@ -174,7 +233,7 @@ class Slope:
     high: float
 
 
-def slopes(sweep: Sweep, cells: list[Cell], facts: dict[float, dict[str, Any]]) -> list[Slope]:
+def slopes(sweep: Sweep, cells: list[Cell], facts: dict[Point, dict[str, Any]]) -> list[Slope]:
     """A slope per run whose base is swept with it, where two values or more have both, from the cells'
     own per-seed SumR (the records were read once, by `sweep_cells`)."""
     sumr = {(c.value, c.run): dict(zip(c.seeds, c.sumr)) for c in cells}
@@ -201,14 +260,14 @@ def slope_rows(found: list[Slope]) -> list[list[str]]:
                                                        "no trend the interval can tell from none")] for s in found]
 
 
-def render(sweep: Sweep, cells: list[Cell], facts: dict[float, dict[str, Any]],
+def render(sweep: Sweep, cells: list[Cell], facts: dict[Point, dict[str, Any]],
            found: Sequence[Slope] = ()) -> tuple[str, str]:
     """The report (markdown) and its CSV."""
     fact_head = ["value", *(label for _, _, label in FACTS)]
-    fact_rows = [[f"{v:g}", *(_fact(facts[v].get(label)) for _, _, label in FACTS)] for v in sweep.values if v in facts]
+    fact_rows = [[show_point(v), *(_fact(facts[v].get(label)) for _, _, label in FACTS)] for v in sweep.values if v in facts]
     md = [f"# {sweep.dataset}: {sweep.knob} swept", "",
           f"Written by `{sweep.command}` (harness/reports/sweeps.py; the statistics: docs/statistics.md). "
-          f"At {sweep.knob}={sweep.default:g} (the preset's value) the runs are the dataset's plain rows. SumR: "
+          f"At {sweep.knob}={show_point(sweep.default)} (the preset's value) the runs are the dataset's plain rows. SumR: "
           "test split, mean ± sample std over seeds; oracle SumR: the same ranks against every relevant video; "
           "gain: the run's mean SumR minus its base's on the same world and seeds, with the 95% interval of the "
           "two-level (seeds, then test queries) paired bootstrap and the paired randomization test's p.", "",
@@ -231,7 +290,7 @@ def _fact(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, (int, float)) else ""
 
 
-def plot(sweep: Sweep, cells: list[Cell], facts: dict[float, dict[str, Any]]):
+def plot(sweep: Sweep, cells: list[Cell], facts: dict[Point, dict[str, Any]]):
     """SumR (labelled, solid; oracle, dashed) against the multi-relevant share, one colour per run, and each
     gain with its interval."""
     import matplotlib
@@ -240,8 +299,9 @@ def plot(sweep: Sweep, cells: list[Cell], facts: dict[float, dict[str, Any]]):
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    x_of = {v: facts[v].get(FACTS[0][2]) if sweep.knob == "sim.repeat_prob" else v for v in facts}
-    xlabel = FACTS[0][2] if sweep.knob == "sim.repeat_prob" else sweep.knob
+    by_share = bool(RELEVANCE_KNOBS & set(sweep.knobs)) or len(sweep.knobs) > 1
+    x_of = {v: facts[v].get(FACTS[0][2]) if by_share else v[0] for v in facts}
+    xlabel = FACTS[0][2] if by_share else sweep.knob
     for run in sweep.runs:
         mine = sorted((c for c in cells if c.run == run), key=lambda c: c.value)
         xs = [x_of[c.value] for c in mine]
@@ -257,7 +317,8 @@ def plot(sweep: Sweep, cells: list[Cell], facts: dict[float, dict[str, Any]]):
     right.axhline(0, color="k", linewidth=0.8)
     right.set(xlabel=xlabel, ylabel="gain over base (SumR, 95% interval)", title="gains")
     for ax in (left, right):
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:  # no gain yet: no legend to draw
+            ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
 
@@ -269,7 +330,7 @@ def write_sweep(sweep: Sweep, out: str | Path, settings: Settings = Settings()) 
         raise UserError(f"no records of the sweep under {Path(out) / 'runs' / sweep.dataset} yet; run it without "
                         "--report-only, or check --out")
     md, table = render(sweep, cells, facts, slopes(sweep, cells, facts))
-    name = sweep.name or f"{sweep.dataset}~{knob_tag(sweep.knob, 0).removesuffix('0')}"
+    name = sweep.name or f"{sweep.dataset}~{'-'.join(k.rpartition('.')[2] for k in sweep.knobs)}"
     stem = inside(Path(out) / "sweeps" / check_name(name, "--name", "give a plain file name"), out, "--name")
     write_texts({stem.with_suffix(".md"): md, stem.with_suffix(".csv"): table})
     write_png(plot(sweep, cells, facts), stem.with_suffix(".png"))
