@@ -108,7 +108,8 @@ METHODS.add(
     "arl",
     MethodSpec("arl", backbone="arl", relations="arl", loss_cls=ArlConfig, objective=arl_objective,
                preset=PRESETS / "arl.yaml", detector_plan=arl_plan,
-               needs=frozenset({"theta_phi", "frame_items", "frame_mask"}), objectives=("arl-video", "arl-frame")),
+               needs=frozenset({"theta_phi", "frame_items", "frame_mask"}), objectives=("arl-video", "arl-frame"),
+               base_row="base"),
     "ARL: ambiguity-restrained learning (uncertainty + similarity detection, cross-model, dual triplet)",
 )
 

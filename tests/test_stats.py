@@ -328,3 +328,25 @@ def test_a_seed_cap_below_two_is_one_line(tmp_path, capsys):
     assert main(["compare", "--dataset", "sim-x", "--rows", "a:b", "--out", str(tmp_path), "--until-resolved",
                  "--cap", "0"]) == 2
     assert "--cap 0: the rule compares over at least 2 seeds" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- the oracle's room
+def test_the_share_of_the_oracles_room_a_method_closes(tmp_path):
+    """gain / room with the ratio's bootstrap interval: exact where every query moves alike (each query's
+    SumR 0 at the base, 200 with the method, 400 with the oracle: half the room), around its estimate on
+    random ranks, and none where the room's interval is not above zero."""
+    q = 60
+    for seed in (0, 1):
+        write_run(tmp_path, "b", seed, np.full(q, 150))
+        write_run(tmp_path, "b+oracle", seed, np.ones(q, dtype=int))
+        write_run(tmp_path, "m", seed, np.full(q, 6))  # R@10 and R@100: 200 of 400
+        write_run(tmp_path, "r", seed, random_ranks(q, seed + 10))
+        write_run(tmp_path, "r+oracle", seed, np.minimum(random_ranks(q, seed + 10), random_ranks(q, seed + 20)))
+        write_run(tmp_path, "r2", seed, random_ranks(q, seed + 30))
+    row = {r: stats.load_row(tmp_path, "sim-x", r) for r in ("b", "b+oracle", "m", "r", "r+oracle", "r2")}
+    half = stats.room_share(row["m"], row["b"], row["b+oracle"], FAST)
+    assert (half.share, half.low, half.high, half.seeds) == (0.5, 0.5, 0.5, (0, 1)) and half.room_low == 400
+    noisy = stats.room_share(row["r2"], row["r"], row["r+oracle"], FAST)
+    assert noisy.room_low > 0 and noisy.low <= noisy.share <= noisy.high
+    none = stats.room_share(row["m"], row["b"], row["b"], FAST)  # the base as its own oracle: no room
+    assert none.room_low == 0 and math.isnan(none.share) and math.isnan(none.low)

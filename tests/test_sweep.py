@@ -9,7 +9,9 @@ import pytest
 from prvr.harness.cli import main
 from prvr.harness.engine.config import resolve
 from prvr.harness.base.io import UserError
-from prvr.harness.reports.sweeps import Sweep, WorldCheck, base_of, knob_tag, point_tag
+from prvr.harness.reports.stats import BOTH_LEVELS, Comparison, MetricDifference, RoomShare
+from prvr.harness.reports.sweeps import Answer, Cell, Sweep, WorldCheck, _answer_reads, base_of, knob_tag, oracle_of, \
+    point_tag
 
 TINY = ["--dataset", "sim-tiny", "--set", "train.epochs=1", "--quiet"]
 
@@ -25,6 +27,7 @@ TINY = ["--dataset", "sim-tiny", "--set", "train.epochs=1", "--quiet"]
     (["--knob", "sim.repeat_prob", "--values", "nan"], "give a number per value"),
     (["--knob", "sim.repeat_prob", "sim.repeat_copies", "--values", "1,0"], "repeat_copies"),
     (["--knob", "sim.repeat_prob", "sim.repeat_prob", "--values", "1,1"], "a knob given twice"),
+    (["--knob", "sim.repeat_prob", "--values", "0.1", "--method", "arl~nosuch"], "no ablation row tagged 'nosuch'"),
     (["--knob", "sim.repeat_prob", "sim.repeat_copies", "--values", "1,4", "1,4.0"], "a value given twice"),
 ])
 def test_a_bad_sweep_is_one_line_before_anything_runs(tmp_path, capsys, argv, says):
@@ -38,6 +41,10 @@ def test_names_of_a_sweeps_runs_and_their_bases():
     assert knob_tag("sim.repeat_prob", 0.6) == "repeat_prob0.6" and knob_tag("sim.mislabel_rate", 0) == "mislabel_rate0"
     assert base_of("baseline+oracle~repeat_prob0.6") == "baseline~repeat_prob0.6"
     assert base_of("ral@msl") == "msl" and base_of("msl") is None
+    assert base_of("arl") == "arl~base" and base_of("arl+oracle") == "arl" and base_of("arl~base") is None
+    assert base_of("arl+oracle~base") == "arl~base"
+    assert oracle_of("msl") == "msl+oracle" and oracle_of("arl~base") == "arl+oracle~base"
+    assert oracle_of("ral@msl~repeat_prob0") == "ral+oracle@msl~repeat_prob0"
     knobs = ("sim.repeat_prob", "sim.repeat_copies")
     assert point_tag(knobs, (1.0, 4.0), (0.35, 2.0)) == "repeat_prob1-repeat_copies4"
     assert point_tag(knobs, (0.0, 2.0), (0.35, 2.0)) == "repeat_prob0"  # one knob's own sweep names it alike
@@ -79,6 +86,9 @@ def test_a_sweep_trains_each_value_once_and_reports_the_world_and_the_gains(tmp_
     shares = {r["value"]: float(r["multi-relevant share (test)"]) for r in rows}
     assert shares["0.9"] > shares[f"{default:g}"]  # the knob moved the figure it is for
     assert (tmp_path / "sweeps" / "sim-tiny~repeat_prob.png").stat().st_size > 0
+    answer = md.split("## Is it the noise?")[1]
+    assert answer.count("| baseline+oracle | baseline |") == 2 and "share of the room closed" in answer
+    assert all("share of the room closed" in r and "reads" in r for r in rows)
     slope = md.split("## Does the gain grow with the noise?")[1]
     assert "| baseline+oracle | baseline | 4 |" in slope  # two values x two seeds of per-seed gains
     capsys.readouterr()
@@ -118,3 +128,36 @@ def test_knobs_moved_together_tag_their_runs_and_draw_against_the_share(tmp_path
     rows = list(csv.DictReader((tmp_path / "sweeps" / "sim-tiny~repeat_prob-repeat_copies.csv").open()))
     shares = {r["value"]: float(r["multi-relevant share (test)"]) for r in rows}
     assert set(shares) == {start, "1,6"} and shares["1,6"] > shares[start]
+
+
+@pytest.mark.parametrize("gain, room, share, says", [
+    ((+5, +2, +8), (+9, +4, +14), (0.55, 0.2, 0.9), "gains within the oracle's room"),
+    ((+20, +15, +25), (+3, -1, +7), None, "gains where the oracle has no room: not a gain from handling label noise"),
+    ((+20, +15, +25), (+3, +1, +5), (6.0, 3.0, 15.0), "gains more than the oracle's whole room"),
+    ((+1, -2, +4), (+9, +4, +14), (0.1, -0.2, 0.4), "no gain the interval can tell from none"),
+    ((-4, -7, -1), (+9, +4, +14), (-0.4, -0.8, -0.1), "loses to its base"),
+])
+def test_what_a_gain_is_credited_to(gain, room, share, says):
+    def cell(run, d):
+        diff = MetricDifference("SumR", 0, 0, *d, 0.01)
+        return Cell((0.35,), run, (0, 1), (1, 1), (1, 1), "msl", _comparison(diff))
+    answer = Answer(cell("ral@msl", gain), cell("msl+oracle", room),
+                    RoomShare(share[0], share[1], share[2], room[1], (0, 1)) if share else None)
+    assert _answer_reads(answer, answer.cell.gain.metrics[0], answer.room.gain.metrics[0]).startswith(says)
+
+
+def _comparison(diff):
+    return Comparison("sim-tiny", "a", "b", (0, 1), (10, 10), BOTH_LEVELS, (diff,))
+
+
+def test_a_methods_base_row_is_swept_beside_it(tmp_path, capsys):
+    """`arl~base` (ARL's Table 5 row (a)) is a sweep method: its runs are tagged by the row and the point,
+    and `arl`'s gain is measured against it (base_of)."""
+    argv = ["sweep", "--knob", "sim.repeat_prob", "--values", "0.9", "--method", "arl", "arl~base", "--oracle",
+            "--seeds", "0", "--out", str(tmp_path), "--plan", *TINY]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    for run in ("arl~repeat_prob0.9", "arl~base~repeat_prob0.9", "arl+oracle~repeat_prob0.9",
+                "arl+oracle~base~repeat_prob0.9"):
+        assert f"  {run} " in out
+    assert not (tmp_path / "runs").exists()

@@ -357,6 +357,10 @@ class MethodSpec:
     # the row every row of its dataset is compared with (Δ SumR), and the method whose recipe loads a
     # dataset where any method would do: the plain label-trained method the others improve on; one method
     reference: bool = False
+    # the tag of the method's ablation row (methods/recipes.py) that trains it without its label-noise
+    # mechanism, its encoder and loss alone (ARL: "base", Table 5 row (a)): a sweep measures the method's
+    # gain against that row (harness/reports/sweeps.py `base_of`); "": against its home method, if any
+    base_row: str = ""
 
 
 class DatasetEntry(Protocol):

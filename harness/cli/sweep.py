@@ -38,6 +38,7 @@ from prvr.harness.engine.records import record_path
 from prvr.harness.engine.runner import run_name, run_one
 from prvr.harness.engine.sections import Config
 from prvr.harness.reports.sweeps import Point, Sweep, point_tag, write_sweep
+from prvr.methods.recipes import TABLES
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,8 @@ def add_commands(sub) -> None:
                    help="the config key swept, e.g. sim.repeat_prob or sim.mislabel_rate; several move together")
     p.add_argument("--values", nargs="+", required=True, metavar="V",
                    help="its values; with several knobs, one number per knob joined by commas (1,4)")
-    p.add_argument("--method", nargs="+", required=True, help="methods, or METHOD@BACKBONE (ral@msl)")
+    p.add_argument("--method", nargs="+", required=True,
+                   help="methods, METHOD@BACKBONE (ral@msl), or METHOD~ROW, a row of its ablation tables (arl~base)")
     p.add_argument("--oracle", action="store_true", help="also each method with the oracle detector")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--out", default="results")
@@ -80,20 +82,24 @@ def plan_sweep(args: argparse.Namespace) -> tuple[Sweep, list[SweepRun]]:
     values = tuple(_point(v, knobs) for v in args.values)
     if len(set(values)) != len(values):
         raise UserError(f"--values {' '.join(args.values)}: a value given twice; give each once")
+    variants = {m: _variant(m) for m in args.method}
     preset = resolve(_method(args.method[0]), args.dataset, 0, [*data_root_overrides(args), *args.overrides])
     default = tuple(_knob_value(preset, k) for k in knobs)
     runs: list[SweepRun] = []
     names: dict[str, str] = {}  # the run's name at the preset's value -> its method argument
     for value in values:
-        tag = point_tag(knobs, value, default)
+        at = point_tag(knobs, value, default)
         for method in args.method:
+            row, row_sets = variants[method]
+            tag = "~".join(t for t in (row, at) if t)
             for oracle in ([False, True] if args.oracle else [False]):
-                extra = [*(f"{k}={v:g}" for k, v in zip(knobs, value)), *(["relations.name=oracle"] if oracle else [])]
+                extra = [*row_sets, *(f"{k}={v:g}" for k, v in zip(knobs, value)),
+                         *(["relations.name=oracle"] if oracle else [])]
                 for seed in args.seeds:
                     cfg = resolve(_method(method), args.dataset, seed, [*data_root_overrides(args), *args.overrides,
                                                                          *_backbone(method), *extra], args.config)
                     name = run_name(cfg, tag)
-                    names.setdefault(run_name(cfg), method)
+                    names.setdefault(run_name(cfg, row), method)
                     one = copy.copy(args)
                     one.tag, one.backbone = tag, _backbone_name(method) or args.backbone
                     planned = BenchRun(cfg, name, record_path(args.out, cfg.dataset, name, seed),
@@ -140,11 +146,25 @@ def _train(args: argparse.Namespace, planned: list[SweepRun]) -> None:
 
 
 def _method(name: str) -> str:
-    return name.partition("@")[0]
+    return name.partition("~")[0].partition("@")[0]
 
 
 def _backbone_name(name: str) -> str:
-    return name.partition("@")[2]
+    return name.partition("~")[0].partition("@")[2]
+
+
+def _variant(name: str) -> tuple[str, tuple[str, ...]]:
+    """`METHOD~ROW`: the row's tag and its overrides, from the method's ablation tables (methods/recipes.py;
+    `arl~base` is ARL's Table 5 row (a), its encoder without the ambiguity set); ("", ()) without one."""
+    method, _, tag = name.partition("~")
+    if not tag:
+        return "", ()
+    method = _method(method)
+    rows = {r.tag: r for (m, _), t in sorted(TABLES.items()) if m == method for r in t.rows if r.tag}
+    if tag not in rows:
+        raise UserError(f"--method {name}: {method} has no ablation row tagged {tag!r}; its rows: "
+                        f"{', '.join(sorted(rows)) or 'none'} (the tables `prvr-bench ablate --method {method} --table T` trains)")
+    return tag, rows[tag].overrides
 
 
 def _backbone(name: str) -> list[str]:

@@ -269,6 +269,48 @@ def compare_rows(a: Row, b: Row, settings: Settings = Settings()) -> Comparison:
     return Comparison(a.dataset, a.run, b.run, tuple(shared), tuple(len(x) for x in sa), over, tuple(out))
 
 
+@dataclass(frozen=True)
+class RoomShare:
+    """How much of the oracle's room on a base a method closes: its gain over the base divided by the
+    base's gain from the oracle detector (both mean SumR over the three rows' shared seeds), with the 95%
+    percentile interval of that ratio over the same two-level paired bootstrap, drawn jointly for both
+    differences (the same seeds and queries in numerator and denominator). `room_low` is the lower end of
+    the room's own interval: where it is not above 0 there is no room to share out, and the ratio's
+    interval is left NaN."""
+
+    share: float
+    low: float
+    high: float
+    room_low: float
+    seeds: tuple[int, ...]
+
+
+def room_share(method: Row, base: Row, oracle: Row, settings: Settings = Settings()) -> RoomShare:
+    """`method` against `base`, over `oracle` (the base with the oracle detector) against `base`."""
+    for other in (method, oracle):
+        check_pair(other, base)
+    shared = sorted(set(method.seeds) & set(base.seeds) & set(oracle.seeds))
+    if len(shared) < max(1, settings.min_seeds):
+        raise UserError(f"rows {method.run!r}, {base.run!r} and {oracle.run!r} share {len(shared)} seed(s) "
+                        f"({_seeds(shared)}); run the missing seeds")
+    for s in shared:
+        check_queries(method, base, s)
+        check_queries(oracle, base, s)
+    j = METRICS.index("SumR")
+    diffs = [np.stack([method.seeds[s].scores[:, j] - base.seeds[s].scores[:, j],
+                       oracle.seeds[s].scores[:, j] - base.seeds[s].scores[:, j]], axis=1) for s in shared]
+    gain = float(np.mean([method.seeds[s].figures["SumR"] - base.seeds[s].figures["SumR"] for s in shared]))
+    room = float(np.mean([oracle.seeds[s].figures["SumR"] - base.seeds[s].figures["SumR"] for s in shared]))
+    replicates = bootstrap_differences(diffs, settings.resamples, settings.seed)
+    tail = (1 - LEVEL) / 2
+    room_low = float(np.quantile(replicates[:, 1], tail))
+    if room <= 0 or room_low <= 0:
+        return RoomShare(gain / room if room > 0 else math.nan, math.nan, math.nan, room_low, tuple(shared))
+    ratio = replicates[:, 0] / np.where(replicates[:, 1] > 0, replicates[:, 1], np.nan)
+    low, high = np.nanquantile(ratio, [tail, 1 - tail])
+    return RoomShare(gain / room, float(low), float(high), room_low, tuple(shared))
+
+
 def check_pair(a: Row, b: Row) -> None:
     if a.dataset != b.dataset or a.world != b.world:
         raise UserError(f"rows {a.run!r} ({a.dataset}: {_world(a.world)}) and {b.run!r} ({b.dataset}: "

@@ -33,8 +33,8 @@ from prvr.harness.base.io import UserError, write_png, write_texts
 from prvr.harness.base.names import check_name, inside
 from prvr.harness.base.registry import METHODS, home_method
 from prvr.harness.engine.records import load_record_at, record_path
-from prvr.harness.reports.stats import (BOTH_LEVELS, Comparison, MetricDifference, Row, Settings, compare_rows,
-                                        load_row)
+from prvr.harness.reports.stats import (BOTH_LEVELS, Comparison, MetricDifference, Row, RoomShare, Settings,
+                                        compare_rows, load_row, room_share)
 from prvr.harness.reports.table import csv_text, markdown_table, mean_std
 
 # the world's figures shown at each value (provenance.data.<split>.<key>)
@@ -107,12 +107,19 @@ def run_at(run: str, sweep: Sweep, value: Point) -> str:
 
 
 def base_of(run: str) -> str | None:
-    """The run a gain is measured against: `X+oracle` -> `X`; `M@B` where M extends B's own method -> that
-    method; else none."""
+    """The run a gain is measured against: `X+oracle` -> `X`; a method with a base row (MethodSpec.base_row)
+    -> that row (`arl` -> `arl~base`, its encoder without the ambiguity set); `M@B` where M extends B's own
+    method -> that method (`ral@msl` -> `msl`); else none."""
     if "+oracle" in run:
         return run.replace("+oracle", "", 1)
-    method, _, backbone = run.partition("@")
-    if backbone and method in METHODS and METHODS.get(method).extends_backbone:
+    head, _, tag = run.partition("~")
+    method, _, backbone = head.partition("@")
+    spec = METHODS.get(method) if method in METHODS else None
+    if spec is None or tag:
+        return None
+    if spec.base_row:
+        return f"{run}~{spec.base_row}"
+    if backbone and spec.extends_backbone:
         return home_method(backbone)
     return None
 
@@ -254,14 +261,112 @@ def slopes(sweep: Sweep, cells: list[Cell], facts: dict[Point, dict[str, Any]]) 
     return found
 
 
-def slope_rows(found: list[Slope]) -> list[list[str]]:
-    return [[s.run, s.base, str(s.points), f"{s.per_10:+.2f}", f"[{s.low:+.2f}, {s.high:+.2f}]",
-             "grows with the noise" if s.low > 0 else ("shrinks with the noise" if s.high < 0 else
-                                                       "no trend the interval can tell from none")] for s in found]
+def slope_rows(found: list[Slope], cells: Sequence[Cell] = ()) -> list[list[str]]:
+    return [[s.run, s.base, str(s.points), f"{s.per_10:+.2f}", f"[{s.low:+.2f}, {s.high:+.2f}]", _slope_reads(s, cells)]
+            for s in found]
+
+
+def _slope_reads(slope: Slope, cells: Sequence[Cell]) -> str:
+    """What the slope says, and what the run's gain is credited to when it does not grow with the noise."""
+    if slope.low > 0:
+        return "grows with the noise"
+    gains = [sumr_of(c.gain) for c in cells if c.run == slope.run and c.gain is not None]
+    trend = "shrinks with the noise" if slope.high < 0 else "no trend the interval can tell from none"
+    if "+oracle" not in slope.run and any(d.low > 0 for d in gains):
+        return f"{trend}: its gain is its encoder's or loss's, not a gain from handling label noise"
+    return trend
+
+
+def oracle_of(run: str) -> str:
+    """The run's name with the oracle detector: `msl` -> `msl+oracle`, `arl~base` -> `arl+oracle~base`
+    (harness/engine/records.py `run_tag`: the detector before the backbone and the tag)."""
+    head, sep, tag = run.partition("~")
+    method, at, backbone = head.partition("@")
+    return f"{method}+oracle{at}{backbone}{sep}{tag}"
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One run at one value, read against the oracle's room on its base there."""
+
+    cell: Cell
+    room: Cell | None  # the base with the oracle detector, against the base
+    share: RoomShare | None
+    note: str = ""
+
+
+def answers(sweep: Sweep, cells: list[Cell], out: str | Path, settings: Settings) -> list[Answer]:
+    """Per (value, run with a base): its gain, the oracle's gain on the same base and world, and the share
+    of that room the run closes (stats.room_share)."""
+    at = {(c.value, c.run): c for c in cells}
+    found = []
+    for c in cells:
+        if not c.base or c.gain is None:
+            continue
+        if "+oracle" in c.run:  # the room itself
+            found.append(Answer(c, c, None))
+            continue
+        room = at.get((c.value, oracle_of(c.base)))
+        if room is None or room.gain is None:
+            found.append(Answer(c, None, None, f"no {oracle_of(c.base)} run at this value"))
+            continue
+        try:
+            method, base, oracle = (_only(load_row(out, sweep.dataset, run_at(r, sweep, c.value)), sweep.seeds)
+                                    for r in (c.run, c.base, room.run))
+            found.append(Answer(c, room, room_share(method, base, oracle, settings)))
+        except UserError as e:
+            found.append(Answer(c, room, None, str(e)[:120]))
+    return found
+
+
+ANSWER_HEAD = ["value", "multi-relevant share", "run", "base", "gain", "its 95% interval", "oracle's gain on the base",
+               "the room's 95% interval", "share of the room closed", "the share's 95% interval", "reads"]
+
+
+def answer_rows(found: list[Answer], facts: dict[Point, dict[str, Any]]) -> list[list[str]]:
+    rows = []
+    for a in found:
+        c, gain = a.cell, sumr_of(a.cell.gain) if a.cell.gain is not None else None
+        room = sumr_of(a.room.gain) if a.room is not None and a.room.gain is not None else None
+        share = a.share
+        rows.append([show_point(c.value), _fact(facts.get(c.value, {}).get(FACTS[0][2])), c.run, c.base,
+                     *(_signed(gain) if gain else ["", ""]), *(_signed(room) if room else ["", ""]),
+                     *(_share(share) if share else ["", ""]), _answer_reads(a, gain, room)])
+    return rows
+
+
+def _signed(d: MetricDifference) -> list[str]:
+    return [f"{d.difference:+.1f}", f"[{d.low:+.1f}, {d.high:+.1f}]"]
+
+
+def _share(share: RoomShare) -> list[str]:
+    if not math.isfinite(share.share):
+        return ["", ""]
+    interval = f"[{share.low:.0%}, {share.high:.0%}]" if math.isfinite(share.low) else "(no room to share)"
+    return [f"{share.share:.0%}", interval]
+
+
+def _answer_reads(a: Answer, gain: MetricDifference | None, room: MetricDifference | None) -> str:
+    if a.note:
+        return a.note
+    if gain is None or room is None:
+        return ""
+    if "+oracle" in a.cell.run:
+        return ("knowing every false negative is worth this much here" if room.low > 0
+                else "no room the interval can tell from zero")
+    if gain.high < 0:
+        return "loses to its base"
+    if gain.low <= 0:
+        return "no gain the interval can tell from none"
+    if room.low <= 0:
+        return "gains where the oracle has no room: not a gain from handling label noise"
+    if a.share is not None and math.isfinite(a.share.low) and a.share.low > 1:
+        return "gains more than the oracle's whole room: more than handling these false negatives gives"
+    return "gains within the oracle's room: the share closed is what label noise can explain"
 
 
 def render(sweep: Sweep, cells: list[Cell], facts: dict[Point, dict[str, Any]],
-           found: Sequence[Slope] = ()) -> tuple[str, str]:
+           found: Sequence[Slope] = (), found_answers: Sequence[Answer] = ()) -> tuple[str, str]:
     """The report (markdown) and its CSV."""
     fact_head = ["value", *(label for _, _, label in FACTS)]
     fact_rows = [[show_point(v), *(_fact(facts[v].get(label)) for _, _, label in FACTS)] for v in sweep.values if v in facts]
@@ -279,9 +384,20 @@ def render(sweep: Sweep, cells: list[Cell], facts: dict[Point, dict[str, Any]],
           "with both runs, 95% interval from scipy.stats.linregress's standard error and Student's t. A label-noise "
           "method earns its name where its gain grows with the noise.", "",
           markdown_table(["run", "base", "points", "slope per 10 pts of share", "95% interval", "reads"],
-                         slope_rows(list(found))) if found else "(no run with a base at two values yet)", ""]
-    table = csv_text([*HEAD, *(label for _, _, label in FACTS)],
+                         slope_rows(list(found), cells)) if found else "(no run with a base at two values yet)", "",
+          "## Is it the noise?", "",
+          "Per run with a base and value: its gain over the base, the oracle's gain on the same base and world "
+          "(the base trained with every false negative known: the room label noise leaves), and the share of "
+          "that room the run closes, gain / room, with the 95% percentile interval of the ratio over the same "
+          "two-level paired bootstrap drawn jointly for both differences (harness/reports/stats.py `room_share`; "
+          "left out where the room's own interval is not above zero). A gain larger than the room, or a gain "
+          "where there is no room, is not a gain from handling label noise.", "",
+          markdown_table(ANSWER_HEAD, answer_rows(list(found_answers), facts)) if found_answers
+          else "(no run with a base and its oracle at one value yet)", ""]
+    answered = {(r[0], r[2]): r[6:] for r in answer_rows(list(found_answers), facts)}
+    table = csv_text([*HEAD, *(label for _, _, label in FACTS), *ANSWER_HEAD[6:]],
                      (row + [_fact(facts[cell.value].get(label)) for _, _, label in FACTS]
+                      + answered.get((row[0], cell.run), [""] * len(ANSWER_HEAD[6:]))
                       for cell, row in zip(cells, rows_of(cells))))
     return "\n".join(md), table
 
@@ -329,7 +445,7 @@ def write_sweep(sweep: Sweep, out: str | Path, settings: Settings = Settings()) 
     if not cells:
         raise UserError(f"no records of the sweep under {Path(out) / 'runs' / sweep.dataset} yet; run it without "
                         "--report-only, or check --out")
-    md, table = render(sweep, cells, facts, slopes(sweep, cells, facts))
+    md, table = render(sweep, cells, facts, slopes(sweep, cells, facts), answers(sweep, cells, out, settings))
     name = sweep.name or f"{sweep.dataset}~{'-'.join(k.rpartition('.')[2] for k in sweep.knobs)}"
     stem = inside(Path(out) / "sweeps" / check_name(name, "--name", "give a plain file name"), out, "--name")
     write_texts({stem.with_suffix(".md"): md, stem.with_suffix(".csv"): table})
