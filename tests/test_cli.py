@@ -82,5 +82,5 @@ def test_bench_defaults_every_method_one_seed_no_oracle():
     from prvr.harness.cli.app import build_parser
 
     args = build_parser().parse_args(["bench"])
-    assert args.method is None and args.seeds == [0] and args.oracle is False and args.dataset == ["sim-tvr"]
+    assert args.method is None and args.seeds == [0] and args.oracle is False and args.dataset == ["sim-tvr-v2"]  # calibrated to TVR (issue 62)
     assert build_parser().parse_args(["bench", "--oracle"]).oracle is True

@@ -20,7 +20,7 @@ from prvr.harness.base.io import UserError
 from prvr.harness.base.registry import Registry, RegistryError, import_modules
 from prvr.harness.cli.jobs import EXECUTORS
 
-DEFAULT_DATASET = "sim-tvr"
+DEFAULT_DATASET = "sim-tvr-v2"  # the world calibrated to TVR's verified relevance (docs/simulated-world.md)
 
 # name -> the function that adds the command's parser(s) to `prvr-bench`'s subparsers and sets `func`
 # on each (a module may add several: `profile` also adds `rehearse`)

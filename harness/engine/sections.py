@@ -259,7 +259,7 @@ class EvalConfig:
 @dataclass
 class Config:
     method: str = param("", Registered(lambda: METHODS, empty="none yet: `resolve` sets it from --method"))
-    dataset: str = param("sim-tvr", Registered(lambda: DATASETS))
+    dataset: str = param("sim-tvr-v2", Registered(lambda: DATASETS))
     seed: int = param(0, SEED)
     backbone: str = param("", Registered(lambda: BACKBONES, empty="the method's backbone"))
     data: DataConfig = section(DataConfig)
