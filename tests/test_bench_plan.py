@@ -36,7 +36,7 @@ def test_plan_gives_each_run_its_expected_time_and_trains_nothing(capsys, tmp_pa
     earlier.mkdir(parents=True)
     for seed, seconds in ((0, 100.0), (1, 140.0)):
         (earlier / f"seed{seed}.json").write_text(json.dumps({"timings": {"train": seconds, "eval_test": 20.0}}))
-    code, out, err = _out(capsys, "bench", "--plan", "--out", str(tmp_path), "--jobs", "2", "--quiet")
+    code, out, err = _out(capsys, "bench", "--plan", "--dataset", "sim-tvr", "--out", str(tmp_path), "--jobs", "2", "--quiet")
     assert code == 0, err
     lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ") and "sim-tvr" in line}
     assert sorted(lines) == sorted(METHODS.names())  # no --method: every registered method
@@ -227,3 +227,17 @@ def test_a_name_given_twice_plans_its_runs_once(capsys):
     out = capsys.readouterr().out
     rows = [ln.split() for ln in out.splitlines() if ln.strip().startswith("baseline ")]
     assert rows == [["baseline", "sim-tiny", "0", *rows[0][3:]]] and "bench plan: 1 run" in out
+
+
+def test_a_tagged_run_without_records_is_timed_by_its_untagged_runs(tmp_path):
+    """A sweep's `baseline~repeat_prob0.7` costs what `baseline` did: its records time it, said so."""
+    from prvr.harness.cli.plan import estimate
+    from prvr.harness.engine.config import resolve
+
+    plain = tmp_path / "runs" / "sim-tiny" / "baseline"
+    plain.mkdir(parents=True)
+    (plain / "seed0.json").write_text(json.dumps({"timings": {"train": 50.0, "eval_test": 10.0}}))
+    cfg = resolve("baseline", "sim-tiny", 1, [])
+    found = estimate(cfg, tmp_path / "runs" / "sim-tiny" / "baseline~repeat_prob0.7" / "seed1.json", {})
+    assert (found.seconds, found.source) == (60.0, "records of baseline")
+    assert estimate(cfg, tmp_path / "runs" / "sim-tiny" / "msl~x" / "seed1.json", {}).seconds is None

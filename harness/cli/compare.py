@@ -61,13 +61,13 @@ def cmd_compare(args: argparse.Namespace) -> None:
     progress.log(f"wrote {path} and {path.with_suffix('.csv')}")
 
 
-def parse_pair(text: str) -> tuple[str, str]:
+def parse_pair(text: str, flag: str = "--rows") -> tuple[str, str]:
     """`A:B` -> (A, B), each a run name."""
     a, sep, b = text.partition(":")
     if not sep or not a or not b or ":" in b:
-        raise UserError(f"--rows {text!r} is not a pair A:B of run names; write e.g. ral@msl:msl")
-    return (check_name(a, f"--rows {text!r}: row", "give a run's folder name"),
-            check_name(b, f"--rows {text!r}: row", "give a run's folder name"))
+        raise UserError(f"{flag} {text!r} is not a pair A:B of run names; write e.g. ral@msl:msl")
+    return (check_name(a, f"{flag} {text!r}: row", "give a run's folder name"),
+            check_name(b, f"{flag} {text!r}: row", "give a run's folder name"))
 
 
 def write_tables(out: str | Path, table: CompareTable, pairs: list[tuple[str, str]], name: str | None = None,

@@ -87,10 +87,16 @@ def profiled_name(cfg) -> str:
 
 
 def estimate(cfg, record: Path, costs: dict[tuple[str, str], dict[str, float]]) -> Estimate:
-    """The run's expected time: its earlier records, else the profile, else unknown."""
+    """The run's expected time: its earlier records, else those of its untagged run (a tag moves a knob or
+    an ablation setting, seldom the cost much), else the profile, else unknown."""
     seconds = expected_seconds(record)
     if math.isfinite(seconds):
         return Estimate(seconds, "earlier records")
+    untagged = record.parent.name.partition("~")[0]
+    if untagged != record.parent.name:
+        seconds = expected_seconds(record.parent.parent / untagged / record.name)
+        if math.isfinite(seconds):
+            return Estimate(seconds, f"records of {untagged}")
     epoch = costs.get((profiled_name(cfg), cfg.dataset), {}).get("epoch_seconds")
     if epoch is None:
         return Estimate(None)

@@ -117,12 +117,12 @@ def cmd_sweep(args: argparse.Namespace) -> None:
     set_threads(args.threads)
     sweep, planned = plan_sweep(args)
     if not args.report_only:
-        _train(args, planned)
+        train_planned(args, planned)
     if not args.plan:
         print(write_sweep(sweep, args.out), end="")
 
 
-def _train(args: argparse.Namespace, planned: list[SweepRun]) -> None:
+def train_planned(args: argparse.Namespace, planned: list[SweepRun]) -> None:
     """The plan, then the runs without a record (`--plan`: the plan alone)."""
     runs = [p.run for p in planned]
     todo = [p for p in planned if not p.run.record.exists()]

@@ -179,13 +179,13 @@ class WorldCheck:
 def _gain(out: str | Path, sweep: Sweep, value: Point, name: str, base: str,
           settings: Settings) -> tuple[Comparison | None, str]:
     try:
-        a, b = (_only(load_row(out, sweep.dataset, r), sweep.seeds) for r in (name, base))
+        a, b = (only_seeds(load_row(out, sweep.dataset, r), sweep.seeds) for r in (name, base))
         return compare_rows(a, b, settings), ""
     except UserError as e:  # too few shared seeds, a base not made yet: said in the cell
         return None, str(e)
 
 
-def _only(row: Row, seeds: Sequence[int]) -> Row:
+def only_seeds(row: Row, seeds: Sequence[int]) -> Row:
     """The row on the sweep's seeds alone (a plain row may have more: the leaderboard's three)."""
     return dataclasses.replace(row, seeds={s: v for s, v in row.seeds.items() if s in seeds})
 
@@ -311,7 +311,7 @@ def answers(sweep: Sweep, cells: list[Cell], out: str | Path, settings: Settings
             found.append(Answer(c, None, None, f"no {oracle_of(c.base)} run at this value"))
             continue
         try:
-            method, base, oracle = (_only(load_row(out, sweep.dataset, run_at(r, sweep, c.value)), sweep.seeds)
+            method, base, oracle = (only_seeds(load_row(out, sweep.dataset, run_at(r, sweep, c.value)), sweep.seeds)
                                     for r in (c.run, c.base, room.run))
             found.append(Answer(c, room, room_share(method, base, oracle, settings)))
         except UserError as e:

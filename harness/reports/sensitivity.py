@@ -1,0 +1,145 @@
+"""What a gain depends on, if not the noise: the sensitivity table (`prvr-bench sensitivity`).
+
+At the world's preset (its label noise held) each other knob moves one at a time; at each setting the
+table gives every gain A - B (test SumR, mean over the shared seeds) with its 95% two-level bootstrap
+interval (harness/reports/stats.py `compare_rows`), beside the papers' gains on the real dataset the world
+imitates (methods/reported.yaml, rows of one paper table: the same features and a shared source). A gain
+reads `=` where the paper's gain lies inside its interval, `->` where it moved toward the paper's (closer
+than at the preset), `<-` where it moved away; the last column says whether that setting's intervals hold
+every paper's gain. The world is not tuned to these numbers: the table says which knobs move which gain.
+
+Written to OUT/sensitivity/<name>.{md,csv} with the shared writers (harness/reports/table.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from prvr.harness.base import progress
+from prvr.harness.base.io import UserError, write_texts
+from prvr.harness.base.names import check_name, inside
+from prvr.harness.reports.leaderboard import paper_figures
+from prvr.harness.reports.stats import MetricDifference, Settings, compare_rows, load_row
+from prvr.harness.reports.sweeps import Point, Sweep, only_seeds, run_at, show_point, sumr_of
+from prvr.harness.reports.table import csv_text, markdown_table
+
+PRESET = "preset"
+
+
+@dataclass(frozen=True)
+class PaperGain:
+    """A - B in one paper table on the real dataset: its SumR difference and where it is from."""
+
+    value: float
+    source: str
+    features: str
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A row of the table: the preset, or one knob at one value."""
+
+    knob: str  # "" at the preset
+    value: Point
+    sweep: Sweep
+
+
+@dataclass(frozen=True)
+class Entry:
+    gain: MetricDifference | None
+    note: str = ""
+
+
+def paper_gain(a: str, b: str, dataset: str, rows: Sequence[dict[str, Any]] | None = None) -> PaperGain | None:
+    """The papers' A - B on `dataset` (a real dataset, e.g. tvr): the first pair of rows with the same
+    features whose sources share a table (`RAL Table 1` in "ARL Table 1; RAL Table 1"), None without one."""
+    rows = paper_figures() if rows is None else rows
+    found = [r for r in rows if r.get("dataset") == dataset and "SumR" in r and not r.get("condition")]
+    for ra in (r for r in found if r["method"] == a):
+        for rb in (r for r in found if r["method"] == b and r["features"] == ra["features"]):
+            shared = _sources(ra) & _sources(rb)
+            if shared:
+                return PaperGain(float(ra["SumR"]) - float(rb["SumR"]), "; ".join(sorted(shared)), str(ra["features"]))
+    return None
+
+
+def _sources(row: dict[str, Any]) -> set[str]:
+    return {s.strip() for s in str(row.get("source", "")).split(";") if s.strip()}
+
+
+def settings_of(sweeps: Sequence[Sweep]) -> list[Setting]:
+    """The preset first (once), then each knob's other values in the order given."""
+    out = [Setting("", sweeps[0].default, sweeps[0])] if sweeps else []
+    for sweep in sweeps:
+        out += [Setting(sweep.knob, v, sweep) for v in sweep.values if v != sweep.default]
+    return out
+
+
+def entries(setting: Setting, gains: Sequence[tuple[str, str]], out: str | Path,
+            settings: Settings) -> list[Entry]:
+    found = []
+    for a, b in gains:
+        try:
+            row_a, row_b = (only_seeds(load_row(out, setting.sweep.dataset, run_at(r, setting.sweep, setting.value)),
+                                  setting.sweep.seeds) for r in (a, b))
+            found.append(Entry(sumr_of(compare_rows(row_a, row_b, settings))))
+        except UserError as e:  # not made yet, too few seeds: said in the cell
+            found.append(Entry(None, str(e)))
+    return found
+
+
+def _reads(d: MetricDifference, paper: PaperGain | None, at_preset: MetricDifference | None) -> str:
+    if paper is None:
+        return ""
+    if d.low <= paper.value <= d.high:
+        return " ="
+    if at_preset is None or d is at_preset:
+        return ""
+    return " ->" if abs(d.difference - paper.value) < abs(at_preset.difference - paper.value) else " <-"
+
+
+def table(dataset: str, family: str, sweeps: Sequence[Sweep], gains: Sequence[tuple[str, str]], out: str | Path,
+          command: str, settings: Settings = Settings()) -> tuple[str, str]:
+    """The markdown and CSV of the sensitivity table."""
+    papers = [paper_gain(a, b, family) for a, b in gains]
+    rows = [(s, entries(s, gains, out, settings)) for s in settings_of(sweeps)]
+    preset = [e.gain for e in rows[0][1]] if rows else [None] * len(gains)
+    head = ["knob", "value", *(f"{a} - {b}" for a, b in gains), "holds every paper's gain"]
+    md_rows, csv_rows = [], []
+    paper_cells = [f"{p.value:+.1f} ({p.source}, {p.features})" if p else "(no paper row)" for p in papers]
+    md_rows.append([f"papers ({family})", "", *paper_cells, ""])
+    for s, found in rows:
+        cells, holds = [], []
+        for (a, b), e, p, base in zip(gains, found, papers, preset):
+            if e.gain is None:
+                cells.append(f"not made: {e.note[:100]}")
+                holds.append(False)
+                continue
+            d = e.gain
+            cells.append(f"{d.difference:+.1f} [{d.low:+.1f}, {d.high:+.1f}]{_reads(d, p, base)}")
+            holds.append(p is not None and d.low <= p.value <= d.high)
+            csv_rows.append([dataset, s.knob or PRESET, show_point(s.value), f"{d.difference:.6g}", f"{d.low:.6g}",
+                             f"{d.high:.6g}", f"{d.p:.6g}", a, b, f"{p.value:.6g}" if p else "",
+                             p.source if p else ""])
+        md_rows.append([s.knob or PRESET, show_point(s.value), *cells, "yes" if all(holds) else "no"])
+    note = ("Gains A - B in test SumR on " + dataset + " (mean over the shared seeds), 95% interval of the two-level "
+            "paired bootstrap (docs/statistics.md). At the preset every knob is the world's own; below, one knob "
+            "moves at a time. `=`: the paper's gain lies in the interval; `->`: closer to it than at the preset; "
+            "`<-`: farther. The papers' gains are on the real dataset the world imitates, from one table each "
+            f"(methods/reported.yaml). Written by `{command}` (harness/reports/sensitivity.py).")
+    md = "\n".join([f"# What the gains depend on: {dataset}", "", note, "", markdown_table(head, md_rows), ""])
+    text = csv_text(["dataset", "knob", "value", "gain", "low", "high", "p", "a", "b", "paper_gain", "paper_source"],
+                    csv_rows)
+    return md, text
+
+
+def write(dataset: str, family: str, sweeps: Sequence[Sweep], gains: Sequence[tuple[str, str]], out: str | Path,
+          name: str, command: str, settings: Settings = Settings()) -> str:
+    md, text = table(dataset, family, sweeps, gains, out, command, settings)
+    stem = inside(Path(out) / "sensitivity" / check_name(name, "--name", "give a plain file name"), out, "--name")
+    write_texts({stem.with_suffix(".md"): md, stem.with_suffix(".csv"): text})
+    progress.log(f"wrote {stem}.md, .csv")
+    return md
+

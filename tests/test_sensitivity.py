@@ -1,0 +1,77 @@
+"""`prvr-bench sensitivity` (harness/cli/sensitivity.py, harness/reports/sensitivity.py): each gain at the
+world's preset and with one other knob moved at a time, with its interval, beside the papers' gains."""
+
+import csv
+
+import numpy as np
+import pytest
+from test_stats import FAST, write_run
+
+from prvr.harness.cli import main
+from prvr.harness.reports import sensitivity
+from prvr.harness.reports.stats import MetricDifference
+from prvr.harness.reports.sweeps import Sweep
+
+TINY = ["--dataset", "sim-tiny", "--set", "train.epochs=1", "--quiet"]
+
+
+@pytest.mark.parametrize("pair, gain", [(("ral@msl", "msl"), 6.7), (("ral@gmmformer", "gmmformer"), 9.5),
+                                        (("ral", "gmmformer2"), 9.7), (("arl", "gmmformer"), 9.3)])
+def test_the_papers_gains_are_differences_within_one_table(pair, gain):
+    """The four gains the issue holds the worlds against, from methods/reported.yaml's real-TVR rows."""
+    found = sensitivity.paper_gain(*pair, "tvr")
+    assert found is not None and found.value == pytest.approx(gain, abs=1e-9)
+    assert found.features == "ResNet+I3D+RoBERTa" and "Table 1" in found.source
+    assert sensitivity.paper_gain("arl", "baseline", "tvr") is None  # no paper has both
+
+
+@pytest.mark.parametrize("difference, low, high, paper, preset, reads", [
+    (6.0, 2.0, 9.0, 6.7, 22.0, " ="), (15.0, 12.0, 18.0, 6.7, 22.0, " ->"), (30.0, 25.0, 35.0, 6.7, 22.0, " <-")])
+def test_a_gain_reads_against_the_papers(difference, low, high, paper, preset, reads):
+    d = MetricDifference("SumR", 0, 0, difference, low, high, 0.01)
+    base = MetricDifference("SumR", 0, 0, preset, preset - 3, preset + 3, 0.01)
+    assert sensitivity._reads(d, sensitivity.PaperGain(paper, "RAL Table 1", "f"), base) == reads
+
+
+def test_the_table_from_records_one_knob_at_a_time(tmp_path):
+    q = 40
+    for seed in (0, 1):
+        for run, shift in (("a", 0), ("b", 30), ("a~token_noise1", 0), ("b~token_noise1", 0)):
+            write_run(tmp_path, run, seed, np.clip(np.arange(1, q + 1) + shift, 1, 150))
+    sweep = Sweep("sim-x", ("sim.token_noise",), ((0.5,), (1.0,)), (0.5,), ("a", "b"), (0, 1), "cmd")
+    md, text = sensitivity.table("sim-x", "x", [sweep], [("a", "b")], tmp_path, "prvr-bench sensitivity ...", FAST)
+    assert "| preset | 0.5 |" in md and "| sim.token_noise | 1 |" in md and "(no paper row)" in md
+    rows = list(csv.DictReader(text.splitlines()))
+    assert [r["knob"] for r in rows] == ["preset", "sim.token_noise"]
+    assert float(rows[0]["gain"]) > 0 and float(rows[1]["gain"]) == 0.0  # the knob took the gain away
+    assert float(rows[0]["low"]) <= float(rows[0]["gain"]) <= float(rows[0]["high"])
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--gains", "msl:baseline", "--vary", "sim.token_noise"], "give KEY=V1,V2"),
+    (["--gains", "msl:baseline", "--vary", "sim.token_noise=1", "sim.token_noise=2"], "a knob given twice"),
+    (["--gains", "baseline+oracle:baseline", "--vary", "sim.token_noise=1"], "names a detector or a tag"),
+    (["--gains", "msl", "--vary", "sim.token_noise=1"], "is not a pair A:B"),
+    (["--gains", "msl:baseline", "--vary", "sim.no_such=1"], "no_such"),
+    (["--gains", "msl:baseline", "--vary", "sim.filler_rate=2"], "filler_rate"),
+])
+def test_bad_sensitivity_calls_are_one_line_before_anything_runs(tmp_path, capsys, argv, says):
+    code = main(["sensitivity", "--out", str(tmp_path), *TINY, *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and says in err and len(err.strip().splitlines()) == 1
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_sensitivity_trains_each_setting_once_and_writes_the_table(tmp_path, capsys):
+    argv = ["sensitivity", "--gains", "msl:baseline", "--vary", "sim.token_noise=1", "--seeds", "0", "1",
+            "--out", str(tmp_path), "--name", "tiny", *TINY]
+    assert main(argv) == 0
+    runs = sorted(p.parent.name for p in (tmp_path / "runs" / "sim-tiny").glob("*/seed1.json"))
+    assert runs == ["baseline", "baseline~token_noise1", "msl", "msl~token_noise1"]
+    md = (tmp_path / "sensitivity" / "tiny.md").read_text()
+    assert "| papers (" in md and "(no paper row)" in md  # no paper compares MS-SL with this baseline
+    assert "| preset |" in md and "| sim.token_noise | 1 |" in md
+    capsys.readouterr()
+    assert main([*argv, "--plan"]) == 0  # resumed: every run kept
+    assert capsys.readouterr().out.count("kept (record exists)") == 8
