@@ -113,6 +113,9 @@ PROVIDED = {
     "frame_tokens": lambda m, vb, q, v, s: (v["frames"].shape[:2] == (s.fused.shape[1], vb.frames.shape[1])
                                             and torch.equal(v["frame_mask"], vb.frame_mask)),
     "span_logits": _span_logits_over_rows,
+    "lorentz": lambda m, vb, q, v, s: (q["lorentz.query"].shape[0] == s.fused.shape[0]
+                                       and v["lorentz.video"].shape[0] == v["lorentz.curvature"].shape[0]
+                                       == s.fused.shape[1] and bool((v["lorentz.curvature"] > 0).all())),
 }
 
 
@@ -260,6 +263,8 @@ def test_every_parameter_receives_a_gradient(name):
     outputs = list(model.score(q, v).tensors().values())
     if "span_logits" in model.provides:  # the localization head is reached through its logits, not Scores
         outputs += [t.masked_fill(torch.isinf(t), 0.0) for t in model.span_logits_batch(q, v)]
+    if "lorentz" in model.provides:  # the hyperbolic embeddings and curvature reach only a partial-order loss
+        outputs += [q["lorentz.query"], v["lorentz.video"], v["lorentz.curvature"]]
     sum(t.sum() for t in outputs).backward()
     params = dict(model.named_parameters())
     assert not [n for n, p in params.items() if p.grad is None], "parameters outside the graph"

@@ -45,6 +45,8 @@ OUTPUTS: dict[str, str] = {
     "frame_views": "per-branch query vectors and [videos, frames, d] frame embeddings whose best cosine is the "
                    "branch score (frame_views())",
     "query_vector": "one vector per query (encode_queries()['query'])",
+    "lorentz": "queries and videos on a hyperboloid of learned curvature for a partial-order loss "
+               "(encode_queries()['lorentz.query'], encode_videos()['lorentz.video'], ['lorentz.curvature'])",
     "clip_vectors": "per-video clip embeddings (encode_videos()['clips'])",
     "frame_mask": "the frame padding mask on the video side (encode_videos()['frame_mask'])",
     "frame_tokens": "[videos, frames, d] encoded frames of the frame branch and their mask "

@@ -265,16 +265,23 @@ class CrossAttentionLayer(nn.Module):
         self.norm2 = nn.LayerNorm(hidden)
 
     def forward(self, token: torch.Tensor, rows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """token [D]; rows [S, N, D]: the real rows of S sequence sets that share the padding
-        mask [B, L] -> [S, B, D]."""
+        """token [D] (one for every sequence, v2's learned token) or [B, D] (each sequence's own: Holmes'
+        and HLFormer's mean token); rows [S, N, D]: the real rows of S sequence sets that share the
+        padding mask [B, L] -> [S, B, D]."""
         s, d, h = rows.shape[0], rows.shape[-1], self.heads
         k, v = unpack(self.kv(rows), mask, dim=1).unflatten(-1, (2, h, d // h)).permute(3, 0, 1, 4, 2, 5)
-        q = self.q(token).view(h, 1, d // h)
+        q = self.q(token).unflatten(-1, (h, 1, d // h))  # [h, 1, d/h] or [B, h, 1, d/h]
         logits = (q @ k.transpose(-1, -2) / math.sqrt(d // h)).masked_fill(~mask[None, :, None, None, :],
                                                                           float("-inf"))
         ctx = (self.attn_drop(logits.softmax(-1)) @ v).reshape(s, -1, d)  # [S, B, D]
         x = self.norm1(token + self.drop(ctx))
         return self.norm2(x + self.drop(self.ffn_out(self.drop(F.relu(self.ffn_in(x))))))
+
+
+def mean_token(out: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Each sequence's fusion token, the mean of its branches' outputs [branches, N, D] over its real rows
+    (Holmes and HLFormer, where GMMFormer v2 learns one token for all) -> [B, D]."""
+    return unpack(out.mean(0), mask).sum(1) / mask.sum(1, keepdim=True).clamp(min=1).to(out.dtype)
 
 
 class DynamicGMMBlock(nn.Module):
@@ -295,10 +302,16 @@ class DynamicGMMBlock(nn.Module):
         self.layer2 = nn.Linear(hidden, positions)
         self.temperature = temperature
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, token: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, token: torch.Tensor | None) -> torch.Tensor:
+        """token: v2's learned token, shared by every sequence; None: each sequence's `mean_token`."""
         mask = full_mask(x) if mask is None else mask
         out = self.branches(x, mask)  # [branches, N, D]
-        weights = self.branch_weights(out, mask, token.reshape(-1))  # [branches, N]
+        return self.fuse(out, mask, token)
+
+    def fuse(self, out: torch.Tensor, mask: torch.Tensor, token: torch.Tensor | None) -> torch.Tensor:
+        """The branches' outputs [branches, N, D] weighted per position -> [B, L, D]."""
+        token = mean_token(out, mask) if token is None else token.reshape(-1)
+        weights = self.branch_weights(out, mask, token)  # [branches, N]
         return unpack((out * weights[..., None]).sum(0), mask)
 
     def branch_weights(self, out: torch.Tensor, mask: torch.Tensor, token: torch.Tensor) -> torch.Tensor:

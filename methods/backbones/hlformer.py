@@ -1,0 +1,226 @@
+"""HLFormer (Li et al., ICCV 2025): GMMFormer v2's dynamic block with Lorentz attention branches.
+
+Each video encoder (clip, frame) has one HLFormer block: four Euclidean Gaussian branches (post-LN
+attention + 4x feed-forward, widths plain / 2 / 4 / 8: GMMFormer v2's `GaussianBranches`) next to
+four Lorentz ones with the same widths (`LorentzBranches`), fused per position by GMMFormer v2's
+branch weights, which here a token equal to each sequence's mean reads off every branch (the
+paper's Mean-Guided Adaptive Interaction Module; v2 learns one token). The query encoder, the
+scores and their fusion are GMMFormer v2's: clip score the best cosine over the 32 clips, frame
+score the best cosine over the frames, test score 0.7 clip + 0.3 frame.
+
+A Lorentz branch (curvature 1, fixed, as the reference's manifold): LN -> Linear(hidden, 127) ->
+ReLU, times a learned scale <= 1, exp_0 onto the hyperboloid H^127; per head, Lorentz linear
+maps give q, k, v on H^31; logits -|q - k|_L^2 / s + b (s, b learned), multiplied by the Gaussian
+window, softmax over the real keys; each output the Lorentzian centroid of the values; back with
+the reference's log map of the concatenated heads; divided by the scale; LN -> Linear(127,
+hidden) -> ReLU; then the post-LN residual and feed-forward of the Euclidean branches.
+
+For the partial-order loss (L_pop, methods/objectives/hlformer.py) the encoders also give the
+query and video on the hyperboloid of a learned curvature c (`lorentz.*` keys, output
+`lorentz`): exp_0 of the query vector and of the mean of the attention-pooled frames and
+clips, each times a learned scale <= 1. These embeddings take no part in the scores.
+
+The learned curvature and scales are kept in their ranges as the reference keeps them: clamped
+in place before each use (a projection, not a clamp in the graph, so a parameter at its bound
+still moves back). Padding: every map runs on real rows, attention and pooling exclude padded
+frames, and the fusion token is the mean of the real rows (the reference pads frames to 128 and
+pools and averages over the padding too). docs/methods/hlformer.md has the equations and the
+reference's quirks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from prvr.harness.base.batches import QueryBatch, VideoBatch
+from prvr.harness.base.checks import DROPOUT, FLAG, NON_NEGATIVE, POSITIVE, PROBABILITY, ListOf, Range, at_least, \
+    param, require
+from prvr.harness.base.contract import Encoded, OnDemand, Scores
+from prvr.harness.base.registry import BACKBONES
+from prvr.methods.backbones import hyperbolic as H
+from prvr.methods.backbones.blocks import (AttentionPool, BranchLayerNorm, BranchLinear,
+                                           DynamicGMMBlock, GaussianBranches, InputEmbedding, QueryEncoder,
+                                           best_clip_scores, check_heads, full_mask, gaussian_attention,
+                                           init_weights, max_similarity, pack, score_in_chunks, unit, unpack, windows,
+                                           with_units)
+
+ATTENTION_CURVATURE = 1.0  # the Lorentz attention's manifold: the reference's geoopt Lorentz(k=1), not learned
+LORENTZ_KEYS = ("lorentz.query", "lorentz.video", "lorentz.curvature")  # the `lorentz` output (encode_* keys)
+
+
+@dataclass
+class HLFormerConfig:
+    hidden: int = param(384, at_least(1))  # ICCV25-HLFormer src/Configs/*.py hidden_size
+    heads: int = param(4, at_least(1))  # n_heads (Euclidean and Lorentz attention)
+    input_dropout: float = param(0.2, DROPOUT)  # input_drop (TVR; ActivityNet 0.31, Charades 0.25 in the preset)
+    dropout: float = param(0.2, DROPOUT)  # drop (TVR; ActivityNet 0.31, Charades 0.25 in the preset)
+    # Euclidean branches: attention_num 8 = 4 Euclidean + 4 Lorentz, widths None, 2^1, 2^2, 2^3; 0 = plain
+    widths: list[float] = param([0.0, 2.0, 4.0, 8.0], ListOf(NON_NEGATIVE))
+    lorentz_widths: list[float] = param([0.0, 2.0, 4.0, 8.0], ListOf(NON_NEGATIVE))  # the Lorentz branches'
+    lorentz_dim: int = param(127, at_least(1))  # lorentz_dim: space dims of H^d; d + 1 splits across the heads
+    ffn_mult: int = param(4, at_least(1))  # FeedForward(hidden, 4 * hidden) of both attention blocks
+    temperature: float = param(0.09, POSITIVE)  # sft_factor: softmax temperature of the branch weights (TVR)
+    num_clips: int = param(32, at_least(1))  # frame_len of the clip block's fusion head (map_size 32)
+    max_frames: int = param(128, at_least(1))  # frame_len of the frame block; max_ctx_l; the frame windows' span
+    max_query_len: int = param(30, at_least(1))  # max_desc_l
+    clip_weight: float = param(0.7, PROBABILITY)  # clip_scale_w (0.7 on all three datasets); frame 1 - w
+    # curv_init: curvature c of L_pop's hyperboloid (curvature -c); must be > 0
+    curvature: float = param(1.0, POSITIVE)
+    learn_curvature: bool = param(True, FLAG)  # learn_curv_bool
+    # the learned c stays in [curvature / r, curvature * r] (the reference: r = 10)
+    curvature_range: float = param(10.0, Range(1))
+    init_std: float = param(0.02, POSITIVE)  # initializer_range
+    eval_budget: int = param(1 << 24, at_least(1))  # ours: max [queries, videos, frames] elements when scoring
+
+    def check(self, key: str) -> None:
+        check_heads(self, key)
+        require((self.lorentz_dim + 1) % self.heads == 0,
+                f"config key '{key}.lorentz_dim' ({self.lorentz_dim}) + 1 must be a multiple of '{key}.heads' "
+                f"({self.heads}): each head holds a point of H^((lorentz_dim + 1) / heads - 1)")
+
+
+def project_(p: nn.Parameter, low: float | None = None, high: float | None = None) -> nn.Parameter:
+    """Clamp a parameter in place into [low, high], outside autograd, and return it: the
+    reference's `p.data = clamp(p.data, ...)` before each use."""
+    with torch.no_grad():
+        p.clamp_(low, high)
+    return p
+
+
+class LorentzBranches(GaussianBranches):
+    """len(widths) parallel Lorentz attention layers (HLFormer's Lorentz attention block): the
+    Euclidean branches' residual and feed-forward sub-layers (`post`) around a Lorentz
+    multi-head attention in place of their q, k, v map. Returns [branches, N, hidden] as they do."""
+
+    def __init__(self, hidden: int, heads: int, widths: list[float], lorentz_dim: int, dropout: float,
+                 ffn_mult: int, window_len: int | None, init_std: float) -> None:
+        super().__init__(hidden, heads, widths, dropout, ffn_mult, window_len)
+        del self.qkv  # the Euclidean q, k, v map; the Lorentz linear maps below replace it
+        n, point = len(widths), lorentz_dim + 1
+        self.point = point
+        self.in_norm, self.in_proj = BranchLayerNorm(n, hidden), BranchLinear(n, hidden, lorentz_dim)
+        self.out_norm, self.out_proj = BranchLayerNorm(n, lorentz_dim), BranchLinear(n, lorentz_dim, hidden)
+        self.log_scale = nn.Parameter(torch.full((n,), -0.5 * math.log(lorentz_dim)))  # scale_alpha, kept <= 0
+        # LorentzLinear of q, k, v (no bias), one [point, point] map each, and their time scales (init 2.3)
+        self.qkv_weight = nn.Parameter(torch.empty(n, point, 3 * point).normal_(0.0, init_std))
+        self.log_time_scale = nn.Parameter(torch.full((n, 3), 2.3))
+        self.logit_scale = nn.Parameter(torch.full((n,), math.sqrt(point)))  # attention `scale`, init sqrt(d + 1)
+        self.logit_bias = nn.Parameter(torch.zeros(n))  # attention `bias`
+        self.in_drop, self.point_drop, self.out_drop = nn.Dropout(dropout), nn.Dropout(dropout), nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        rows = pack(x, mask)
+        return self.post(self.lorentz_context(rows, mask), rows[None])
+
+    def lorentz_context(self, rows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Real rows [N, hidden] -> each branch's attention output [branches, N, hidden]."""
+        n, heads, c = len(self.widths), self.heads, ATTENTION_CURVATURE
+        scale = project_(self.log_scale, high=0.0).exp()[:, None, None]
+        tangent = F.relu(self.in_proj(self.in_drop(self.in_norm(rows.expand(n, -1, -1))))) * scale
+        points = H.full(H.expmap0(tangent, c, H.ATTENTION_EXP_MAX), c)  # [n, N, point]
+        raw = unpack(torch.bmm(self.point_drop(points), self.qkv_weight), mask, dim=1)  # [n, B, L, 3 point]
+        b, length = mask.shape
+        raw = raw.view(n, b, length, 3, heads, self.point // heads).permute(3, 0, 1, 4, 2, 5)  # [3, n, B, h, L, p]
+        time_scale = self.log_time_scale.t()[:, :, None, None, None, None]  # [3, n, 1, 1, 1, 1]
+        q, k, v = (H.onto_hyperboloid(raw[i], time_scale[i], c) for i in range(3))
+        logits = (-H.squared_distance(q, k, c) / self.logit_scale.view(n, 1, 1, 1, 1)
+                  + self.logit_bias.view(n, 1, 1, 1, 1))
+        probs = gaussian_attention(logits, self.windows(length, rows)[:, None, None], mask[None, :, None, None, :])
+        ctx = H.centroid(v, probs, c).permute(0, 1, 3, 2, 4).reshape(n, b, length, self.point)
+        tangent = H.concatenated_logmap0(pack(ctx, mask, dim=1)) / scale  # [n, N, point - 1]
+        return F.relu(self.out_proj(self.out_drop(self.out_norm(tangent))))
+
+    def windows(self, length: int, like: torch.Tensor) -> torch.Tensor:
+        """The branches' Gaussian windows [branches, length, length] on like's device and dtype."""
+        return windows(self.widths, length, self.window_len, like.device).to(like.dtype)
+
+
+class HLFormerBlock(DynamicGMMBlock):
+    """The HLFormer block: Euclidean Gaussian branches (`branches`) and Lorentz ones (`lorentz`),
+    fused per position by GMMFormer v2's branch weights (`branch_weights`), read by the mean of
+    the branches' outputs over each sequence's real rows, or by `token` where one is given."""
+
+    def __init__(self, cfg: HLFormerConfig, positions: int, window_len: int | None = None) -> None:
+        super().__init__(cfg.hidden, cfg.heads, cfg.widths, cfg.dropout, cfg.ffn_mult, positions, cfg.temperature,
+                         window_len)
+        self.lorentz = LorentzBranches(cfg.hidden, cfg.heads, cfg.lorentz_widths, cfg.lorentz_dim, cfg.dropout,
+                                       cfg.ffn_mult, window_len, cfg.init_std)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, token: torch.Tensor | None = None) -> torch.Tensor:
+        mask = full_mask(x) if mask is None else mask
+        out = torch.cat([self.branches(x, mask), self.lorentz(x, mask)])  # [branches, N, D]
+        return self.fuse(out, mask, token)  # token None: the mean over branches and real rows, per sequence
+
+
+@BACKBONES.register("hlformer", "HLFormer: Euclidean and Lorentz Gaussian attention branches, mean-guided fusion")
+class HLFormer(nn.Module):
+    config_cls = HLFormerConfig
+    provides: ClassVar[frozenset[str]] = frozenset({"clip_frame", "raw", "query_vector", "clip_vectors", "frame_mask",
+                                                    "frame_views", "frame_tokens", "lorentz"})
+
+    def __init__(self, cfg: HLFormerConfig, video_dim: int, query_dim: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        h = cfg.hidden
+        self.query_encoder = QueryEncoder(query_dim, h, cfg.heads, cfg.max_query_len, cfg.input_dropout, cfg.dropout,
+                                          cfg.ffn_mult)
+        self.clip_embed = InputEmbedding(video_dim, h, cfg.max_frames, cfg.input_dropout)
+        self.clip_block = HLFormerBlock(cfg, cfg.num_clips)
+        self.frame_embed = InputEmbedding(video_dim, h, cfg.max_frames, cfg.input_dropout)
+        self.frame_block = HLFormerBlock(cfg, cfg.max_frames, window_len=cfg.max_frames)
+        self.frame_pool, self.clip_pool = AttentionPool(h), AttentionPool(h)  # modular_vector_mapping_2, _3
+        init_weights(self, cfg.init_std)
+        # L_pop's hyperboloid: log c (curv), and the log scales of the query and video (textual_alpha, video_alpha)
+        self.log_curvature = nn.Parameter(torch.tensor(math.log(cfg.curvature)), requires_grad=cfg.learn_curvature)
+        self.log_query_scale = nn.Parameter(torch.tensor(-0.5 * math.log(h)))
+        self.log_video_scale = nn.Parameter(torch.tensor(-0.5 * math.log(h)))
+
+    def curvature(self) -> torch.Tensor:
+        """c, kept within [curvature / range, curvature * range]."""
+        c0, r = self.cfg.curvature, self.cfg.curvature_range
+        return project_(self.log_curvature, math.log(c0 / r), math.log(c0 * r)).exp()
+
+    def encode_queries(self, qb: QueryBatch) -> Encoded:
+        query = self.query_encoder(qb.tokens, qb.token_mask)
+        scale = project_(self.log_query_scale, high=0.0).exp()
+        return {"query": query, "lorentz.query": H.expmap0(query * scale, self.curvature())}
+
+    def encode_videos(self, vb: VideoBatch) -> Encoded:
+        clips = self.clip_block(self.clip_embed(vb.clips), None)
+        frames = self.frame_block(self.frame_embed(vb.frames, vb.frame_mask), vb.frame_mask)
+        video = (self.frame_pool(frames, vb.frame_mask) + self.clip_pool(clips, full_mask(clips))) / 2
+        c, scale = self.curvature(), project_(self.log_video_scale, high=0.0).exp()
+        return {"clips": clips, "frames": frames, "frame_mask": vb.frame_mask,
+                "lorentz.video": H.expmap0(video * scale, c), "lorentz.curvature": c.expand(len(video))}
+
+    def index_videos(self, v: Encoded) -> Encoded:
+        """Query-independent work before scoring many queries: the unit clip and frame vectors."""
+        return with_units(v, "clips", "frames")
+
+    def score(self, q: Encoded, v: Encoded) -> Scores:
+        per_query = v["frames"].shape[0] * v["frames"].shape[1]
+        return score_in_chunks(lambda chunk: self._score(chunk, v), q, per_query, self.cfg.eval_budget)
+
+    def _score(self, q: Encoded, v: Encoded) -> Scores:
+        query, frames, mask = q["query"], v["frames"], v["frame_mask"]
+        clips = best_clip_scores(query, v)
+        frame = max_similarity(query, unit(v, "frames"), mask, items_unit=True)
+        w = self.cfg.clip_weight
+        raw = OnDemand({"clip": lambda: clips.raw["clip"],  # the losses' NCE reads them
+                        "frame": lambda: max_similarity(query, frames, mask, cosine=False)})
+        return Scores(w * clips.fused + (1 - w) * frame, {"clip": clips.fused, "frame": frame}, raw)
+
+    def clip_scores(self, q: Encoded, v: Encoded) -> Scores:
+        """The clip branch alone (fused = clip), for a wrapper with its own frame branch (RAL)."""
+        per_query = v["clips"].shape[0] * v["clips"].shape[1]
+        return score_in_chunks(lambda chunk: best_clip_scores(chunk["query"], v), q, per_query, self.cfg.eval_budget)
+
+    def frame_views(self) -> list[tuple[str, str, str]]:
+        """(branch, query key, frames key): the frame branch (best cosine over frames), for the ARL detector."""
+        return [("frame", "query", "frames")]
