@@ -28,6 +28,8 @@ from prvr.harness.cli import main  # noqa: E402
 from prvr.harness.cli.reevaluate import _write_json  # noqa: E402
 from prvr.harness.engine import precision, records  # noqa: E402
 
+import unprivileged  # noqa: E402  (tests/unprivileged.py)
+
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -179,16 +181,35 @@ def test_provenance_reads_git_without_its_index_lock(tmp_path, monkeypatch):
     assert seen and seen[0][:2] == ["git", "--no-optional-locks"]
 
 
-@pytest.mark.skipif(sys.platform == "win32" or os.geteuid() == 0, reason="root can write anywhere")
+def _tree(folder):
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX folder permissions")
 def test_a_read_only_results_folder_is_one_line(tmp_path, capsys):
+    """A results folder holding a run whose owner may read but not write it (0o500): the leaderboard is
+    one line naming the file it cannot write, and nothing is written there (no table, no temporary).
+    Run as root (CI), root could write anyway: the command runs as uid 65534 (tests/unprivileged.py),
+    the folder that user's own."""
     out = tmp_path / "ro"
-    out.mkdir()
+    run = out / "runs" / "sim-tvr-v2" / "baseline"
+    run.mkdir(parents=True)
+    shutil.copy(ROOT / "results" / "runs" / "sim-tvr-v2" / "baseline" / "seed0.json", run)  # a committed record
+    before = _tree(out)
+    if unprivileged.can_drop():
+        unprivileged.give_to_nobody(out)
+        tmp_path.chmod(0o711)  # searchable, so that uid 65534 reaches ro/ from its working folder
     out.chmod(0o500)
     try:
-        assert main(["leaderboard", "--out", str(out)]) == 2
-        err = capsys.readouterr().err
-        assert str(out) in err and len(err.strip().splitlines()) == 1
-        assert list(out.iterdir()) == []
+        if unprivileged.can_drop():
+            done = unprivileged.main_as(["leaderboard", "--out", "ro"], cwd=tmp_path)
+            code, err, shown = done.code, done.err, "ro"
+        else:
+            code, err, shown = main(["leaderboard", "--out", str(out)]), capsys.readouterr().err, str(out)
+        assert code == 2, err
+        assert f"cannot write {shown}/leaderboard" in err and "Permission denied" in err, err
+        assert len(err.strip().splitlines()) == 1
+        assert _tree(out) == before  # no table, no temporary beside it
     finally:
         out.chmod(0o700)
 

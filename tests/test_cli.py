@@ -1,12 +1,13 @@
 """The command line: what users type, and the one-line errors they get."""
 
 import json
-import os
 import sys
 
 import pytest
 
 from prvr.harness.cli import main
+
+import unprivileged  # tests/unprivileged.py
 
 
 def run_cli(capsys, *args):
@@ -57,13 +58,23 @@ def test_bad_input_is_one_line_with_a_hint(capsys, args, message):
     assert message in err and err.count("\n") == 1
 
 
-@pytest.mark.skipif(sys.platform == "win32" or os.geteuid() == 0, reason="root can write anywhere")
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX folder permissions")
 def test_unwritable_results_folder(capsys, tmp_path):
+    """Run as root (CI), root could write anyway: then the command runs as uid 65534 (tests/unprivileged.py)."""
     locked = tmp_path / "locked"
     locked.mkdir()
+    if unprivileged.can_drop():
+        unprivileged.give_to_nobody(locked)
+        tmp_path.chmod(0o711)  # searchable, so that uid 65534 reaches locked/ from its working folder
     locked.chmod(0o500)
-    code, _, err = run_cli(capsys, "run", "--method", "baseline", "--dataset", "sim-tiny", "--out", str(locked / "r"))
-    assert code == 2 and "cannot create folder" in err
+    args = ["run", "--method", "baseline", "--dataset", "sim-tiny"]
+    if unprivileged.can_drop():
+        done = unprivileged.main_as([*args, "--out", "locked/r"], cwd=tmp_path)
+        code, err = done.code, done.err
+    else:
+        code, _, err = run_cli(capsys, *args, "--out", str(locked / "r"))
+    assert code == 2 and "cannot create folder" in err and len(err.strip().splitlines()) == 1, err
+    assert list(locked.iterdir()) == []
 
 
 def test_results_folder_that_is_a_file(capsys, tmp_path):

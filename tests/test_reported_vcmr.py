@@ -345,7 +345,8 @@ def test_an_ablation_table_of_a_localizing_backbone_shows_the_moment_columns(tmp
 # ral_table2.{md,csv} as the code before moment columns wrote them, from the records of
 # test_a_prvr_ablation_table_is_written_as_before (OUT: the results folder); since then the
 # base row reads the backbone's own run (`gmmformer2`), not `ral~base`, and the command names
-# its seeds where they are not the default 0 1 2.
+# its seeds where they are not the default 0 1 2; and the paper's table, written by `markdown_table` since
+# round four, has its empty first header cell as the runs' table has it (`|  |`, was `| |`).
 RAL_TABLE2_MD = """# RAL Table 2: model structure on sim-tiny
 
 Test split, mean ± std over seeds; from the run records under OUT/runs/sim-tiny/ (`prvr-bench ablate --method ral --table 2 --dataset sim-tiny --seeds 0 1`).
@@ -359,7 +360,7 @@ Test split, mean ± std over seeds; from the run records under OUT/runs/sim-tiny
 
 Reported in the paper (RAL paper Table 2, GMMFormer v2 on TVR, ResNet+I3D+RoBERTa; not reproduced here, another dataset and protocol):
 
-| | R@1 | R@5 | R@10 | R@100 | SumR |
+|  | R@1 | R@5 | R@10 | R@100 | SumR |
 |---|---|---|---|---|---|
 | base | 16.2 | 37.6 | 48.8 | 86.4 | 189.1 |
 | msra | 17.5 | 39.2 | 50.7 | 87.4 | 194.8 |

@@ -50,7 +50,10 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     path = Path(path)
     check_target(path)
     ensure_dir(path.parent)
-    tmp_path = temporary_beside(path)
+    try:
+        tmp_path = temporary_beside(path)
+    except OSError as e:  # a folder the user may not write in (read-only, another user's): one line
+        raise UserError(f"cannot write {path}: {os_cause(e, path)}; nothing was written") from None
     try:
         yield tmp_path
         check_target(path)  # nothing else took its place while it was written

@@ -38,7 +38,7 @@ from prvr.harness.engine.record_types import RunRecord
 from prvr.harness.engine.records import load_record_at, record_path, run_tag
 from prvr.harness.base.registry import METHODS, home_method, load_all
 from prvr.harness.reports.rows import COLUMNS, MOMENT_SUM, Column, is_metric_key, moment_columns, p_value, value_at
-from prvr.harness.reports.table import mean_std
+from prvr.harness.reports.table import csv_text, markdown_table, mean_std
 from prvr.harness.engine.runner import run_name, run_one
 from prvr.harness.engine.sections import Config
 from prvr.methods.recipes import TABLES, AblationRow, AblationTable
@@ -252,18 +252,19 @@ def report(table: AblationTable, out: str, dataset: str, plan, extra_tag: str = 
                         *([f"--tag {extra_tag}"] if extra_tag else []), *(f"--set {o}" for o in overrides)])
     md = [f"# {table.title} on {dataset}" + (f" ({extra_tag})" if extra_tag else ""), "",
           f"Test split, mean ± std over seeds; from the run records under {out}/runs/{dataset}/ "
-          f"(`{command}`).", "",
-          "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    csv = [",".join(["row", *table.columns, *(f"{c.name} mean,{c.name} std" for c in columns),
-                     f"delta {headline.name},p,paired seeds", "seeds", "run"])]
+          f"(`{command}`).", ""]
+    csv_head = ["row", *table.columns, *(f"{c.name} {part}" for c in columns for part in ("mean", "std")),
+                f"delta {headline.name}", "p", "paired seeds", "seeds", "run"]
+    md_rows, csv_rows = [], []
     for row, name, n, cells, by_seed in rows:
         delta = paired_delta(by_seed, reference[4]) if row is not reference[0] else None
-        md.append("| " + " | ".join([row.label, *row.marks, *(mean_std(cells[c.name], c.decimals) for c in columns),
-                                     _fmt_delta(delta, headline.decimals), str(n), name]) + " |")
-        csv.append(",".join([row.label, *row.marks, *(_csv(cells[c.name]) for c in columns),
-                             *(("", "", "") if delta is None else
-                               (f"{delta[0]:.3f}", "" if delta[1] is None else f"{delta[1]:.4f}", str(delta[2]))),
-                             str(n), name]))
+        md_rows.append([row.label, *row.marks, *(mean_std(cells[c.name], c.decimals) for c in columns),
+                        _fmt_delta(delta, headline.decimals), str(n), name])
+        csv_rows.append([row.label, *row.marks, *(x for c in columns for x in _csv(cells[c.name])),
+                         *(("", "", "") if delta is None else
+                           (f"{delta[0]:.3f}", "" if delta[1] is None else f"{delta[1]:.4f}", str(delta[2]))),
+                         str(n), name])
+    md.append(markdown_table(header, md_rows))
     md += reported_lines(source, paper, columns)
     if mismatched:
         md += ["", "Records trained with other settings than this command asks (record: key stored / asked):", "",
@@ -282,7 +283,7 @@ def report(table: AblationTable, out: str, dataset: str, plan, extra_tag: str = 
     path = inside(Path(out) / "ablations" / check_name(dataset, "dataset name", "pick a registered dataset")
                   / f"{stem}.md", out, "ablation table")
     write_text(path, "\n".join(md) + "\n")
-    write_text(path.with_suffix(".csv"), "\n".join(csv) + "\n")
+    write_text(path.with_suffix(".csv"), csv_text(csv_head, csv_rows))
     print("\n".join(md))
     progress.log(f"wrote {path} and {path.with_suffix('.csv')}")
     return path
@@ -301,13 +302,11 @@ def reported_lines(source: str, paper: list[PaperRow], columns: tuple[Column, ..
     if not paper:
         return []
     notes = any(p.note for p in paper)
-    lines = ["", f"Reported in the paper ({source}; not reproduced here, another dataset and protocol):", "",
-             "| | " + " | ".join(c.name for c in columns) + (" | note |" if notes else " |"),
-             "|" + "---|" * (len(columns) + 1 + notes)]
-    for p in paper:
-        cells = [f"{p.figures[c.path[0]]:.{c.decimals}f}" if c.path[0] in p.figures else "" for c in columns]
-        lines.append("| " + " | ".join([p.label, *cells, *([p.note] if notes else [])]) + " |")
-    return lines
+    header = ["", *(c.name for c in columns), *(["note"] if notes else [])]
+    rows = [[p.label, *(f"{p.figures[c.path[0]]:.{c.decimals}f}" if c.path[0] in p.figures else "" for c in columns),
+             *([p.note] if notes else [])] for p in paper]
+    return ["", f"Reported in the paper ({source}; not reproduced here, another dataset and protocol):", "",
+            markdown_table(header, rows)]
 
 
 def paired_delta(a: dict[int, float], b: dict[int, float]) -> tuple[float, float | None, int] | None:
@@ -347,7 +346,8 @@ def settings_diff(cfg: Config, record: RunRecord, shown: int = 3, source: str = 
     return ", ".join(items) + (f" and {len(keys) - shown} more" if len(keys) > shown else "")
 
 
-def _csv(v: list[float]) -> str:
+def _csv(v: list[float]) -> tuple[str, str]:
+    """The mean and std cells of a column's values over the seeds (blank where none; the std blank for one seed)."""
     if not v:
-        return ","
-    return f"{np.mean(v):.3f}," + (f"{np.std(v, ddof=1):.3f}" if len(v) > 1 else "")
+        return "", ""
+    return f"{np.mean(v):.3f}", f"{np.std(v, ddof=1):.3f}" if len(v) > 1 else ""

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import io
 import itertools
 import re
 import shlex
@@ -56,6 +55,7 @@ from prvr.harness.engine.config import check_device, parse_set, resolve
 from prvr.harness.base.devices import pick_device
 from prvr.harness.base.io import UserError, write_text
 from prvr.harness.base.registry import DATASETS
+from prvr.harness.reports.table import code, csv_text, markdown_cell, markdown_table
 from prvr.methods.relations import sbert
 from prvr.methods.relations.phrases import PHIS, read_tree, verb_phrases
 from prvr.methods.relations.sbert import (PACKAGED_MODEL, THETAS, Encoder, QueryText, build_elements, element_strings,
@@ -371,18 +371,12 @@ def _fmt(v) -> str:
 
 
 def _csv(rows: list[dict], fields: tuple[str, ...]) -> str:
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
-    w.writeheader()
-    for r in rows:
-        w.writerow({k: ("" if r.get(k) is None else f"{r[k]:.6g}" if isinstance(r.get(k), float) else r[k])
-                    for k in fields})
-    return buf.getvalue()
+    return csv_text(fields, [["" if r.get(k) is None else f"{r[k]:.6g}" if isinstance(r.get(k), float) else str(r[k])
+                              for k in fields] for r in rows])
 
 
 def _md_table(rows: list[dict], fields: tuple[str, ...]) -> list[str]:
-    return ["| " + " | ".join(fields) + " |", "|" + "---|" * len(fields),
-            *("| " + " | ".join(_fmt(r.get(k)) for k in fields) + " |" for r in rows)]
+    return [markdown_table(fields, [[_fmt(r.get(k)) for k in fields] for r in rows])]
 
 
 def write_census(out: Path, dataset: str, rows: list[dict], command: str, notes: list[str], tag: str = "") -> Path:
@@ -408,7 +402,8 @@ def write_census(out: Path, dataset: str, rows: list[dict], command: str, notes:
              "`judged_videos` = videos it names; `judged_pr_videos_per_query` = detected videos per covered query "
              "among those). Verified labels mined from models' top candidates are a lower bound on relevance, so "
              "precision is too.", ""] if "covered_queries" in fields else []),
-          f"Written by `{command}`.", "", *notes, *([""] if notes else []), *_md_table(rows, fields)]
+          f"Written by {code(command, in_table=False)}.", "", *notes, *([""] if notes else []),
+          *_md_table(rows, fields)]
     path = out / "census" / f"{dataset}{'~' + tag if tag else ''}.md"
     write_text(path, "\n".join(md) + "\n")
     write_text(path.with_suffix(".csv"), _csv(rows, fields))
@@ -430,7 +425,7 @@ def update_vp_table(out: Path, rows: list[dict], command: str) -> Path:
           "when its words, lower-cased and single-spaced, equal a gold VP's (each gold VP matched at most once); "
           "precision = matched / extracted, recall = matched / gold. The simulated text is templated English, "
           "easier than real captions: read these figures as an upper bound of each parser's quality on real text.",
-          "", f"Last written by `{command}` (each dataset's rows come from its own census).", "",
+          "", f"Last written by {code(command, in_table=False)} (each dataset's rows come from its own census).", "",
           *_md_table(merged, VP_FIELDS)]
     write_text(path.with_suffix(".md"), "\n".join(md) + "\n")
     return path.with_suffix(".md")
@@ -515,7 +510,7 @@ def cmd_census(args: argparse.Namespace) -> None:
                             "simulated and carries its own ground truth (drop --relevance)")
         splits, judged_notes = judged_splits(splits, args.relevance)
         if args.relevance_source:
-            judged_notes.insert(1, f"Source: {args.relevance_source}.")
+            judged_notes.insert(1, f"Source: {markdown_cell(args.relevance_source)}.")  # one line, no markup
     device = pick_device(args.device)
     encoder = MemoEncoder(sbert.make_encoder(args.model, str(device), args.batch_size))  # tests inject a fake here
     rows, notes, vp = [], list(judged_notes), []

@@ -22,6 +22,7 @@ from prvr.harness.reports.leaderboard import RECORD_NAME
 from prvr.harness.base.names import check_name, inside
 from prvr.harness.engine.record_types import RunRecord
 from prvr.harness.engine.records import load_record_at
+from prvr.harness.reports.table import csv_text, markdown_table
 
 FIELDS = ("per_query", "precision", "recall")  # from the chosen part's report (a branch or the union)
 BRANCH_FIELDS = ("frame_share", "tau_s", "tau_u", "tau_s_frame", "tau_u_frame")  # the first branch's
@@ -115,18 +116,18 @@ def write_table(out: str | Path, dataset: str, run: str, part: str = "union") ->
           f"Mean over seeds {seeds} of each epoch's detector report (`history[*].relations.{part}`; frame share and "
           "thresholds of the first branch). Precision and recall: the detected text-video pairs against the truly relevant "
           "unlabelled pairs of each batch (simulated data); frame share: the share of the labelled videos' frames "
-          f"that are ambiguous at text-frame level. Written by `{command}`.", "",
-          "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    csv = [",".join(["epoch", "seeds", *FIELDS, *BRANCH_FIELDS])]
+          f"that are ambiguous at text-frame level. Written by `{command}`.", ""]
+    md_rows, csv_rows = [], []
     for r in rows:
         values = [r[k] for k in (*FIELDS, *BRANCH_FIELDS)]
-        md.append("| " + " | ".join([str(r["epoch"]), str(r["seeds"]), *(_fmt(v) for v in values)]) + " |")
-        csv.append(",".join([str(r["epoch"]), str(r["seeds"]), *("" if v is None else f"{v:.6g}" for v in values)]))
+        md_rows.append([str(r["epoch"]), str(r["seeds"]), *(_fmt(v) for v in values)])
+        csv_rows.append([str(r["epoch"]), str(r["seeds"]), *("" if v is None else f"{v:.6g}" for v in values)])
+    md.append(markdown_table(head, md_rows))
     if not rows:
         md.append("\n(no epoch with an active detector in these records)")
     path = inside(Path(out) / "ablations" / dataset / f"{run}_detection.md", out, "detection table")
     write_text(path, "\n".join(md) + "\n")
-    write_text(path.with_suffix(".csv"), "\n".join(csv) + "\n")
+    write_text(path.with_suffix(".csv"), csv_text(["epoch", "seeds", *FIELDS, *BRANCH_FIELDS], csv_rows))
     return path
 
 

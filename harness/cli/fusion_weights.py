@@ -20,6 +20,7 @@ from prvr.harness.base.contract import as_backbone
 from prvr.harness.base.encoding import VIDEO_BATCH, encode_all
 from prvr.harness.base.io import UserError
 from prvr.harness.cli.reevaluate import EVALUATIONS, Analysis, StoredRun, split_data
+from prvr.harness.reports.table import markdown_table
 from prvr.methods.backbones.blocks import DynamicGMMBlock
 
 
@@ -65,13 +66,13 @@ def _recording(fn: Callable[..., torch.Tensor], store: list[torch.Tensor]) -> Ca
 
 def format_rows(rows: list[dict[str, Any]]) -> str:
     """The rows as a markdown table, one line per run and block."""
-    lines = ["| run | block | positions | mean weight per branch (width) | mean largest weight | uniform |",
-             "|---|---|---|---|---|---|"]
+    header = ["run", "block", "positions", "mean weight per branch (width)", "mean largest weight", "uniform"]
+    table = []
     for r in rows:
         per = ", ".join(f"{m:.3f} ({'plain' if w == 0 else f'{w:g}'})" for w, m in zip(r["widths"], r["mean"]))
-        lines.append(f"| {r['run']} | {r['block']} | {r['positions']} | {per} | {r['max_mean']:.3f} | "
-                     f"{1 / len(r['widths']):.3f} |")
-    return "\n".join(lines)
+        table.append([r["run"], r["block"], str(r["positions"]), per, f"{r['max_mean']:.3f}",
+                      f"{1 / len(r['widths']):.3f}"])
+    return markdown_table(header, table)
 
 
 # `prvr-bench evaluate RECORD --fusion-weights`

@@ -43,6 +43,7 @@ from prvr.harness.engine.records import provenance
 from prvr.harness.base.registry import METHODS
 from prvr.harness.engine.runner import run_one
 from prvr.harness.engine.trainer import Hook
+from prvr.harness.reports.table import Markdown, markdown_cell, markdown_table
 from prvr.methods.relations.sbert import MissingTextExtra, missing_text_extra
 
 
@@ -345,9 +346,14 @@ def render(rows: list[Row], device: torch.device, wall_s: float) -> str:
     lines = [f"# GPU check on {prov['device']}", "",
              f"Written by `prvr-bench gpu-check` (git {str(prov['git_revision'])[:12]}"
              f"{', uncommitted changes' if prov['git_dirty'] else ''}; torch "
-             f"{torch.__version__}) on {prov['created']}; whole check {wall_s:.0f} s.", "",
-             "| check | result | seconds | peak device memory (MB) |", "|---|---|---|---|"]
-    for r in rows:
-        peak = "" if r.peak_mb != r.peak_mb else f"{r.peak_mb:,.0f}"
-        lines.append(f"| {r.check} | {'' if r.ok else '**FAILED** '}{r.result} | {r.seconds:.1f} | {peak} |")
+             f"{torch.__version__}) on {prov['created']}; whole check {wall_s:.0f} s.", ""]
+    cells = [[r.check, _result_cell(r), f"{r.seconds:.1f}", "" if r.peak_mb != r.peak_mb else f"{r.peak_mb:,.0f}"]
+             for r in rows]
+    lines.append(markdown_table(["check", "result", "seconds", "peak device memory (MB)"], cells))
     return "\n".join(lines) + "\n"
+
+
+def _result_cell(row: Row) -> str:
+    """A check's result as its cell: a failed one behind a bold **FAILED** that the table keeps as markdown
+    (`Markdown`), the result itself (an error message, a tool's output) escaped."""
+    return row.result if row.ok else Markdown(f"**FAILED** {markdown_cell(row.result)}")

@@ -29,6 +29,7 @@ from typing import Any
 from prvr.harness.cli.args import command
 from prvr.harness.base.io import MAX_TEXT_BYTES, UserError, ensure_dir, read_text, write_text
 from prvr.harness.engine.records import load_record_at
+from prvr.harness.reports.table import code, markdown_table
 
 TOLERANCE = 2.0  # SumR: the suite's rule for a faithful re-implementation
 
@@ -138,18 +139,18 @@ def report(official: dict[str, Any], ours: dict[str, Any], name: str, note: str,
     best_ours = max(ours["val"], key=lambda v: v["SumR"])
     gap = best_ours["SumR"] - best_official["SumR"]
     lines = [f"# Parity: {name}", "",
-             f"Our `{record.get('run_name')}` (seed {record.get('seed')}, commit "
+             f"Our {code(str(record.get('run_name')), in_table=False)} (seed {record.get('seed')}, commit "
              f"{str((record.get('provenance') or {}).get('git_revision', ''))[:7]}) against the official code's run"
              + (f" (seed {official['seed']}, from its log)" if official.get("seed") is not None else "")
              + f" on the same exported data, validation SumR per epoch. Written by `prvr-bench parity` "
-             f"(harness/cli/parity.py) from the official log `{log_name}` and our run record.", ""]
+             f"(harness/cli/parity.py) from the official log {code(log_name, in_table=False)} and our run record.", ""]
     if note:
         lines += [note, ""]
-    lines += ["Ours: `" + shown_command(str(record.get("command", ""))) + "`", ""]
+    lines += ["Ours: " + code(shown_command(str(record.get("command", ""))), in_table=False), ""]
     header = ["epoch", "official val SumR", "ours val SumR", "Δ (ours − official)"]
     if has_parts:
         header += [f"official {p}" for p in PARTS]
-    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    rows = []
     for e in epochs:
         off = by_epoch.get(e, {}).get("SumR")
         our = ours_by_epoch.get(e)
@@ -157,7 +158,8 @@ def report(official: dict[str, Any], ours: dict[str, Any], name: str, note: str,
         cells = [str(e), _num(off), _num(our), _num(delta, sign=True)]
         if has_parts:
             cells += [_num(by_epoch.get(e, {}).get("parts", {}).get(p)) for p in PARTS]
-        lines.append("| " + " | ".join(cells) + " |")
+        rows.append(cells)
+    lines.append(markdown_table(header, rows))
     lines += ["",
               f"- Best validation SumR: official {best_official['SumR']:.1f} (epoch {best_official['epoch']}), ours "
               f"{best_ours['SumR']:.1f} (epoch {best_ours['epoch']}): Δ {gap:+.1f}, "

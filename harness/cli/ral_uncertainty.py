@@ -51,6 +51,7 @@ from prvr.harness.engine.record_types import RunRecord
 from prvr.harness.engine.records import load_record_at, record_layout
 from prvr.harness.cli.reevaluate import StoredRun, _shown_path, _world
 from prvr.harness.base.registry import DATASETS
+from prvr.harness.reports.table import code, markdown_cell, markdown_table
 
 SPLIT = "test"
 
@@ -221,13 +222,15 @@ def _bounds(b: tuple[float, float]) -> str:
 
 # ----------------------------------------------------------------------------- reports
 def _seeds(run: dict[str, Any]) -> str:
-    return f"{run['run']} (seed{'s' if len(run['seeds']) > 1 else ''} {' '.join(map(str, run['seeds']))})"
+    seeds = " ".join(map(str, run["seeds"]))
+    return f"{markdown_cell(run['run'])} (seed{'s' if len(run['seeds']) > 1 else ''} {seeds})"
 
 
 def report_markdown(report: dict[str, Any], png_name: str) -> str:
     names = [r["run"] for r in report["runs"]]
     against = [r for r in report["runs"] if r["role"] == "against"]
-    lines = [f"# Uncertainty groups: {report['run']} on {report['dataset']}", "",
+    # names from the records, escaped (markdown_cell) in the prose as in the table: one line each, no markup
+    lines = [f"# Uncertainty groups: {markdown_cell(report['run'])} on {markdown_cell(report['dataset'])}", "",
              f"RAL paper Fig. 3 on this suite's runs: the {report['split']} queries of the {report['bucket']} M/V "
              f"bucket {_bounds(tuple(report['bounds']))} ({report['queries_in_bucket']} queries), sorted by the "
              f"geometric mean u_q of sigma^q (each query's text Gaussian from the query alone, RAL's token encoder "
@@ -238,21 +241,20 @@ def report_markdown(report: dict[str, Any], png_name: str) -> str:
              f"Groups formed per seed of {_seeds(report['runs'][0])} and aligned by index after sorting; R@1 is the "
              f"mean over those seeds" + (" (for " + ", ".join(_seeds(r) for r in against)
                                           + ": first the mean over its seeds)" if against else "") + ".", "",
-             f"Figure: `{png_name}`; per-group numbers, per seed, and each group's query indices: the `.json` beside "
-             "this file.", "",
-             "Mean R@1 over the groups: " + ", ".join(f"{k} {v:.1f}" for k, v in report["overall"].items()
-                                                     if v is not None) + ".", ""]
+             f"Figure: {code(png_name, in_table=False)}; per-group numbers, per seed, and each group's query "
+             "indices: the `.json` beside this file.", "",
+             "Mean R@1 over the groups: " + ", ".join(f"{markdown_cell(k)} {v:.1f}"
+                                                     for k, v in report["overall"].items() if v is not None) + ".", ""]
     if len(report["groups"]) >= 3:
         parts = thirds(report)
         lines += ["Mean R@1 by thirds of the groups (least to most uncertain): "
-                  + "; ".join(f"{n} " + " / ".join(f"{v:.1f}" for v in parts[n]) for n in names) + ".", ""]
+                  + "; ".join(f"{markdown_cell(n)} " + " / ".join(f"{v:.1f}" for v in parts[n]) for n in names)
+                  + ".", ""]
     if report["command"]:
-        lines += [f"Command: `{report['command']}`", ""]
+        lines += [f"Command: {code(report['command'], in_table=False)}", ""]
     head = ["group", "uncertainty", *(f"{n} R@1" for n in names)]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for g in report["groups"]:
-        lines.append("| " + " | ".join([str(g["index"] + 1), f"{g['uncertainty']:.4g}",
-                                        *(f"{g['R@1'][n]:.1f}" for n in names)]) + " |")
+    lines.append(markdown_table(head, [[str(g["index"] + 1), f"{g['uncertainty']:.4g}",
+                                        *(f"{g['R@1'][n]:.1f}" for n in names)] for g in report["groups"]]))
     return "\n".join(lines) + "\n"
 
 

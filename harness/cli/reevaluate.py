@@ -50,6 +50,7 @@ from prvr.harness.engine.evaluate import evaluate_model, evaluate_scores, score_
 from prvr.harness.base.io import UserError, write_json
 from prvr.harness.base.names import from_here
 from prvr.harness.reports.noise import check_levels, store_curve
+from prvr.harness.reports.table import markdown_table
 from prvr.harness.engine.rankings import SUFFIX as RANKINGS_SUFFIX, metrics_of, rankings_of_record
 from prvr.harness.engine.record_types import RunRecord
 from prvr.harness.engine.records import RECORD_FILE, checkpoint_dir, load_record, load_record_at, record_layout
@@ -189,10 +190,9 @@ def score_level_rows(record_files: list[str | Path], split_name: str = "test", p
 
 
 def format_score_level_rows(rows: list[dict[str, Any]]) -> str:
-    lines = ["| run | score | labelled pairs' mean | mean | std | min | max |", "|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['run']} | {r['score']} | {r['labelled']:.3f} | {r['mean']:.3f} | {r['std']:.3f} | "
-              f"{r['min']:.3f} | {r['max']:.3f} |" for r in rows]
-    return "\n".join(lines)
+    header = ["run", "score", "labelled pairs' mean", "mean", "std", "min", "max"]
+    return markdown_table(header, [[r["run"], r["score"], *(f"{r[k]:.3f}" for k in ("labelled", "mean", "std", "min",
+                                                                                     "max"))] for r in rows])
 
 
 def noise_rows(record_files: list[str | Path], levels: list[float], source: str = "other", split_name: str = "test",
@@ -233,12 +233,8 @@ def _shown_path(path: Path) -> str:
 
 def format_noise_rows(rows: list[dict[str, Any]]) -> str:
     header = ["run", "source", "p", *SUMMARY]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for r in rows:
-        m = r["metrics"]
-        lines.append("| " + " | ".join([r["run"], r["source"], f"{r['level']:g}", *(f"{m[k]:.1f}" for k in SUMMARY)])
-                     + " |")
-    return "\n".join(lines)
+    return markdown_table(header, [[r["run"], r["source"], f"{r['level']:g}",
+                                    *(f"{r['metrics'][k]:.1f}" for k in SUMMARY)] for r in rows])
 
 
 def relevance_rows(record_files: list[str | Path], relevance: str | Path, split_name: str = "test",
@@ -312,7 +308,7 @@ def format_relevance_rows(rows: list[dict[str, Any]]) -> str:
     """The runs under a relevance file: the labelled figures, oracle SumR (a hit when any relevant
     video is in the top K), dense R@K (|top K ∩ relevant| / |relevant|) and the coverage."""
     header = ["run", "from", *(name for name, _ in RELEVANCE_COLUMNS), "covered"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    table = []
     for r in rows:
         cells = [r["run"], r["source"]]
         for _, path in RELEVANCE_COLUMNS:
@@ -322,8 +318,8 @@ def format_relevance_rows(rows: list[dict[str, Any]]) -> str:
             cells.append("" if value is None else f"{value:.1f}")
         rel = r["relevance"]
         cells.append(f"{rel['covered']:,} of {rel['queries']:,}")
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        table.append(cells)
+    return markdown_table(header, table)
 
 
 def split_data(run: StoredRun, split_name: str, datasets: dict[str, Any]) -> Any:
@@ -346,13 +342,13 @@ def _world(run: StoredRun) -> str:
 
 def format_rows(rows: list[dict[str, Any]]) -> str:
     header = ["run", "score", *SUMMARY, "oracle SumR"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    table = []
     for r in rows:
         m = r["metrics"]
         oracle = m.get("oracle", {}).get("SumR")
-        cells = [r["run"], r["score"], *(f"{m[k]:.1f}" for k in SUMMARY), "" if oracle is None else f"{oracle:.1f}"]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        table.append([r["run"], r["score"], *(f"{m[k]:.1f}" for k in SUMMARY),
+                      "" if oracle is None else f"{oracle:.1f}"])
+    return markdown_table(header, table)
 
 
 @command("evaluate", "re-evaluate stored runs")

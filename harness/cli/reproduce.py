@@ -34,7 +34,7 @@ from prvr.harness.cli.args import command
 from prvr.harness.engine.config import from_dict
 from prvr.harness.engine.record_types import RunRecord
 from prvr.harness.engine.records import load_record_at, record_path
-from prvr.harness.reports.stats import markdown_cell
+from prvr.harness.reports.table import markdown_cell, markdown_table
 
 PACKAGE_FOLDERS = ("harness", "methods", "datasets")  # prvr.<folder> (pyproject.toml package-dir)
 FIGURES = ("R@1", "R@5", "R@10", "R@100", "SumR")
@@ -205,7 +205,5 @@ def render(path: Path, record: RunRecord, revision: str, figures: list[Figure], 
     rows = [[f.key, f"{f.recorded:.4f}", f"{f.reproduced:.4f}", f"{f.difference:+.4f}",
              "" if math.isclose(f.recorded, f.reproduced, abs_tol=tolerance) else "differs"] for f in figures]
     head = ["figure", "record", "reproduced", "difference", ""]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head),
-             *("| " + " | ".join(markdown_cell(c) for c in row) + " |" for row in rows)]
     name = markdown_cell(f"{record.get('run_name', record['method'])} seed {record['seed']}")
-    return "\n".join([f"{path}: {name} made again at {revision[:10]}", "", *lines])
+    return "\n".join([f"{path}: {name} made again at {revision[:10]}", "", markdown_table(head, rows)])

@@ -22,7 +22,6 @@ own work folder (its own dataset cache).
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import re
@@ -49,6 +48,7 @@ from prvr.harness.profiling.subjects import default_names, subjects
 from prvr.harness.profiling.training import StepClock, StopAfter, _sync, cpu_model, describe_device, timed_epoch
 from prvr.harness.engine.records import provenance
 from prvr.harness.base.registry import DATASETS, marked_method
+from prvr.harness.reports.table import code, csv_text, markdown_table
 
 SECTION = "## Real scale: TVR-sized rehearsal"
 
@@ -413,25 +413,23 @@ def write_rehearsal(out: Path, phases: list[Phase], header: str) -> tuple[Path, 
     md, csv_path = out / "rehearsal.md", out / "rehearsal.csv"
     with atomic_path(md) as tmp:
         Path(tmp).write_text(render(phases, header), encoding="utf-8")
-    with atomic_path(csv_path) as tmp, open(tmp, "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
-        w.writerow(CSV_FIELDS)
-        for p in phases:
-            w.writerow([p.name, f"{p.seconds:.1f}", f"{p.peak_rss_mb:.0f}", "error" if p.error else "", p.error])
-            for k, v in p.figures.items():
-                w.writerow([p.name, "", "", k, v])
+    rows = []
+    for p in phases:
+        rows.append([p.name, f"{p.seconds:.1f}", f"{p.peak_rss_mb:.0f}", "error" if p.error else "", p.error])
+        rows += [[p.name, "", "", k, "" if v is None else str(v)] for k, v in p.figures.items()]
+    with atomic_path(csv_path) as tmp:
+        Path(tmp).write_text(csv_text(CSV_FIELDS, rows), encoding="utf-8", newline="")
     return md, csv_path
 
 
 def render(phases: list[Phase], header: str) -> str:
-    lines = [SECTION, "", header, "",
-             "| phase | code | CPU | seconds | peak resident (MB) | peak anonymous (MB) | figures |",
-             "|---|---|---|---|---|---|---|"]
+    table = []
     for p in phases:
         figures = p.error and f"failed: {p.error}" or ", ".join(f"{k} {v}" for k, v in p.figures.items())
-        anon = _thousands(p.peak_anon_mb)
-        lines.append(f"| {p.name} | {p.revision} | {p.cpu} | {p.seconds:,.1f} | {p.peak_rss_mb:,.0f} | {anon} "
-                     f"| {figures} |")
+        table.append([p.name, p.revision, p.cpu, f"{p.seconds:,.1f}", f"{p.peak_rss_mb:,.0f}",
+                      _thousands(p.peak_anon_mb), figures])
+    lines = [SECTION, "", header, "", markdown_table(["phase", "code", "CPU", "seconds", "peak resident (MB)",
+                                                      "peak anonymous (MB)", "figures"], table)]
     methods = [p for p in phases if p.name.startswith("method ") and not p.error]
     if methods:
         lines += ["", "Per method (one fresh process each): a detection made once per dataset while the run is "
@@ -443,22 +441,25 @@ def render(phases: list[Phase], header: str) -> str:
                   "warm-ups, where three or more were timed), then one val evaluation (its first: the val batches "
                   "are made then and reused by later epochs). Peak resident counts the mapped feature files' pages "
                   "the kernel can drop; peak anonymous (sampled every 50 ms; blank where measured before it) is what "
-                  "must stay in RAM:", "",
-                  "| method | device | detection, once per dataset (s) | prepare (s), kept | timed batches "
-                  "| first batch (s) | s / batch | epoch (s, extrapolated) | detector's per-epoch pass (s) "
-                  "| val eval (s) | peak resident (MB): build / prepare / train / eval "
-                  "| peak anonymous (MB): build / prepare / train / eval | peak GPU (MB): train / eval |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "must stay in RAM:", ""]
+        per_method = []
         for p in methods:
             f = p.figures
             gpu = " / ".join(_thousands(f.get(k)) for k in ("train_gpu_mb", "eval_gpu_mb")) if "train_gpu_mb" in f \
                 else ""
-            lines.append(f"| {p.name.removeprefix('method ')} | {_device_cell(p)} | {_detection_cell(f)} | "
-                         f"{f['prepare_s']}, {f['train_kept']} | {f['batches']} of {f['epoch_batches']} | "
-                         f"{f.get('first_batch_s', '')} | {f['s_per_batch']} | {f['epoch_s_extrapolated']:,} | "
-                         f"{f.get('detector_pass_s', '')} | {f.get('eval_val_s', '')} | {_per_window(f, 'peak')} | "
-                         f"{_per_window(f, 'anon') if 'train_anon_mb' in f else ''} | {gpu} |")
+            per_method.append([p.name.removeprefix("method "), _device_cell(p), _detection_cell(f),
+                               f"{f['prepare_s']}, {f['train_kept']}", f"{f['batches']} of {f['epoch_batches']}",
+                               str(f.get("first_batch_s", "")), str(f["s_per_batch"]), f"{f['epoch_s_extrapolated']:,}",
+                               str(f.get("detector_pass_s", "")), str(f.get("eval_val_s", "")), _per_window(f, "peak"),
+                               _per_window(f, "anon") if "train_anon_mb" in f else "", gpu])
+        lines.append(markdown_table(METHOD_HEADER, per_method))
     return "\n".join(lines) + "\n"
+
+
+METHOD_HEADER = ("method", "device", "detection, once per dataset (s)", "prepare (s), kept", "timed batches",
+                 "first batch (s)", "s / batch", "epoch (s, extrapolated)", "detector's per-epoch pass (s)",
+                 "val eval (s)", "peak resident (MB): build / prepare / train / eval",
+                 "peak anonymous (MB): build / prepare / train / eval", "peak GPU (MB): train / eval")
 
 
 def _device_cell(p: Phase) -> str:
@@ -488,7 +489,7 @@ def _thousands(value: Any) -> str:
 def _header(args: argparse.Namespace, wall_s: float) -> str:
     prov = provenance("")
     kept = " Rows kept from earlier runs name the code and the CPU that measured them." if args.only_methods else ""
-    return (f"Written by `{_command(args)}` on {prov['created']} (git "
+    return (f"Written by {code(_command(args), in_table=False)} on {prov['created']} (git "
             f"{str(prov['git_revision'])[:12]}{', dirty' if prov['git_dirty'] else ''}); CPU {cpu_model()}, "
             f"{args.threads} torch thread(s) per phase, device {args.device}. Whole rehearsal: {wall_s:,.0f} s.{kept} "
             "Protocol: harness/profiling/rehearsal.py (module docstring) and docs/profiling.md.")

@@ -3,8 +3,6 @@ protocol), both derived from one Profile and written atomically."""
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +17,7 @@ from prvr.harness.profiling.rehearsal import with_rehearsal
 from prvr.harness.profiling.reported import Reported
 from prvr.harness.profiling.runtime import Runtime
 from prvr.harness.profiling.training import EpochProfile
+from prvr.harness.reports.table import code, csv_text, markdown_table
 
 CSV_COLUMNS = ("section", "method", "backbone", "source", "device", "quantity", "condition", "value", "unit")
 MEASURED = "measured"
@@ -151,11 +150,7 @@ def _evaluator_rows(e: EvaluatorSpeed) -> list[dict[str, Any]]:
 
 
 def render_csv(p: Profile) -> str:
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(csv_rows(p))
-    return buf.getvalue()
+    return csv_text(CSV_COLUMNS, [["" if r[k] is None else str(r[k]) for k in CSV_COLUMNS] for r in csv_rows(p)])
 
 
 # -------------------------------------------------------------------------- markdown
@@ -166,15 +161,13 @@ def render_markdown(p: Profile) -> str:
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
+    return markdown_table(header, [[_cell(c) for c in row] for row in rows]) + "\n"
 
 
 def _cell(v: Any) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return ""
-    return str(v).replace("|", "/")
+    return str(v)
 
 
 def _num(v: float | None, digits: int) -> str:
@@ -185,7 +178,8 @@ def _header(p: Profile) -> str:
     pv, s = p.provenance, p.settings
     quick = ("\n**Quick settings** (`--quick`): tiny collections, few repeats, a tiny training set; these "
              "figures only check that the profile runs.\n" if s.quick else "")
-    return (f"# Model profile\n\nWritten by `{pv['command']}` on {pv['created']} (git {pv['git_revision'][:12]}"
+    return (f"# Model profile\n\nWritten by {code(str(pv['command']), in_table=False)} on {pv['created']} "
+            f"(git {pv['git_revision'][:12]}"
             f"{', uncommitted changes' if pv.get('git_dirty') else ''}; torch {pv['torch']}). Device: "
             f"{pv['device']}. Whole profile: {pv['wall_s']:.0f} s. Measured rows say `measured`; the papers' "
             f"figures are separate rows marked `reported` with their GPU and table. All figures also in "
