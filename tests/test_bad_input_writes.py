@@ -185,33 +185,82 @@ def _tree(folder):
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
 
 
+# Each writing command against a results folder its user may read but not write, holding committed runs
+# (records and rankings) so that the command gets as far as writing: (argv with OUT for the folder, the
+# file it names).
+READ_ONLY_COMMANDS = [
+    (["leaderboard", "--out", "OUT"], "OUT/leaderboard"),
+    (["compare", "--dataset", "sim-tvr-v2", "--rows", "baseline+oracle:baseline", "--resamples", "50",
+      "--permutations", "50", "--out", "OUT"], "OUT/compare"),
+    (["sweep", "--dataset", "sim-tvr-v2", "--knob", "sim.repeat_prob", "--values", "0.35", "--method", "baseline",
+      "--oracle", "--seeds", "0", "1", "--report-only", "--out", "OUT"], "OUT/sweeps"),
+    (["matrix", "--dataset", "sim-tvr-v2", "--detectors", "none", "oracle", "--treatments", "positive",
+      "--backbones", "dual-branch", "--seeds", "0", "1", "--report-only", "--out", "OUT"], "OUT/matrix"),
+]
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX folder permissions")
-def test_a_read_only_results_folder_is_one_line(tmp_path, capsys):
-    """A results folder holding a run whose owner may read but not write it (0o500): the leaderboard is
-    one line naming the file it cannot write, and nothing is written there (no table, no temporary).
-    Run as root (CI), root could write anyway: the command runs as uid 65534 (tests/unprivileged.py),
-    the folder that user's own."""
+@pytest.mark.parametrize("argv, names", READ_ONLY_COMMANDS, ids=lambda v: v[0] if isinstance(v, list) else None)
+def test_a_read_only_results_folder_is_one_line(tmp_path, capsys, argv, names):
+    """A results folder whose owner may read but not write it (0o500), holding committed runs: each
+    writing command is one line naming what it cannot write, and nothing is written there (no table, no
+    temporary, no cache entry). Run as root (CI), root could write anyway: the command runs as uid 65534
+    (tests/unprivileged.py), the folder that user's own."""
     out = tmp_path / "ro"
-    run = out / "runs" / "sim-tvr-v2" / "baseline"
-    run.mkdir(parents=True)
-    shutil.copy(ROOT / "results" / "runs" / "sim-tvr-v2" / "baseline" / "seed0.json", run)  # a committed record
+    for run in ("baseline", "baseline+oracle"):
+        folder = out / "runs" / "sim-tvr-v2" / run
+        folder.mkdir(parents=True)
+        for seed in (0, 1):  # committed records and their rankings
+            for suffix in (".json", ".rank.npz"):
+                shutil.copy(ROOT / "results" / "runs" / "sim-tvr-v2" / run / f"seed{seed}{suffix}", folder)
     before = _tree(out)
     if unprivileged.can_drop():
         unprivileged.give_to_nobody(out)
         tmp_path.chmod(0o711)  # searchable, so that uid 65534 reaches ro/ from its working folder
-    out.chmod(0o500)
+    for folder in [out, *(p for p in out.rglob("*") if p.is_dir())]:
+        folder.chmod(0o500)
     try:
         if unprivileged.can_drop():
-            done = unprivileged.main_as(["leaderboard", "--out", "ro"], cwd=tmp_path)
-            code, err, shown = done.code, done.err, "ro"
+            done = unprivileged.main_as([a.replace("OUT", "ro") for a in argv], cwd=tmp_path)
+            code, err, shown = done.code, done.err, names.replace("OUT", "ro")
         else:
-            code, err, shown = main(["leaderboard", "--out", str(out)]), capsys.readouterr().err, str(out)
+            code = main([a.replace("OUT", str(out)) for a in argv])
+            err, shown = capsys.readouterr().err, names.replace("OUT", str(out))
         assert code == 2, err
-        assert f"cannot write {shown}/leaderboard" in err and "Permission denied" in err, err
-        assert len(err.strip().splitlines()) == 1
+        assert shown in err and ("Permission denied" in err or "cannot create folder" in err), err
+        assert len(err.strip().splitlines()) == 1, err
         assert _tree(out) == before  # no table, no temporary beside it
     finally:
-        out.chmod(0o700)
+        for folder in [out, *(p for p in out.rglob("*") if p.is_dir())]:
+            folder.chmod(0o700)
+
+
+@pytest.mark.parametrize("writer", ["sim cache", "feature store"])
+def test_a_cache_folder_that_cannot_be_written_is_one_line(tmp_path, monkeypatch, writer):
+    """The sim cache and the real datasets' feature store start their entries with `io.temporary_beside`
+    as every writer does: a folder the user may not write in (read-only, another user's, a full disk) is
+    one line naming the entry, not a PermissionError traceback. (The unprivileged child cannot reach a
+    cache folder: the cache path is made absolute, and pytest's temporary root is root's alone.)"""
+    mkdir = os.mkdir
+
+    def refused(path, *args, **kwargs):  # the entry's temporary folder, as in a folder the user may not write
+        if str(path).endswith(".tmp"):
+            raise PermissionError(13, "Permission denied")
+        return mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", refused)
+    entry = tmp_path / "cache" / "sim" / "sim-tiny-0123"
+    entry.parent.mkdir(parents=True)
+    with pytest.raises(UserError, match=r"cannot write .*sim-tiny-0123: .*Permission denied.*nothing was written"):
+        if writer == "sim cache":
+            from prvr.datasets.sim import cache
+
+            cache.save(None, entry)  # refused before it reads the data
+        else:
+            from prvr.datasets.real import store
+
+            store._build_entry(None, entry)
+    assert list(entry.parent.iterdir()) == []
 
 
 def test_an_export_that_fails_midway_leaves_no_half_written_collection(tmp_path, capsys, monkeypatch):

@@ -50,10 +50,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     path = Path(path)
     check_target(path)
     ensure_dir(path.parent)
-    try:
-        tmp_path = temporary_beside(path)
-    except OSError as e:  # a folder the user may not write in (read-only, another user's): one line
-        raise UserError(f"cannot write {path}: {os_cause(e, path)}; nothing was written") from None
+    tmp_path = temporary_beside(path)
     try:
         yield tmp_path
         check_target(path)  # nothing else took its place while it was written
@@ -92,7 +89,9 @@ def check_target(path: str | Path) -> None:
 
 def temporary_beside(path: Path, folder: bool = False) -> Path:
     """Create a hidden temporary file (or folder) in `path`'s folder, named after `path` and
-    this writer, with the umask's mode; stale temporaries there are removed first."""
+    this writer, with the umask's mode; stale temporaries there are removed first. A folder the
+    user may not write in (read-only, another user's, a full disk) is one line naming `path`:
+    every writer of the suite (files, cache entries, feature stores) starts here."""
     remove_stale_temporaries(path.parent)
     while True:
         tmp = path.parent / f".{path.name}.{HOST}-{os.getpid()}.{secrets.token_hex(4)}.tmp"
@@ -104,6 +103,8 @@ def temporary_beside(path: Path, folder: bool = False) -> Path:
             return tmp
         except FileExistsError:
             continue
+        except OSError as e:
+            raise UserError(f"cannot write {path}: {os_cause(e, path)}; nothing was written") from None
 
 
 def remove_stale_temporaries(folder: Path) -> list[Path]:
