@@ -98,6 +98,16 @@ def _span_logits_over_rows(m, vb, q, v, s) -> bool:
     return True
 
 
+def _diffusion_terms(m, vb, q, v, s) -> bool:
+    """Each video's condition [V, R, d], latent mean and log variance [V, d], and a step's denoising:
+    a prediction [T, V, R, d] per step of the noise [V, R, d] (DreamPRVR)."""
+    n_q, n_v = s.fused.shape
+    cond = v["dream.condition"]
+    assert cond.shape[0] == n_v and v["dream.mu"].shape == v["dream.logvar"].shape == (n_v, cond.shape[-1])
+    d = m.step_extras(q, v, torch.arange(n_q) % n_v)["dream.denoising"]
+    return d.noise.shape == cond.shape and d.predicted.shape[1:] == cond.shape
+
+
 # What each output in OUTPUTS means, checked on (model, video batch, queries, videos, scores).
 PROVIDED = {
     "clip_frame": lambda m, vb, q, v, s: {"clip", "frame"} <= set(s.branches),
@@ -113,6 +123,7 @@ PROVIDED = {
     "frame_tokens": lambda m, vb, q, v, s: (v["frames"].shape[:2] == (s.fused.shape[1], vb.frames.shape[1])
                                             and torch.equal(v["frame_mask"], vb.frame_mask)),
     "span_logits": _span_logits_over_rows,
+    "diffusion": _diffusion_terms,
     "lorentz": lambda m, vb, q, v, s: (q["lorentz.query"].shape[0] == s.fused.shape[0]
                                        and v["lorentz.video"].shape[0] == v["lorentz.curvature"].shape[0]
                                        == s.fused.shape[1] and bool((v["lorentz.curvature"] > 0).all())),
@@ -265,6 +276,8 @@ def test_every_parameter_receives_a_gradient(name):
         outputs += [t.masked_fill(torch.isinf(t), 0.0) for t in model.span_logits_batch(q, v)]
     if "lorentz" in model.provides:  # the hyperbolic embeddings and curvature reach only a partial-order loss
         outputs += [q["lorentz.query"], v["lorentz.video"], v["lorentz.curvature"]]
+    if "diffusion" in model.provides:  # the latent's variance reaches only the KL
+        outputs += [v["dream.logvar"]]
     sum(t.sum() for t in outputs).backward()
     params = dict(model.named_parameters())
     assert not [n for n, p in params.items() if p.grad is None], "parameters outside the graph"

@@ -23,10 +23,10 @@ from test_backbones import SMALL, content, query_batch, video_batch
 # The backbones each method's objective trains (with the method's own detector), pinned for the
 # methods listed; a method added later is tested by what check_fit accepts, without a line here.
 FITS = {
-    "baseline": {"dual-branch", "msl", "gmmformer", "gmmformer2", "holmes", "hlformer"},
-    "msl": {"msl", "gmmformer", "gmmformer2", "holmes", "hlformer"},
-    "gmmformer": {"msl", "gmmformer", "gmmformer2", "holmes", "hlformer"},
-    "gmmformer2": {"msl", "gmmformer", "gmmformer2", "holmes", "hlformer"},
+    "baseline": {"dual-branch", "msl", "gmmformer", "gmmformer2", "holmes", "hlformer", "dreamprvr"},
+    "msl": {"msl", "gmmformer", "gmmformer2", "holmes", "hlformer", "dreamprvr"},
+    "gmmformer": {"msl", "gmmformer", "gmmformer2", "holmes", "hlformer", "dreamprvr"},
+    "gmmformer2": {"msl", "gmmformer", "gmmformer2", "holmes", "hlformer", "dreamprvr"},
     "arl": {"arl"},
 }
 
@@ -47,7 +47,7 @@ def test_a_method_on_a_backbone_without_its_outputs_is_one_line():
     assert str(e.value) == (
         f"method 'msl' cannot train backbone 'arl': its objective needs clip_frame ({OUTPUTS['clip_frame']}) and "
         f"raw ({OUTPUTS['raw']}), which 'arl' does not provide; use --backbone msl (backbones that fit method 'msl' "
-        "and detector 'none': gmmformer, gmmformer2, hlformer, holmes, msl)")
+        "and detector 'none': dreamprvr, gmmformer, gmmformer2, hlformer, holmes, msl)")
     assert "\n" not in str(e.value)
 
 
@@ -57,7 +57,7 @@ def test_a_detector_on_a_backbone_without_its_outputs_is_one_line():
     assert str(e.value) == (
         f"detector 'arl' cannot read backbone 'msl': it needs frame_views ({OUTPUTS['frame_views']}), which 'msl' "
         "does not provide; use --set relations.name=none, or --backbone dual-branch (backbones that fit method "
-        "'baseline' and detector 'arl': dual-branch, gmmformer2, hlformer, holmes)")
+        "'baseline' and detector 'arl': dreamprvr, dual-branch, gmmformer2, hlformer, holmes)")
 
 
 LABELS = torch.tensor([0, 1, 2, 0])  # four queries of three videos; video 0 has two (Hungarian matching)

@@ -47,6 +47,9 @@ OUTPUTS: dict[str, str] = {
     "query_vector": "one vector per query (encode_queries()['query'])",
     "lorentz": "queries and videos on a hyperboloid of learned curvature for a partial-order loss "
                "(encode_queries()['lorentz.query'], encode_videos()['lorentz.video'], ['lorentz.curvature'])",
+    "diffusion": "DreamPRVR's register diffusion: each video's condition, latent mean and log variance "
+                 "(encode_videos()['dream.condition'], ['dream.mu'], ['dream.logvar']) and a training step's "
+                 "text-supervised noise predictions (step_extras()['dream.denoising'])",
     "clip_vectors": "per-video clip embeddings (encode_videos()['clips'])",
     "frame_mask": "the frame padding mask on the video side (encode_videos()['frame_mask'])",
     "frame_tokens": "[videos, frames, d] encoded frames of the frame branch and their mask "

@@ -10,7 +10,7 @@ reference's parameter counts: per modality, aggregator + mean and log-sigma head
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal, Protocol, get_args
@@ -21,7 +21,7 @@ from torch import nn
 
 from prvr.harness.base import masks
 from prvr.harness.base.batches import QueryBatch, VideoBatch
-from prvr.harness.base.contract import Backbone, Encoded, OnDemand, Scores
+from prvr.harness.base.contract import Backbone, Encoded, OnDemand, Scores, StepExtras
 from prvr.harness.base.io import UserError
 from prvr.methods.backbones.blocks import PLAIN, UNIT, GMMBlock, init_weights, rowwise, unit
 
@@ -447,13 +447,15 @@ class RalModel(nn.Module):
         return self.base.frame_views()
 
     # ------------------------------------------------------------------------- MSRA's Gaussians
-    def step_extras(self, queries: Encoded, videos: Encoded, video_of_query: torch.Tensor) -> Mapping[str, Gaussians]:
+    def step_extras(self, queries: Encoded, videos: Encoded, video_of_query: torch.Tensor) -> Mapping[str, object]:
         """A training step's outputs for the objective alone (harness/base/contract.py `StepExtras`):
-        its `Gaussians` under GAUSSIANS, computed when the objective first reads them (none
-        without MSRA)."""
-        if self.text_head is None:
-            return {}
-        return OnDemand({GAUSSIANS: partial(self.gaussians, queries, videos, video_of_query)})
+        the base backbone's own (e.g. DreamPRVR's denoising), and RAL's `Gaussians` under GAUSSIANS
+        (none without MSRA), each computed when the objective first reads it."""
+        base = self.base.step_extras(queries, videos, video_of_query) if isinstance(self.base, StepExtras) else {}
+        makers: dict[str, Callable[[], object]] = {k: partial(base.__getitem__, k) for k in base}
+        if self.text_head is not None:
+            makers[GAUSSIANS] = partial(self.gaussians, queries, videos, video_of_query)
+        return OnDemand(makers)
 
     def gaussians(self, queries: Encoded, videos: Encoded, video_of_query: torch.Tensor) -> Gaussians:
         """The Gaussians of a training batch: the text side from RAL's words (`ral.tokens`) of
