@@ -3,19 +3,25 @@
 loss = sum over branches b in {clip, frame} of
        triplet_b (random negatives, hard negatives after `hard_negative_epoch`)
        + nce_weight * InfoNCE_b
-Relations come from the configured detector (`none` by default; `oracle` for the upper bound).
+       [+ L_a^trip_b with loss.treatment=restrain]
+Relations come from the configured detector (`none` by default; `oracle` for the upper bound);
+`loss.treatment` says how its ambiguous pairs train (methods/objectives/arl.py, docs/matrix.md):
+ignore (the default: out of the negatives), positive (they join the positives), restrain (ARL's
+Eq. 11 on each branch, margin `margin_a`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, cast
+from typing import ClassVar, Literal, cast
 
 import torch
 
 from prvr.harness.base.checks import NON_NEGATIVE, POSITIVE, ListOf, at_least, one_of, param
 from prvr.harness.base.contract import LossOutput, Relations, Scores, StepContext
 from prvr.harness.base.registry import METHODS
+from prvr.methods.objectives.arl import (AS_DETECTOR_MODES, Treatment, check_restrained_margin, restrained_triplet,
+                                         treated_positive)
 from prvr.methods.objectives.ranking import hard_pool_at, info_nce, triplet
 from prvr.methods.recipes import PRESETS, MethodSpec
 
@@ -32,18 +38,31 @@ class StandardLossConfig:
     temperature: float = param(0.05, POSITIVE)  # InfoNCE temperature on cosine similarities
     # score matrices trained
     branches: list[Branch] = param(["clip", "frame"], ListOf(one_of(Branch), distinct=True))
+    # the detector's ambiguous pairs: ignore (out of the negatives) | positive (join the positives) |
+    # restrain (ARL Eq. 11 per branch: below the positive by margin_a, the negatives by margin)
+    treatment: Treatment = param("ignore", one_of(Treatment))
+    margin_a: float = param(0.05, NON_NEGATIVE)  # m_a < margin, read with treatment=restrain (ARL's m / 2)
+    as_detector_modes: ClassVar[tuple[str, ...]] = AS_DETECTOR_MODES  # harness/cli/matrix.py
+
+    def check(self, key: str) -> None:
+        check_restrained_margin(self.treatment, self.margin, self.margin_a, key)
 
 
 def standard_objective(cfg: StandardLossConfig, scores: Scores, relations: Relations,
                        context: StepContext) -> LossOutput:
-    """Triplet + weighted InfoNCE on each branch's [Q, B] score matrix."""
+    """Triplet + weighted InfoNCE on each branch's [Q, B] score matrix (+ the restrained triplet)."""
     hard = hard_pool_at(context.epoch, cfg.hard_negative_epoch, cfg.hard_pool)
     out: dict[str, torch.Tensor] = {}
-    pos, neg = relations.positive, relations.negative
+    pos, neg = treated_positive(relations.positive, relations.ambiguous, cfg.treatment), relations.negative
     for b in cfg.branches:
         out[f"{b}_triplet"] = triplet(scores.branches[b], pos, neg, cfg.margin, hard, context.generator)
         out[f"{b}_nce"] = info_nce(scores.branches[b], pos, neg, cfg.temperature)
     loss = cast(torch.Tensor, sum(out[f"{b}_triplet"] + cfg.nce_weight * out[f"{b}_nce"] for b in cfg.branches))
+    if cfg.treatment == "restrain":
+        for b in cfg.branches:
+            out[f"{b}_trip_a"] = restrained_triplet(scores.branches[b], pos, relations.ambiguous, cfg.margin_a, hard,
+                                                    context.generator)
+            loss = loss + out[f"{b}_trip_a"]
     return LossOutput(loss, out)
 
 
@@ -51,6 +70,6 @@ METHODS.add(
     "baseline",
     MethodSpec("baseline", backbone="dual-branch", relations="none", loss_cls=StandardLossConfig,
                objective=standard_objective, preset=PRESETS / "baseline.yaml", needs=frozenset({"clip_frame"}),
-               objectives=("triplet", "infonce"), reference=True),
+               objectives=("triplet", "infonce", "restrained-triplet"), reference=True),
     "dual-branch backbone + triplet/InfoNCE on one-to-one labels: the reference row",
 )

@@ -2,17 +2,21 @@
 
 loss = clip_nce_weight * clip_NCE + clip_triplet + frame_nce_weight * frame_NCE + frame_triplet
 (ms-sl method/model.py: 0.02 and 0.04), NCE on raw dot products, triplets on cosines with
-hard negatives from `hard_negative_epoch` on. Relations come from the configured detector.
+hard negatives from `hard_negative_epoch` on. Relations come from the configured detector;
+`loss.treatment` says how its ambiguous pairs train (ignore, the default | positive | restrain:
++ clip_trip_a + frame_triplet_weight * frame_trip_a, ARL Eq. 11; methods/objectives/arl.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
-from prvr.harness.base.checks import NON_NEGATIVE, at_least, param
+from prvr.harness.base.checks import NON_NEGATIVE, at_least, one_of, param
 from prvr.harness.base.contract import LossOutput, Relations, Scores, StepContext
 from prvr.harness.base.registry import METHODS
-from prvr.methods.objectives.prvr import two_branch_ranking, two_branch_sum
+from prvr.methods.objectives.arl import AS_DETECTOR_MODES, Treatment, check_restrained_margin, treated_positive
+from prvr.methods.objectives.prvr import two_branch_ranking, two_branch_restrained, two_branch_sum
 from prvr.methods.objectives.ranking import hard_pool_at
 from prvr.methods.recipes import PRESETS, MethodSpec
 
@@ -28,11 +32,22 @@ class MSLLossConfig:
     # --hard_negative_start_epoch (of 100 epochs); -1 = never
     hard_negative_epoch: int = param(20, at_least(-1, "-1 = never"))
     hard_pool: int = param(20, at_least(1))  # --hard_pool_size
+    # ours: the detector's ambiguous pairs: ignore (out of the negatives) | positive (join the positives) |
+    # restrain (ARL Eq. 11 per branch: below the positive by margin_a, the negatives by margin)
+    treatment: Treatment = param("ignore", one_of(Treatment))
+    margin_a: float = param(0.05, NON_NEGATIVE)  # m_a < margin, read with treatment=restrain
+    as_detector_modes: ClassVar[tuple[str, ...]] = AS_DETECTOR_MODES  # harness/cli/matrix.py
+
+    def check(self, key: str) -> None:
+        check_restrained_margin(self.treatment, self.margin, self.margin_a, key)
 
 
 def msl_objective(cfg: MSLLossConfig, scores: Scores, relations: Relations, context: StepContext) -> LossOutput:
     hard = hard_pool_at(context.epoch, cfg.hard_negative_epoch, cfg.hard_pool)
-    out = two_branch_ranking(scores, relations.positive, relations.negative, cfg.margin, hard, context.generator)
+    positive = treated_positive(relations.positive, relations.ambiguous, cfg.treatment)
+    out = two_branch_ranking(scores, positive, relations.negative, cfg.margin, hard, context.generator)
+    if cfg.treatment == "restrain":
+        out.update(two_branch_restrained(scores, positive, relations.ambiguous, cfg.margin_a, hard, context.generator))
     return LossOutput(two_branch_sum(cfg, out), out)
 
 
@@ -40,6 +55,6 @@ METHODS.add(
     "msl",
     MethodSpec("msl", backbone="msl", relations="none", loss_cls=MSLLossConfig, objective=msl_objective,
                preset=PRESETS / "msl.yaml", needs=frozenset({"clip_frame", "raw"}),
-               objectives=("msl-triplet", "infonce")),
+               objectives=("msl-triplet", "infonce", "restrained-triplet")),
     "MS-SL: multi-scale clip proposals + key-clip frame attention, NCE + triplet on one-to-one labels",
 )

@@ -38,10 +38,15 @@ def test_a_cell_is_the_run_the_suite_already_names(tmp_path):
     table6 = {r.overrides: r.tag for r in TABLES[("arl", "6")].rows}
     assert names[("arl", "positive", "arl")] == f"arl~{table6[('loss.treatment=positive',)]}"  # as `ablate` names it
     assert names[("sbert", "ignore", "msl")] == "msl+sbert" and names[("oracle", "positive", "msl")] == "msl+oracle"
+    # the standard objectives' loss.treatment: restrain on their own backbone, positive from a detector without a mode
+    assert names[("oracle", "restrain", "dual-branch")] == "baseline+oracle~restrain"
+    assert names[("sbert", "positive", "gmmformer")] == "gmmformer+sbert~positive"
+    assert names[("none", "restrain", "msl")] == "msl"  # no pair detected: the plain cell
     oracle_ignore = cells[("oracle", "ignore", "dual-branch")]
     assert "--set relations.name=oracle --set relations.oracle.mode=ignore --tag ignore" in oracle_ignore.cell.recipe
     assert cells[("none", "positive", "dual-branch")].cell.plain
-    for key in (("oracle", "ignore", "dual-branch"), ("oracle", "positive", "arl"), ("none", "restrain", "arl")):
+    for key in (("oracle", "ignore", "dual-branch"), ("oracle", "positive", "arl"), ("none", "restrain", "arl"),
+                ("oracle", "restrain", "msl")):
         line = cells[key].cell.recipe
         args = parse_command("run", [*shlex.split(line)[2:], "--seed", "1"])
         cfg = resolve(args.method, args.dataset, args.seed,
@@ -57,16 +62,29 @@ def test_derived_settings_of_cells():
                                                     "relations.oracle.mode=ignore"))
     base = recipe("oracle", TREATMENTS["ignore"], "dual-branch")
     assert not isinstance(base, str) and base.sets == ("relations.name=oracle", "relations.oracle.mode=ignore")
+    # the standard objectives: restrain is the backbone's own method with loss.treatment=restrain
+    restrain = recipe("oracle", TREATMENTS["restrain"], "dual-branch")
+    assert not isinstance(restrain, str)
+    assert (restrain.method, restrain.sets) == ("baseline", ("relations.name=oracle", "loss.treatment=restrain",
+                                                             "relations.oracle.mode=ignore"))
+    # their positive trains what the oracle's mode positive gives: the oracle keeps its mode (the suite's run);
+    # a detector without a mode hands its pairs over as ambiguous and the loss makes them positives
+    positive = recipe("oracle", TREATMENTS["positive"], "msl")
+    assert not isinstance(positive, str)
+    assert positive.sets == ("relations.name=oracle", "relations.oracle.mode=positive")
+    sbert = recipe("sbert", TREATMENTS["positive"], "dual-branch")
+    assert not isinstance(sbert, str) and sbert.sets == ("relations.name=sbert", "loss.treatment=positive")
 
 
 @pytest.mark.parametrize("cell, says", [
-    (("oracle", "restrain", "dual-branch"), "needs frame_items and theta_phi, which backbone dual-branch does not"),
+    (("oracle", "restrain", "gmmformer2"), "needs frame_items and theta_phi, which backbone gmmformer2 does not"),
     (("none", "multi-level", "msl"), "needs span_logits, which backbone msl does not provide"),
     (("arl", "ignore", "gmmformer"), "detector arl needs frame_views, which backbone gmmformer does not provide"),
-    (("sbert", "positive", "dual-branch"), "no relations.sbert.mode that makes them positives"),
+    (("arl", "restrain", "msl"), "detector arl needs frame_views, which backbone msl does not provide"),
+    (("sbert", "positive", "gmmformer2"), "no relations.sbert.mode that makes them positives"),
 ])
 def test_a_cell_whose_parts_do_not_fit_says_why(tmp_path, cell, says):
-    _, cells = planned(tmp_path, "--backbones", "dual-branch", "msl", "gmmformer", "arl")
+    _, cells = planned(tmp_path, "--backbones", "dual-branch", "msl", "gmmformer", "gmmformer2", "arl")
     p = cells[cell]
     assert says in p.cell.reason and "\n" not in p.cell.reason
     assert p.cell.run == "" and p.runs == ()
@@ -74,7 +92,7 @@ def test_a_cell_whose_parts_do_not_fit_says_why(tmp_path, cell, says):
 
 def test_an_impossible_cell_trains_nothing_and_its_reason_is_in_the_report(tmp_path, capsys):
     code = main(["matrix", *TINY, "--out", str(tmp_path), "--detectors", "oracle", "--treatments", "restrain",
-                 "multi-level", "--backbones", "dual-branch", "--set", "train.epochs=1"])
+                 "multi-level", "--backbones", "gmmformer2", "--set", "train.epochs=1"])
     assert code == 0
     assert not (tmp_path / "runs").exists()
     md = (tmp_path / "matrix" / "sim-tiny.md").read_text()

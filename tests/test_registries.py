@@ -176,7 +176,8 @@ def test_every_registered_objective_is_combined_by_a_method():
 
 
 def test_the_objective_walk_finds_parts_through_helpers():
-    assert registered_parts(METHODS.get("msl").objective) == {"msl-triplet", "infonce"}  # via two_branch_ranking
+    # via two_branch_ranking and two_branch_restrained
+    assert registered_parts(METHODS.get("msl").objective) == {"msl-triplet", "infonce", "restrained-triplet"}
 
 
 # ----------------------------------------------------------------------------- presets resolve without data

@@ -6,12 +6,15 @@ A cell (detector D, treatment T, backbone B) is an ordinary `prvr-bench run`: a 
 `--set` items of existing config keys, derived here from the registries and the fit rules
 (methods/fit.py), never new code:
 
-- the method: T's own (`restrain`: ARL's objective; `multi-level`: the SBERT-PR multi-level ranking loss),
-  or, for `positive` and `ignore`, B's own method (`home_method`);
-- `relations.name=D`; T as the method's `loss.treatment` where its loss has that knob (ARL), the
-  detector's pairs then handed over as ambiguous sets (`relations.D.mode=ignore` where D has a mode);
-  else T as the detector's `relations.D.mode` where D has one (the oracle); else `ignore` is what every
-  objective does with ambiguous pairs (they leave `Relations.negative`), and `positive` cannot work;
+- the method: B's own (`home_method`) where its loss has T as a `loss.treatment` value (ARL's on its
+  backbone; baseline's, MS-SL's and GMMFormer's restrain); else T's own (`restrain`: ARL's objective;
+  `multi-level`: the SBERT-PR multi-level ranking loss), or, for `positive` and `ignore`, B's own method;
+- `relations.name=D`; T as the method's `loss.treatment` where its loss has that knob, the detector's
+  pairs then handed over as ambiguous sets (`relations.D.mode=ignore` where D has a mode), except where
+  the loss's T trains what D's mode T gives (`as_detector_modes`: the standard objectives' positive and
+  ignore) and D has that mode; else T as the detector's `relations.D.mode` where D has one (the oracle);
+  else `ignore` is what every objective does with ambiguous pairs (they leave `Relations.negative`), and
+  `positive` cannot work;
 - with D = none no pair is detected, so every treatment whose objective fits B trains B's plain cell:
   B's own method on the labels, or the row it names as its base (`MethodSpec.base_row`: `arl~base`).
 
@@ -75,7 +78,9 @@ TREATMENTS = {t.name: t for t in (
               positive=True),
     Treatment("ignore", "the detected pairs leave the negatives and are not trained (ARL Table 6 'Ignore')"),
     Treatment("restrain", "ARL's restrained objective: the detected pairs kept above the negatives and below the "
-                          "positive by the smaller margin m_a (ARL Eq. 11-12)", "arl"),
+                          "positive by the smaller margin m_a (ARL Eq. 11-12); on the backbones of baseline, msl "
+                          "and gmmformer their own objective with loss.treatment=restrain (ARL's Eq. 11 on each "
+                          "branch)", "arl"),
     Treatment("multi-level", "the multi-level ranking loss of the SBERT potentially-relevant pairs paper: the "
                              "detected pairs ranked between positives and negatives with the detector's confidence "
                              "(SBERT-PR Eq. 10-13)", "xml-pr"),
@@ -249,7 +254,7 @@ def _own_problem(args: argparse.Namespace, found: Recipe) -> str:
 def recipe(detector: str, treatment: Treatment, backbone: str) -> Recipe | str:
     """The cell's method, backbone and --set items, or the one-line reason it cannot work."""
     home = home_method(backbone)
-    method = treatment.method or home
+    method = _method_of(treatment, home)
     if method is None:
         return f"backbone {backbone} has no method of its own to train it"
     misfit = _misfit(method, backbone, detector, treatment)
@@ -260,7 +265,11 @@ def recipe(detector: str, treatment: Treatment, backbone: str) -> Recipe | str:
     sets = [f"relations.name={detector}"]
     spec = METHODS.get(method)
     modes = _choices(DETECTORS.get(detector).config_cls, "mode")
-    if treatment.name in _choices(spec.loss_cls, "treatment"):  # the objective treats the pairs (ARL's loss)
+    # a loss whose `treatment` T trains what the detector's mode T gives (the standard objectives' positive and
+    # ignore) keeps the detector's mode where it has one: the run the suite has (`baseline+oracle`)
+    by_mode = treatment.name in getattr(spec.loss_cls, "as_detector_modes", ()) and \
+        (not treatment.positive or "positive" in modes)
+    if treatment.name in _choices(spec.loss_cls, "treatment") and not by_mode:  # the objective treats the pairs
         sets.append(f"loss.treatment={treatment.name}")
         wants = AMBIGUOUS_MODE
     elif treatment.positive:
@@ -276,6 +285,14 @@ def recipe(detector: str, treatment: Treatment, backbone: str) -> Recipe | str:
             return f"detector {detector} has no relations.{detector}.mode={wants} (its modes: {', '.join(modes)})"
         sets.append(f"relations.{detector}.mode={wants}")
     return Recipe(method, backbone, tuple(sets), _row_tag(method, sets) or treatment.name)
+
+
+def _method_of(treatment: Treatment, home: str | None) -> str | None:
+    """The cell's method: the backbone's own where its loss has T as a `loss.treatment` (ARL's on its
+    backbone; the standard objectives' restrain), else T's own method, else the backbone's own."""
+    if home is not None and treatment.name in _choices(METHODS.get(home).loss_cls, "treatment"):
+        return home
+    return treatment.method or home
 
 
 def _plain(backbone: str) -> Recipe | str:
@@ -303,7 +320,7 @@ def _misfit(method: str, backbone: str, detector: str, treatment: Treatment) -> 
     spec, have = METHODS.get(method), BACKBONES.get(backbone)
     needs = method_needs(spec, backbone)
     missing = [] if needs is None else missing_outputs(needs, have)
-    whose = f"{treatment.name}'s objective ({method})" if treatment.method else f"the objective of {method}"
+    whose = f"{treatment.name}'s objective ({method})" if method == treatment.method else f"the objective of {method}"
     if needs is None or missing:
         lacks = f"needs {' and '.join(missing)}" if missing else "extends its backbone's own method"
         return (f"{whose} {lacks}, which backbone {backbone} does not provide (backbones that fit it: "
@@ -402,9 +419,10 @@ def _notes(backbones: list[str]) -> tuple[str, ...]:
         if spec is not None and spec.base_row:
             notes.append(f"on backbone {b} the plain cell is {home}~{spec.base_row}, the row {home} names as its "
                          f"base (its encoder and loss without its label-noise mechanism)")
-    notes.append("positive and ignore on a backbone whose method has no loss.treatment: its own objective, which "
-                 "leaves ambiguous pairs out of its negatives (ignore); positives need a detector with a "
-                 "relations.<detector>.mode of positive")
+    notes.append("positive and ignore: the backbone's own objective, which leaves ambiguous pairs out of its "
+                 "negatives (ignore); positives come from its loss.treatment=positive where it has one (the "
+                 "standard objectives' adds the pairs to the positives, what a detector's mode positive gives, so "
+                 "the oracle keeps its mode), else from a detector with a relations.<detector>.mode of positive")
     return tuple(notes)
 
 

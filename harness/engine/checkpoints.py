@@ -181,7 +181,8 @@ def resume_changes(stored: dict | None, requested: dict, path: Path, force: bool
                             "or run without --resume to train afresh")
         progress.warn(f"{path} stores no settings; continuing it anyway (--force-resume)")
         return None
-    old, new = {**SETTLED_BEFORE, **_flatten(stored)}, _flatten(requested)
+    new = _flatten(requested)
+    old = {**{k: v for k, v in SETTLED_BEFORE.items() if k in new}, **_flatten(stored)}
     pairs = {k: (old.get(k, _ABSENT), new.get(k, _ABSENT)) for k in sorted(old.keys() | new.keys())}
     differ = {k: (a, b) for k, (a, b) in pairs.items() if not _same(a, b)}
     refused = {k: v for k, v in differ.items() if k not in RESUME_FREE_KEYS}

@@ -29,9 +29,11 @@ Precision = Literal["fp32", "tf32", "bf16"]  # train.precision, read by harness/
 SelectOn = Literal["vr", "vcmr"]
 SELECT_ON: dict[SelectOn, str] = {"vr": "SumR", "vcmr": "VCMR SumR"}
 # settings added after runs were stored, with the value those runs were trained under: a stored
-# config (checkpoint, record) without the key reads as if it held that value
+# config (checkpoint, record) without the key reads as if it held that value, where the config it is
+# compared with has the key (the standard objectives' loss.treatment and margin_a; ARL's always stored)
 SETTLED_BEFORE = {"train.select_on": "vr", "train.precision": "fp32", "train.compile": False,
-                  "train.deterministic": False, "data.relevance": ""}
+                  "train.deterministic": False, "data.relevance": "", "loss.treatment": "ignore",
+                  "loss.margin_a": 0.05}
 
 
 def load_yaml(path: str | Path | None) -> dict[str, Any]:

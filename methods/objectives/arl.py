@@ -12,6 +12,11 @@ How a row treats A (paper Table 6):
 - positive: A joins the positives (supervised contrastive, Khosla et al.: each positive
   its own term, averaged), and ambiguous pairs become triplet anchors with margin m.
 - ignore: A is masked out of every loss.
+
+The standard objectives (baseline, MS-SL, GMMFormer) take the same words as their
+`loss.treatment` (end of this file): ignore (their default, as they always were), positive (A
+joins the positives of their triplet and InfoNCE terms) and restrain (ARL's Eq. 11 on each
+branch's [Q, B] score matrix, `restrained_triplet`, added to their own terms).
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from typing import Literal, get_args
 import torch
 
 from prvr.harness.base import masks
+from prvr.harness.base.checks import require
+from prvr.harness.base.io import UserError
 from prvr.harness.base.registry import OBJECTIVES
 from prvr.methods.objectives.ranking import sample_negatives
 
@@ -181,3 +188,47 @@ def frame_loss(frame_scores: torch.Tensor, frame_mask: torch.Tensor, positive: t
     lambda_nce shared): see `frame_rows` for the rows."""
     t2f, f2t = frame_rows(frame_scores, frame_mask, positive, frame_ambiguous)
     return ambiguity_restrained_loss(t2f, f2t, weights, treatment, generator)
+
+
+# ----------------------------------------------------------------------------- the standard objectives' treatment
+# The treatments by which a standard objective trains what a detector's mode of the same name hands it
+# (`relations.oracle.mode=positive`: the pairs in Relations.positive; `ignore`: out of the negatives): the
+# loss configs name them (`as_detector_modes`), and the matrix (harness/cli/matrix.py) keeps such a detector's
+# mode, the run the suite has, where the detector has one.
+AS_DETECTOR_MODES: tuple[Treatment, ...] = ("positive", "ignore")
+
+
+def treated_positive(positive: torch.Tensor, ambiguous: torch.Tensor, treatment: str) -> torch.Tensor:
+    """The positives [Q, B] a standard objective trains with under `loss.treatment`: with `positive` the
+    detector's ambiguous pairs join them (multi-positive triplet and InfoNCE, as a detector's mode
+    `positive` would hand them over); with `ignore` and `restrain` the detector's own (the very tensor),
+    the ambiguous pairs being out of the negatives either way (`Relations.negative`)."""
+    if treatment not in TREATMENTS:
+        raise UserError(f"loss.treatment must be one of {', '.join(TREATMENTS)}, got '{treatment}'")
+    return positive | ambiguous if treatment == "positive" else positive
+
+
+def check_restrained_margin(treatment: str, margin: float, margin_a: float, key: str) -> None:
+    """A standard loss config's rule (its `check(key)`): restrain needs m_a < m, as ARL (Eq. 11-12);
+    under the other treatments margin_a is not read."""
+    require(treatment != "restrain" or margin_a < margin,
+            f"loss.treatment=restrain needs {key}.margin_a < {key}.margin (ARL Eq. 11-12), "
+            f"got {margin_a} and {margin}")
+
+
+@OBJECTIVES.register("restrained-triplet", "ARL L_a^trip (Eq. 11) on one [Q, B] score matrix: the ambiguous pairs "
+                                           "below each positive by m_a (the standard objectives' restrain)")
+def restrained_triplet(scores: torch.Tensor, positive: torch.Tensor, ambiguous: torch.Tensor, margin_a: float,
+                       hard_pool: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+    """ARL's L_a^trip (Eq. 11) alone, the `trip_a` of `video_loss`, on a [Q, B] score matrix:
+
+        mean over (q, v) in P of [m_a + s(q, a) - s(q, v)]_+  +  mean over (q, v) in P of [m_a + s(q', v) - s(q, v)]_+
+
+    P the positive pairs, a one of q's ambiguous videos, q' one of v's ambiguous queries (uniform, or
+    among the `hard_pool` highest-scoring); a pair whose row has no ambiguous pair adds 0 and counts in
+    the mean, as in ARL. The negatives' L_n^trip (Eq. 12, margin m) is the objective's own triplet."""
+    t2v, v2t = video_rows(scores, positive, ambiguous, ~(positive | ambiguous))
+    if len(t2v.anchor) == 0:
+        return scores.sum() * 0
+    return (triplet_rows(t2v, t2v.ambiguous, margin_a, hard_pool, generator).mean()
+            + triplet_rows(v2t, v2t.ambiguous, margin_a, hard_pool, generator).mean())

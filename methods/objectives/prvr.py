@@ -24,6 +24,7 @@ from prvr.harness.base import masks
 from prvr.harness.base.io import UserError
 from prvr.harness.base.registry import OBJECTIVES
 from prvr.methods.backbones.api import Scores
+from prvr.methods.objectives.arl import restrained_triplet
 from prvr.methods.objectives.ranking import info_nce, mean_where, sample_negatives
 
 
@@ -73,12 +74,26 @@ def two_branch_ranking(scores: Scores, positive: torch.Tensor, negative: torch.T
     return out
 
 
+def two_branch_restrained(scores: Scores, positive: torch.Tensor, ambiguous: torch.Tensor, margin_a: float,
+                          hard_pool: int | None, generator: torch.Generator | None) -> dict[str, torch.Tensor]:
+    """`loss.treatment=restrain` of the MS-SL family: b_trip_a = ARL's restrained triplet (Eq. 11,
+    `restrained_triplet`) on the cosines `scores.branches[b]`, where the branch's triplet is, for b in
+    (clip, frame)."""
+    return {f"{b}_trip_a": restrained_triplet(scores.branches[b], positive, ambiguous, margin_a, hard_pool, generator)
+            for b in ("clip", "frame")}
+
+
 def two_branch_sum(cfg, parts: dict[str, torch.Tensor]) -> torch.Tensor:
     """w_c clip_nce + clip_triplet + w_f frame_nce + w_ft frame_triplet: the weighted ranking
     parts of `two_branch_ranking`, with the weights of a loss config of the MS-SL family
-    (`clip_nce_weight`, `frame_nce_weight`, `frame_triplet_weight`)."""
-    return (cfg.clip_nce_weight * parts["clip_nce"] + parts["clip_triplet"]
-            + cfg.frame_nce_weight * parts["frame_nce"] + cfg.frame_triplet_weight * parts["frame_triplet"])
+    (`clip_nce_weight`, `frame_nce_weight`, `frame_triplet_weight`); with the restrained
+    triplets of `two_branch_restrained` among the parts, + clip_trip_a + w_ft frame_trip_a (each
+    weighed as its branch's triplet)."""
+    total = (cfg.clip_nce_weight * parts["clip_nce"] + parts["clip_triplet"]
+             + cfg.frame_nce_weight * parts["frame_nce"] + cfg.frame_triplet_weight * parts["frame_triplet"])
+    if "clip_trip_a" in parts:
+        total = total + parts["clip_trip_a"] + cfg.frame_triplet_weight * parts["frame_trip_a"]
+    return total
 
 
 def same_video_pairs(positive: torch.Tensor) -> torch.Tensor:
