@@ -266,14 +266,16 @@ class Batcher:
         return self._videos(np.asarray(index, dtype=np.int64), self.prepare())
 
     def _videos(self, index: np.ndarray, kept: Kept) -> VideoBatch:
+        # each video's raw rows read (and made float32) once for both branches where neither is kept
+        raw = [] if kept.frames is not None and kept.clips is not None else [self._raw(v) for v in index]
         if kept.frames is not None:
             frames, mask = _gather(kept.frames, index)
         else:
-            frames, mask = _pad([frame_rows(self._raw(v), self.cfg) for v in index])
+            frames, mask = _pad([frame_rows(r, self.cfg) for r in raw])
         if kept.clips is not None:
             clips = torch.from_numpy(kept.clips[index])
         else:
-            clips = torch.from_numpy(np.stack([clip_rows(self._raw(v), self.cfg) for v in index]))
+            clips = torch.from_numpy(np.stack([clip_rows(r, self.cfg) for r in raw]))
         return self._video_batch(index, frames, mask, clips)
 
     def _raw(self, v: int) -> np.ndarray:

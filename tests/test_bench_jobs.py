@@ -121,3 +121,22 @@ def test_ablate_jobs_start_each_row_as_the_run_that_trains_it_alone(monkeypatch,
                                                                        if r.tag != "np-vp_0.7")})
     else:
         assert {"msl", "ral@msl~msra", "ral@msl~csa", "ral@msl"} == set(names)
+
+
+def test_threads_bound_torch_and_numpys_blas_alike():
+    """--threads N: torch's threads and numpy's BLAS threads (threadpoolctl), so that runs side by side do
+    not each take every core for the data path's small matrix products."""
+    import torch
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from prvr.harness.cli.args import set_threads
+
+    before = torch.get_num_threads()
+    with threadpool_limits(limits=None):  # whatever the test sets is undone after it
+        try:
+            set_threads(1)
+            assert torch.get_num_threads() == 1
+            blas = [p for p in threadpool_info() if p["user_api"] == "blas"]
+            assert blas and all(p["num_threads"] == 1 for p in blas)
+        finally:
+            torch.set_num_threads(before)

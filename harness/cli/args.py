@@ -134,14 +134,19 @@ def common_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def set_threads(threads: int | None) -> None:
-    """--threads: torch CPU threads of this process (None: torch's choice)."""
+    """--threads: torch's CPU threads of this process, and numpy's BLAS threads with them (None: each
+    library's own choice). numpy's BLAS otherwise takes every core for the data path's small products
+    (the clip pooling of datasets/loader.py): with runs side by side on a 2-core machine that was 15 ms a
+    video against 0.13 ms on one thread (docs/profiling.md, "Evaluation at TVR's size")."""
     if threads is None:
         return
     if threads < 1:
         raise UserError(f"--threads must be at least 1, got {threads}")
     import torch
+    from threadpoolctl import threadpool_limits
 
     torch.set_num_threads(threads)
+    threadpool_limits(limits=threads, user_api="blas")  # for the rest of the process
 
 
 def run_args(args: argparse.Namespace, method: str, dataset: str, seed: int, overrides: list[str]) -> list[str]:

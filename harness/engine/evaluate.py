@@ -71,9 +71,33 @@ def target_ranks(scores: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor
     """Rank of every target per query, #{v : s_v >= s_t} ([q, M]; V + 1 where masked)."""
     target_scores = scores.gather(1, targets)  # [q, M]
     ranks = torch.empty_like(targets)
-    for m in range(targets.shape[1]):  # M is tiny (labelled / relevant videos per query)
+    for m in range(targets.shape[1]):  # M is tiny (labelled videos per query; many: `listed_target_ranks`)
         ranks[:, m] = (scores >= target_scores[:, m : m + 1]).sum(1)
     return ranks.masked_fill(~mask, scores.shape[1] + 1)
+
+
+PAIR_BLOCK = 1024  # listed (query, target) pairs compared at once by `listed_target_ranks` (memory only)
+
+
+def listed_target_ranks(scores: torch.Tensor, targets: np.ndarray, mask: np.ndarray,
+                        block: int = PAIR_BLOCK) -> torch.Tensor:
+    """`target_ranks` with one row comparison per listed target instead of one per padded slot:
+    the same [q, M] ranks (V + 1 where masked). The padded width is the chunk's most targets
+    (a vague query of simulated TVR has dozens of relevant videos), so `target_ranks` compares
+    every row of the chunk that many times while most queries list one to three targets.
+    targets, mask: the host's [q, M] (`padded_targets`), so the pairs are found without asking
+    the device. Scores must be NaN-free (`worst_if_nonfinite`)."""
+    num_videos, dev = scores.shape[1], scores.device
+    flat = np.flatnonzero(mask)  # row-major: query by query, each query's targets in order
+    ranks = torch.full((mask.size,), num_videos + 1, dtype=torch.int64, device=dev)
+    rows = torch.as_tensor(flat // mask.shape[1], device=dev)
+    cols = torch.as_tensor(np.asarray(targets).reshape(-1)[flat], device=dev)
+    slots = torch.as_tensor(flat, device=dev)
+    for s in range(0, len(flat), block):
+        row_scores = scores.index_select(0, rows[s : s + block])  # [pairs, V]
+        target = row_scores.gather(1, cols[s : s + block, None])
+        ranks[slots[s : s + block]] = (row_scores >= target).sum(1)
+    return ranks.view(mask.shape)
 
 
 def relevant_in_top(ranks: torch.Tensor, mask: torch.Tensor, ks: Iterable[int] = KS) -> torch.Tensor:
@@ -141,9 +165,8 @@ def compute_ranks(score_fn: ScoreFn, num_queries: int, labels: sp.csr_matrix,
         lm = torch.as_tensor(lab_mask[start:end], device=dev)
         out["labelled"].append(count_ranks(scores, li, lm).cpu().numpy())
         if relevance is not None:
-            ri = torch.as_tensor(rel_idx[start:end], device=dev)
             rm = torch.as_tensor(rel_mask[start:end], device=dev)
-            each = target_ranks(scores, ri, rm)
+            each = listed_target_ranks(scores, rel_idx[start:end], rel_mask[start:end])
             out["oracle"].append(each.min(1).values.cpu().numpy())
             out["relevant_top"].append(relevant_in_top(each, rm).cpu().numpy())
             ei = torch.as_tensor(extra_idx[start:end], device=dev)
@@ -278,12 +301,17 @@ class ScoreWatch:
 
     def __call__(self, start: int, end: int) -> torch.Tensor:
         scores = self.score_fn(start, end)
-        finite = torch.isfinite(scores)
         self.total += scores.numel()
-        self.nonfinite += int((~finite).sum())
-        if scores.numel():  # the finite range, without a copy of the chunk's finite scores
-            low, high = scores.masked_fill(~finite, math.inf).min(), scores.masked_fill(~finite, -math.inf).max()
-            self.low, self.high = min(self.low, float(low)), max(self.high, float(high))
+        if not scores.numel():
+            return scores
+        # one pass and one read: the range is NaN where a score is, so a finite range means finite scores
+        low_f, high_f = torch.stack(torch.aminmax(scores)).tolist()
+        if not (math.isfinite(low_f) and math.isfinite(high_f)):  # the count, and the finite range
+            finite = torch.isfinite(scores)
+            self.nonfinite += int((~finite).sum())
+            low_f = float(scores.masked_fill(~finite, math.inf).min())
+            high_f = float(scores.masked_fill(~finite, -math.inf).max())
+        self.low, self.high = min(self.low, low_f), max(self.high, high_f)
         return scores
 
     def problem(self) -> str:
