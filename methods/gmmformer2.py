@@ -10,17 +10,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from prvr.harness.base.checks import FINITE, NON_NEGATIVE, POSITIVE, at_least, param
 from prvr.harness.base.contract import LossOutput, Relations, Scores, StepContext
 from prvr.harness.base.registry import METHODS
-from prvr.methods.objectives.prvr import (focal_query_diversity, hungarian_matching, same_video_pairs,
-                                          two_branch_ranking, two_branch_sum)
+from prvr.methods.objectives.prvr import (
+    focal_query_diversity,
+    hungarian_matching,
+    same_video_pairs,
+    two_branch_ranking,
+    two_branch_sum,
+)
 from prvr.methods.objectives.ranking import hard_pool_at
 from prvr.methods.recipes import PRESETS, MethodSpec
 
 
 @dataclass
-class GMMFormer2LossConfig:
+class V2FamilyLossConfig:
+    """The loss settings GMMFormer v2 shares with the methods built on its code (Holmes, HLFormer,
+    DreamPRVR): two-branch NCE and triplet, the focal query diversity, hard negatives; TVR's values,
+    other datasets in each method's preset. Each method's own config adds its terms."""
+
     margin: float = param(0.1, NON_NEGATIVE)  # Configs/tvr.py margin (ActivityNet, Charades 0.2 in the preset)
     clip_nce_weight: float = param(0.05, NON_NEGATIVE)  # loss_factor[0] (TVR)
     frame_nce_weight: float = param(0.04, NON_NEGATIVE)  # loss_factor[1] (TVR)
@@ -28,7 +38,6 @@ class GMMFormer2LossConfig:
     # the query vector on the clip branch alone (a diagnostic: docs/methods/ral.md)
     frame_triplet_weight: float = param(1.0, NON_NEGATIVE)
     diversity_weight: float = param(8e-5, NON_NEGATIVE)  # loss_factor[2] (TVR)
-    matching_weight: float = param(0.09, NON_NEGATIVE)  # loss_factor[3] (TVR): Hungarian query-clip matching
     diversity_margin: float = param(0.15, FINITE)  # neg_factor[0] (TVR)
     diversity_alpha: float = param(32.0, POSITIVE)  # neg_factor[1]
     diversity_gamma: float = param(1.0, NON_NEGATIVE)  # neg_factor[2]: exponent of the focal factor (1 + cos)
@@ -37,14 +46,28 @@ class GMMFormer2LossConfig:
     hard_pool: int = param(20, at_least(1))  # hard_pool_size
 
 
-def gmmformer2_objective(cfg: GMMFormer2LossConfig, scores: Scores, relations: Relations,
-                         context: StepContext) -> LossOutput:
+@dataclass
+class GMMFormer2LossConfig(V2FamilyLossConfig):
+    matching_weight: float = param(0.09, NON_NEGATIVE)  # loss_factor[3] (TVR): Hungarian query-clip matching
+
+
+def v2_family_terms(cfg: V2FamilyLossConfig, scores: Scores, relations: Relations,
+                    context: StepContext) -> dict[str, torch.Tensor]:
+    """The terms every method of the family trains: each branch's triplet and NCE (hard negatives from
+    `hard_negative_epoch`) and the focal diversity of the queries of one video; `two_branch_sum(cfg, out)`
+    plus `diversity_weight` weighs them."""
     hard = hard_pool_at(context.epoch, cfg.hard_negative_epoch, cfg.hard_pool)
     out = two_branch_ranking(scores, relations.positive, relations.negative, cfg.margin, hard, context.generator)
-    queries = context.outputs["queries"]["query"]
-    out["diversity"] = focal_query_diversity(queries, same_video_pairs(relations.positive), cfg.diversity_margin,
-                                             cfg.diversity_alpha, cfg.diversity_gamma)
-    out["matching"] = hungarian_matching(queries, context.outputs["videos"]["clips"], relations.positive)
+    out["diversity"] = focal_query_diversity(context.outputs["queries"]["query"], same_video_pairs(relations.positive),
+                                             cfg.diversity_margin, cfg.diversity_alpha, cfg.diversity_gamma)
+    return out
+
+
+def gmmformer2_objective(cfg: GMMFormer2LossConfig, scores: Scores, relations: Relations,
+                         context: StepContext) -> LossOutput:
+    out = v2_family_terms(cfg, scores, relations, context)
+    out["matching"] = hungarian_matching(context.outputs["queries"]["query"], context.outputs["videos"]["clips"],
+                                         relations.positive)
     loss = (two_branch_sum(cfg, out) + cfg.diversity_weight * out["diversity"]
             + cfg.matching_weight * out["matching"])
     return LossOutput(loss, out)

@@ -14,40 +14,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prvr.harness.base.checks import FINITE, NON_NEGATIVE, POSITIVE, at_least, param
+from prvr.harness.base.checks import NON_NEGATIVE, POSITIVE, param
 from prvr.harness.base.contract import LossOutput, Relations, Scores, StepContext
 from prvr.harness.base.registry import METHODS
+from prvr.methods.gmmformer2 import V2FamilyLossConfig, v2_family_terms
 from prvr.methods.objectives.hlformer import partial_order
-from prvr.methods.objectives.prvr import focal_query_diversity, same_video_pairs, two_branch_ranking, two_branch_sum
-from prvr.methods.objectives.ranking import hard_pool_at
+from prvr.methods.objectives.prvr import two_branch_sum
 from prvr.methods.recipes import PRESETS, MethodSpec
 
 
 @dataclass
-class HLFormerLossConfig:
-    margin: float = param(0.1, NON_NEGATIVE)  # Configs/tvr.py margin (ActivityNet, Charades 0.2 in the preset)
-    clip_nce_weight: float = param(0.05, NON_NEGATIVE)  # loss_factor[0] (TVR)
-    frame_nce_weight: float = param(0.04, NON_NEGATIVE)  # loss_factor[1] (TVR)
-    frame_triplet_weight: float = param(1.0, NON_NEGATIVE)  # ours, as GMMFormer v2's: the reference weighs it 1
-    diversity_weight: float = param(8e-5, NON_NEGATIVE)  # loss_factor[2] (TVR)
-    diversity_margin: float = param(0.15, FINITE)  # neg_factor[0] (TVR)
-    diversity_alpha: float = param(32.0, POSITIVE)  # neg_factor[1]
-    diversity_gamma: float = param(1.0, NON_NEGATIVE)  # neg_factor[2]: exponent of the focal factor (1 + cos)
+class HLFormerLossConfig(V2FamilyLossConfig):
     pop_weight: float = param(1e-3, NON_NEGATIVE)  # loss_factor[3]: L_pop (0: without it)
     # K of the entailment cones' half-aperture asin(2K / (sqrt(c) |v|)): lorentz.py half_aperture's default
     pop_min_radius: float = param(0.1, POSITIVE)
-    # hard_negative_start_epoch (of 100 epochs); -1 = never
-    hard_negative_epoch: int = param(20, at_least(-1, "-1 = never"))
-    hard_pool: int = param(20, at_least(1))  # hard_pool_size
 
 
 def hlformer_objective(cfg: HLFormerLossConfig, scores: Scores, relations: Relations,
                        context: StepContext) -> LossOutput:
-    hard = hard_pool_at(context.epoch, cfg.hard_negative_epoch, cfg.hard_pool)
-    out = two_branch_ranking(scores, relations.positive, relations.negative, cfg.margin, hard, context.generator)
+    out = v2_family_terms(cfg, scores, relations, context)
     queries, videos = context.outputs["queries"], context.outputs["videos"]
-    out["diversity"] = focal_query_diversity(queries["query"], same_video_pairs(relations.positive),
-                                             cfg.diversity_margin, cfg.diversity_alpha, cfg.diversity_gamma)
     # the curvature the points were mapped with (one value, repeated per video)
     out["pop"] = partial_order(queries["lorentz.query"], videos["lorentz.video"], relations.positive,
                                videos["lorentz.curvature"][0], cfg.pop_min_radius)

@@ -19,32 +19,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prvr.harness.base.checks import FINITE, NON_NEGATIVE, POSITIVE, PROBABILITY, at_least, param
+from prvr.harness.base.checks import (
+    NON_NEGATIVE,
+    POSITIVE,
+    PROBABILITY,
+    at_least,
+    param,
+)
 from prvr.harness.base.contract import LossOutput, Relations, Scores, StepContext
 from prvr.harness.base.registry import METHODS
-from prvr.methods.objectives.holmes import evidential_risks, intra_video_evidential, soft_targets
-from prvr.methods.objectives.prvr import focal_query_diversity, same_video_pairs, two_branch_ranking, two_branch_sum
-from prvr.methods.objectives.ranking import hard_pool_at
+from prvr.methods.gmmformer2 import V2FamilyLossConfig, v2_family_terms
+from prvr.methods.objectives.holmes import (
+    evidential_risks,
+    intra_video_evidential,
+    soft_targets,
+)
+from prvr.methods.objectives.prvr import two_branch_sum
 from prvr.methods.recipes import PRESETS, MethodSpec
 from prvr.methods.relations.holmes import WARMUP, HolmesPlan
 
 
 @dataclass
-class HolmesLossConfig:
+class HolmesLossConfig(V2FamilyLossConfig):
     """Section `loss` (the TVR values of src/Configs/tvr.py; other datasets: methods/presets/holmes.yaml)."""
 
-    margin: float = param(0.1, NON_NEGATIVE)  # margin
-    clip_nce_weight: float = param(0.05, NON_NEGATIVE)  # loss_factor[0]
-    frame_nce_weight: float = param(0.04, NON_NEGATIVE)  # loss_factor[1]
-    frame_triplet_weight: float = param(1.0, NON_NEGATIVE)  # ours, as GMMFormer v2's: the reference weighs it 1
-    diversity_weight: float = param(8e-5, NON_NEGATIVE)  # loss_factor[2]
-    diversity_margin: float = param(0.15, FINITE)  # neg_factor[0]
-    diversity_alpha: float = param(32.0, POSITIVE)  # neg_factor[1]
-    diversity_gamma: float = param(1.0, NON_NEGATIVE)  # neg_factor[2]: exponent of the focal factor (1 + cos)
-    # hard_negative_start_epoch: the reference's main.py turns hard negatives on from it although
-    # the configs say use_hard_negative False; -1 = never
-    hard_negative_epoch: int = param(20, at_least(-1, "-1 = never"))
-    hard_pool: int = param(20, at_least(1))  # hard_pool_size
     evidential_weight: float = param(0.2, NON_NEGATIVE)  # loss_factor[4]: weight of the three inter-video risks
     intra_video_weight: float = param(0.8, NON_NEGATIVE)  # loss_factor[3]: weight of the within-video risk
     evidence_tau: float = param(0.05, POSITIVE)  # edl_tau: evidence exp(tanh(s) / tau) between queries and videos
@@ -59,11 +57,8 @@ class HolmesLossConfig:
 
 def holmes_objective(cfg: HolmesLossConfig, scores: Scores, relations: Relations,
                      context: StepContext) -> LossOutput:
-    hard = hard_pool_at(context.epoch, cfg.hard_negative_epoch, cfg.hard_pool)
-    out = two_branch_ranking(scores, relations.positive, relations.negative, cfg.margin, hard, context.generator)
+    out = v2_family_terms(cfg, scores, relations, context)
     queries, clips = context.outputs["queries"]["query"], context.outputs["videos"]["clips"]
-    out["diversity"] = focal_query_diversity(queries, same_video_pairs(relations.positive), cfg.diversity_margin,
-                                             cfg.diversity_alpha, cfg.diversity_gamma)
     frame, clip = scores.branches["frame"], scores.branches["clip"]
     classes = relations.positive | relations.negative
     target = soft_targets((frame, clip), relations.positive, relations.confidence, classes)
