@@ -235,6 +235,32 @@ def test_a_read_only_results_folder_is_one_line(tmp_path, capsys, argv, names):
             folder.chmod(0o700)
 
 
+# the file each of READ_ONLY_COMMANDS writes first, in its folder
+FIFO_TARGETS = {"leaderboard": "leaderboard.md", "compare": "compare/sim-tvr-v2.md",
+                "sweep": "sweeps/sim-tvr-v2~repeat_prob.md", "matrix": "matrix/sim-tvr-v2.md"}
+
+
+@pytest.mark.parametrize("argv, names", READ_ONLY_COMMANDS, ids=lambda v: v[0] if isinstance(v, list) else None)
+def test_a_fifo_where_a_command_writes_is_one_line_and_left_as_it_was(tmp_path, capsys, argv, names):
+    """The same writing commands, in a folder they may write, with a FIFO where their table goes: one
+    line naming it, the FIFO still a FIFO, and the table's other files not written either."""
+    out = tmp_path / "out"
+    for run in ("baseline", "baseline+oracle"):
+        folder = out / "runs" / "sim-tvr-v2" / run
+        folder.mkdir(parents=True)
+        for seed in (0, 1):
+            for suffix in (".json", ".rank.npz"):
+                shutil.copy(ROOT / "results" / "runs" / "sim-tvr-v2" / run / f"seed{seed}{suffix}", folder)
+    target = out / FIFO_TARGETS[argv[0]]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _fifo(target)
+    code = main([a.replace("OUT", str(out)) for a in argv])
+    err = capsys.readouterr().err
+    assert code == 2 and f"{target.name} is a FIFO" in err and len(err.strip().splitlines()) == 1, err
+    assert _kind(target) == "a FIFO"
+    assert not target.with_suffix(".csv").exists()
+
+
 @pytest.mark.parametrize("writer", ["sim cache", "feature store"])
 def test_a_cache_folder_that_cannot_be_written_is_one_line(tmp_path, monkeypatch, writer):
     """The sim cache and the real datasets' feature store start their entries with `io.temporary_beside`
