@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from prvr.harness.base.io import write_png
+
 
 def _groups(d: dict, key: str) -> list[tuple[str, np.ndarray]]:
     groups = [("positive (labelled)", d[f"positive_{key}"])]
@@ -41,8 +43,7 @@ def plot_distributions(figure: dict[str, dict], path: str | Path) -> None:
             ax.set_title(f"branch {branch}: {title}", fontsize=9)
             ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    write_png(fig, path)  # the suite's one writer: a regular file or none at `path`, written whole
 
 
 def summarise(figure: dict[str, dict]) -> dict:
