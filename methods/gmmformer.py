@@ -4,7 +4,8 @@ loss = w_c * clip_NCE + clip_triplet + w_f * frame_NCE + frame_triplet + w_d * q
 (GMMFormer src/Losses/loss.py; loss_factor = [w_c, w_f, w_d], neg_factor = [margin, alpha]
 of the diversity term). Relations come from the configured detector; `loss.treatment` says how
 its ambiguous pairs train (ignore, the default | positive: also in the diversity's same-video pairs |
-restrain: + clip_trip_a + frame_triplet_weight * frame_trip_a, ARL Eq. 11; methods/objectives/arl.py).
+restrain: + clip_trip_a + frame_triplet_weight * frame_trip_a, ARL Eq. 11; methods/objectives/arl.py),
+or soft: the NCE terms' text-to-video part against Holmes' soft targets (the detector's confidence in the labels).
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from typing import ClassVar
 from prvr.harness.base.checks import FINITE, NON_NEGATIVE, POSITIVE, at_least, one_of, param
 from prvr.harness.base.contract import LossOutput, Relations, Scores, StepContext
 from prvr.harness.base.registry import METHODS
-from prvr.methods.objectives.arl import AS_DETECTOR_MODES, Treatment, check_restrained_margin, treated_positive
+from prvr.methods.objectives.arl import AS_DETECTOR_MODES, StandardTreatment, check_restrained_margin, treated_positive
 from prvr.methods.objectives.prvr import (query_diversity, same_video_pairs, two_branch_ranking, two_branch_restrained,
-                                          two_branch_sum)
+                                          two_branch_soft, two_branch_sum)
 from prvr.methods.objectives.ranking import hard_pool_at
 from prvr.methods.recipes import PRESETS, MethodSpec
 
@@ -37,8 +38,9 @@ class GMMFormerLossConfig:
     hard_negative_epoch: int = param(30, at_least(-1, "-1 = never"))
     hard_pool: int = param(20, at_least(1))  # hard_pool_size
     # ours: the detector's ambiguous pairs: ignore (out of the negatives) | positive (join the positives) |
-    # restrain (ARL Eq. 11 per branch: below the positive by margin_a, the negatives by margin)
-    treatment: Treatment = param("ignore", one_of(Treatment))
+    # restrain (ARL Eq. 11 per branch: below the positive by margin_a, the negatives by margin) |
+    # soft (text-to-video InfoNCE against Holmes' soft targets: reads the detector's confidence in the labels)
+    treatment: StandardTreatment = param("ignore", one_of(StandardTreatment))
     margin_a: float = param(0.05, NON_NEGATIVE)  # m_a < margin, read with treatment=restrain
     as_detector_modes: ClassVar[tuple[str, ...]] = AS_DETECTOR_MODES  # harness/cli/matrix.py
 
@@ -50,7 +52,10 @@ def gmmformer_objective(cfg: GMMFormerLossConfig, scores: Scores, relations: Rel
                         context: StepContext) -> LossOutput:
     hard = hard_pool_at(context.epoch, cfg.hard_negative_epoch, cfg.hard_pool)
     positive = treated_positive(relations.positive, relations.ambiguous, cfg.treatment)
-    out = two_branch_ranking(scores, positive, relations.negative, cfg.margin, hard, context.generator)
+    soft = cfg.treatment == "soft"
+    out = two_branch_ranking(scores, positive, relations.negative, cfg.margin, hard, context.generator, nce=not soft)
+    if soft:
+        out.update(two_branch_soft(scores, positive, relations.negative, relations.confidence))
     if cfg.treatment == "restrain":
         out.update(two_branch_restrained(scores, positive, relations.ambiguous, cfg.margin_a, hard, context.generator))
     pairs = same_video_pairs(positive)
@@ -64,6 +69,6 @@ METHODS.add(
     MethodSpec("gmmformer", backbone="gmmformer", relations="none", loss_cls=GMMFormerLossConfig,
                objective=gmmformer_objective, preset=PRESETS / "gmmformer.yaml",
                needs=frozenset({"clip_frame", "raw", "query_vector"}),
-               objectives=("msl-triplet", "infonce", "query-diversity", "restrained-triplet")),
+               objectives=("msl-triplet", "infonce", "query-diversity", "restrained-triplet", "soft-infonce")),
     "GMMFormer: Gaussian-window attention, NCE + triplet + query diversity on one-to-one labels",
 )

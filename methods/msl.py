@@ -4,7 +4,8 @@ loss = clip_nce_weight * clip_NCE + clip_triplet + frame_nce_weight * frame_NCE 
 (ms-sl method/model.py: 0.02 and 0.04), NCE on raw dot products, triplets on cosines with
 hard negatives from `hard_negative_epoch` on. Relations come from the configured detector;
 `loss.treatment` says how its ambiguous pairs train (ignore, the default | positive | restrain:
-+ clip_trip_a + frame_triplet_weight * frame_trip_a, ARL Eq. 11; methods/objectives/arl.py).
++ clip_trip_a + frame_triplet_weight * frame_trip_a, ARL Eq. 11; methods/objectives/arl.py), or soft:
+the NCE terms' text-to-video part against Holmes' soft targets (the detector's confidence in the labels).
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from typing import ClassVar
 from prvr.harness.base.checks import NON_NEGATIVE, at_least, one_of, param
 from prvr.harness.base.contract import LossOutput, Relations, Scores, StepContext
 from prvr.harness.base.registry import METHODS
-from prvr.methods.objectives.arl import AS_DETECTOR_MODES, Treatment, check_restrained_margin, treated_positive
-from prvr.methods.objectives.prvr import two_branch_ranking, two_branch_restrained, two_branch_sum
+from prvr.methods.objectives.arl import AS_DETECTOR_MODES, StandardTreatment, check_restrained_margin, treated_positive
+from prvr.methods.objectives.prvr import two_branch_ranking, two_branch_restrained, two_branch_soft, two_branch_sum
 from prvr.methods.objectives.ranking import hard_pool_at
 from prvr.methods.recipes import PRESETS, MethodSpec
 
@@ -33,8 +34,9 @@ class MSLLossConfig:
     hard_negative_epoch: int = param(20, at_least(-1, "-1 = never"))
     hard_pool: int = param(20, at_least(1))  # --hard_pool_size
     # ours: the detector's ambiguous pairs: ignore (out of the negatives) | positive (join the positives) |
-    # restrain (ARL Eq. 11 per branch: below the positive by margin_a, the negatives by margin)
-    treatment: Treatment = param("ignore", one_of(Treatment))
+    # restrain (ARL Eq. 11 per branch: below the positive by margin_a, the negatives by margin) |
+    # soft (text-to-video InfoNCE against Holmes' soft targets: reads the detector's confidence in the labels)
+    treatment: StandardTreatment = param("ignore", one_of(StandardTreatment))
     margin_a: float = param(0.05, NON_NEGATIVE)  # m_a < margin, read with treatment=restrain
     as_detector_modes: ClassVar[tuple[str, ...]] = AS_DETECTOR_MODES  # harness/cli/matrix.py
 
@@ -45,7 +47,10 @@ class MSLLossConfig:
 def msl_objective(cfg: MSLLossConfig, scores: Scores, relations: Relations, context: StepContext) -> LossOutput:
     hard = hard_pool_at(context.epoch, cfg.hard_negative_epoch, cfg.hard_pool)
     positive = treated_positive(relations.positive, relations.ambiguous, cfg.treatment)
-    out = two_branch_ranking(scores, positive, relations.negative, cfg.margin, hard, context.generator)
+    soft = cfg.treatment == "soft"
+    out = two_branch_ranking(scores, positive, relations.negative, cfg.margin, hard, context.generator, nce=not soft)
+    if soft:
+        out.update(two_branch_soft(scores, positive, relations.negative, relations.confidence))
     if cfg.treatment == "restrain":
         out.update(two_branch_restrained(scores, positive, relations.ambiguous, cfg.margin_a, hard, context.generator))
     return LossOutput(two_branch_sum(cfg, out), out)
@@ -55,6 +60,6 @@ METHODS.add(
     "msl",
     MethodSpec("msl", backbone="msl", relations="none", loss_cls=MSLLossConfig, objective=msl_objective,
                preset=PRESETS / "msl.yaml", needs=frozenset({"clip_frame", "raw"}),
-               objectives=("msl-triplet", "infonce", "restrained-triplet")),
+               objectives=("msl-triplet", "infonce", "restrained-triplet", "soft-infonce")),
     "MS-SL: multi-scale clip proposals + key-clip frame attention, NCE + triplet on one-to-one labels",
 )

@@ -76,7 +76,38 @@ def test_derived_settings_of_cells():
     assert not isinstance(sbert, str) and sbert.sets == ("relations.name=sbert", "loss.treatment=positive")
 
 
+def test_holmes_and_soft_cells(tmp_path):
+    """soft with the holmes detector is the standard objective's loss.treatment=soft; with a detector that trusts
+    every label it is that detector's ignore cell; the holmes detector hands over no pair, so the other treatments
+    train the plain cell; on Holmes' backbone the holmes x soft cell is Holmes' own run."""
+    soft = recipe("holmes", TREATMENTS["soft"], "dual-branch")
+    assert not isinstance(soft, str)
+    assert (soft.method, soft.backbone, soft.sets) == ("baseline", "dual-branch",
+                                                       ("relations.name=holmes", "loss.treatment=soft"))
+    _, cells = planned(tmp_path, "--backbones", "dual-branch", "msl", "gmmformer", "arl", "holmes")
+    cell = cells[("holmes", "soft", "dual-branch")]
+    assert cell.cell.run == "baseline+holmes~soft" and not cell.cell.plain
+    assert cell.cell.recipe.endswith("--set relations.name=holmes --set loss.treatment=soft --tag soft")
+    cfg = cell.runs[0].cfg
+    assert (cfg.method, cfg.relations.name, cfg.loss.treatment) == ("baseline", "holmes", "soft")
+    assert cells[("holmes", "soft", "msl")].cell.run == "msl+holmes~soft"
+    assert cells[("holmes", "soft", "gmmformer")].cell.run == "gmmformer+holmes~soft"
+    for t in ("positive", "ignore", "restrain"):
+        assert cells[("holmes", t, "dual-branch")].cell.run == "baseline" and cells[("holmes", t, "msl")].cell.plain
+    assert cells[("oracle", "soft", "dual-branch")].cell.run == cells[("oracle", "ignore", "dual-branch")].cell.run \
+        == "baseline+oracle~ignore"
+    assert cells[("sbert", "soft", "msl")].cell.run == "msl+sbert"
+    assert cells[("none", "soft", "gmmformer")].cell.run == "gmmformer"
+    assert cells[("holmes", "soft", "holmes")].cell.run == "holmes"  # Holmes' own method and detector, untagged
+    assert cells[("holmes", "soft", "holmes")].runs[0].cfg.relations.name == "holmes"
+
+
 @pytest.mark.parametrize("cell, says", [
+    (("oracle", "soft", "arl"), "the objective of arl reads no confidence in the labelled pairs (its loss.treatment "
+                                "values restrain, positive, ignore train a detector's pairs; no soft targets), and "
+                                "soft's objective (holmes) needs"),
+    (("holmes", "soft", "arl"), "which backbone arl does not provide"),
+    (("holmes", "restrain", "arl"), "detector holmes needs clip_frame, which backbone arl does not provide"),
     (("oracle", "restrain", "gmmformer2"), "needs frame_items and theta_phi, which backbone gmmformer2 does not"),
     (("none", "multi-level", "msl"), "needs span_logits, which backbone msl does not provide"),
     (("arl", "ignore", "gmmformer"), "detector arl needs frame_views, which backbone gmmformer does not provide"),

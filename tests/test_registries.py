@@ -176,8 +176,9 @@ def test_every_registered_objective_is_combined_by_a_method():
 
 
 def test_the_objective_walk_finds_parts_through_helpers():
-    # via two_branch_ranking and two_branch_restrained
-    assert registered_parts(METHODS.get("msl").objective) == {"msl-triplet", "infonce", "restrained-triplet"}
+    # via two_branch_ranking, two_branch_restrained and two_branch_soft
+    assert registered_parts(METHODS.get("msl").objective) == {"msl-triplet", "infonce", "restrained-triplet",
+                                                              "soft-infonce"}
 
 
 # ----------------------------------------------------------------------------- presets resolve without data

@@ -1,7 +1,9 @@
 """`loss.treatment` of the standard objectives (baseline, MS-SL, GMMFormer): ignore, the default, is
 the loss as it always was, to the last bit; positive is the loss with the ambiguous pairs among the
 positives; restrain adds ARL's restrained triplet (Eq. 11) on each branch's score matrix, checked
-against a loop; bad values are one line; a checkpoint from before the knob resumes."""
+against a loop; soft (Holmes' soft targets in the text-to-video InfoNCE) is ignore to the last bit where the
+detector trusts every label, and a soft cross-entropy by hand where it does not; bad values are one line; a
+checkpoint from before the knob resumes."""
 
 import json
 import math
@@ -18,7 +20,8 @@ from prvr.harness.engine.trainer import resume_changes
 from prvr.methods.baseline import StandardLossConfig, standard_objective
 from prvr.methods.gmmformer import GMMFormerLossConfig, gmmformer_objective
 from prvr.methods.msl import MSLLossConfig, msl_objective
-from prvr.methods.objectives.arl import restrained_triplet
+from prvr.methods.objectives.arl import TREATMENTS, restrained_triplet
+from prvr.methods.objectives.holmes import soft_info_nce, soft_targets
 from prvr.methods.objectives.prvr import query_diversity, same_video_pairs, two_branch_ranking
 from prvr.methods.objectives.ranking import hard_pool_at, info_nce, triplet
 
@@ -162,18 +165,90 @@ def test_restrain_adds_the_restrained_triplet_of_each_branch(method):
     assert {k: v for k, v in out.parts.items() if not k.endswith("_trip_a")}.keys() == ignored.parts.keys()
 
 
+# ----------------------------------------------------------------------------- soft
+def smoothed(rel: Relations, row: int = 2, trust: float = 0.8) -> Relations:
+    """The relations with the labelled pair of one query at confidence `trust` (as the holmes detector's)."""
+    confidence = rel.confidence.clone()
+    confidence[row] = confidence[row] * trust
+    return Relations(rel.positive, rel.ambiguous, confidence)
+
+
+@pytest.mark.parametrize("epoch", [0, 100], ids=["random-negatives", "hard-negatives"])
+@pytest.mark.parametrize("method", list(METHODS))
+def test_soft_is_ignore_to_the_last_bit_where_every_label_is_trusted(method, epoch):
+    cls, objective = METHODS[method]
+    for seed in range(3):
+        scores, rel, queries = batch(seed)  # confidence 1 on every labelled pair (and 0.5 on the ambiguous ones)
+        soft = objective(cls(treatment="soft"), scores, rel, context(epoch, queries))
+        ignored = objective(cls(), scores, rel, context(epoch, queries))
+        assert torch.equal(soft.loss, ignored.loss)
+        assert soft.parts.keys() == ignored.parts.keys()
+        assert all(torch.equal(soft.parts[k], ignored.parts[k]) for k in ignored.parts)
+        # a smoothed row changes the NCE parts alone
+        doubted = objective(cls(treatment="soft"), scores, smoothed(rel), context(epoch, queries))
+        assert not torch.equal(doubted.loss, ignored.loss)
+        assert all(torch.equal(doubted.parts[k], ignored.parts[k]) for k in ignored.parts if not k.endswith("_nce"))
+
+
+def by_hand_soft_nce(s, positive, negative, temperature, target_scores, confidence):
+    """-sum_v t_qv log softmax(s_q / T)_v over the row's classes, t = soft_targets, mean over the rows; plus the
+    video-to-text InfoNCE term, column by column."""
+    classes = positive | negative
+    t = soft_targets(target_scores, positive, confidence, classes)
+    rows = []
+    for q in range(s.shape[0]):
+        keep = classes[q]
+        logp = torch.log_softmax(s[q][keep] / temperature, 0)
+        rows.append(float(-(t[q][keep] * logp).sum()))
+    cols = []
+    for v in range(s.shape[1]):
+        keep = classes[:, v]
+        logp = torch.log_softmax(s[:, v][keep] / temperature, 0)
+        cols.append(float(-torch.logsumexp(logp[positive[:, v][keep]], 0)))
+    return sum(rows) / len(rows) + sum(cols) / len(cols)
+
+
+def test_soft_against_a_soft_cross_entropy_by_hand():
+    scores, rel, _ = batch(3)
+    rel = smoothed(rel, row=4, trust=0.7)
+    target_scores = (scores.branches["clip"], scores.branches["frame"])
+    t = soft_targets(target_scores, rel.positive, rel.confidence, rel.positive | rel.negative)
+    assert t[4, 2].item() < 1 and (t[4] > 0).sum() > 1 and t[0].max().item() == 1  # one row smoothed, the rest one-hot
+    assert torch.allclose(t.sum(1), torch.ones(Q, dtype=t.dtype))
+    for temperature in (0.05, 1.0):
+        got = soft_info_nce(scores.branches["frame"], rel.positive, rel.negative, temperature, target_scores,
+                            rel.confidence)
+        expected = by_hand_soft_nce(scores.branches["frame"], rel.positive, rel.negative, temperature, target_scores,
+                                    rel.confidence)
+        assert got.item() == pytest.approx(expected, rel=1e-5)
+    # the baseline's clip_nce is that on its cosines at its temperature
+    cfg = StandardLossConfig(treatment="soft")
+    out = standard_objective(cfg, scores, rel, context(0, torch.zeros(Q, 8)))
+    assert out.parts["clip_nce"].item() == pytest.approx(by_hand_soft_nce(
+        scores.branches["clip"], rel.positive, rel.negative, cfg.temperature, target_scores, rel.confidence), rel=1e-5)
+
+
+def test_the_standard_treatments_are_arls_and_soft_and_arl_keeps_its_own():
+    from prvr.methods.arl import ArlConfig
+    from prvr.methods.objectives.arl import STANDARD_TREATMENTS
+    assert STANDARD_TREATMENTS == (*TREATMENTS, "soft") and "soft" not in TREATMENTS
+    with pytest.raises(UserError, match="must be one of restrain, positive, ignore, got 'soft'"):
+        resolve("arl", "sim-tiny", 0, ["loss.treatment=soft"])
+    assert ArlConfig().treatment == "restrain"
+
+
 # ----------------------------------------------------------------------------- settings
 @pytest.mark.parametrize("method", list(METHODS))
 def test_a_bad_treatment_is_one_line_naming_the_key(method):
-    with pytest.raises(UserError, match=r"'loss.treatment' must be one of restrain, positive, ignore, got 'drop'") \
-            as err:
+    with pytest.raises(UserError,
+                       match=r"'loss.treatment' must be one of restrain, positive, ignore, soft, got 'drop'") as err:
         resolve(method, "sim-tiny", 0, ["loss.treatment=drop"])
     assert "\n" not in str(err.value)
     with pytest.raises(UserError, match=r"restrain needs loss.margin_a < loss.margin \(ARL Eq. 11-12\)") as err:
         resolve(method, "sim-tiny", 0, ["loss.treatment=restrain", "loss.margin_a=0.5"])
     assert "\n" not in str(err.value)
     assert resolve(method, "sim-tiny", 0, ["loss.margin_a=0.5"]).loss.margin_a == 0.5  # read by restrain alone
-    with pytest.raises(UserError, match=r"loss.treatment must be one of restrain, positive, ignore, got 'drop'"):
+    with pytest.raises(UserError, match=r"loss.treatment must be one of restrain, positive, ignore, soft, got 'drop'"):
         cls, objective = METHODS[method]
         scores, rel, queries = batch()
         objective(cls(treatment="drop"), scores, rel, context(0, queries))  # a config built in code
@@ -211,3 +286,14 @@ def test_positive_trains_what_the_oracles_mode_positive_gives(tmp_path):
     by_loss = run_one(resolve("baseline", "sim-tiny", 0, [*sets, "relations.oracle.mode=ignore",
                                                           "loss.treatment=positive"]), tmp_path / "b")
     assert by_mode["history"] == by_loss["history"] and by_mode["metrics"] == by_loss["metrics"]
+
+
+@pytest.mark.slow
+def test_baseline_trains_one_epoch_with_holmes_detector_and_soft_targets(tmp_path):
+    cfg = resolve("baseline", "sim-tiny", 0, ["train.epochs=1", "relations.name=holmes", "loss.treatment=soft"])
+    assert cfg.detector.warmup_epochs == 0  # below train.epochs: the division runs in the one epoch
+    record = run_one(cfg, tmp_path)
+    history = record["history"][0]
+    assert math.isfinite(history["loss"]) and math.isfinite(history["clip_nce"]) and math.isfinite(history["frame_nce"])
+    assert record["config"]["loss"]["treatment"] == "soft" and record["config"]["relations"]["name"] == "holmes"
+    assert history["relations"]["active"] and history["relations"]["smoothed"] > 0  # some labels were softened

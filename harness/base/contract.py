@@ -288,6 +288,8 @@ class RelationDetector(Protocol):
 
     needs: ClassVar[frozenset[str]]
     config_cls: ClassVar[type | None]
+    finds_pairs: ClassVar[bool]  # hands over pairs beyond the labels (ambiguous, or positives by a mode)
+    doubts_labels: ClassVar[bool]  # gives some labelled pairs a confidence below 1 (read by loss.treatment=soft)
 
     # how harness/engine/build.py makes one: from the run's Config (harness/engine/sections.py, a floor above)
     def __init__(self, cfg: Any, /) -> None: ...

@@ -120,8 +120,8 @@ METHODS: Registry[MethodSpec] = Registry("method")
 # the members of contract.Backbone and contract.RelationDetector (tests/test_registries.py keeps
 # them equal): registry.py does not import the contract, which imports torch
 BACKBONE_MEMBERS = ("config_cls", "provides", "encode_queries", "encode_videos", "index_videos", "score")
-DETECTOR_MEMBERS = ("needs", "config_cls", "setup", "prepare", "on_epoch_start", "on_step", "on_epoch_end", "detect",
-                    "epoch_report", "write_artifacts")
+DETECTOR_MEMBERS = ("needs", "config_cls", "finds_pairs", "doubts_labels", "setup", "prepare", "on_epoch_start",
+                    "on_step", "on_epoch_end", "detect", "epoch_report", "write_artifacts")
 BACKBONES: Registry[type[Backbone]] = Registry("backbone", BACKBONE_MEMBERS, "Backbone")
 DETECTORS: Registry[type[RelationDetector]] = Registry("relation detector", DETECTOR_MEMBERS, "RelationDetector")
 OBJECTIVES = ObjectiveRegistry("objective")  # loss functions of tensors (methods/objectives/)

@@ -16,7 +16,13 @@ A cell (detector D, treatment T, backbone B) is an ordinary `prvr-bench run`: a 
   else `ignore` is what every objective does with ambiguous pairs (they leave `Relations.negative`), and
   `positive` cannot work;
 - with D = none no pair is detected, so every treatment whose objective fits B trains B's plain cell:
-  B's own method on the labels, or the row it names as its base (`MethodSpec.base_row`: `arl~base`).
+  B's own method on the labels, or the row it names as its base (`MethodSpec.base_row`: `arl~base`);
+- `soft` reads the detector's confidence in the labelled pairs (Holmes' soft targets): B's own method with
+  `loss.treatment=soft` (baseline, msl, gmmformer), else Holmes' objective (on Holmes' backbone); a detector
+  that trusts every label (`doubts_labels` false: all but holmes) makes the targets the labels, so its soft
+  cell is its ignore cell; a detector that finds no pair (`finds_pairs` false: holmes) gives the other
+  treatments nothing to treat, so on an objective that reads its confidence only under soft they train B's
+  plain cell, as with none.
 
 A cell whose parts do not fit (the objective or the detector needs an output B lacks; a treatment the
 detector cannot give) is a cell with its one-line reason and trains nothing. The run's name is
@@ -71,6 +77,7 @@ class Treatment:
     summary: str
     method: str = ""  # the method whose objective it is; "": each backbone's own method
     positive: bool = False  # the detected pairs must arrive as positives (else as ambiguous sets)
+    confidence: bool = False  # reads the detector's confidence in the labelled pairs, not its pairs
 
 
 TREATMENTS = {t.name: t for t in (
@@ -84,8 +91,13 @@ TREATMENTS = {t.name: t for t in (
     Treatment("multi-level", "the multi-level ranking loss of the SBERT potentially-relevant pairs paper: the "
                              "detected pairs ranked between positives and negatives with the detector's confidence "
                              "(SBERT-PR Eq. 10-13)", "xml-pr"),
+    Treatment("soft", "Holmes' query-adaptive labels: the text-to-video targets soften by the detector's confidence "
+                      "in each labelled pair, c y + (1 - c) mean_b softmax(s_b); on the backbones of baseline, msl "
+                      "and gmmformer their own objective with loss.treatment=soft (its InfoNCE's text-to-video "
+                      "term), on Holmes' backbone Holmes' objective (its evidential targets)", "holmes",
+              confidence=True),
 )}
-DEFAULT_DETECTORS = ("none", "oracle", "arl", "sbert")
+DEFAULT_DETECTORS = ("none", "oracle", "arl", "sbert", "holmes")
 DEFAULT_BACKBONES = ("dual-branch", "msl", "gmmformer", "arl")
 NO_DETECTOR = "none"
 AMBIGUOUS_MODE = "ignore"  # a detector mode that hands its pairs over as ambiguous sets (relations.oracle.mode)
@@ -259,11 +271,18 @@ def recipe(detector: str, treatment: Treatment, backbone: str) -> Recipe | str:
         return f"backbone {backbone} has no method of its own to train it"
     misfit = _misfit(method, backbone, detector, treatment)
     if misfit:
-        return misfit
+        return _no_confidence_seam(home, treatment) + misfit
     if detector == NO_DETECTOR:
         return _plain(backbone)
-    sets = [f"relations.name={detector}"]
+    found = DETECTORS.get(detector)
     spec = METHODS.get(method)
+    if treatment.confidence and not found.doubts_labels:
+        # confidence 1 in every labelled pair: the soft targets are the labels, and soft trains what ignore does
+        return recipe(detector, TREATMENTS["ignore"], backbone)
+    if not treatment.confidence and not found.finds_pairs and method != TREATMENTS["soft"].method:
+        # no pair to treat and a confidence the objective reads only under soft: the labels, as detector none
+        return _plain(backbone)
+    sets = [f"relations.name={detector}"]
     modes = _choices(DETECTORS.get(detector).config_cls, "mode")
     # a loss whose `treatment` T trains what the detector's mode T gives (the standard objectives' positive and
     # ignore) keeps the detector's mode where it has one: the run the suite has (`baseline+oracle`)
@@ -274,6 +293,9 @@ def recipe(detector: str, treatment: Treatment, backbone: str) -> Recipe | str:
         wants = AMBIGUOUS_MODE
     elif treatment.positive:
         wants = "positive"
+        if not found.finds_pairs:
+            return (f"detector {detector} hands over no pair of its own to make positives (its relations are the "
+                    f"labels), and the objective of {method} trains the labels' positives already")
         if "positive" not in modes:
             return (f"detector {detector} hands its pairs over as ambiguous, with no relations.{detector}.mode "
                     f"that makes them positives, and the objective of {method} has no loss.treatment that "
@@ -285,6 +307,19 @@ def recipe(detector: str, treatment: Treatment, backbone: str) -> Recipe | str:
             return f"detector {detector} has no relations.{detector}.mode={wants} (its modes: {', '.join(modes)})"
         sets.append(f"relations.{detector}.mode={wants}")
     return Recipe(method, backbone, tuple(sets), _row_tag(method, sets) or treatment.name)
+
+
+def _no_confidence_seam(home: str | None, treatment: Treatment) -> str:
+    """Where the backbone's own method cannot read a detector's confidence (the prefix of a confidence
+    treatment's misfit): its loss has no such `loss.treatment`; "" elsewhere."""
+    if not treatment.confidence or home is None or home == treatment.method:
+        return ""
+    values = _choices(METHODS.get(home).loss_cls, "treatment")
+    if treatment.name in values:
+        return ""
+    has = f"loss.treatment values {', '.join(values)} train a detector's pairs" if values else "loss has no treatment"
+    return (f"the objective of {home} reads no confidence in the labelled pairs (its {has}; no soft targets), "
+            "and ")
 
 
 def _method_of(treatment: Treatment, home: str | None) -> str | None:
@@ -419,6 +454,10 @@ def _notes(backbones: list[str]) -> tuple[str, ...]:
         if spec is not None and spec.base_row:
             notes.append(f"on backbone {b} the plain cell is {home}~{spec.base_row}, the row {home} names as its "
                          f"base (its encoder and loss without its label-noise mechanism)")
+    notes.append("detector holmes hands over no pair of its own (its relations are the labels, a smoothed query's "
+                 "labelled pair with confidence 1 - smooth_beta), which only soft reads: under the other treatments "
+                 "the standard objectives train as with detector none (the plain cell); any other detector trusts "
+                 "every label (confidence 1), so its soft cell is its ignore cell (the soft targets are the labels)")
     notes.append("positive and ignore: the backbone's own objective, which leaves ambiguous pairs out of its "
                  "negatives (ignore); positives come from its loss.treatment=positive where it has one (the "
                  "standard objectives' adds the pairs to the positives, what a detector's mode positive gives, so "

@@ -16,7 +16,8 @@ How a row treats A (paper Table 6):
 The standard objectives (baseline, MS-SL, GMMFormer) take the same words as their
 `loss.treatment` (end of this file): ignore (their default, as they always were), positive (A
 joins the positives of their triplet and InfoNCE terms) and restrain (ARL's Eq. 11 on each
-branch's [Q, B] score matrix, `restrained_triplet`, added to their own terms).
+branch's [Q, B] score matrix, `restrained_triplet`, added to their own terms); and one more, soft
+(Holmes' query-adaptive labels in their text-to-video InfoNCE, methods/objectives/holmes.py).
 """
 
 from __future__ import annotations
@@ -196,15 +197,20 @@ def frame_loss(frame_scores: torch.Tensor, frame_mask: torch.Tensor, positive: t
 # loss configs name them (`as_detector_modes`), and the matrix (harness/cli/matrix.py) keeps such a detector's
 # mode, the run the suite has, where the detector has one.
 AS_DETECTOR_MODES: tuple[Treatment, ...] = ("positive", "ignore")
+# The standard objectives' `loss.treatment`: ARL's three words and `soft`, Holmes' query-adaptive labels
+# (methods/objectives/holmes.py `soft_info_nce`: the text-to-video InfoNCE against `soft_targets`, which read
+# the detector's confidence in the labelled pairs). ARL's own objective keeps `Treatment`.
+StandardTreatment = Literal["restrain", "positive", "ignore", "soft"]
+STANDARD_TREATMENTS: tuple[StandardTreatment, ...] = get_args(StandardTreatment)
 
 
 def treated_positive(positive: torch.Tensor, ambiguous: torch.Tensor, treatment: str) -> torch.Tensor:
     """The positives [Q, B] a standard objective trains with under `loss.treatment`: with `positive` the
     detector's ambiguous pairs join them (multi-positive triplet and InfoNCE, as a detector's mode
     `positive` would hand them over); with `ignore` and `restrain` the detector's own (the very tensor),
-    the ambiguous pairs being out of the negatives either way (`Relations.negative`)."""
-    if treatment not in TREATMENTS:
-        raise UserError(f"loss.treatment must be one of {', '.join(TREATMENTS)}, got '{treatment}'")
+    the ambiguous pairs being out of the negatives either way (`Relations.negative`); so with `soft`."""
+    if treatment not in STANDARD_TREATMENTS:
+        raise UserError(f"loss.treatment must be one of {', '.join(STANDARD_TREATMENTS)}, got '{treatment}'")
     return positive | ambiguous if treatment == "positive" else positive
 
 

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from prvr.harness.base import masks
 from prvr.harness.base.registry import OBJECTIVES
+from prvr.methods.objectives.ranking import masked_logsumexp, mean_where
 
 NO_MASS = -1e9  # log-mass of a padding row of the transport (the reference's); exp() of it is 0
 
@@ -117,6 +118,19 @@ def evidential_risks(frame: torch.Tensor, clip: torch.Tensor, target: torch.Tens
 
 
 # ----------------------------------------------------------------------------- the treatment
+def label_confidence(positive: torch.Tensor, confidence: torch.Tensor) -> torch.Tensor:
+    """c_q [Q, 1]: the mean confidence of row q's positive pairs (1 for a row without one)."""
+    pos = positive.float()
+    count = pos.sum(1, keepdim=True)
+    return torch.where(count > 0, (wide(confidence) * pos).sum(1, keepdim=True) / count.clamp(min=1), 1.0)
+
+
+def scores_softmax(branch_scores: Sequence[torch.Tensor], classes: torch.Tensor) -> torch.Tensor:
+    """mean_b softmax(s_b[q]) over the row's classes [Q, V] (detached scores; 0 outside the classes)."""
+    return torch.stack([wide(s.detach()).masked_fill(~classes, float("-inf")).softmax(1)
+                        for s in branch_scores]).mean(0)
+
+
 def soft_targets(branch_scores: Sequence[torch.Tensor], positive: torch.Tensor, confidence: torch.Tensor,
                  classes: torch.Tensor | None = None) -> torch.Tensor:
     """Holmes' query-adaptive labels from any detector's relations: row q of the target is
@@ -124,16 +138,39 @@ def soft_targets(branch_scores: Sequence[torch.Tensor], positive: torch.Tensor, 
         c_q * y_q + (1 - c_q) * mean_b softmax(s_b[q])        (detached scores, over the row's classes)
 
     with y_q the labels (positive pairs, normalised to sum 1) and c_q the mean confidence of its
-    positive pairs. A detector that trusts a label (confidence 1) leaves its one-hot row; the
-    `holmes` detector gives the positive pair of a query it smooths confidence 1 - beta, which
+    positive pairs (`label_confidence`). A detector that trusts a label (confidence 1) leaves its one-hot
+    row; the `holmes` detector gives the positive pair of a query it smooths confidence 1 - beta, which
     makes the row the reference's (1 - beta) y + beta / 2 (p_frame + p_clip)."""
     keep = all_classes(positive) if classes is None else classes
     pos = positive.float()
-    count = pos.sum(1, keepdim=True)
-    y = pos / count.clamp(min=1)
-    c = torch.where(count > 0, (wide(confidence) * pos).sum(1, keepdim=True) / count.clamp(min=1), 1.0)
-    p = torch.stack([wide(s.detach()).masked_fill(~keep, float("-inf")).softmax(1) for s in branch_scores]).mean(0)
-    return c * y + (1 - c) * p
+    y = pos / pos.sum(1, keepdim=True).clamp(min=1)
+    c = label_confidence(positive, confidence)
+    return c * y + (1 - c) * scores_softmax(branch_scores, keep)
+
+
+@OBJECTIVES.register("soft-infonce", "InfoNCE whose text-to-video term is a cross-entropy against Holmes' soft "
+                                     "targets (the standard objectives' loss.treatment=soft)")
+def soft_info_nce(scores: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor, temperature: float,
+                  target_scores: Sequence[torch.Tensor], confidence: torch.Tensor) -> torch.Tensor:
+    """`ranking.info_nce` with its text-to-video term a soft cross-entropy against `soft_targets`
+    (Holmes' query-adaptive labels from the branches' `target_scores`, the classes P u N). With
+    logits l = scores / temperature and p_q = softmax(l_q) over the row's classes, row q's term is
+
+        c_q * (-log sum_{v in P_q} p_qv) + (1 - c_q) * (-sum_v pbar_qv log p_qv)
+
+    c_q, pbar_q as in `soft_targets`: for a row with one positive, -sum_v t_qv log p_qv with t the soft
+    target; with several, the label's part is InfoNCE's multi-positive term. Where c_q = 1 (every
+    detector but `holmes`) the row is InfoNCE's, to the last bit. The video-to-text term is InfoNCE's."""
+    logits = scores / temperature
+    classes = positive | negative
+    c = label_confidence(positive, confidence).to(logits.dtype)
+    spread = scores_softmax(target_scores, classes).to(logits.dtype)
+    den = masked_logsumexp(logits, classes, 1)
+    t2v = c[:, 0] * (den - masked_logsumexp(logits, positive, 1)) \
+        + (1 - c[:, 0]) * (den - (spread * logits.masked_fill(~classes, 0)).sum(1))
+    v2t = masked_logsumexp(logits, classes, 0) - masked_logsumexp(logits, positive, 0)
+    return (mean_where(t2v, positive.any(1), masks.covered(positive, 1), scores)
+            + mean_where(v2t, positive.any(0), masks.covered(positive, 0), scores))
 
 
 # ----------------------------------------------------------------------------- within a video

@@ -3,7 +3,8 @@
 Every function takes the relation masks (positive, negative) instead of labels, so relation
 detectors plug in: with one-to-one labels they reduce to the reference losses.
 - NCE: the references' `clip_nce` is InfoNCE on raw dot products with temperature 1
-  (`ranking.info_nce(scores, positive, negative, 1.0)`), multi-positive over a video's queries.
+  (`ranking.info_nce(scores, positive, negative, 1.0)`), multi-positive over a video's queries;
+  with `loss.treatment=soft` its text-to-video term against Holmes' soft targets (`two_branch_soft`).
 - triplet (`msl_triplet`): text-to-video per positive pair, video-to-text per video against
   the mean score of its positive queries.
 - query diversity (GMMFormer) and its focal form (GMMFormer v2), over pairs of queries that
@@ -25,6 +26,7 @@ from prvr.harness.base.io import UserError
 from prvr.harness.base.registry import OBJECTIVES
 from prvr.methods.backbones.api import Scores
 from prvr.methods.objectives.arl import restrained_triplet
+from prvr.methods.objectives.holmes import soft_info_nce
 from prvr.methods.objectives.ranking import info_nce, mean_where, sample_negatives
 
 
@@ -59,19 +61,39 @@ def msl_triplet(scores: torch.Tensor, positive: torch.Tensor, negative: torch.Te
 
 def two_branch_ranking(scores: Scores, positive: torch.Tensor, negative: torch.Tensor,
                        margin: float, hard_pool: int | None,
-                       generator: torch.Generator | None) -> dict[str, torch.Tensor]:
+                       generator: torch.Generator | None, nce: bool = True) -> dict[str, torch.Tensor]:
     """The ranking parts shared by MS-SL, GMMFormer and v2, unweighted: for b in (clip, frame),
     b_nce = InfoNCE(T = 1) on the raw dot products `scores.raw[b]`, b_triplet = msl_triplet on
-    the cosines `scores.branches[b]`."""
+    the cosines `scores.branches[b]`. nce=False leaves the NCE parts to the caller (`two_branch_soft`)."""
     out = {}
     for b in ("clip", "frame"):
         if b not in scores.raw or b not in scores.branches:
             raise UserError(f"the MS-SL family losses need the backbone's {b} score and its raw dot products "
                             f"(Scores.branches['{b}'], Scores.raw['{b}']); use the msl, gmmformer or gmmformer2 "
                             "backbone")
-        out[f"{b}_nce"] = info_nce(scores.raw[b], positive, negative, 1.0)
+        if nce:
+            out[f"{b}_nce"] = info_nce(scores.raw[b], positive, negative, 1.0)
         out[f"{b}_triplet"] = msl_triplet(scores.branches[b], positive, negative, margin, hard_pool, generator)
     return out
+
+
+def soft_target_scores(scores: Scores) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (clip, frame) cosines from which `loss.treatment=soft` builds Holmes' soft targets."""
+    missing = [b for b in ("clip", "frame") if b not in scores.branches]
+    if missing:
+        raise UserError(f"loss.treatment=soft builds its targets from the clip and frame scores, and the backbone "
+                        f"gives no {' or '.join(missing)} score (Scores.branches); use another treatment")
+    return scores.branches["clip"], scores.branches["frame"]
+
+
+def two_branch_soft(scores: Scores, positive: torch.Tensor, negative: torch.Tensor,
+                    confidence: torch.Tensor) -> dict[str, torch.Tensor]:
+    """`loss.treatment=soft` of the MS-SL family: b_nce = `soft_info_nce` (T = 1) on the raw dot products
+    `scores.raw[b]`, its text-to-video term against Holmes' soft targets of the (clip, frame) cosines, for b
+    in (clip, frame); with `two_branch_ranking(..., nce=False)` the parts of `two_branch_ranking`."""
+    target = soft_target_scores(scores)
+    return {f"{b}_nce": soft_info_nce(scores.raw[b], positive, negative, 1.0, target, confidence)
+            for b in ("clip", "frame")}
 
 
 def two_branch_restrained(scores: Scores, positive: torch.Tensor, ambiguous: torch.Tensor, margin_a: float,

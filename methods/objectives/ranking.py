@@ -19,7 +19,7 @@ def hard_pool_at(epoch: int, start: int, pool: int, before: int | None = None) -
     return pool if 0 <= start <= epoch else before
 
 
-def _masked_logsumexp(logits: torch.Tensor, mask: torch.Tensor, dim: int) -> torch.Tensor:
+def masked_logsumexp(logits: torch.Tensor, mask: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.logsumexp(logits.masked_fill(~mask, float("-inf")), dim=dim)
 
 
@@ -36,8 +36,8 @@ def info_nce(scores: torch.Tensor, positive: torch.Tensor, negative: torch.Tenso
     terms = []
     for dim in (1, 0):  # text-to-video over rows, video-to-text over columns
         has_pos = positive.any(dim)
-        num = _masked_logsumexp(logits, positive, dim)
-        den = _masked_logsumexp(logits, positive | negative, dim)
+        num = masked_logsumexp(logits, positive, dim)
+        den = masked_logsumexp(logits, positive | negative, dim)
         terms.append(mean_where(den - num, has_pos, masks.covered(positive, dim), scores))
     return terms[0] + terms[1]
 

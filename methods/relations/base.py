@@ -42,6 +42,11 @@ class Detector:
 
     needs: ClassVar[frozenset[str]] = frozenset()
     config_cls: ClassVar[type | None] = None  # its settings: section relations.<name>
+    # what its relations carry beyond the labels (the matrix reads these, harness/cli/matrix.py):
+    # pairs of its own (ambiguous, or positives by a mode), for a treatment to train
+    finds_pairs: ClassVar[bool] = True
+    # a confidence below 1 in some labelled pairs, which only `loss.treatment=soft` (Holmes' soft targets) reads
+    doubts_labels: ClassVar[bool] = False
     settings: object | None  # an instance of config_cls, None without one (a subclass declares its class)
 
     def __init__(self, cfg: Any) -> None:  # the run's Config (harness/engine/sections.py, a floor above the parts)
@@ -84,7 +89,7 @@ class Detector:
 
 @DETECTORS.register("none", "one-to-one labels: the labelled video is positive, every other video negative")
 class NoDetector(Detector):
-    pass
+    finds_pairs: ClassVar[bool] = False
 
 
 @dataclass

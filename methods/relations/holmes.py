@@ -14,7 +14,9 @@ principle", the reference's `pair_division`):
 A query one branch calls noisy and the other does not call uncertain is smoothed: its labelled
 pair keeps confidence 1 - smooth_beta, every other labelled pair 1. The positive and negative
 pairs are the labels': what the division changes is how sure the labels are, which an objective
-reads through `soft_targets` (the treatment, methods/objectives/holmes.py). Holmes' own method
+reads through `soft_targets` (the treatment, methods/objectives/holmes.py): Holmes' own, and the standard
+objectives' (baseline, msl, gmmformer) with `loss.treatment=soft`; under any other treatment they train
+as on the labels. Holmes' own method
 hands the detector its warm-up and evidence temperature (`HolmesPlan`), so both agree.
 """
 
@@ -119,6 +121,8 @@ COUNTED = ("queries", "smoothed", *(f"{b}_{k}" for b in ("frame", "clip") for k 
 class HolmesDetector(Detector):
     needs: ClassVar[frozenset[str]] = frozenset({"clip_frame"})
     config_cls: ClassVar[type | None] = HolmesDetectorConfig
+    finds_pairs: ClassVar[bool] = False  # the labels' pairs, no ambiguous one
+    doubts_labels: ClassVar[bool] = True  # a smoothed query's labelled pair: confidence 1 - smooth_beta
     settings: HolmesDetectorConfig
 
     def setup(self, data: Any, plan: Any = None) -> None:
