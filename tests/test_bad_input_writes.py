@@ -196,6 +196,8 @@ READ_ONLY_COMMANDS = [
       "--oracle", "--seeds", "0", "1", "--report-only", "--out", "OUT"], "OUT/sweeps"),
     (["matrix", "--dataset", "sim-tvr-v2", "--detectors", "none", "oracle", "--treatments", "positive",
       "--backbones", "dual-branch", "--seeds", "0", "1", "--report-only", "--out", "OUT"], "OUT/matrix"),
+    (["sensitivity", "--dataset", "sim-tvr-v2", "--gains", "msl:baseline", "--vary", "sim.token_noise=1",
+      "--seeds", "0", "1", "--report-only", "--out", "OUT"], "OUT/sensitivity"),
 ]
 
 
@@ -237,7 +239,8 @@ def test_a_read_only_results_folder_is_one_line(tmp_path, capsys, argv, names):
 
 # the file each of READ_ONLY_COMMANDS writes first, in its folder
 FIFO_TARGETS = {"leaderboard": "leaderboard.md", "compare": "compare/sim-tvr-v2.md",
-                "sweep": "sweeps/sim-tvr-v2~repeat_prob.md", "matrix": "matrix/sim-tvr-v2.md"}
+                "sweep": "sweeps/sim-tvr-v2~repeat_prob.md", "matrix": "matrix/sim-tvr-v2.md",
+                "sensitivity": "sensitivity/sim-tvr-v2.md"}
 
 
 @pytest.mark.parametrize("argv, names", READ_ONLY_COMMANDS, ids=lambda v: v[0] if isinstance(v, list) else None)
