@@ -221,7 +221,12 @@ def test_plug_in_rows_are_compared_with_their_backbones_row(tmp_path):
     assert comp["oracle_p"] == pytest.approx(float(stats.ttest_rel([280, 284, 281], [270, 271, 268]).pvalue))
     md = (tmp_path / "leaderboard.md").read_text()
     assert "| sim-x | ral@msl | msl | 0 1 2 / 0 1 2 |" in md and "0: +10.0 1: +12.0 2: +11.0" in md
-    assert f"| +12.0 (p={comp['oracle_p']:.3f})* |" in md
+    # records without stored rankings: the fallback t-test, named, Holm-corrected over the leaderboard's two p-values
+    from prvr.harness.reports.stats import fmt_p, holm
+    _, oracle_holm = holm([comp["p"], comp["oracle_p"]])
+    assert comp["oracle_comparison"]["p_holm"] == pytest.approx(oracle_holm)
+    assert f"| +12.0 (t-test p={fmt_p(comp['oracle_p'])}, Holm {fmt_p(oracle_holm)})" in md
+    assert comp["comparison"]["test"] == "t-test" and comp["comparison"]["low"] is None
     assert leaderboard.backbone_row_name({"method": "ral", "backbone": "msl", "relations": "oracle",
                                           "run": "ral@msl+oracle"}) == "msl+oracle"
     assert leaderboard.backbone_row_name({"method": "xml-pr", "backbone": "xml", "relations": "sbert",

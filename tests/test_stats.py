@@ -6,6 +6,7 @@ against a hand-computed case, each bad input as one line, and the command end to
 import csv
 import io
 import itertools
+import json
 import math
 import re
 
@@ -350,3 +351,38 @@ def test_the_share_of_the_oracles_room_a_method_closes(tmp_path):
     assert noisy.room_low > 0 and noisy.low <= noisy.share <= noisy.high
     none = stats.room_share(row["m"], row["b"], row["b"], FAST)  # the base as its own oracle: no room
     assert none.room_low == 0 and math.isnan(none.share) and math.isnan(none.low)
+
+
+# ----------------------------------------------------------------------------- the leaderboard's Δ
+def test_a_leaderboard_delta_cell_carries_compare_rows_interval_and_p(tmp_path):
+    """The leaderboard's Δ SumR of two rows with stored rankings is `compare_rows`'s under the
+    leaderboard's settings, Holm-corrected over the leaderboard's p-values; a row sharing one seed with
+    the baseline falls back, marked, to no test."""
+    from prvr.harness.reports import leaderboard
+
+    def run(name, seed, ranks):  # with the budget of sim-x's protocol (the dataclass's), so the row gets a Δ
+        path = write_run(tmp_path, name, seed, ranks)
+        record = json.loads(path.read_text())
+        write_record(path, {**record, "config": {**record["config"], "train": {"epochs": 12, "patience": 5}}})
+
+    for seed in (0, 1, 2):
+        run("baseline", seed, random_ranks(40, seed))
+        run("arl", seed, np.maximum(1, random_ranks(40, 10 + seed) // 3))
+    run("arl~one", 0, random_ranks(40, 20))  # one seed: no interval, no test
+    rows = {r["run"]: r for r in leaderboard.rebuild(tmp_path, show=False)}
+    want = stats.compare_rows(stats.load_row(tmp_path, "sim-x", "arl"), stats.load_row(tmp_path, "sim-x", "baseline"),
+                              leaderboard.SETTINGS)
+    (d,) = want.metrics
+    got = rows["arl"]["comparison"]
+    assert (got["test"], got["delta"], got["low"], got["high"], got["p"]) == \
+        (leaderboard.RANDOMIZATION, d.difference, d.low, d.high, d.p)
+    assert got["p_holm"] == d.p  # the leaderboard's only p
+    assert d.low < d.difference < d.high
+    one = rows["arl~one"]["comparison"]
+    assert (one["test"], one["low"], one["p"], one["why"]) == (None, None, None, leaderboard.FEW_SEEDS)
+    md = (tmp_path / "leaderboard.md").read_text()
+    cell = f"| {d.difference:+.1f} [{d.low:+.1f}, {d.high:+.1f}] (p={stats.fmt_p(d.p)}, Holm {stats.fmt_p(d.p)})"
+    assert cell in md and "paired randomization test" in md and "Holm's step-down" in md
+    assert "(no test) |" in md and "fewer than 2 shared seeds: sim-x arl~one vs baseline" in md
+    csv_rows = {r["run"]: r for r in csv.DictReader(io.StringIO((tmp_path / "leaderboard.csv").read_text()))}
+    assert (csv_rows["arl"]["low"], csv_rows["arl"]["test"]) == (f"{d.low:.3f}", "randomization")

@@ -2,8 +2,13 @@
 
 One row per (dataset, run name) where the run name encodes method, detector, backbone and
 tag. Each metric is mean +- std over seeds with the number of seeds; a row's SumR is
-compared with the baseline's on the same dataset (paired t-test over shared seeds, Welch
-otherwise). A missing metric is an empty cell, never a mean over what happens to exist.
+compared with the baseline's on the same dataset (`judge`: from the runs' stored rankings, the
+difference over the shared seeds with its 95% two-level paired bootstrap interval and the p of the
+paired randomization test, harness/reports/stats.py; where a row has no stored rankings or shares
+fewer than two seeds, the marked fallback: the paired t-test over seeds, Welch's test, or none), and
+every p is Holm-corrected over its table's family (a dataset's comparisons with its baseline, with its
+moment reference, of its plug-in rows with their backbones). A missing metric is an empty
+cell, never a mean over what happens to exist.
 A run whose loss became non-finite (trained on with train.on_nonfinite=continue, its
 record marked `nonfinite`) never enters a row: it is listed under the table instead. The
 records of `bench --quick` (tagged `quick`, harness/reports/quick.py) enter no table or figure at all.
@@ -43,7 +48,8 @@ from prvr.harness.base import progress
 from prvr.harness.base.io import UserError, read_yaml, write_texts
 from prvr.harness.reports.quick import QUICK_TAG, is_quick
 from prvr.harness.engine.record_types import RunRecord
-from prvr.harness.engine.records import load_record_at
+from prvr.harness.engine.rankings import rankings_path
+from prvr.harness.engine.records import load_record_at, record_path
 from prvr.harness.base.names import unknown_message
 from prvr.harness.base.registry import BACKBONES, DETECTORS, METHODS, Registry
 # The rows and their figures (harness/reports/rows.py); the names below that this file does not use are
@@ -51,7 +57,9 @@ from prvr.harness.base.registry import BACKBONES, DETECTORS, METHODS, Registry
 from prvr.harness.reports.rows import (COLUMNS, MOMENT_DECIMALS, MOMENT_DEFAULTS, MOMENT_SUM,  # noqa: F401
                                MOMENT_TIOUS, ORACLE_SUMR, PRVR_KEYS, RELEVANCE_COLUMNS, build_rows, carries_moments,
                                compare, dataset_label, diverged, is_metric_key, moment_columns,
-                               moment_baseline, near_cap)
+                               moment_baseline, near_cap, same_world)
+from prvr.harness.reports.rows import baseline as baseline_run
+from prvr.harness.reports import stats
 from prvr.harness.reports.table import (Markdown, code, csv_text, fenced, markdown_cell, markdown_table, mean_and_std,
                                         mean_std)
 
@@ -256,8 +264,14 @@ def backbone_row_name(row: dict[str, Any]) -> str | None:
 
 def backbone_comparisons(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each on-protocol plug-in row against its backbone's row (`backbone_row_name`) on the same
-    dataset and budget: mean SumR of both, Δ and the paired t-test over their shared seeds (Welch's
-    test where they share fewer than two); no row where the backbone has no run."""
+    dataset and budget: mean SumR of both, Δ SumR with its interval and test (`judge`), the difference
+    per shared seed, and Δ oracle SumR (the t-test over seeds: the stored rankings hold no oracle
+    ranks); no row where the backbone has no run."""
+    judged(rows)
+    return [r["backbone_comparison"] for r in rows if r.get("backbone_comparison")]
+
+
+def _backbone_pairs(rows: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     by_name = {(r["dataset"], r["run"], r["budget"]): r for r in rows}
     out = []
     for r in rows:
@@ -265,14 +279,142 @@ def backbone_comparisons(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         b = by_name.get((r["dataset"], name, r["budget"])) if name else None
         if b is None or not r["on_protocol"] or not r["SumR"] or not b["SumR"]:
             continue
+        out.append((r, b))
+    return out
+
+
+# ----------------------------------------------------------------------------- the statistics of each Δ
+# Every Δ the leaderboard reports, with its interval and p (harness/reports/stats.py, docs/statistics.md):
+# from the runs' stored rankings where both rows have them for two shared seeds or more, else the fallback.
+SETTINGS = stats.Settings(resamples=2000, permutations=2000, metrics=("SumR",))
+RANDOMIZATION, T_TEST, WELCH = "randomization", "t-test", "Welch"
+NO_RANKINGS = "no stored rankings (records made before rankings were stored)"
+FEW_SEEDS = "fewer than 2 shared seeds"
+NOT_RANKED = "a figure the stored rankings do not hold"
+OTHER_WORLD = "rows of different worlds (another test set: the queries do not pair up)"
+
+
+def judge(rows: list[dict[str, Any]], root: str | Path | None = None,
+          records: list[RunRecord] | None = None, settings: stats.Settings = SETTINGS) -> None:
+    """Every comparison of the leaderboard, set on its rows: Δ SumR vs the baseline (`comparison`,
+    `delta`, `p`), Δ VCMR SumR vs the moment reference (`vcmr_comparison`, `vcmr_delta`, `vcmr_p`) and the
+    plug-in row against its backbone (`backbone_comparison`). A SumR Δ between rows whose records under
+    `root` have stored rankings for two or more shared seeds is `stats.compare_rows`'s (difference over
+    the shared seeds, 95% two-level paired bootstrap interval, paired randomization test); any other is
+    the fallback over the seeds' figures (`rows.compare`: paired t-test, Welch's test, or no test),
+    marked so. Holm's correction runs over the p-values of one table's comparisons (`p_holm`): a dataset's Δ
+    SumR against its baseline (its headline table and its variants), its Δ VCMR SumR, and its plug-in rows
+    against their backbones, each a family of its own."""
+    files = {(dataset_label(r), r.get("run_name", r["method"]), r["seed"]):
+             record_path(root, r["dataset"], r.get("run_name", r["method"]), r["seed"])
+             for r in records or []} if root is not None else {}
+    by_record = {key: r for r in records or [] for key in
+                 [(dataset_label(r), r.get("run_name", r["method"]), r["seed"])]}
+
+    loaded: dict[tuple[str, str, int], stats.SeedScores] = {}  # each record's rankings read once
+
+    def stored(row: dict[str, Any], seeds: list[int]) -> stats.Row | None:
+        keys = [(row["dataset"], row["run"], s) for s in seeds]
+        if not keys or any(k not in files or not rankings_path(files[k]).is_file() for k in keys):
+            return None
+        for k in keys:
+            if k not in loaded:
+                loaded[k] = stats.seed_scores(files[k], by_record[k])
+        scores = {s: loaded[k] for s, k in zip(seeds, keys)}
+        return stats.Row(row["dataset"], row["run"], stats.world_of(by_record[keys[0]]), scores)
+
+    def sumr(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+        shared = sorted(set(a["seeds"]) & set(b["seeds"]))
+        ra, rb = stored(a, shared), stored(b, shared)
+        if ra is not None and rb is not None and ra.world != rb.world:
+            return {**seed_test(a, b, "SumR"), "why": OTHER_WORLD}
+        if ra is not None and rb is not None and len(shared) >= max(2, settings.min_seeds):
+            (d,) = stats.compare_rows(ra, rb, settings).metrics
+            return {"delta": d.difference, "low": d.low, "high": d.high, "p": d.p, "test": RANDOMIZATION,
+                    "seeds": shared, "why": None}
+        why = FEW_SEEDS if len(shared) < 2 else NO_RANKINGS
+        return {**seed_test(a, b, "SumR"), "why": why}
+
+    base = {r["dataset"]: r for r in rows if r["run"] == baseline_run() and r["on_protocol"]}
+    moment = {r["dataset"]: r for r in rows
+              if r["run"] == moment_baseline() and r["on_protocol"] and r.get("localizes")}
+    found: list[dict[str, Any]] = []
+    for r in rows:
+        r["comparison"] = r["vcmr_comparison"] = r["backbone_comparison"] = None
+        b = base.get(r["dataset"])
+        if r.get("delta") is not None and b is not None and same_world(r, b):
+            r["comparison"] = sumr(r, b)
+            r["comparison"]["against"] = b["run"]
+            r["delta"], r["p"] = r["comparison"]["delta"], r["comparison"]["p"]
+        m = moment.get(r["dataset"])
+        if r.get("vcmr_delta") is not None and m is not None:
+            r["vcmr_comparison"] = {**seed_test(r, m, MOMENT_SUM.name), "why": NOT_RANKED, "against": m["run"]}
+        for kind, c in (("baseline", r["comparison"]), ("moment", r["vcmr_comparison"])):
+            if c:
+                c["family"] = (kind, r["dataset"])
+                found.append(c)
+    for r, b in _backbone_pairs(rows):
         a_by, b_by = dict(zip(r["seeds"], r["SumR"])), dict(zip(b["seeds"], b["SumR"]))
         shared = sorted(set(a_by) & set(b_by))
-        delta, p = compare(r, b, "SumR")
-        oracle = compare(r, b, ORACLE_SUMR) if r.get(ORACLE_SUMR) and b.get(ORACLE_SUMR) else (None, None)
-        out.append({"dataset": r["dataset"], "run": r["run"], "against": name, "seeds": r["seeds"],
-                    "against_seeds": b["seeds"], "shared": shared, "SumR": r["SumR"], "against_SumR": b["SumR"],
-                    "delta": delta, "p": p, "paired_deltas": [a_by[s] - b_by[s] for s in shared],
-                    "oracle_delta": oracle[0], "oracle_p": oracle[1]})
+        delta = {**sumr(r, b), "against": b["run"]}
+        oracle = ({**seed_test(r, b, ORACLE_SUMR), "why": NOT_RANKED, "against": b["run"]}
+                  if r.get(ORACLE_SUMR) and b.get(ORACLE_SUMR) else None)
+        r["backbone_comparison"] = {
+            "dataset": r["dataset"], "run": r["run"], "against": b["run"], "seeds": r["seeds"],
+            "against_seeds": b["seeds"], "shared": shared, "SumR": r["SumR"], "against_SumR": b["SumR"],
+            "delta": delta["delta"], "p": delta["p"], "comparison": delta,
+            "paired_deltas": [a_by[s] - b_by[s] for s in shared], "oracle_comparison": oracle,
+            "oracle_delta": None if oracle is None else oracle["delta"],
+            "oracle_p": None if oracle is None else oracle["p"]}
+        for kind, c in (("backbone", delta), ("backbone oracle", oracle)):
+            if c:
+                c["family"] = (kind, r["dataset"])
+                found.append(c)
+    families: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for c in found:
+        if c["p"] is not None and not math.isnan(c["p"]):
+            families.setdefault(c.pop("family"), []).append(c)
+        else:
+            c.pop("family", None)
+    for tested in families.values():
+        for c, adjusted in zip(tested, stats.holm([c["p"] for c in tested])):
+            c["p_holm"] = adjusted
+    for c in found:
+        c.setdefault("p_holm", None)
+    for r in rows:
+        r["judged"] = True
+
+
+def judged(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows, judged (`judge`) from their figures alone where no rebuild judged them from their records."""
+    if any(not r.get("judged") for r in rows):
+        judge(rows)
+    return rows
+
+
+def seed_test(a: dict[str, Any], b: dict[str, Any], key: str) -> dict[str, Any]:
+    """The fallback comparison over the seeds' figures (`rows.compare`): the paired t-test over two or more
+    shared seeds, Welch's test where fewer are shared and each row has two or more seeds, else no test."""
+    delta, p = compare(a, b, key)
+    shared = sorted(set(a["seeds"]) & set(b["seeds"]))
+    test = None if p is None else T_TEST if len(shared) >= 2 else WELCH
+    return {"delta": delta, "low": None, "high": None, "p": p, "test": test, "seeds": shared}
+
+
+def fallbacks(rows: list[dict[str, Any]]) -> list[str]:
+    """The comparisons that fell back to a test over seeds, grouped by why, one phrase each."""
+    why: dict[str, list[str]] = {}
+    for r in judged(rows):
+        for c in (r["comparison"], (r["backbone_comparison"] or {}).get("comparison")):
+            if c and c["why"]:
+                why.setdefault(c["why"], []).append(f"{r['dataset']} {r['run']} vs {c['against']}")
+    out = []
+    for reason, pairs in why.items():
+        datasets = list(dict.fromkeys(p.split(" ", 1)[0] for p in pairs))
+        if reason == NO_RANKINGS:
+            out.append(f"{reason}: {len(pairs)} Δ SumR of {', '.join(datasets)}")
+        else:
+            out.append(f"{reason}: {'; '.join(pairs)}")
     return out
 
 
@@ -284,28 +426,44 @@ def backbone_table(rows: list[dict[str, Any]]) -> list[str]:
             "per shared seed", "Δ oracle SumR"]
     body = [[c["dataset"], c["run"], c["against"], f"{' '.join(map(str, c['seeds']))} / "
              f"{' '.join(map(str, c['against_seeds']))}", mean_std(c["SumR"]), mean_std(c["against_SumR"]),
-             f"{c['delta']:+.1f}{_p_mark(c['p'])}",
+             fmt_comparison(c["comparison"]),
              " ".join(f"{s}: {d:+.1f}" for s, d in zip(c["shared"], c["paired_deltas"])) or "none shared",
-             "" if c["oracle_delta"] is None else f"{c['oracle_delta']:+.1f}{_p_mark(c['oracle_p'])}"] for c in comps]
+             fmt_comparison(c["oracle_comparison"])] for c in comps]
     return ["", "## Against the backbone", "",
             "Each method run on another method's backbone (RAL on MS-SL, +PR on XML, ...) against that backbone's "
-            "own row under the same relations and budget: Δ of mean test SumR (p: paired t-test over the shared "
-            "seeds, Welch's test where fewer than two are shared; * p < 0.05), the difference per shared seed, and "
-            "Δ of the oracle SumR (any truly relevant video counts) with its p, where both rows have it.",
+            "own row under the same relations and budget: Δ of mean test SumR with its interval and p as in the "
+            "tables above (the stored rankings' bootstrap and randomization test, or the marked fallback), the "
+            "difference per shared seed, and Δ of the oracle SumR (any truly relevant video counts; the stored "
+            "rankings do not hold it, so its p is always the t-test over seeds), where both rows have it.",
             "", markdown_table(head, body)]
 
 
-def _p_mark(p: float | None) -> str:
-    return "" if p is None else f" (p={p:.3f})" + ("*" if p < 0.05 else "")
+def fmt_comparison(c: dict[str, Any] | None, decimals: int = 1) -> str:
+    """A Δ cell: the difference, its 95% bootstrap interval `[low, high]` where one was drawn, the p of its
+    test (`p=` the randomization test's, `t-test p=` or `Welch p=` the fallback's) with Holm's adjusted p,
+    and * where the adjusted p is below 0.05; `(no test)` where none could run."""
+    if c is None or c.get("delta") is None:
+        return ""
+    text = f"{c['delta']:+.{decimals}f}"
+    if c.get("low") is not None:
+        text += f" [{c['low']:+.{decimals}f}, {c['high']:+.{decimals}f}]"
+    p = c.get("p")
+    if p is None or math.isnan(p):
+        return text + " (no test)"
+    label = {RANDOMIZATION: "p", T_TEST: "t-test p", WELCH: "Welch p"}.get(c.get("test") or "", "p")
+    holm = c.get("p_holm")
+    if holm is None:
+        return text + f" ({label}={stats.fmt_p(p)})"
+    return text + f" ({label}={stats.fmt_p(p)}, Holm {stats.fmt_p(holm)})" + ("*" if holm < 0.05 else "")
 
 
 def fmt_delta(row: dict[str, Any], decimals: int = 1) -> str:
+    """A row's Δ SumR cell (`fmt_comparison` of its judged comparison); a bare {delta, p} is the t-test's."""
+    if "comparison" in row:
+        return fmt_comparison(row["comparison"], decimals)
     if row.get("delta") is None:
         return ""
-    p = row.get("p")
-    star = "*" if p is not None and p < 0.05 else ""
-    p_text = f" (p={p:.3f}){star}" if p is not None and not math.isnan(p) else ""
-    return f"{row['delta']:+.{decimals}f}{p_text}"
+    return fmt_comparison({"delta": row["delta"], "p": row.get("p"), "test": T_TEST}, decimals)
 
 
 def to_csv(rows: list[dict[str, Any]], reported: list[dict[str, Any]] | None = None) -> str:
@@ -319,25 +477,35 @@ def to_csv(rows: list[dict[str, Any]], reported: list[dict[str, Any]] | None = N
               "best/run epochs"]
     for col in (*COLUMNS, *moments):
         header += [f"{col.name} mean", f"{col.name} std"]
-    header += ["delta SumR vs baseline", "p"]
-    header += [f"delta VCMR SumR vs {moment_baseline()}", "p (VCMR SumR)"] if moments else []
+    header += ["delta SumR vs baseline", "low", "high", "p", "test", "p Holm"]
+    header += [f"delta VCMR SumR vs {moment_baseline()}", "p (VCMR SumR)", "test (VCMR SumR)",
+               "p Holm (VCMR SumR)"] if moments else []
     body = []
-    for r in rows:
+    for r in judged(rows):
         cells = [r["dataset"], r["run"], r["budget"], str(r["on_protocol"]).lower(), r["method"], r["backbone"],
                  r["relations"], r["tag"], str(r["n"]), " ".join(map(str, r["seeds"])), epochs_cell(r)]
         for col in (*COLUMNS, *moments):
             spread = mean_and_std(r.get(col.name) or [])
             cells += ["", ""] if spread is None else \
                 [f"{spread[0]:.3f}", "" if spread[1] is None else f"{spread[1]:.3f}"]
-        for delta, p in (("delta", "p"), *((("vcmr_delta", "vcmr_p"),) if moments else ())):
-            cells += ["" if r.get(delta) is None else f"{r[delta]:.3f}", "" if r.get(p) is None else f"{r[p]:.4f}"]
+        c = r.get("comparison") or {}
+        cells += [_csv_number(c.get("delta"), 3), _csv_number(c.get("low"), 3), _csv_number(c.get("high"), 3),
+                  _csv_number(c.get("p"), 4), c.get("test") or "", _csv_number(c.get("p_holm"), 4)]
+        if moments:
+            v = r.get("vcmr_comparison") or {}
+            cells += [_csv_number(v.get("delta"), 3), _csv_number(v.get("p"), 4), v.get("test") or "",
+                      _csv_number(v.get("p_holm"), 4)]
         body.append([*cells, ""])
     for r in reported:
         cells = [r["dataset"], reported_name(r), "", "", r["method"], "", "reported", r["features"], "0", "", ""]
         for col in (*COLUMNS, *moments):
             cells += [f"{float(r[col.name]):.3f}" if col.name in r else "", ""]
-        body.append([*cells, "", "", *(["", ""] if moments else []), r["source"]])
+        body.append([*cells, *[""] * 6, *([""] * 4 if moments else []), r["source"]])
     return csv_text([*header, "source"], body)
+
+
+def _csv_number(value: float | None, decimals: int) -> str:
+    return "" if value is None or math.isnan(value) else f"{value:.{decimals}f}"
 
 
 def reported_name(r: dict[str, Any]) -> str:
@@ -379,6 +547,18 @@ def table_cells(r: dict[str, Any]) -> list[str]:
         + [mean_std(r[c.name]) for c in COLUMNS] + [fmt_delta(r)]
 
 
+STATISTICS_NOTE = (
+    "Each Δ cell: the difference, then where both rows' records have stored rankings (`seed<S>.rank.npz`) for two or "
+    "more shared seeds, its 95% interval `[low, high]` (two-level paired bootstrap over the shared seeds and then "
+    f"their test queries, percentile interval of {SETTINGS.resamples} resamples; the difference is then over the "
+    "shared seeds) and `p`, the two-sided paired randomization test over the (seed, query) pairs "
+    f"({SETTINGS.permutations} permutations; harness/reports/stats.py, as `prvr-bench compare` draws them, random "
+    f"seed {SETTINGS.seed}). Elsewhere the fallback over the seeds' figures, marked: `t-test p` (paired t-test over "
+    "the shared seeds), `Welch p` (Welch's test, fewer than two shared seeds), or `(no test)`; no interval. `Holm`: "
+    "Holm's step-down adjusted p over the family of the table's comparisons (a dataset's Δ SumR against its "
+    "baseline, headline and variant rows together; a dataset's backbone comparisons' Δ SumR, and their Δ oracle "
+    "SumR; a dataset's Δ VCMR SumR), of either test; * Holm p < 0.05. What a difference "
+    "means: docs/statistics.md.")
 TABLE_HEADER = ["dataset", "run", "budget", "backbone", "relations", "seeds", "best / run epochs"] + [c.name for c in COLUMNS] + ["Δ SumR vs baseline"]
 COMMANDS = "Produced by"  # the last section: the commands that made the records
 
@@ -440,14 +620,14 @@ def to_markdown(rows: list[dict[str, Any]], reported: list[dict[str, Any]] | Non
                 left_out: list[str] | None = None, skipped: list[str] | None = None) -> str:
     """The leaderboard: one headline table per dataset, the variants and ablations, the notes, the
     backbone, relevance and moment tables, the papers' figures, and last the commands."""
-    commands = sorted({c for r in rows for c in r["commands"]})
+    commands = sorted({c for r in judged(rows) for c in r["commands"]})
     lines = ["# Leaderboard", "",
              "Generated by `nox -s leaderboard` from the run records under `results/runs/`; do not edit by hand. "
              "First one table per dataset of its runs without a `~tag` (each method, on each backbone it plugs "
              "into, +oracle), then *Variants and ablations* (the `~tag` runs), the comparisons and the papers' "
              f"figures; the commands that made the records are at the end (*{COMMANDS}*).",
              "Test split, percent; mean ± sample std over seeds. Δ: difference of mean SumR to the `baseline` row "
-             "of the same dataset (p: paired t-test over shared seeds; * p < 0.05). oracle SumR counts a hit when "
+             "of the same dataset. " + STATISTICS_NOTE + " oracle SumR counts a hit when "
              "any truly relevant video is in the top K (simulated data only" + (
                  "; real data with a relevance file: see *Verified relevance*" if any(r.get("relevance") for r in rows)
                  else "") + "). best / run epochs: per seed, the "
@@ -461,6 +641,10 @@ def to_markdown(rows: list[dict[str, Any]], reported: list[dict[str, Any]] | Non
     lines += headline_tables(rows)
     lines += variants_table(rows)
     lines += notes(rows, left_out, skipped)
+    fallen = fallbacks(rows)
+    if fallen:
+        lines += ["", "Δ with the fallback test over seeds (`t-test p` or `Welch p`, no interval): "
+                  + "; ".join(map(markdown_cell, fallen)) + "."]
     lines += backbone_table(rows)
     lines += relevance_table(rows)
     lines += moment_table(rows)
@@ -493,14 +677,16 @@ def moment_table(rows: list[dict[str, Any]]) -> list[str]:
     head = ["dataset", "run", "budget", "seeds", *(c.name for c in columns), f"Δ VCMR SumR vs {moment_baseline()}"]
     body = [[r["dataset"], r["run"], budget_cell(r), str(r["n"]),
              *(mean_std(r.get(c.name) or [], c.decimals) for c in columns),
-             fmt_delta({"delta": r.get("vcmr_delta"), "p": r.get("vcmr_p")}, MOMENT_DECIMALS)]
-            for r in rows if r["dataset"] in datasets]
+             fmt_comparison(r.get("vcmr_comparison"), MOMENT_DECIMALS)]
+            for r in judged(rows) if r["dataset"] in datasets]
     return ["", "## Moment retrieval", "",
             "The rows of the datasets whose runs localize (VCMR / SVMR: `harness/engine/vcmr.py`, docs/evaluation.md, "
             "\"Moment retrieval\"): test split, percent, mean ± sample std over seeds, two decimals. VR R@K are the "
             "video ranks of the table above; VCMR SumR sums the VCMR R@K over k and tIoU (the SBERT-PR paper picks "
             f"its conditions by this sum). Δ: difference of mean VCMR SumR to the `{moment_baseline()}` row of the "
-            "same dataset (p: paired t-test over shared seeds; * p < 0.05). An empty cell: a figure that not every "
+            "same dataset; the stored rankings hold no VCMR figures, so its p is always the fallback, the paired "
+            "t-test over shared seeds (`t-test p`), Holm-corrected over the dataset's Δ VCMR SumR (* Holm p "
+            "< 0.05). An empty cell: a figure that not every "
             "seed of the row has (a backbone that does not localize has no VCMR / SVMR).", "",
             markdown_table(head, body)]
 
@@ -543,7 +729,7 @@ def terminal_rows(rows: list[dict[str, Any]],
     """The cells of the short view: the headline columns (buckets are in the markdown and CSV),
     then reported rows (flagged True) only for datasets that have runs."""
     out = [([r["dataset"], r["run"], budget_cell(r), str(r["n"]), *[mean_std(r[c]) for c in TERMINAL_COLUMNS],
-             fmt_delta(r)], False) for r in rows]
+             fmt_delta(r)], False) for r in judged(rows)]
     datasets = {r["dataset"] for r in rows}
     for r in reported or []:
         if r["dataset"] in datasets and not carries_moments(r):  # the moment figures: the markdown's own table
@@ -609,6 +795,7 @@ def rebuild(root: str | Path, skip_bad: bool = False, show: bool = True) -> list
     if quick and show:
         progress.log(f"left out {quick} quick run record{'s' if quick > 1 else ''} (tag {QUICK_TAG}, bench --quick)")
     rows, left_out = build_rows(records), diverged_runs(records)
+    judge(rows, root, records)  # every Δ's interval and test, from the stored rankings where there are some
     reported = reported_rows() + reported_moment_rows()
     csv_path, md_path = write(root, rows, reported, left_out, skipped)
     noise_files = noise.write_reports(root, records)  # results/noise/<dataset>.{png,md}, where records carry curves

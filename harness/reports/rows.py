@@ -1,6 +1,9 @@
 """Leaderboard rows: the records' frame (harness/reports/table.py `records_frame`) grouped by
 (dataset, run name, budget), each metric the list of its seeds' values, and each row's difference
-to its dataset's baseline with a p-value.
+to its dataset's baseline with the p of the paired t-test over seeds (`p_value`). The leaderboard
+replaces the SumR ones with the stored rankings' bootstrap interval and randomization test where the
+records have rankings, keeps this test as its marked fallback, and Holm-corrects every p it reports
+(harness/reports/leaderboard.py `judge`).
 
 The floor below every report that reads run records: the leaderboard's tables
 (harness/reports/leaderboard.py) and the reports it rebuilds beside them (harness/reports/buckets.py,
