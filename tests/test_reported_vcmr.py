@@ -83,7 +83,7 @@ def test_a_dataset_whose_runs_localize_gets_the_moment_table(tmp_path):
               "VR R@100 | VCMR SumR | Δ VCMR SumR vs xml |")
     assert header in moment
     cells = " | ".join(["3.00 ± 1.00"] * 10 + ["16.00 ± 0.00", "32.00 ± 0.00", "48.00 ± 0.00", "64.00 ± 0.00"])
-    assert f"| sim-y | xml-pr | 12 ep / stop 5 | 3 | {cells} | 18.00 ± 6.00 | +6.00 (p=0.225) |" in moment
+    assert f"| sim-y | xml-pr | 12 ep / stop 5 | 3 | {cells} | 18.00 ± 6.00 | +6.00 (t-test p=0.225, Holm 0.225) |" in moment
     assert "| sim-y | xml | 12 ep / stop 5 | 3 | 2.00 ± 1.00 |" in moment and "sim-x" not in moment
     # the PRVR table above still holds every row, sim-x's as before
     assert "| sim-x | baseline | 12 ep / stop 5 | dual-branch | none | 3 |" in md
@@ -108,7 +108,7 @@ def test_a_prvr_only_leaderboard_is_shown_as_before(tmp_path):
         "dataset,run,budget,on_protocol,method,backbone,relations,tag,n_seeds,seeds,best/run epochs,R@1 mean,R@1 std,"
         "R@5 mean,R@5 std,R@10 mean,R@10 std,R@100 mean,R@100 std,SumR mean,SumR std,short SumR mean,short SumR std,"
         "medium SumR mean,medium SumR std,long SumR mean,long SumR std,oracle SumR mean,oracle SumR std,"
-        "delta SumR vs baseline,p,source")
+        "delta SumR vs baseline,low,high,p,test,p Holm,source")
 
 
 def test_reported_moment_rows_are_marked_reported_with_their_table():

@@ -349,7 +349,7 @@ def judge(rows: list[dict[str, Any]], root: str | Path | None = None,
         m = moment.get(r["dataset"])
         if r.get("vcmr_delta") is not None and m is not None:
             r["vcmr_comparison"] = {**seed_test(r, m, MOMENT_SUM.name), "why": NOT_RANKED, "against": m["run"]}
-        for kind, c in (("baseline", r["comparison"]), ("moment", r["vcmr_comparison"])):
+        for kind, c in (("reference", r["comparison"]), ("moment", r["vcmr_comparison"])):
             if c:
                 c["family"] = (kind, r["dataset"])
                 found.append(c)
@@ -557,7 +557,7 @@ STATISTICS_NOTE = (
     "the shared seeds), `Welch p` (Welch's test, fewer than two shared seeds), or `(no test)`; no interval. `Holm`: "
     "Holm's step-down adjusted p over the family of the table's comparisons (a dataset's Δ SumR against its "
     "baseline, headline and variant rows together; a dataset's backbone comparisons' Δ SumR, and their Δ oracle "
-    "SumR; a dataset's Δ VCMR SumR), of either test; * Holm p < 0.05. What a difference "
+    "SumR; a dataset's moment comparisons), of either test; * Holm p < 0.05. What a difference "
     "means: docs/statistics.md.")
 TABLE_HEADER = ["dataset", "run", "budget", "backbone", "relations", "seeds", "best / run epochs"] + [c.name for c in COLUMNS] + ["Δ SumR vs baseline"]
 COMMANDS = "Produced by"  # the last section: the commands that made the records
