@@ -16,9 +16,8 @@ from typing import ClassVar
 from prvr.harness.base.checks import FINITE, NON_NEGATIVE, POSITIVE, at_least, one_of, param
 from prvr.harness.base.contract import LossOutput, Relations, Scores, StepContext
 from prvr.harness.base.registry import METHODS
-from prvr.methods.objectives.arl import AS_DETECTOR_MODES, StandardTreatment, check_restrained_margin, treated_positive
-from prvr.methods.objectives.prvr import (query_diversity, same_video_pairs, two_branch_ranking, two_branch_restrained,
-                                          two_branch_soft, two_branch_sum)
+from prvr.methods.objectives.arl import AS_DETECTOR_MODES, StandardTreatment, check_restrained_margin
+from prvr.methods.objectives.prvr import query_diversity, same_video_pairs, treated_two_branch, two_branch_sum
 from prvr.methods.objectives.ranking import hard_pool_at
 from prvr.methods.recipes import PRESETS, MethodSpec
 
@@ -51,13 +50,9 @@ class GMMFormerLossConfig:
 def gmmformer_objective(cfg: GMMFormerLossConfig, scores: Scores, relations: Relations,
                         context: StepContext) -> LossOutput:
     hard = hard_pool_at(context.epoch, cfg.hard_negative_epoch, cfg.hard_pool)
-    positive = treated_positive(relations.positive, relations.ambiguous, cfg.treatment)
-    soft = cfg.treatment == "soft"
-    out = two_branch_ranking(scores, positive, relations.negative, cfg.margin, hard, context.generator, nce=not soft)
-    if soft:
-        out.update(two_branch_soft(scores, positive, relations.negative, relations.confidence))
-    if cfg.treatment == "restrain":
-        out.update(two_branch_restrained(scores, positive, relations.ambiguous, cfg.margin_a, hard, context.generator))
+    out, positive = treated_two_branch(scores, relations.positive, relations.negative, relations.ambiguous,
+                                       relations.confidence, cfg.treatment, cfg.margin, cfg.margin_a, hard,
+                                       context.generator)
     pairs = same_video_pairs(positive)
     out["diversity"] = query_diversity(context.outputs["queries"]["query"], pairs, cfg.diversity_margin,
                                        cfg.diversity_alpha)

@@ -25,7 +25,7 @@ from prvr.harness.base import masks
 from prvr.harness.base.io import UserError
 from prvr.harness.base.registry import OBJECTIVES
 from prvr.methods.backbones.api import Scores
-from prvr.methods.objectives.arl import restrained_triplet
+from prvr.methods.objectives.arl import restrained_triplet, treated_positive
 from prvr.methods.objectives.holmes import soft_info_nce
 from prvr.methods.objectives.ranking import info_nce, mean_where, sample_negatives
 
@@ -103,6 +103,23 @@ def two_branch_restrained(scores: Scores, positive: torch.Tensor, ambiguous: tor
     (clip, frame)."""
     return {f"{b}_trip_a": restrained_triplet(scores.branches[b], positive, ambiguous, margin_a, hard_pool, generator)
             for b in ("clip", "frame")}
+
+
+def treated_two_branch(scores: Scores, positive: torch.Tensor, negative: torch.Tensor, ambiguous: torch.Tensor,
+                       confidence: torch.Tensor, treatment: str, margin: float, margin_a: float,
+                       hard_pool: int | None, generator: torch.Generator | None
+                       ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """The MS-SL family's ranking parts under `loss.treatment` (ignore, positive, restrain, soft): the
+    positives the treatment trains (`treated_positive`), `two_branch_ranking` on them, and the soft NCE or
+    the restrained triplets where the treatment asks; returns (parts, positives)."""
+    positive = treated_positive(positive, ambiguous, treatment)
+    soft = treatment == "soft"
+    out = two_branch_ranking(scores, positive, negative, margin, hard_pool, generator, nce=not soft)
+    if soft:
+        out.update(two_branch_soft(scores, positive, negative, confidence))
+    if treatment == "restrain":
+        out.update(two_branch_restrained(scores, positive, ambiguous, margin_a, hard_pool, generator))
+    return out, positive
 
 
 def two_branch_sum(cfg, parts: dict[str, torch.Tensor]) -> torch.Tensor:
