@@ -124,8 +124,25 @@ def base_of(run: str) -> str | None:
     return None
 
 
-def sweep_cells(sweep: Sweep, out: str | Path, settings: Settings) -> tuple[list[Cell], dict[Point, dict[str, Any]]]:
+class SweepRows:
+    """Each run folder of a sweep as a statistics row on the sweep's seeds (its records and stored
+    rankings), read once per report: a base is the base of several runs, and the answer table reads
+    the rows the gains read."""
+
+    def __init__(self, out: str | Path, sweep: Sweep) -> None:
+        self.out, self.sweep = out, sweep
+        self.rows: dict[str, Row] = {}
+
+    def __call__(self, name: str) -> Row:
+        if name not in self.rows:
+            self.rows[name] = only_seeds(load_row(self.out, self.sweep.dataset, name), self.sweep.seeds)
+        return self.rows[name]
+
+
+def sweep_cells(sweep: Sweep, out: str | Path, settings: Settings,
+                rows: SweepRows | None = None) -> tuple[list[Cell], dict[Point, dict[str, Any]]]:
     """Every (value, run) with records, and the world's figures at each value."""
+    rows = SweepRows(out, sweep) if rows is None else rows
     cells: list[Cell] = []
     facts: dict[Point, dict[str, Any]] = {}
     world = WorldCheck(sweep)
@@ -140,7 +157,7 @@ def sweep_cells(sweep: Sweep, out: str | Path, settings: Settings) -> tuple[list
             base = base_of(run)
             gain, note = None, ""
             if base is not None:
-                gain, note = _gain(out, sweep, value, name, run_at(base, sweep, value), settings)
+                gain, note = _gain(rows, name, run_at(base, sweep, value), settings)
             cells.append(Cell(value, run, tuple(s for s, _ in found),
                               tuple(float(r["metrics"]["test"]["SumR"]) for _, r in found),
                               tuple(_oracle(r) for _, r in found), base or "", gain, note))
@@ -176,11 +193,9 @@ class WorldCheck:
         return record
 
 
-def _gain(out: str | Path, sweep: Sweep, value: Point, name: str, base: str,
-          settings: Settings) -> tuple[Comparison | None, str]:
+def _gain(rows: SweepRows, name: str, base: str, settings: Settings) -> tuple[Comparison | None, str]:
     try:
-        a, b = (only_seeds(load_row(out, sweep.dataset, r), sweep.seeds) for r in (name, base))
-        return compare_rows(a, b, settings), ""
+        return compare_rows(rows(name), rows(base), settings), ""
     except UserError as e:  # too few shared seeds, a base not made yet: said in the cell
         return None, str(e)
 
@@ -295,7 +310,7 @@ class Answer:
     note: str = ""
 
 
-def answers(sweep: Sweep, cells: list[Cell], out: str | Path, settings: Settings) -> list[Answer]:
+def answers(sweep: Sweep, cells: list[Cell], rows: SweepRows, settings: Settings) -> list[Answer]:
     """Per (value, run with a base): its gain, the oracle's gain on the same base and world, and the share
     of that room the run closes (stats.room_share)."""
     at = {(c.value, c.run): c for c in cells}
@@ -311,8 +326,7 @@ def answers(sweep: Sweep, cells: list[Cell], out: str | Path, settings: Settings
             found.append(Answer(c, None, None, f"no {oracle_of(c.base)} run at this value"))
             continue
         try:
-            method, base, oracle = (only_seeds(load_row(out, sweep.dataset, run_at(r, sweep, c.value)), sweep.seeds)
-                                    for r in (c.run, c.base, room.run))
+            method, base, oracle = (rows(run_at(r, sweep, c.value)) for r in (c.run, c.base, room.run))
             found.append(Answer(c, room, room_share(method, base, oracle, settings)))
         except UserError as e:
             found.append(Answer(c, room, None, str(e)[:120]))
@@ -441,11 +455,12 @@ def plot(sweep: Sweep, cells: list[Cell], facts: dict[Point, dict[str, Any]]):
 
 def write_sweep(sweep: Sweep, out: str | Path, settings: Settings = Settings()) -> str:
     """The sweep's table and curves under OUT/sweeps/; returns the markdown."""
-    cells, facts = sweep_cells(sweep, out, settings)
+    rows = SweepRows(out, sweep)
+    cells, facts = sweep_cells(sweep, out, settings, rows)
     if not cells:
         raise UserError(f"no records of the sweep under {Path(out) / 'runs' / sweep.dataset} yet; run it without "
                         "--report-only, or check --out")
-    md, table = render(sweep, cells, facts, slopes(sweep, cells, facts), answers(sweep, cells, out, settings))
+    md, table = render(sweep, cells, facts, slopes(sweep, cells, facts), answers(sweep, cells, rows, settings))
     name = sweep.name or f"{sweep.dataset}~{'-'.join(k.rpartition('.')[2] for k in sweep.knobs)}"
     stem = inside(Path(out) / "sweeps" / check_name(name, "--name", "give a plain file name"), out, "--name")
     write_texts({stem.with_suffix(".md"): md, stem.with_suffix(".csv"): table})
