@@ -29,6 +29,11 @@ TINY = ["--dataset", "sim-tiny", "--set", "train.epochs=1", "--quiet"]
     (["--knob", "sim.repeat_prob", "sim.repeat_prob", "--values", "1,1"], "a knob given twice"),
     (["--knob", "sim.repeat_prob", "--values", "0.1", "--method", "arl~nosuch"], "no ablation row tagged 'nosuch'"),
     (["--knob", "sim.repeat_prob", "sim.repeat_copies", "--values", "1,4", "1,4.0"], "a value given twice"),
+    (["--knob", "sim.repeat_prob", "--values", "0.1", "--method", "baseline+holmes~bogus"], "no treatment 'bogus'"),
+    (["--knob", "sim.repeat_prob", "--values", "0.1", "--method", "baseline+nope~soft"], "no detector 'nope'"),
+    (["--knob", "sim.repeat_prob", "--values", "0.1", "--method", "baseline+oracle~soft"], "come with --oracle"),
+    (["--knob", "sim.repeat_prob", "--values", "0.1", "--method", "baseline+arl~ignore"], "trains baseline+arl;"),
+    (["--knob", "sim.repeat_prob", "--values", "0.1", "--method", "msl+arl~ignore"], "cannot work: detector arl"),
 ])
 def test_a_bad_sweep_is_one_line_before_anything_runs(tmp_path, capsys, argv, says):
     code = main(["sweep", "--method", "baseline", "--out", str(tmp_path), *TINY, *argv])
@@ -38,6 +43,8 @@ def test_a_bad_sweep_is_one_line_before_anything_runs(tmp_path, capsys, argv, sa
 
 
 def test_names_of_a_sweeps_runs_and_their_bases():
+    assert base_of("baseline+holmes~soft") == "baseline" and base_of("arl+sbert~ignore") == "arl~base"
+    assert base_of("baseline+arl") == "baseline"
     assert knob_tag("sim.repeat_prob", 0.6) == "repeat_prob0.6" and knob_tag("sim.mislabel_rate", 0) == "mislabel_rate0"
     assert base_of("baseline+oracle~repeat_prob0.6") == "baseline~repeat_prob0.6"
     assert base_of("ral@msl") == "msl" and base_of("msl") is None
@@ -160,4 +167,20 @@ def test_a_methods_base_row_is_swept_beside_it(tmp_path, capsys):
     for run in ("arl~repeat_prob0.9", "arl~base~repeat_prob0.9", "arl+oracle~repeat_prob0.9",
                 "arl+oracle~base~repeat_prob0.9"):
         assert f"  {run} " in out
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_matrix_cell_is_swept_by_its_run_name_and_a_tag_is_kept(tmp_path, capsys):
+    """`METHOD+DETECTOR~TREATMENT` sweeps a cell of the matrix under the name `prvr-bench matrix --set KNOB=V`
+    gives its run (its recipe, no oracle row of its own: its room is its base's oracle); `--tag` joins the
+    row's tag ahead of the point's."""
+    argv = ["sweep", "--knob", "sim.mislabel_rate", "--values", "0.2", "--method", "baseline", "baseline+holmes~soft",
+            "--oracle", "--seeds", "0", "--out", str(tmp_path), "--plan", *TINY]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    for run in ("baseline~mislabel_rate0.2", "baseline+oracle~mislabel_rate0.2", "baseline+holmes~soft~mislabel_rate0.2"):
+        assert f"  {run} " in out
+    assert "+oracle~soft" not in out and "holmes+oracle" not in out
+    assert main([*argv[:6], "baseline", "--tag", "lr", *argv[8:]]) == 0
+    assert "  baseline~lr~mislabel_rate0.2 " in capsys.readouterr().out
     assert not (tmp_path / "runs").exists()

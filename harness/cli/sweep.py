@@ -9,7 +9,9 @@ tagged `<knob>V` (`baseline~repeat_prob0.6`). Several knobs move together when `
 each value gives one number per knob, `--knob sim.repeat_prob sim.repeat_copies --values 0,2 1,2 1,4`
 (a path through the worlds past where one knob ends: repeat_prob stops at 1); a run's tag names the knobs
 away from the preset's values (`baseline~repeat_prob1-repeat_copies4`). `METHOD@BACKBONE` trains a method on another backbone
-(`ral@msl`); `--oracle` adds each method fed the simulated ground truth (`baseline+oracle`). A run whose
+(`ral@msl`); `--oracle` adds each method fed the simulated ground truth (`baseline+oracle`);
+`METHOD+DETECTOR~TREATMENT` is a cell of the matrix (`baseline+holmes~soft`, its recipe and run name
+from harness/cli/matrix.py). A run whose
 record exists is kept, so an interrupted sweep resumes where it stopped and makes no run twice. Every
 run is resolved before the first trains: an unknown knob or a value out of its range is one line.
 The curves and the table (harness/reports/sweeps.py) follow from the records, also alone with
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -28,10 +31,11 @@ from pathlib import Path
 from prvr.harness.base import progress
 from prvr.harness.base.io import UserError, ensure_dir
 from prvr.harness.base.names import check_name
-from prvr.harness.base.registry import DATASETS
+from prvr.harness.base.registry import DATASETS, DETECTORS, METHODS
 from prvr.harness.cli.args import add_jobs_argument, command, command_line, common_arguments, data_root_overrides, \
     run_args, set_threads
 from prvr.harness.cli.fanout import launch_from_args, run_in_processes
+from prvr.harness.cli.matrix import TREATMENTS, recipe
 from prvr.harness.cli.plan import PROFILE_FILE, BenchRun, PlanRow, estimate, plan_table, profile_costs
 from prvr.harness.engine.config import resolve
 from prvr.harness.engine.records import record_path
@@ -59,7 +63,8 @@ def add_commands(sub) -> None:
     p.add_argument("--values", nargs="+", required=True, metavar="V",
                    help="its values; with several knobs, one number per knob joined by commas (1,4)")
     p.add_argument("--method", nargs="+", required=True,
-                   help="methods, METHOD@BACKBONE (ral@msl), or METHOD~ROW, a row of its ablation tables (arl~base)")
+                   help="methods, METHOD@BACKBONE (ral@msl), METHOD~ROW, a row of its ablation tables (arl~base), or "
+                        "METHOD+DETECTOR~TREATMENT, a cell of the matrix (baseline+holmes~soft)")
     p.add_argument("--oracle", action="store_true", help="also each method with the oracle detector")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--out", default="results")
@@ -82,7 +87,7 @@ def plan_sweep(args: argparse.Namespace) -> tuple[Sweep, list[SweepRun]]:
     values = tuple(_point(v, knobs) for v in args.values)
     if len(set(values)) != len(values):
         raise UserError(f"--values {' '.join(args.values)}: a value given twice; give each once")
-    variants = {m: _variant(m) for m in args.method}
+    variants = {m: _variant(m, args.dataset) for m in args.method}
     preset = resolve(_method(args.method[0]), args.dataset, 0, [*data_root_overrides(args), *args.overrides])
     default = tuple(_knob_value(preset, k) for k in knobs)
     runs: list[SweepRun] = []
@@ -91,8 +96,10 @@ def plan_sweep(args: argparse.Namespace) -> tuple[Sweep, list[SweepRun]]:
         at = point_tag(knobs, value, default)
         for method in args.method:
             row, row_sets = variants[method]
+            row = "~".join(t for t in (row, args.tag) if t)
             tag = "~".join(t for t in (row, at) if t)
-            for oracle in ([False, True] if args.oracle else [False]):
+            cell = "+" in method.partition("~")[0]  # a matrix cell brings its own detector: no oracle beside it
+            for oracle in ([False, True] if args.oracle and not cell else [False]):
                 extra = [*row_sets, *(f"{k}={v:g}" for k, v in zip(knobs, value)),
                          *(["relations.name=oracle"] if oracle else [])]
                 for seed in args.seeds:
@@ -146,17 +153,20 @@ def train_planned(args: argparse.Namespace, planned: list[SweepRun]) -> None:
 
 
 def _method(name: str) -> str:
-    return name.partition("~")[0].partition("@")[0]
+    return name.partition("~")[0].partition("@")[0].partition("+")[0]
 
 
 def _backbone_name(name: str) -> str:
     return name.partition("~")[0].partition("@")[2]
 
 
-def _variant(name: str) -> tuple[str, tuple[str, ...]]:
+def _variant(name: str, dataset: str) -> tuple[str, tuple[str, ...]]:
     """`METHOD~ROW`: the row's tag and its overrides, from the method's ablation tables (methods/recipes.py;
-    `arl~base` is ARL's Table 5 row (a), its encoder without the ambiguity set); ("", ()) without one."""
+    `arl~base` is ARL's Table 5 row (a), its encoder without the ambiguity set); ("", ()) without one.
+    `METHOD+DETECTOR~TREATMENT`: a cell of the matrix (_cell_variant)."""
     method, _, tag = name.partition("~")
+    if "+" in method:
+        return _cell_variant(name, dataset)
     if not tag:
         return "", ()
     method = _method(method)
@@ -165,6 +175,38 @@ def _variant(name: str) -> tuple[str, tuple[str, ...]]:
         raise UserError(f"--method {name}: {method} has no ablation row tagged {tag!r}; its rows: "
                         f"{', '.join(sorted(rows)) or 'none'} (the tables `prvr-bench ablate --method {method} --table T` trains)")
     return tag, rows[tag].overrides
+
+
+def _cell_variant(name: str, dataset: str) -> tuple[str, tuple[str, ...]]:
+    """`METHOD+DETECTOR~TREATMENT` (`baseline+holmes~soft`): the matrix's recipe for that detector and
+    treatment on the method's backbone (harness/cli/matrix.py `recipe`), so a sweep's run of it is the run
+    `prvr-bench matrix --set KNOB=V` makes of that cell; without `~TREATMENT` the detector's own mode."""
+    head, _, treatment = name.partition("~")
+    method, _, rest = head.partition("+")
+    detector, _, backbone = rest.partition("@")
+    if detector == "oracle":
+        raise UserError(f"--method {name}: the oracle rows come with --oracle (each method beside its oracle); "
+                        f"give --method {method}{'@' + backbone if backbone else ''} --oracle")
+    if method not in METHODS or detector not in DETECTORS:
+        what = f"method {method!r}" if method not in METHODS else f"detector {detector!r}"
+        raise UserError(f"--method {name}: no {what}; a matrix cell is METHOD+DETECTOR~TREATMENT "
+                        f"(methods: `prvr-bench list`; detectors: {', '.join(DETECTORS.names())})")
+    if not treatment:
+        return "", (f"relations.name={detector}",)
+    if treatment not in TREATMENTS:
+        raise UserError(f"--method {name}: no treatment {treatment!r} (treatments: {', '.join(TREATMENTS)})")
+    found = recipe(detector, TREATMENTS[treatment], backbone or METHODS.get(method).backbone)
+    if isinstance(found, str):
+        raise UserError(f"--method {name}: this matrix cell cannot work: {found}")
+    own = f"relations.name={detector}"
+    if not found.plain and found.method == method and \
+            resolve(method, dataset, 0, list(found.sets)).to_dict() == resolve(method, dataset, 0, [own]).to_dict():
+        found = dataclasses.replace(found, tag="")  # the detector's own mode: its untagged run (matrix `_cell_tag`)
+    if found.method != method or found.tag != treatment or found.plain:
+        same = "the backbone's plain run" if found.plain else \
+            f"{found.method}+{detector}" + (f"~{found.tag}" if found.tag else "")
+        raise UserError(f"--method {name}: that cell of the matrix trains {same}; sweep it by that name")
+    return found.tag, tuple(found.sets)
 
 
 def _backbone(name: str) -> list[str]:

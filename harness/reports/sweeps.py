@@ -31,7 +31,7 @@ import scipy.stats
 from prvr.harness.base import progress
 from prvr.harness.base.io import UserError, write_png, write_texts
 from prvr.harness.base.names import check_name, inside
-from prvr.harness.base.registry import METHODS, home_method
+from prvr.harness.base.registry import DETECTORS, METHODS, home_method
 from prvr.harness.engine.records import load_record_at, record_path
 from prvr.harness.reports.stats import (BOTH_LEVELS, Comparison, MetricDifference, Row, RoomShare, Settings,
                                         compare_rows, load_row, room_share)
@@ -107,14 +107,19 @@ def run_at(run: str, sweep: Sweep, value: Point) -> str:
 
 
 def base_of(run: str) -> str | None:
-    """The run a gain is measured against: `X+oracle` -> `X`; a method with a base row (MethodSpec.base_row)
+    """The run a gain is measured against: `X+oracle` -> `X`; a matrix cell `M+DETECTOR~TREATMENT` -> the
+    plain run of M's backbone (`baseline+holmes~soft` -> `baseline`, `arl+sbert~ignore` -> `arl~base`); a method with a base row (MethodSpec.base_row)
     -> that row (`arl` -> `arl~base`, its encoder without the ambiguity set); `M@B` where M extends B's own
     method -> that method (`ral@msl` -> `msl`); else none."""
     if "+oracle" in run:
         return run.replace("+oracle", "", 1)
     head, _, tag = run.partition("~")
     method, _, backbone = head.partition("@")
+    method, plus, detector = method.partition("+")
     spec = METHODS.get(method) if method in METHODS else None
+    if plus and spec is not None and detector in DETECTORS:  # a matrix cell: its backbone's plain run
+        plain = f"{method}@{backbone}" if backbone else method
+        return f"{plain}~{spec.base_row}" if spec.base_row else plain
     if spec is None or tag:
         return None
     if spec.base_row:
