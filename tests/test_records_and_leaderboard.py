@@ -140,7 +140,8 @@ def test_leaderboard_of_real_committed_results_rebuilds(tmp_path):
     results = Path(__file__).parent.parent / "results"
     if not list(results.glob("runs/**/*.json")):
         pytest.skip("no committed run records")
-    shutil.copytree(results / "runs", tmp_path / "runs")
+    for folder in ("runs", "sweeps", "matrix"):  # the sweeps' and the matrix's gains are read from their reports
+        shutil.copytree(results / folder, tmp_path / folder)
     leaderboard.rebuild(tmp_path, show=False)
     assert (tmp_path / "leaderboard.md").read_text() == (results / "leaderboard.md").read_text()
 
@@ -254,3 +255,24 @@ def test_a_record_names_the_code_its_run_started_with(tmp_path, monkeypatch):
     stored = load_record(record_path(tmp_path, "sim-tiny", record["run_name"], 0))
     assert stored["provenance"]["git_revision"] == "started-with"
     assert stored["provenance"]["created"]  # the time the record was written
+
+
+def test_a_row_of_another_world_is_compared_with_its_backbone_on_that_world(tmp_path):
+    """A sweep's `ral@msl~repeat_prob0` is scored on another test set than `msl`: its Δ is against the backbone's
+    run of the same world (`msl~repeat_prob0`), and with none on its world it gets no Δ at all."""
+    def plug(seed, sumr, run_name, method, share):
+        rec = {**fake_record(seed, sumr, method=method, run_name=run_name), "backbone": "msl"}
+        rec["provenance"] = {"data": {"test": {"queries": 100, "multi_relevant_share": share}}}
+        return rec
+
+    for seed in (0, 1):
+        store(tmp_path, plug(seed, 240.0 + seed, "msl", "msl", 0.1))
+        store(tmp_path, plug(seed, 260.0 + seed, "ral@msl~repeat_prob0", "ral", 0.0))
+        store(tmp_path, plug(seed, 270.0 + seed, "ral@msl~repeat_prob1", "ral", 0.3))
+    store(tmp_path, plug(0, 250.0, "msl~repeat_prob0", "msl", 0.0))
+    store(tmp_path, plug(1, 252.0, "msl~repeat_prob0", "msl", 0.0))
+    rows = leaderboard.rebuild(tmp_path, show=False)
+    found = {c["run"]: c for c in leaderboard.backbone_comparisons(rows)}
+    assert set(found) == {"ral@msl~repeat_prob0"}  # repeat_prob1 has no msl run on its world
+    assert found["ral@msl~repeat_prob0"]["against"] == "msl~repeat_prob0"
+    assert found["ral@msl~repeat_prob0"]["paired_deltas"] == [10.0, 9.0]

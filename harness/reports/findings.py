@@ -1,0 +1,91 @@
+"""What the leaderboard shows between its headline tables and its ablation detail: each sweep's gains
+against the oracle's room ("Is it the noise?") and the matrix's made cells, read back from the tables
+`prvr-bench sweep` and `prvr-bench matrix` wrote (OUT/sweeps/*.csv, OUT/matrix/*.csv).
+
+Those reports hold figures the leaderboard does not recompute (a sweep's answer needs the sweep's
+knobs and values, which only its command names), so the leaderboard reads their CSV files: through
+pandas' CSV reader, every cell a string, the columns it shows checked by name. A report is untrusted
+input like a record: a file that is not a CSV table, or lacks a column, is one line naming the file
+and the column, with the command that re-makes it. Nothing in a cell is evaluated; `markdown_table`
+escapes each cell.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Sequence
+
+import pandas as pd
+
+from prvr.harness.base.io import UserError, read_text
+from prvr.harness.reports.table import markdown_table
+
+SWEEPS, MATRIX = "sweeps", "matrix"
+SWEEP_COLUMNS = ("value", "multi-relevant share (test)", "mislabelled queries (train)", "run", "base", "seeds",
+                 "gain (SumR)", "95% interval", "oracle's gain on the base", "the room's 95% interval",
+                 "share of the room closed", "the share's 95% interval", "reads")
+SWEEP_HEADER = ("value", "multi-relevant share", "mislabelled (train)", "run", "base", "seeds", "gain",
+                "its 95% interval", "oracle's gain on the base", "its 95% interval", "room closed",
+                "its 95% interval", "reads")
+MATRIX_COLUMNS = ("backbone", "detector", "treatment", "run", "plain run", "seeds", "SumR", "gain (SumR)",
+                  "95% interval")
+MATRIX_HEADER = ("backbone", "detector", "treatment", "run", "plain run", "seeds", "SumR", "gain", "its 95% interval")
+
+
+def read_report(path: Path, columns: Sequence[str], remake: str) -> pd.DataFrame:
+    """A report's CSV table as strings, with `columns` present; one line naming the file otherwise."""
+    text = read_text(path, "report table", remake)
+    try:
+        frame = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as e:
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"{path}: not a CSV table the leaderboard can read ({why}); {remake}") from None
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise UserError(f"{path}: no column {missing[0]!r} (a table of an older or other report); {remake}")
+    return frame
+
+
+def sweep_lines(root: Path) -> list[str]:
+    """Per sweep report: its gains with their intervals, the oracle's room on the same base and world,
+    and the share closed (the rows of its answer table), linked to the report."""
+    lines: list[str] = []
+    for path in sorted((root / SWEEPS).glob("*.csv")):
+        frame = read_report(path, SWEEP_COLUMNS, f"re-make it with the command in {path.with_suffix('.md').name} "
+                                                 "(its --report-only form) or remove it")
+        gains = frame[frame["gain (SumR)"] != ""]
+        if gains.empty:
+            continue
+        lines += ["", f"### [{path.stem}]({SWEEPS}/{path.with_suffix('.md').name})", "",
+                  markdown_table(SWEEP_HEADER, gains.loc[:, list(SWEEP_COLUMNS)].itertuples(index=False))]
+    return lines
+
+
+def matrix_lines(root: Path) -> list[str]:
+    """Per matrix report: the cells made with a gain over their backbone's plain cell."""
+    lines: list[str] = []
+    for path in sorted((root / MATRIX).glob("*.csv")):
+        frame = read_report(path, MATRIX_COLUMNS, "re-make it with `prvr-bench matrix --report-only` (its command "
+                                                  f"is in {path.with_suffix('.md').name}) or remove it")
+        made = frame[frame["gain (SumR)"] != ""].drop_duplicates(subset=["run"])
+        if made.empty:
+            continue
+        lines += ["", f"### [matrix: {path.stem}]({MATRIX}/{path.with_suffix('.md').name})", "",
+                  markdown_table(MATRIX_HEADER, made.loc[:, list(MATRIX_COLUMNS)].itertuples(index=False))]
+    return lines
+
+
+def findings(root: str | Path) -> list[str]:
+    """The section, or nothing where no sweep or matrix report has a gain."""
+    root = Path(root)
+    body = sweep_lines(root) + matrix_lines(root)
+    if not body:
+        return []
+    return ["", "## Is it the noise? Sweeps and the matrix", "",
+            "Each gain over its base (95% interval of the two-level paired bootstrap), beside the oracle's gain on "
+            "the same base and world (the room: what knowing every false negative is worth there) and the share of "
+            "that room the run closes, as the sweep and matrix reports compute them (harness/reports/sweeps.py, "
+            "harness/reports/matrix.py; docs/sweeps.md, docs/matrix.md). A sweep's rows are other worlds than the "
+            "tables above (their world in the value and share columns); each title links its report, with its "
+            "command, its world at each value and its slope table.", *body]

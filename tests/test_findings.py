@@ -1,0 +1,61 @@
+"""The leaderboard's section of sweeps and the matrix (harness/reports/findings.py): the gains read back
+from the reports' CSV tables, linked to their reports; a table that is not one is one line naming it."""
+
+import os
+import re
+
+import pytest
+
+from prvr.harness.base.io import UserError
+from prvr.harness.reports.findings import MATRIX_COLUMNS, SWEEP_COLUMNS, findings
+from prvr.harness.reports.table import csv_text
+
+
+def _sweep_row(**cells):
+    return [cells.get(c, "") for c in SWEEP_COLUMNS]
+
+
+def _write(path, header, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(csv_text(header, rows))
+
+
+def test_each_sweeps_gains_and_the_matrixs_made_cells_are_shown_and_linked(tmp_path):
+    _write(tmp_path / "sweeps" / "w~mislabel_rate.csv", [*SWEEP_COLUMNS, "note"], [
+        [*_sweep_row(value="0.2", run="baseline"), ""],  # a base: no gain, not shown
+        [*_sweep_row(value="0.2", run="baseline+oracle", base="baseline", seeds="0 1 2", **{
+            "gain (SumR)": "+4.1", "95% interval": "[+1.0, +7.2]", "reads": "a | pipe"}), ""],
+    ])
+    _write(tmp_path / "matrix" / "w.csv", MATRIX_COLUMNS, [
+        ["dual-branch", "none", "ignore", "baseline", "baseline", "0 1", "176.2 ± 5.3", "", ""],
+        ["dual-branch", "holmes", "soft", "baseline+holmes~soft", "baseline", "0 1", "180.0 ± 1.0", "+3.8",
+         "[-1.0, +8.0]"],
+    ])
+    text = "\n".join(findings(tmp_path))
+    assert "### [w~mislabel_rate](sweeps/w~mislabel_rate.md)" in text and "### [matrix: w](matrix/w.md)" in text
+    assert "| 0.2 |  |  | baseline+oracle | baseline | 0 1 2 | +4.1 | [+1.0, +7.2] |" in text
+    assert "a \\| pipe" in text  # a cell cannot end its row
+    assert "| baseline+holmes~soft | baseline | 0 1 | 180.0 ± 1.0 | +3.8 | [-1.0, +8.0] |" in text
+    assert "| none | ignore |" not in text
+    assert findings(tmp_path / "nothing") == []
+
+
+@pytest.mark.parametrize("content, says", [
+    ("value,run\n0.2,baseline\n", "no column 'multi-relevant share (test)'"),
+    ("", "not a CSV table"),
+    ('value,run\n"0.2,baseline\n', "not a CSV table"),
+])
+def test_a_report_table_that_is_not_one_is_one_line(tmp_path, content, says):
+    path = tmp_path / "sweeps" / "bad.csv"
+    path.parent.mkdir()
+    path.write_text(content)
+    with pytest.raises(UserError, match=re.escape(says)) as e:
+        findings(tmp_path)
+    assert "bad.csv" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_fifo_in_place_of_a_report_table_is_refused(tmp_path):
+    (tmp_path / "matrix").mkdir()
+    os.mkfifo(tmp_path / "matrix" / "w.csv")
+    with pytest.raises(UserError, match="w.csv"):
+        findings(tmp_path)
