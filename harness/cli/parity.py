@@ -11,6 +11,14 @@ reads the validation SumR of every epoch from both and writes `results/parity/NA
 curves side by side, the best validation SumR of each, the test SumR of each best checkpoint
 (where the official log has its `--eval` block) and whether they agree within the tolerance.
 
+With `--official-usage USAGE.json` (the official command measured by `prvr-bench measure`) the report
+gains a "Speed and memory" block: each side's seconds per epoch, evaluation share where known, peak host
+memory and device peak, the ratio official / ours, and how each figure was measured. Our side is
+`--ours-usage USAGE.json` where given (our command measured the same way), else the record's `timings`
+and `resources`. Every report also writes a sidecar, `results/parity/NAME.json`
+(harness/reports/speed.py `ParitySidecar`: these figures and the SumR verdict), from which
+`prvr-bench speed` builds `results/speed.{md,csv}`.
+
 The official log is read as text, line by line, with regular expressions (nothing in it is
 evaluated). It is the log of the MS-SL code family (ms-sl, GMMFormer, GMMFormer v2,
 RAL-PRVR): one block per epoch with `Epoch: N` and `Rsum: X`, after a `Testing from:` line the
@@ -21,15 +29,19 @@ evaluation: clip, frame, fused, as RAL-PRVR logs them; or ` * clip_scale ... rsu
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import shlex
 from pathlib import Path
 from typing import Any
 
-from prvr.harness.cli.args import command
-from prvr.harness.base.io import MAX_TEXT_BYTES, UserError, ensure_dir, read_text, write_text
+from prvr.harness.cli.args import command, command_line
+from prvr.harness.base.io import MAX_TEXT_BYTES, UserError, ensure_dir, read_text, write_texts
+from prvr.harness.cli.measure import Usage, read_usage
+from prvr.harness.engine.record_types import RunRecord
 from prvr.harness.engine.records import load_record_at
-from prvr.harness.reports.table import code, markdown_table
+from prvr.harness.reports.speed import (NAME, PARITY_VERSION, ParitySidecar, SideSpeed, SumRVerdict, ratios)
+from prvr.harness.reports.table import code, dataset_label, markdown_table
 
 TOLERANCE = 2.0  # SumR: the suite's rule for a faithful re-implementation
 
@@ -128,8 +140,21 @@ def shown_command(command: str) -> str:
     return shlex.join(shown)
 
 
+def verdict(official: dict[str, Any], ours: dict[str, Any], tolerance: float = TOLERANCE) -> SumRVerdict:
+    """The best validation SumR of each side, Δ (ours − official) and whether it is within `tolerance`,
+    and the test SumR of each best checkpoint where known."""
+    best_official = max(v["SumR"] for v in official["val"])
+    best_ours = max(v["SumR"] for v in ours["val"])
+    gap = best_ours - best_official
+    test = official.get("test")
+    return {"official_best": best_official, "ours_best": best_ours, "delta": round(gap, 4), "tolerance": tolerance,
+            "verdict": "within" if abs(gap) <= tolerance else "outside",
+            "official_test": test["SumR"] if test else None, "ours_test": ours.get("test")}
+
+
 def report(official: dict[str, Any], ours: dict[str, Any], name: str, note: str, log_name: str,
-           tolerance: float = TOLERANCE) -> str:
+           tolerance: float = TOLERANCE, speed: tuple[SideSpeed, SideSpeed] | None = None) -> str:
+    """The report's markdown; with `speed` (official, ours), its "Speed and memory" block too."""
     record = ours["record"]
     by_epoch = {v["epoch"]: v for v in official["val"]}
     ours_by_epoch = {v["epoch"]: v["SumR"] for v in ours["val"]}
@@ -174,24 +199,136 @@ def report(official: dict[str, Any], ours: dict[str, Any], name: str, note: str,
         lines.append(f"- Test SumR of each best checkpoint: official {_num(off_test, missing='not in the log')}, ours "
                      f"{_num(ours.get('test'), missing='not in the record')}"
                      + parts + ".")
+    if speed is not None:
+        lines += ["", *speed_block(*speed)]
     return "\n".join(lines) + "\n"
 
 
-def _num(x: float | None, sign: bool = False, missing: str = "") -> str:
+# ----------------------------------------------------------------------------- speed and memory
+
+
+def official_speed(official: dict[str, Any], usage: Usage | None) -> SideSpeed:
+    """The official side: `prvr-bench measure` around its command, per epoch of its log."""
+    epochs = len(official["val"])
+    if usage is None:
+        return {"epochs": epochs, "seconds_per_epoch": None, "eval_share": None, "peak_host_mb": None,
+                "device_peak_mb": None, "device": "", "measured": "not measured (no --official-usage)"}
+    return {"epochs": epochs, "seconds_per_epoch": round(usage["wall_s"] / epochs, 3), "eval_share": None,
+            "peak_host_mb": usage["peak_rss_mb"], "device_peak_mb": usage["device_peak_mb"],
+            "device": usage_device(usage),
+            "measured": f"{measured_by(usage, f'{epochs} epochs in its log')}; evaluation share: not known (the "
+                        "log keeps no seconds per phase)"}
+
+
+def our_speed(record: RunRecord, usage: Usage | None) -> SideSpeed:
+    """Our side: `prvr-bench measure` around our command where given, else the record's timings and
+    resources; the evaluation share from the record's eval_* phases either way."""
+    history = [h for h in record.get("history", []) if isinstance(h.get("val"), dict)]
+    epochs = record.get("epochs_run", len(history)) or None
+    timings = record.get("timings") or {}
+    evaluating = sum(v for k, v in timings.items() if k.startswith("eval")) if any(
+        k.startswith("eval") for k in timings) else None
+    device = str((record.get("provenance") or {}).get("device", ""))
+    if usage is not None:
+        return {"epochs": epochs, "seconds_per_epoch": _per(usage["wall_s"], epochs),
+                "eval_share": _share(evaluating, usage["wall_s"]), "peak_host_mb": usage["peak_rss_mb"],
+                "device_peak_mb": usage["device_peak_mb"], "device": device,
+                "measured": f"{measured_by(usage, f'{epochs} epochs run')}; evaluation share: the record's eval_* "
+                            "phases over that wall time"}
+    total = sum(timings.values()) if timings else None
+    resources = record.get("resources")
+    how = (f"the run record: its timed phases ({', '.join(timings) or 'none'}) summed, per {epochs} epochs run, "
+           "the process start not counted; evaluation share: its eval_* phases over that sum")
+    if resources is None:
+        how += "; peak memory: not in the record (made before records kept it)"
+    else:
+        how += (f"; peak host memory: the record's resources ({resources['peak_rss_measure']}); device peak: "
+                "torch.cuda.max_memory_allocated where CUDA trained (the allocator's peak: without the CUDA "
+                "context and cache that nvidia-smi counts)")
+    return {"epochs": epochs, "seconds_per_epoch": _per(total, epochs), "eval_share": _share(evaluating, total),
+            "peak_host_mb": resources["peak_rss_mb"] if resources else None,
+            "device_peak_mb": resources["device_peak_mb"] if resources else None, "device": device, "measured": how}
+
+
+def measured_by(usage: Usage, per: str) -> str:
+    """How `prvr-bench measure` measured a side, in words."""
+    exit_note = "" if usage["exit_status"] == 0 else f" (the command exited with status {usage['exit_status']})"
+    return (f"`prvr-bench measure` around the whole command{exit_note}: its wall seconds per {per}; peak host "
+            f"memory: {usage['peak_rss_measure']}; device peak: {usage['device_measure']}")
+
+
+def usage_device(usage: Usage) -> str:
+    host = usage["host"]
+    gpus = f"; GPUs: {', '.join(host['gpus'])}" if host["gpus"] else ""
+    return f"{host['cpu']} ({host['cores']} cores){gpus}"
+
+
+def _per(seconds: float | None, epochs: int | None) -> float | None:
+    return round(seconds / epochs, 3) if seconds is not None and epochs else None
+
+
+def _share(part: float | None, whole: float | None) -> float | None:
+    return round(min(part / whole, 1.0), 3) if part is not None and whole else None
+
+
+def speed_block(official: SideSpeed, ours: SideSpeed) -> list[str]:
+    """The report's "Speed and memory" block: the figures side by side, then how each side was measured."""
+    ratio = ratios(official, ours)
+    rows = [["epochs", _cell(official["epochs"]), _cell(ours["epochs"]), ""],
+            ["seconds per epoch", _num(official["seconds_per_epoch"], digits=2), _num(ours["seconds_per_epoch"], digits=2),
+             _num(ratio["seconds_per_epoch"], digits=2)],
+            ["evaluation share", _percent(official["eval_share"]), _percent(ours["eval_share"]), ""],
+            ["peak host memory (MB)", _num(official["peak_host_mb"], digits=0), _num(ours["peak_host_mb"], digits=0),
+             _num(ratio["peak_host_mb"], digits=2)],
+            ["device peak (MB)", _num(official["device_peak_mb"], digits=0), _num(ours["device_peak_mb"], digits=0),
+             _num(ratio["device_peak_mb"], digits=2)],
+            ["device", official["device"], ours["device"], ""]]
+    return ["## Speed and memory", "",
+            markdown_table(["", "official", "ours", "official / ours"], rows), "",
+            "How each figure was measured (docs/speed.md):", "",
+            f"- Official: {official['measured']}.", f"- Ours: {ours['measured']}."]
+
+
+def _cell(value: int | None) -> str:
+    return "" if value is None else str(value)
+
+
+def _percent(share: float | None) -> str:
+    return "not known" if share is None else f"{100 * share:.0f}%"
+
+
+def sidecar(name: str, report_file: str, ours: dict[str, Any], judged: SumRVerdict, speed: tuple[SideSpeed, SideSpeed],
+            parity_command: str) -> ParitySidecar:
+    """What results/parity/NAME.json holds (harness/reports/speed.py reads it back)."""
+    record = ours["record"]
+    official_side, our_side = speed
+    return {"parity_version": PARITY_VERSION, "name": name, "report": report_file, "command": parity_command,
+            "method": str(record["method"]), "run": str(record.get("run_name", record["method"])),
+            "dataset": dataset_label(record), "seed": int(record["seed"]), "sumr": judged,
+            "official": official_side, "ours": our_side, "ratio": ratios(official_side, our_side)}
+
+
+def _num(x: float | None, sign: bool = False, missing: str = "", digits: int = 1) -> str:
     if x is None:
         return missing
-    return f"{x:+.1f}" if sign else f"{x:.1f}"
+    return f"{x:+,.{digits}f}" if sign else f"{x:,.{digits}f}"
 
 
 def cmd_parity(args: argparse.Namespace) -> None:
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+@~-]*", args.name):
+    if not NAME.fullmatch(args.name):
         raise UserError(f"--name {args.name!r}: use letters, digits and _ . + @ ~ - (it names the report file)")
     official = read_official_log(args.official_log)
     ours = our_run(args.record)
-    text = report(official, ours, args.name, args.note, Path(args.official_log).name, args.tolerance)
+    official_usage = read_usage(args.official_usage, "--official-usage") if args.official_usage else None
+    ours_usage = read_usage(args.ours_usage, "--ours-usage") if args.ours_usage else None
+    speed = official_speed(official, official_usage), our_speed(ours["record"], ours_usage)
+    text = report(official, ours, args.name, args.note, Path(args.official_log).name, args.tolerance,
+                  speed if official_usage is not None else None)
     out = ensure_dir(Path(args.out) / "parity") / f"{args.name}.md"
-    write_text(out, text)
-    print(f"wrote {out}")
+    side = sidecar(args.name, out.name, ours, verdict(official, ours, args.tolerance), speed,
+                   shown_command(command_line()))
+    write_texts({out: text, out.with_suffix(".json"): json.dumps(side, indent=2) + "\n"})
+    print(f"wrote {out} and {out.with_suffix('.json').name}")
 
 
 @command("parity", "our run against the official code's log")
@@ -204,5 +341,10 @@ def add_commands(sub) -> None:
     p.add_argument("--name", required=True, help="report name, e.g. ral-gmmformer2_sim-tvr_e8")
     p.add_argument("--note", default="", help="what was run on the official side (commands, patches), in the report")
     p.add_argument("--tolerance", type=float, default=TOLERANCE, help=f"SumR (default {TOLERANCE:g})")
+    p.add_argument("--official-usage", default=None, metavar="USAGE.json",
+                   help="the official command measured by `prvr-bench measure`: adds the report's speed and memory "
+                        "block (seconds per epoch, peak memory, against ours)")
+    p.add_argument("--ours-usage", default=None, metavar="USAGE.json",
+                   help="our command measured the same way (default: our record's timings and resources)")
     p.add_argument("--out", default="results", help="results folder (default: results)")
     p.set_defaults(func=cmd_parity)

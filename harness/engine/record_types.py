@@ -152,6 +152,18 @@ class Resume(TypedDict, total=False):
     forced: bool
 
 
+class RunResources(TypedDict):
+    """`resources` (harness/engine/runner.py `run_resources`): what the run cost its process. Absent
+    from records made before it (docs/records.md)."""
+
+    peak_rss_mb: float | None  # the process's peak resident set during the run
+    peak_rss_measure: str  # how: VmHWM reset at the run's start, or the process's lifetime peak
+    device_peak_mb: float | None  # torch.cuda.max_memory_allocated where CUDA trained, else None
+    device_reserved_mb: float | None  # torch.cuda.max_memory_reserved, likewise
+    seconds_per_epoch: float | None  # timings.train / epochs_timed; None where no epoch ran here
+    epochs_timed: int  # the epochs this process trained (a resumed run: those after the resume)
+
+
 class RankingsFile(TypedDict, total=False):
     """`rankings`: the ranks stored beside the record (harness/engine/rankings.py)."""
 
@@ -182,6 +194,7 @@ class RunRecord(TypedDict, total=False):
     provenance: Required[Provenance]
     protocol: RunProtocol
     timings: dict[str, float]  # seconds per named phase
+    resources: RunResources
     best_epoch: int
     epochs_run: int
     metrics: Required[RunMetrics]

@@ -3,7 +3,8 @@
 Keys other tools read: method, dataset, seed, config, provenance, metrics.val,
 metrics.test (R@1, R@5, R@10, R@100, SumR, buckets, oracle), and where a run measured it,
 metrics.noise ({source, levels: {p: R@K and SumR}}: harness/reports/noise.py; optional, so records
-without it load as they are). Records from older schema versions are upgraded on load. Every key
+without it load as they are), and resources (peak memory and seconds per epoch: the parity and speed
+reports; optional too). Records from older schema versions are upgraded on load. Every key
 a record holds, with its type: harness/engine/record_types.py (`RunRecord`).
 """
 
@@ -18,7 +19,7 @@ import sys
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Mapping, cast
+from typing import Any, Iterable, Mapping, cast
 
 from prvr.harness.base.checks import show
 from prvr.harness.base.io import UserError, read_json, write_json
@@ -293,18 +294,32 @@ def value_problem(record: dict[str, Any]) -> tuple[str, str] | None:
     best, run = record.get("best_epoch"), record.get("epochs_run")
     if isinstance(best, int) and isinstance(run, int) and not -1 <= best < max(run, 1):
         return "best_epoch", f"{best} is not among the {run} epochs the record says were run"
+    if "resources" in record:
+        resources = [k for k, kind in RESOURCES_SHAPE if _kinds(kind)[0] in (float, int)]
+        return figure_problem(record, resources)
     return None
 
+
+# A JSON type as the shape checks name it: str, int, float (an integer is a number too), dict, list, or
+# NULL (JSON null); a tuple of them is any of them.
+NULL = type(None)
+Kind = type | tuple[type, ...]
 
 # What tools read from a record, and its type: (key, types). Optional keys are checked when present.
 SHAPE = (("method", str), ("dataset", str), ("seed", int), ("config", dict), ("provenance", dict),
          ("metrics", dict), ("metrics.val", dict), ("metrics.test", dict))
 OPTIONAL = (("run_name", str), ("backbone", str), ("relations", str), ("tag", str), ("command", str),
             ("timings", dict), ("best_epoch", int), ("epochs_run", int), ("history", list), ("protocol", dict),
-            ("provenance.data", dict), ("metrics.noise", dict))
+            ("provenance.data", dict), ("metrics.noise", dict), ("resources", dict))
 NOISE_SHAPE = (("metrics.noise.source", str), ("metrics.noise.levels", dict))  # when metrics.noise is there
+# when `resources` is there (record_types.RunResources): every key, a figure null where not measured
+RESOURCES_SHAPE: tuple[tuple[str, Kind], ...] = (
+    ("resources.peak_rss_mb", (float, NULL)), ("resources.peak_rss_measure", str),
+    ("resources.device_peak_mb", (float, NULL)), ("resources.device_reserved_mb", (float, NULL)),
+    ("resources.seconds_per_epoch", (float, NULL)), ("resources.epochs_timed", int))
 METRIC_NUMBERS = ("R@1", "R@5", "R@10", "R@100", "SumR", "median_rank", "mean_rank", "n")
-TYPE_NAMES = {str: "a string", int: "an integer", dict: "an object", list: "a list", float: "a number"}
+TYPE_NAMES = {str: "a string", int: "an integer", dict: "an object", list: "a list", float: "a number",
+              NULL: "null"}
 
 
 def shape_problem(record: dict[str, Any]) -> tuple[str, str] | None:
@@ -339,13 +354,52 @@ def shape_problem(record: dict[str, Any]) -> tuple[str, str] | None:
     for phase, seconds in timings.items():
         if not _is(seconds, float):
             return f"timings.{phase}", f"{_describe(seconds)}, expected {TYPE_NAMES[float]}"
+    if "resources" in record:
+        return field_problem(record, RESOURCES_SHAPE)
     return None
+
+
+def field_problem(data: Mapping[str, Any], fields: Iterable[tuple[str, Kind]],
+                  optional: bool = False) -> tuple[str, str] | None:
+    """The first of `fields` ((dotted key, JSON type)) that `data` lacks or holds with another type, with
+    what is wrong; None when all are sound. With `optional`, an absent key is sound. The one shape check
+    of the files the suite reads as untrusted JSON: records, and the usage and speed files
+    (harness/cli/measure.py, harness/reports/speed.py)."""
+    for key, kind in fields:
+        value = _lookup(data, key)
+        if value is _ABSENT and optional:
+            continue
+        if not _is_any(value, kind):
+            return key, f"{_describe(value)}, expected {' or '.join(_type_name(k) for k in _kinds(kind))}"
+    return None
+
+
+def figure_problem(data: Mapping[str, Any], keys: Iterable[str], high: float = math.inf) -> tuple[str, str] | None:
+    """The first number at one of `keys` (dotted; null and absent keys pass) that is not finite and in
+    [0, high], with what is wrong: a measured size or duration cannot be negative, NaN or infinite."""
+    for key in keys:
+        value = _lookup(data, key)
+        if _is(value, float) and not (math.isfinite(value) and 0 <= value <= high):
+            return key, f"{value!r} is not a figure a measurement can have (finite, in [0, {high:g}])"
+    return None
+
+
+def _kinds(kind: Kind) -> tuple[type, ...]:
+    return kind if isinstance(kind, tuple) else (kind,)
+
+
+def _is_any(value: Any, kind: Kind) -> bool:
+    return any(value is None if k is NULL else _is(value, k) for k in _kinds(kind))
+
+
+def _type_name(kind: type) -> str:
+    return TYPE_NAMES.get(kind, kind.__name__)
 
 
 _ABSENT = object()
 
 
-def _lookup(record: dict[str, Any], key: str) -> Any:
+def _lookup(record: Mapping[str, Any], key: str) -> Any:
     value: Any = record
     for part in key.split("."):
         if not isinstance(value, dict) or part not in value:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import resource
+import sys
 from pathlib import Path
 from typing import Any, Mapping, cast
+
+import torch
 
 from prvr.harness.base import progress
 from prvr.harness.engine.build import build_run
@@ -11,14 +15,14 @@ from prvr.harness.base.io import claim
 from prvr.harness.base.names import check_name, check_tag
 from prvr.harness.engine.rankings import TOP_K, rank_split, rankings_path, save_rankings
 from prvr.harness.engine.record_types import (MOMENT_METRIC_PREFIXES, SPLIT_METRIC_KEYS, DataFacts, RunMetrics, RunRecord,
-                                       SplitMetrics)
+                                       RunResources, SplitMetrics)
 from prvr.harness.engine.records import (checkpoint_dir, provenance, provenance_time, record_path, run_protocol, run_tag,
                                   write_record)
 from prvr.harness.base.registry import METHODS
 from prvr.harness.engine.robustness import curve_line, noise_curve
 from prvr.harness.engine.sections import Config
 from prvr.harness.base.timing import Timings
-from prvr.harness.base.devices import device_name
+from prvr.harness.base.devices import device_name, peak_memory_mb, reset_peak_rss, status_kb
 
 RANKED_SPLITS = ("val", "test")  # stored beside the record (harness/engine/rankings.py)
 
@@ -50,6 +54,7 @@ def train_and_record(cfg: Config, out: str | Path, resume: bool = False, tag: st
     name = run_name(cfg, tag)
     path = record_path(out, cfg.dataset, name, cfg.seed)
     ckpt_dir = checkpoint_dir(out, cfg.dataset, name, cfg.seed)
+    rss_reset = start_peak_windows()
     run = build_run(cfg, timings=timings)
     data, detector = run.data, run.detector
     trainer = run.trainer(ckpt_dir, hooks)
@@ -84,6 +89,7 @@ def train_and_record(cfg: Config, out: str | Path, resume: bool = False, tag: st
         "protocol": run_protocol(cfg.to_dict(), cfg.dataset, data.meta.get("selection"),
                                  localizes=trainer.localizes),
         "timings": timings.as_dict(),
+        "resources": run_resources(timings.seconds.get("train"), trainer.epochs_done, trainer.device, rss_reset),
         "best_epoch": trainer.best["epoch"], "epochs_run": trainer.epoch,
         "metrics": metrics,
         "history": trainer.history,
@@ -109,6 +115,37 @@ def train_and_record(cfg: Config, out: str | Path, resume: bool = False, tag: st
     progress.log(f"wrote {path}: test SumR {test['SumR']:.1f} (val {val['SumR']:.1f}, best epoch "
                  f"{trainer.best['epoch']}{mark})")
     return record
+
+
+def start_peak_windows() -> bool:
+    """Start the run's peaks: the process's peak resident set (VmHWM, where the kernel lets it be reset;
+    True then) and, where CUDA is already in use in this process (an earlier run of a bench), the
+    allocator's peaks of every GPU. A process that makes several runs thus gives each its own peaks."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for index in range(torch.cuda.device_count()):
+            torch.cuda.reset_peak_memory_stats(index)
+    return reset_peak_rss()
+
+
+def run_resources(train_s: float | None, epochs: int, device: torch.device, rss_reset: bool) -> RunResources:
+    """The record's `resources`: the run's peak resident set (VmHWM since `start_peak_windows` reset it;
+    where it could not be reset, the process's lifetime peak, VmHWM or ru_maxrss, said so in
+    `peak_rss_measure`), the CUDA allocator's peaks where the run trained on CUDA, and the seconds of
+    training (`timings.train`: the batches, not validation) per epoch this process trained."""
+    peak_kb = status_kb("VmHWM")
+    if peak_kb is not None:
+        measure = "VmHWM since the run started" if rss_reset else "VmHWM of the process (its whole life)"
+    else:  # no /proc: the kernel's lifetime peak of the process (kB on Linux, bytes on macOS)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        peak_kb = peak // 1024 if sys.platform == "darwin" else peak
+        measure = "ru_maxrss of the process (its whole life)"
+    allocated = peak_memory_mb(device)
+    reserved = torch.cuda.max_memory_reserved(device) / 2**20 if device.type == "cuda" else None
+    return {"peak_rss_mb": round(peak_kb / 1024, 1), "peak_rss_measure": measure,
+            "device_peak_mb": None if allocated is None else round(allocated, 1),
+            "device_reserved_mb": None if reserved is None else round(reserved, 1),
+            "seconds_per_epoch": round(train_s / epochs, 3) if train_s is not None and epochs > 0 else None,
+            "epochs_timed": epochs}
 
 
 def _keep(metrics: Mapping[str, Any]) -> SplitMetrics:

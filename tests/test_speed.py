@@ -1,0 +1,389 @@
+"""Speed and memory beside the official code (issues 60, 61): `prvr-bench measure` around a command, the
+record's `resources`, the parity report's speed block and sidecar, and the `speed` table built from the
+sidecars. Every bad file is one line naming it and its key; no figure is judged against a wall clock."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+
+import pytest
+import torch
+
+from prvr.harness.base.io import UserError
+from prvr.harness.cli import main
+from prvr.harness.cli.measure import read_usage
+from prvr.harness.engine.config import resolve
+from prvr.harness.engine.records import load_record, record_path, write_record
+from prvr.harness.engine.runner import run_one, run_resources
+from prvr.harness.reports.speed import read_sidecar
+
+import unprivileged  # noqa: E402  (tests/unprivileged.py)
+from test_bad_input_tables import HOSTILE, check_csv, check_markdown  # noqa: E402  (the hostile cell's checks)
+from test_parity import LOG, _record  # noqa: E402  (tests/test_parity.py: the official log, our record)
+
+MB = 60  # what the measured command allocates
+# a child that starts a grandchild holding MB megabytes for a second: the peak is the process tree's
+ALLOCATES = (f"import subprocess, sys; subprocess.run([sys.executable, '-c', "
+             f"'import time; b = b\"x\" * ({MB} * 2**20); time.sleep(1.0)'], check=True)")
+
+
+@pytest.fixture
+def no_gpu_tool(tmp_path, monkeypatch):
+    """A PATH without nvidia-smi (the commands are given by absolute path)."""
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+
+
+def _measure(tmp_path, code, *extra):
+    out = tmp_path / "usage.json"
+    return main(["measure", "--out", str(out), *extra, "--", sys.executable, "-c", code]), out
+
+
+# ----------------------------------------------------------------------------- measure
+
+
+def test_measure_sees_the_peak_of_the_whole_process_tree(tmp_path, no_gpu_tool):
+    code, out = _measure(tmp_path, ALLOCATES)
+    assert code == 0
+    usage = read_usage(out)
+    assert usage["peak_rss_mb"] >= MB  # the grandchild's bytes, summed over the tree
+    assert "process tree" in usage["peak_rss_measure"]
+    assert usage["exit_status"] == 0 and usage["command"][:2] == [sys.executable, "-c"]
+    assert usage["wall_s"] > 0 and usage["cpu_s"] >= 0 and usage["host"]["cores"] >= 1
+    assert usage["device_peak_mb"] is None and "no nvidia-smi" in usage["device_measure"]
+    assert usage["host"]["gpus"] is None and usage["log"] is None
+
+
+def test_measure_reads_the_device_peak_from_nvidia_smi_where_there_is_one(tmp_path, monkeypatch):
+    """A stand-in nvidia-smi that lists every process with 100 MB: the command's processes are summed."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    smi = tools / "nvidia-smi"
+    smi.write_text(f"#!{sys.executable}\nimport os, sys\n"
+                   "if any(a.startswith('--query-gpu') for a in sys.argv):\n    print('Stand-in GPU')\n"
+                   "else:\n    print('\\n'.join(f'{p}, 100' for p in os.listdir('/proc') if p.isdigit()))\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tools))
+    code, out = _measure(tmp_path, "import time; time.sleep(0.5)")
+    usage = read_usage(out)
+    assert code == 0 and usage["device_peak_mb"] is not None and usage["device_peak_mb"] >= 100
+    assert "nvidia-smi" in usage["device_measure"] and usage["host"]["gpus"] == ["Stand-in GPU"]
+
+
+def test_measure_exits_with_the_commands_status_and_still_writes(tmp_path, no_gpu_tool):
+    with pytest.raises(SystemExit) as e:
+        _measure(tmp_path, "import sys; sys.exit(3)")
+    assert e.value.code == 3 and read_usage(tmp_path / "usage.json")["exit_status"] == 3
+    with pytest.raises(SystemExit) as e:  # ended by a signal: 128 + N, as a shell gives it
+        _measure(tmp_path, "import os, signal; os.kill(os.getpid(), signal.SIGTERM)")
+    assert e.value.code == 128 + 15
+
+
+def test_measure_log_holds_the_commands_output(tmp_path, no_gpu_tool, capfd):
+    log = tmp_path / "logs" / "official.log"
+    code, out = _measure(tmp_path, "import sys; print('epoch 0'); print('warned', file=sys.stderr)", "--log", str(log))
+    assert code == 0 and read_usage(out)["log"] == str(log)
+    assert set(log.read_text().split()) == {"epoch", "0", "warned"}
+    assert "epoch 0" not in capfd.readouterr().out
+
+
+def test_measure_refuses_a_fifo_target_before_the_command_runs(tmp_path, capsys):
+    out, marker = tmp_path / "usage.json", tmp_path / "ran"
+    os.mkfifo(out)
+    code = main(["measure", "--out", str(out), "--", sys.executable, "-c", f"open({str(marker)!r}, 'w')"])
+    err = capsys.readouterr().err
+    assert code == 2 and "usage.json is a FIFO" in err and len(err.strip().splitlines()) == 1, err
+    assert not marker.exists()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX folder permissions")
+def test_measure_refuses_a_read_only_folder_before_the_command_runs(tmp_path):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    if unprivileged.can_drop():
+        unprivileged.give_to_nobody(folder)
+        tmp_path.chmod(0o711)
+    folder.chmod(0o500)
+    try:
+        done = unprivileged.main_as(["measure", "--out", "ro/usage.json", "--", sys.executable, "-c",
+                                     "open('ro/ran', 'w')"], cwd=tmp_path)
+        assert done.code == 2, done.err
+        assert "cannot write ro/usage.json: Permission denied" in done.err, done.err
+        assert len(done.err.strip().splitlines()) == 1, done.err
+        assert list(folder.iterdir()) == []
+    finally:
+        folder.chmod(0o700)
+
+
+def test_measure_without_a_command_or_with_an_unknown_one_is_one_line(tmp_path, capsys):
+    assert main(["measure", "--out", str(tmp_path / "u.json"), "--"]) == 2
+    assert main(["measure", "--out", str(tmp_path / "u.json"), "--", str(tmp_path / "no-such-tool")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "no command to measure" in err[0] and "cannot run" in err[1]
+    assert not (tmp_path / "u.json").exists()
+
+
+# ----------------------------------------------------------------------------- usage files as input
+
+
+def _usage(**over):
+    usage = {"usage_version": 1, "command": ["python", "train.py"], "exit_status": 0,
+             "started": "2026-11-28T00:00:00+00:00", "wall_s": 60.0, "cpu_s": 55.0, "peak_rss_mb": 1000.0,
+             "peak_rss_measure": "largest sum of VmRSS over the command's process tree",
+             "device_peak_mb": None, "device_measure": "not measured: no nvidia-smi on the PATH",
+             "host": {"cpu": "Test CPU", "cores": 2, "gpus": None}, "log": None}
+    for key, value in over.items():
+        if "." in key:
+            outer, inner = key.split(".")
+            usage[outer] = {**usage[outer], inner: value}
+        elif value is _DROP:
+            del usage[key]
+        else:
+            usage[key] = value
+    return usage
+
+
+_DROP = object()
+
+
+@pytest.mark.parametrize("over, key, what", [
+    ({"wall_s": "fast"}, "wall_s", "expected a number"),
+    ({"peak_rss_mb": _DROP}, "peak_rss_mb", "missing"),
+    ({"host.cores": 2.5}, "host.cores", "expected an integer"),
+    ({"cpu_s": -1.0}, "cpu_s", "not a figure a measurement can have"),
+    ({"device_peak_mb": True}, "device_peak_mb", "expected a number or null"),
+    ({"command": ["python", 3]}, "command", "other than strings"),
+    ({"usage_version": 9}, "usage_version", "not a version"),
+])
+def test_a_bad_usage_file_is_one_line_naming_file_and_key(tmp_path, over, key, what):
+    path = tmp_path / "usage.json"
+    path.write_text(json.dumps(_usage(**over)))
+    with pytest.raises(UserError, match=what) as e:
+        read_usage(path)
+    assert f"usage file {path} key '{key}'" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("make, what", [
+    (lambda p: p.write_text("{not json"), "does not parse"),
+    (lambda p: p.write_text("[1]"), "holds list, expected an object"),
+    (os.mkfifo, "is a FIFO"),
+])
+def test_a_usage_file_that_is_no_json_object_is_one_line(tmp_path, make, what):
+    path = tmp_path / "usage.json"
+    make(path)
+    with pytest.raises(UserError, match=what) as e:
+        read_usage(path)
+    assert str(path) in str(e.value) and "\n" not in str(e.value)
+
+
+# ----------------------------------------------------------------------------- parity: the speed block, the sidecar
+
+
+def _parity_inputs(tmp_path, resources=True):
+    log = tmp_path / "log.txt"
+    log.write_text(LOG)
+    rec = tmp_path / "o" / "runs" / "tvr" / "ral" / "seed0.json"
+    _record(rec, [100.0, 171.5], 160.0)
+    record = json.loads(rec.read_text())
+    record.update(epochs_run=2, timings={"data": 1.0, "train": 8.0, "eval_val": 2.0, "eval_test": 1.0},
+                  provenance={**record["provenance"], "device": "cpu (1 threads)"})
+    if resources:
+        record["resources"] = {"peak_rss_mb": 500.0, "peak_rss_measure": "VmHWM since the run started",
+                               "device_peak_mb": None, "device_reserved_mb": None, "seconds_per_epoch": 4.0,
+                               "epochs_timed": 2}
+    rec.write_text(json.dumps(record))
+    official = tmp_path / "official-usage.json"
+    official.write_text(json.dumps(_usage()))
+    return log, rec, official
+
+
+def _parity(tmp_path, log, rec, name, *extra):
+    return main(["parity", "--official-log", str(log), "--record", str(rec), "--name", name,
+                 "--out", str(tmp_path / "res"), *extra])
+
+
+def test_parity_with_official_usage_writes_the_speed_block_and_the_sidecar(tmp_path):
+    log, rec, official = _parity_inputs(tmp_path)
+    assert _parity(tmp_path, log, rec, "ral-e2", "--official-usage", str(official)) == 0
+    text = (tmp_path / "res" / "parity" / "ral-e2.md").read_text()
+    assert "## Speed and memory" in text
+    # official: 60 s over the 2 epochs of its log; ours: the record's 12 timed seconds over 2 epochs
+    assert "| seconds per epoch | 30.00 | 6.00 | 5.00 |" in text
+    assert "| evaluation share | not known | 25% |  |" in text
+    assert "| peak host memory (MB) | 1,000 | 500 | 2.00 |" in text
+    assert "| device peak (MB) |  |  |  |" in text
+    assert "- Official: `prvr-bench measure` around the whole command" in text
+    assert "- Ours: the run record: its timed phases" in text and "VmHWM since the run started" in text
+    side = read_sidecar(tmp_path / "res" / "parity" / "ral-e2.json")
+    assert side["sumr"]["verdict"] == "within" and side["sumr"]["delta"] == pytest.approx(1.0)
+    assert side["official"]["seconds_per_epoch"] == 30.0 and side["ours"]["seconds_per_epoch"] == 6.0
+    assert side["ratio"] == {"seconds_per_epoch": 5.0, "peak_host_mb": 2.0, "device_peak_mb": None}
+    assert side["method"] == "ral" and side["dataset"] == "tvr" and side["report"] == "ral-e2.md"
+    assert str(tmp_path) not in side["command"] and "--official-usage official-usage.json" in side["command"]
+
+
+def test_parity_with_both_usages_measures_both_sides_alike(tmp_path):
+    log, rec, official = _parity_inputs(tmp_path)
+    ours = tmp_path / "ours-usage.json"
+    ours.write_text(json.dumps(_usage(wall_s=20.0, peak_rss_mb=800.0)))
+    assert _parity(tmp_path, log, rec, "both", "--official-usage", str(official), "--ours-usage", str(ours)) == 0
+    text = (tmp_path / "res" / "parity" / "both.md").read_text()
+    assert "| seconds per epoch | 30.00 | 10.00 | 3.00 |" in text
+    assert "| evaluation share | not known | 15% |  |" in text  # the record's 3 s of evaluation in 20
+    assert "- Ours: `prvr-bench measure` around the whole command" in text
+
+
+def test_parity_without_usage_keeps_its_report_and_still_writes_the_sidecar(tmp_path):
+    log, rec, _ = _parity_inputs(tmp_path, resources=False)  # a record made before resources
+    assert _parity(tmp_path, log, rec, "plain") == 0
+    assert "Speed and memory" not in (tmp_path / "res" / "parity" / "plain.md").read_text()
+    side = read_sidecar(tmp_path / "res" / "parity" / "plain.json")
+    assert side["official"]["seconds_per_epoch"] is None and side["ours"]["seconds_per_epoch"] == 6.0
+    assert side["ours"]["peak_host_mb"] is None and "not in the record" in side["ours"]["measured"]
+
+
+def test_parity_with_a_bad_usage_file_is_one_line_and_writes_nothing(tmp_path, capsys):
+    log, rec, official = _parity_inputs(tmp_path)
+    official.write_text(json.dumps(_usage(wall_s=None)))
+    assert _parity(tmp_path, log, rec, "bad", "--official-usage", str(official)) == 2
+    err = capsys.readouterr().err
+    assert f"usage file {official} key 'wall_s'" in err and "--official-usage" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "res" / "parity").exists()
+
+
+# ----------------------------------------------------------------------------- the speed table
+
+
+def test_speed_builds_its_table_from_the_sidecars(tmp_path):
+    log, rec, official = _parity_inputs(tmp_path)
+    assert _parity(tmp_path, log, rec, "ral-a", "--official-usage", str(official)) == 0
+    assert _parity(tmp_path, log, rec, "ral-b") == 0
+    assert main(["speed", "--out", str(tmp_path / "res")]) == 0
+    md = (tmp_path / "res" / "speed.md").read_text()
+    assert "Only parity runs fill this table" in md
+    assert "| ral | ral | tvr | ours: cpu (1 threads); official: Test CPU (2 cores) | 2 / 2 | 6.00 | 30.00 | 5.00 " \
+           "| 500 | 1,000 |  |  | +1.0 | within 2 | `parity/ral-a.md` |" in md
+    assert "| ral | ral | tvr | cpu (1 threads) | 2 / 2 | 6.00 |  |  | 500 |  |  |  | +1.0 | within 2 " \
+           "| `parity/ral-b.md` |" in md
+    rows = (tmp_path / "res" / "speed.csv").read_text().splitlines()
+    assert len(rows) == 3 and rows[0].startswith("method,run,dataset,device,") and rows[0].endswith(",parity command")
+
+
+def test_a_hostile_sidecar_string_stays_one_escaped_cell(tmp_path):
+    """A sidecar is input: its strings (run, device, command) are escaped in the table, quoted in the CSV."""
+    log, rec, official = _parity_inputs(tmp_path)
+    assert _parity(tmp_path, log, rec, "ral-a", "--official-usage", str(official)) == 0
+    path = tmp_path / "res" / "parity" / "ral-a.json"
+    side = json.loads(path.read_text())
+    side.update(run=HOSTILE, command=HOSTILE)
+    side["official"]["device"] = side["ours"]["device"] = HOSTILE
+    path.write_text(json.dumps(side))
+    assert main(["speed", "--out", str(tmp_path / "res")]) == 0
+    md = (tmp_path / "res" / "speed.md").read_text()
+    check_markdown(md.split("## Produced by")[0], HOSTILE)
+    check_csv((tmp_path / "res" / "speed.csv").read_text(), HOSTILE)
+
+
+def test_speed_without_sidecars_says_so(tmp_path):
+    assert main(["speed", "--out", str(tmp_path)]) == 0
+    md = (tmp_path / "speed.md").read_text()
+    assert "No parity report has a sidecar yet" in md and "| method | run |" in md
+    assert len((tmp_path / "speed.csv").read_text().splitlines()) == 1
+
+
+@pytest.mark.parametrize("damage, key", [
+    (lambda s: s["ours"].update(seconds_per_epoch="slow"), "ours.seconds_per_epoch"),
+    (lambda s: s["sumr"].pop("verdict"), "sumr.verdict"),
+    (lambda s: s["sumr"].update(verdict="<b>"), "sumr.verdict"),
+    (lambda s: s["official"].update(peak_host_mb=float("nan")), "official.peak_host_mb"),
+    (lambda s: s.update(name="../x"), "name"),
+])
+def test_speed_refuses_a_malformed_sidecar_in_one_line(tmp_path, capsys, damage, key):
+    log, rec, official = _parity_inputs(tmp_path)
+    assert _parity(tmp_path, log, rec, "ral-a", "--official-usage", str(official)) == 0
+    path = tmp_path / "res" / "parity" / "ral-a.json"
+    side = json.loads(path.read_text())
+    damage(side)
+    path.write_text(json.dumps(side))
+    capsys.readouterr()
+    assert main(["speed", "--out", str(tmp_path / "res")]) == 2
+    err = capsys.readouterr().err
+    assert f"parity sidecar {path} key '{key}'" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "res" / "speed.md").exists()
+
+
+@pytest.mark.parametrize("fifo, other", [("parity/ral-a.json", "parity/ral-a.md"), ("speed.md", "speed.csv")])
+def test_a_fifo_where_parity_or_speed_writes_is_one_line_and_nothing_is_written(tmp_path, capsys, fifo, other):
+    log, rec, official = _parity_inputs(tmp_path)
+    target = tmp_path / "res" / fifo
+    target.parent.mkdir(parents=True)
+    os.mkfifo(target)
+    code = _parity(tmp_path, log, rec, "ral-a", "--official-usage", str(official))
+    if fifo.startswith("speed"):
+        assert code == 0
+        code = main(["speed", "--out", str(tmp_path / "res")])
+    err = capsys.readouterr().err
+    assert code == 2 and f"{target.name} is a FIFO" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "res" / other).exists()
+
+
+# ----------------------------------------------------------------------------- the record's resources
+
+
+RESOURCES = {"peak_rss_mb": 812.5, "peak_rss_measure": "VmHWM since the run started", "device_peak_mb": 2048.0,
+             "device_reserved_mb": 4096.0, "seconds_per_epoch": 12.5, "epochs_timed": 4}
+
+
+def _stored(tmp_path, **extra):
+    record = {"method": "baseline", "dataset": "sim-x", "seed": 0, "run_name": "baseline", "config": {},
+              "provenance": {}, "timings": {"train": 50.0}, "metrics": {"val": {"SumR": 10.0}, "test": {"SumR": 9.0}},
+              **extra}
+    path = record_path(tmp_path, "sim-x", "baseline", 0)
+    write_record(path, record)
+    return path, record
+
+
+def test_the_records_resources_round_trip_and_an_old_record_still_loads(tmp_path):
+    path, record = _stored(tmp_path, resources=RESOURCES)
+    assert load_record(path)["resources"] == RESOURCES
+    path, _ = _stored(tmp_path)  # made before records kept resources
+    assert "resources" not in load_record(path)
+
+
+@pytest.mark.parametrize("damage, key", [
+    (lambda r: r.update(peak_rss_mb="big"), "resources.peak_rss_mb"),
+    (lambda r: r.pop("epochs_timed"), "resources.epochs_timed"),
+    (lambda r: r.update(seconds_per_epoch=-2.0), "resources.seconds_per_epoch"),
+    (lambda r: r.update(device_peak_mb=float("inf")), "resources.device_peak_mb"),
+])
+def test_a_malformed_resources_block_is_one_line_naming_file_and_key(tmp_path, damage, key):
+    resources = copy.deepcopy(RESOURCES)
+    damage(resources)
+    path, _ = _stored(tmp_path, resources=resources)
+    with pytest.raises(UserError) as e:
+        load_record(path)
+    assert f"run record {path} key '{key}'" in str(e.value) and "\n" not in str(e.value)
+    path, _ = _stored(tmp_path, resources=[1])
+    with pytest.raises(UserError, match="key 'resources': list"):
+        load_record(path)
+
+
+def test_run_resources_divides_the_training_seconds_by_the_epochs_trained():
+    got = run_resources(10.0, 4, torch.device("cpu"), rss_reset=True)
+    assert got["seconds_per_epoch"] == 2.5 and got["epochs_timed"] == 4
+    assert got["device_peak_mb"] is None and got["device_reserved_mb"] is None
+    assert got["peak_rss_mb"] is not None and got["peak_rss_mb"] > 0
+    assert run_resources(None, 0, torch.device("cpu"), rss_reset=False)["seconds_per_epoch"] is None
+
+
+def test_a_run_records_its_resources(tmp_path):
+    record = run_one(resolve("baseline", "sim-tiny", 0, ["train.epochs=1", "eval.noise_levels=[]"]), tmp_path)
+    resources = record["resources"]
+    assert resources["epochs_timed"] == 1 and resources["device_peak_mb"] is None
+    assert resources["seconds_per_epoch"] == pytest.approx(record["timings"]["train"], abs=1e-3)
+    assert resources["peak_rss_mb"] > 0
+    assert load_record(record_path(tmp_path, "sim-tiny", record["run_name"], 0))["resources"] == resources
