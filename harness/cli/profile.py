@@ -16,9 +16,10 @@ from prvr.harness.base import progress
 from prvr.harness.base.io import UserError, ensure_dir
 from prvr.harness.profiling import evaluator_speed as ev, rehearsal
 from prvr.harness.profiling.flops import flops_per_query
-from prvr.harness.profiling.report import MethodProfile, Profile, ProfileProvenance, Settings, write_profile
+from prvr.harness.profiling.report import (MethodProfile, Profile, ProfileProvenance, Settings, render_memory,
+                                          write_profile)
 from prvr.harness.profiling.reported import reported_for
-from prvr.harness.profiling.runtime import runtime_per_query
+from prvr.harness.profiling.runtime import GRAPHS_MODES, estimate_memory, runtime_per_query
 from prvr.harness.profiling.subjects import TVR_DIMS, Subject, build_model, count_params, subjects
 from prvr.harness.profiling.training import describe_device, profile_epoch_isolated
 from prvr.harness.engine.records import provenance
@@ -53,6 +54,15 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="torch CPU threads (default 1: steady figures on a shared CPU; 0: torch's default)")
     p.add_argument("--train-batches", type=int, default=None, metavar="N",
                    help="end the training epoch after its first N batches (default: the whole epoch)")
+    p.add_argument("--query-batch", type=int, default=1, metavar="N",
+                   help="queries per timed runtime run: encoded, scored and sorted together; the table gives ms "
+                        "per query (run / N) (default 1, the papers' setting)")
+    p.add_argument("--graphs", default="auto", metavar="{auto,off}",
+                   help="auto: on a GPU each runtime run replays a CUDA graph (eager, and why, where capture "
+                        "fails); off: eager runs (default auto; a CPU runs eager)")
+    p.add_argument("--estimate-memory", action="store_true",
+                   help="print each method's runtime memory at the largest --videos, from the shapes (meta "
+                        "device), and measure nothing")
     p.add_argument("--skip-runtime", action="store_true", help="no inference runtime")
     p.add_argument("--skip-training", action="store_true", help="no training epoch")
     p.add_argument("--skip-evaluator", action="store_true", help="no evaluator speed test")
@@ -78,11 +88,16 @@ def settings_from(args: argparse.Namespace, device: torch.device) -> Settings:
             raise UserError(f"{name} must be at least 1, got {value}")
     if warmup < 0 or args.threads < 0:
         raise UserError("--warmup and --threads must be 0 or more")
+    if args.query_batch < 1:
+        raise UserError(f"--query-batch must be at least 1, got {args.query_batch}")
+    if args.graphs not in GRAPHS_MODES:
+        raise UserError(f"--graphs must be {' or '.join(GRAPHS_MODES)}, got {args.graphs!r}")
     return Settings(dataset=args.dataset or ("sim-tiny" if quick else "sim-tvr"),
                     model_dataset=args.model_dataset or ("sim-tiny" if quick else "tvr"), dims=TVR_DIMS,
                     sizes=sorted(set(sizes)), repeats=repeats, warmup=warmup, unique=unique,
                     eval_shape=ev.QUICK if quick else ev.TVR_TEST, eval_repeats=1 if quick else 3,
-                    threads=args.threads or None, train_batches=args.train_batches, quick=quick)
+                    threads=args.threads or None, train_batches=args.train_batches, quick=quick,
+                    query_batch=args.query_batch, graphs=args.graphs)
 
 
 def _given(value: int | None, default: int) -> int:
@@ -98,6 +113,11 @@ def cmd_profile(args: argparse.Namespace) -> None:
         torch.set_num_threads(settings.threads)
     overrides = [*args.overrides, *([f"train.device={args.device}"] if args.device != "auto" else [])]
     subs = subjects(args.method, settings.model_dataset, overrides)
+    if args.estimate_memory:
+        size = max(settings.sizes)
+        print(render_memory([estimate_memory(s, settings.dims, size, settings.unique, settings.query_batch)
+                             for s in subs]), end="")
+        return
     results = [profile_subject(s, settings, device, args, overrides) for s in subs]
     evaluator = None
     if not args.skip_evaluator:
@@ -127,8 +147,8 @@ def profile_subject(subject: Subject, s: Settings, device: torch.device, args: a
         model.to(device)
         out.runtime_device = describe_device(device)
         _attempt(out, "runtime", lambda: setattr(out, "runtime", runtime_per_query(
-            model, subject, s.sizes, s.dims, s.repeats, s.warmup, s.unique, device)))
-        progress.log("  runtime per query: " + ", ".join(f"{r.videos} videos {r.median_ms:.2f} ms"
+            model, subject, s.sizes, s.dims, s.repeats, s.warmup, s.unique, device, s.query_batch, s.graphs)))
+        progress.log("  runtime per query: " + ", ".join(f"{r.videos} videos {r.median_ms:.2f} ms ({r.mode})"
                                                          for r in out.runtime))
     del model
     _free(device)

@@ -15,7 +15,7 @@ from prvr.harness.profiling.evaluator_speed import EvaluatorSpeed
 from prvr.harness.profiling.flops import QueryFlops
 from prvr.harness.profiling.rehearsal import with_rehearsal
 from prvr.harness.profiling.reported import Reported
-from prvr.harness.profiling.runtime import Runtime
+from prvr.harness.profiling.runtime import GraphsMode, MemoryEstimate, Runtime
 from prvr.harness.profiling.training import EpochProfile
 from prvr.harness.reports.table import code, csv_text, markdown_table
 
@@ -54,6 +54,8 @@ class Settings:
     threads: int | None = None  # torch CPU threads; None: torch's default
     train_batches: int | None = None  # cap on the training epoch's batches
     quick: bool = False
+    query_batch: int = 1  # queries per timed runtime run (--query-batch; the papers': 1)
+    graphs: GraphsMode = "auto"  # --graphs: runtime runs as CUDA graph replays on a GPU, or eager
 
 
 class ProfileProvenance(Provenance, total=False):
@@ -106,9 +108,16 @@ def _method_rows(m: MethodProfile, s: Settings, device: str) -> list[dict[str, A
                         ("video_encoding", m.flops.video), ("score", m.flops.score)):
             rows.append(_row("flops", f"flops_{part}", round(n / 1e9, 5), "GFLOPs", cond, **who, device="cpu"))
     for r in m.runtime:
-        cond = f"videos={r.videos}; {r.runs} runs"
+        cond = f"videos={r.videos}; queries per run={r.queries}; {r.runs} runs; mode={r.mode}"
+        unit = "ms" if r.queries == 1 else f"ms per query (run / {r.queries})"
         for q, v in (("median", r.median_ms), ("p25", r.p25_ms), ("p75", r.p75_ms)):
-            rows.append(_row("runtime", f"runtime_{q}", round(v, 4), "ms", cond, **who, device=m.runtime_device))
+            rows.append(_row("runtime", f"runtime_{q}", round(v, 4), unit, cond, **who, device=m.runtime_device))
+        if r.queries > 1:
+            rows.append(_row("runtime", "runtime_run_median", round(r.run_ms, 4), "ms per run", cond, **who,
+                             device=m.runtime_device))
+        if not math.isnan(r.peak_mb):  # nan: not measured (a CPU)
+            rows.append(_row("runtime", "runtime_peak_memory", round(r.peak_mb, 1), "MB", f"{cond}; "
+                             "torch.cuda.max_memory_allocated", **who, device=m.runtime_device))
     if m.epoch is not None:
         e = m.epoch
         cond = f"one epoch on {e.dataset}: {e.queries} queries, {e.batches} batches"
@@ -252,22 +261,70 @@ def _runtime_section(p: Profile) -> str:
     for m, reps in _ordered(p):
         if m is not None and m.runtime:
             by = {r.videos: r.median_ms for r in m.runtime}
-            rows.append([m.method, m.backbone, MEASURED, m.runtime_device, *(_ms(by.get(n)) for n in sizes)])
+            rows.append([m.method, m.backbone, MEASURED, m.runtime_device, _per_run(m.runtime[0].queries),
+                         _modes(m.runtime), *(_ms(by.get(n)) for n in sizes)])
         elif m is not None:
-            rows.append([m.method, m.backbone, MEASURED, m.errors.get("runtime", "skipped"), *([""] * len(sizes))])
-        rows += [[r.method, r.model, f"{r.source} ({r.tables})", r.source.removeprefix("reported, "),
-                  *(_ms(r.runtime_ms.get(n)) for n in sizes)] for r in reps]
-    return (f"## Inference runtime per text query (ms)\n\nProtocol: the collection's video embeddings are "
+            rows.append([m.method, m.backbone, MEASURED, m.errors.get("runtime", "skipped"), "", "",
+                         *([""] * len(sizes))])
+        rows += [[r.method, r.model, f"{r.source} ({r.tables})", r.source.removeprefix("reported, "), _per_run(1),
+                  "not stated", *(_ms(r.runtime_ms.get(n)) for n in sizes)] for r in reps]
+    heading = "Inference runtime per text query (ms)" if s.query_batch == 1 else \
+        f"Inference runtime per text query (ms per query, in batches of {s.query_batch})"
+    return (f"## {heading}\n\nProtocol: the collection's video embeddings are "
             f"precomputed ({s.unique} encoded random full-length videos tiled to the collection size: scoring "
             f"cost depends on shapes, not values) and indexed once (the backbone's query-independent "
-            f"`index_videos` work, e.g. the unit vectors of the items, as a deployed index stores them); one run = encode one query ({tokens} tokens) + score it "
-            f"against every video + sort the collection by score; no gradients. Median of "
+            f"`index_videos` work, e.g. the unit vectors of the items, as a deployed index stores them); one run = "
+            f"{_run_work(s.query_batch, tokens)}; no gradients. Median of "
             f"{_runs(s.repeats, 'run')} after {_runs(s.warmup, 'warm-up run')} (25th and 75th percentiles in "
-            f"profile.csv); CUDA events on a GPU, wall clock on a CPU{_threads(s)}. The papers time \"the "
-            f"retrieval process for a single text query\" on TVR video subsets (RAL) and say no more; their two "
-            f"sets of MS-SL and GMMFormer figures differ tenfold, so their protocols differ from each other too. "
-            f"On a shared CPU the figures move with the load.\n\n"
-            + _table(["method", "backbone", "source", "device", *(f"{n:,} videos" for n in sizes)], rows))
+            f"profile.csv); CUDA events on a GPU, wall clock on a CPU{_threads(s)}. {_graphs_text(s)} The papers "
+            f"time \"the retrieval process for a single text query\" on TVR video subsets (RAL) and say no more; "
+            f"their two sets of MS-SL and GMMFormer figures differ tenfold, so their protocols differ from each other "
+            f"too. On a shared CPU the figures move with the load.\n\n"
+            + _table(["method", "backbone", "source", "device", "queries per run", "mode",
+                      *(f"{n:,} videos" for n in sizes)], rows))
+
+
+def _run_work(batch: int, tokens: str) -> str:
+    if batch == 1:
+        return (f"encode one query ({tokens} tokens) + score it against every video + sort the collection by "
+                f"score")
+    return (f"encode a batch of {batch} queries ({tokens} tokens each) + score them against every video + sort "
+            f"the collection for each; the figures are milliseconds per query, a run's time / {batch}, and are "
+            f"**not** one-query figures like the papers' (their rows: 1 query per run)")
+
+
+def _graphs_text(s: Settings) -> str:
+    """What the mode column says (harness/profiling/runtime.py)."""
+    asked = ("`--graphs auto`: on a GPU each run is one replay of a CUDA graph captured once per collection "
+             "(static query and collection tensors, eager warm-up on a side stream), so the host does not launch "
+             "each op; where capture fails or a replay ranks otherwise than eager, the runs are eager and the "
+             "mode says why; on a CPU there are no graphs" if s.graphs == "auto" else
+             "`--graphs off`: every run eager, each op launched by the host")
+    return f"Mode: {asked}."
+
+
+def _per_run(queries: int) -> str:
+    return f"{queries:,} {'query' if queries == 1 else 'queries'}"
+
+
+def _modes(runtime: list[Runtime]) -> str:
+    """The rows' mode, or each size's where they differ."""
+    modes = dict.fromkeys(r.mode for r in runtime)
+    if len(modes) == 1:
+        return next(iter(modes))
+    return "; ".join(f"{r.videos:,}: {r.mode}" for r in runtime)
+
+
+def render_memory(estimates: list[MemoryEstimate]) -> str:
+    """`--estimate-memory`'s table: GiB per method at one collection size, from the shapes."""
+    gib = 2.0**30
+    rows = [[e.method, f"{e.videos:,}", e.queries, _num(e.params / gib, 2), _num(e.index / gib, 2),
+             _num(e.build_peak / gib, 2), _num(e.run_peak / gib, 3), _num(e.total / gib, 1)] for e in estimates]
+    return ("Memory of the runtime per method (GiB), from the shapes on the meta device (harness/profiling/"
+            "runtime.py `estimate_memory`): total = params + max(build peak, index + run peak); the CUDA context "
+            "and the allocator's rounding come on top.\n\n"
+            + _table(["method", "videos", "queries per run", "params", "index", "build peak", "run peak", "total"],
+                     rows))
 
 
 def _threads(s: Settings) -> str:
