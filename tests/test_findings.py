@@ -59,3 +59,16 @@ def test_a_fifo_in_place_of_a_report_table_is_refused(tmp_path):
     os.mkfifo(tmp_path / "matrix" / "w.csv")
     with pytest.raises(UserError, match="w.csv"):
         findings(tmp_path)
+
+
+def test_a_sweep_of_the_training_split_alone_shows_what_the_noise_costs(tmp_path):
+    from prvr.harness.reports.findings import COST_COLUMNS
+
+    header = [*SWEEP_COLUMNS, *(c for c in COST_COLUMNS if c not in SWEEP_COLUMNS)]
+    row = dict.fromkeys(header, "")
+    row.update({"value": "0.2", "run": "baseline+oracle", "base": "baseline", "gain (SumR)": "+5.4",
+                "what the noise costs it": "+6.6", "the cost's 95% interval": "[-4.9, +16.3]",
+                "share of the base's cost recovered": "60%", "the recovered share's 95% interval": "[-8%, 137%]"})
+    _write(tmp_path / "sweeps" / "w~mislabel_rate.csv", header, [list(row.values())])
+    text = "\n".join(findings(tmp_path))
+    assert "| 0.2 | baseline+oracle | +6.6 | [-4.9, +16.3] | baseline | +5.4 | 60% | [-8%, 137%] |" in text

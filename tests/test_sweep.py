@@ -4,6 +4,8 @@ On sim-tiny, one epoch a run (CPU)."""
 
 import csv
 
+import numpy as np
+
 import pytest
 
 from prvr.harness.cli import main
@@ -184,3 +186,39 @@ def test_a_matrix_cell_is_swept_by_its_run_name_and_a_tag_is_kept(tmp_path, caps
     assert main([*argv[:6], "baseline", "--tag", "lr", *argv[8:]]) == 0
     assert "  baseline~lr~mislabel_rate0.2 " in capsys.readouterr().out
     assert not (tmp_path / "runs").exists()
+
+
+def test_what_the_noise_costs_and_the_share_a_run_recovers(tmp_path):
+    """A knob that moves only the training split (mislabelled pairs): each run at a value against itself at
+    the preset's value on the same test queries, and a run with a base recovering a share of the base's cost
+    (exact where every query moves alike: the base 400 -> 0 per query, its oracle 200 at the noisy value: half);
+    none where the noisy runs were scored on another test set (a knob that moves the relevance)."""
+    from test_stats import write_run
+
+    from prvr.harness.reports.stats import Settings
+    from prvr.harness.reports.sweeps import SweepRows, costs, render, sweep_cells
+
+    q, fast = 60, Settings(resamples=500, permutations=500)
+    for seed in (0, 1):
+        write_run(tmp_path, "b", seed, np.ones(q, dtype=int), sim={"queries": q})
+        write_run(tmp_path, "b+oracle", seed, np.ones(q, dtype=int), sim={"queries": q})
+        write_run(tmp_path, "b~mislabel_rate0.2", seed, np.full(q, 150), sim={"queries": q})
+        write_run(tmp_path, "b+oracle~mislabel_rate0.2", seed, np.full(q, 6), sim={"queries": q})
+        write_run(tmp_path, "b~repeat_prob0.9", seed, np.full(q, 150), sim={"queries": q, "multi_relevant_share": 0.5})
+    sweep = Sweep("sim-x", ("sim.mislabel_rate",), ((0.0,), (0.2,)), (0.0,), ("b", "b+oracle"), (0, 1), "cmd")
+    rows = SweepRows(tmp_path, sweep)
+    cells, facts = sweep_cells(sweep, tmp_path, fast, rows)
+    found = {k.cell.run: k for k in costs(sweep, cells, rows, fast)}
+    assert set(found) == {"b", "b+oracle"}
+    assert (found["b"].cost.difference, found["b"].cost.low, found["b"].recovered) == (400.0, 400.0, None)
+    assert found["b+oracle"].cost.difference == 200.0
+    half = found["b+oracle"].recovered
+    assert (half.share, half.low, half.high) == (0.5, 0.5, 0.5)
+    md, table = render(sweep, cells, facts, (), (), list(found.values()))
+    assert "## What the noise costs, and how much of it each run recovers" in md
+    assert "| 0.2 |  | b+oracle | +200.0 | [+200.0, +200.0] | b | +200.0 | [+200.0, +200.0] | 50% | [50%, 50%] |" in md
+    assert "share of the base's cost recovered" in table.splitlines()[0]
+    other = Sweep("sim-x", ("sim.repeat_prob",), ((0.0,), (0.9,)), (0.0,), ("b",), (0, 1), "cmd")
+    rows = SweepRows(tmp_path, other)
+    cells, _ = sweep_cells(other, tmp_path, fast, rows)
+    assert len(cells) == 2 and costs(other, cells, rows, fast) == []

@@ -28,6 +28,10 @@ SWEEP_COLUMNS = ("value", "multi-relevant share (test)", "mislabelled queries (t
 SWEEP_HEADER = ("value", "multi-relevant share", "mislabelled (train)", "run", "base", "seeds", "gain",
                 "its 95% interval", "oracle's gain on the base", "its 95% interval", "room closed",
                 "its 95% interval", "reads")
+COST_COLUMNS = ("value", "run", "what the noise costs it", "the cost's 95% interval", "base", "gain (SumR)",
+                "share of the base's cost recovered", "the recovered share's 95% interval")
+COST_HEADER = ("value", "run", "cost of the noise", "its 95% interval", "base", "gain", "cost recovered",
+               "its 95% interval")
 MATRIX_COLUMNS = ("backbone", "detector", "treatment", "run", "plain run", "seeds", "SumR", "gain (SumR)",
                   "95% interval")
 MATRIX_HEADER = ("backbone", "detector", "treatment", "run", "plain run", "seeds", "SumR", "gain", "its 95% interval")
@@ -59,6 +63,12 @@ def sweep_lines(root: Path) -> list[str]:
             continue
         lines += ["", f"### [{path.stem}]({SWEEPS}/{path.with_suffix('.md').name})", "",
                   markdown_table(SWEEP_HEADER, gains.loc[:, list(SWEEP_COLUMNS)].itertuples(index=False))]
+        if all(c in frame.columns for c in COST_COLUMNS):  # a knob of the training split alone: the noise's cost
+            costed = frame[frame[COST_COLUMNS[2]] != ""]
+            if not costed.empty:
+                lines += ["", "What the noise costs each run (itself at the preset's value, same test queries), and "
+                          "the share of its base's cost a run recovers:", "",
+                          markdown_table(COST_HEADER, costed.loc[:, list(COST_COLUMNS)].itertuples(index=False))]
     return lines
 
 

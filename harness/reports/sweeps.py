@@ -338,6 +338,83 @@ def answers(sweep: Sweep, cells: list[Cell], rows: SweepRows, settings: Settings
     return found
 
 
+@dataclass(frozen=True)
+class Cost:
+    """Where the knob moves only the training split (the test set the same at every value: mislabelled
+    training pairs), one run at one value against the same run at the preset's value: what the noise costs
+    it (clean minus noisy, paired on the same test queries), and for a run with a base, the share of its
+    base's cost it recovers, (run - base) / (base clean - base), over one joint bootstrap (`room_share`
+    with the clean base in the oracle's place)."""
+
+    cell: Cell
+    cost: MetricDifference | None
+    recovered: RoomShare | None
+    note: str = ""
+
+
+def costs(sweep: Sweep, cells: list[Cell], rows: SweepRows, settings: Settings) -> list[Cost]:
+    """Each (value away from the preset, run) whose run at the preset's value was scored on the same test
+    set; none for a knob that moves the test set too (the multi-relevant share): there, clean and noisy
+    runs answer other queries, and the oracle's room is the reference."""
+    if sweep.default not in sweep.values:
+        return []
+    at = {(c.value, c.run): c for c in cells}
+    found = []
+    for c in cells:
+        if c.value == sweep.default or (sweep.default, c.run) not in at:
+            continue
+        noisy, clean = rows(run_at(c.run, sweep, c.value)), rows(c.run)
+        if noisy.world != clean.world:
+            continue
+        try:
+            cost = sumr_of(compare_rows(clean, noisy, settings))
+        except UserError as e:
+            found.append(Cost(c, None, None, str(e)[:120]))
+            continue
+        recovered, note = None, ""
+        if c.base and c.gain is not None and (sweep.default, c.base) in at:
+            try:
+                recovered = room_share(noisy, rows(run_at(c.base, sweep, c.value)), rows(c.base), settings)
+            except UserError as e:
+                note = str(e)[:120]
+        found.append(Cost(c, cost, recovered, note))
+    return found
+
+
+COST_CSV = ["what the noise costs it", "the cost's 95% interval", "share of the base's cost recovered",
+            "the recovered share's 95% interval"]  # the cost table's own columns in the CSV
+COST_HEAD = ["value", "mislabelled (train)", "run", "what the noise costs it", "its 95% interval", "base",
+             "gain over the base", "its 95% interval", "share of the base's cost recovered", "the share's 95% interval",
+             "reads"]
+
+
+def cost_rows(found: list[Cost], facts: dict[Point, dict[str, Any]], by_run: dict[tuple[Point, str], Cost]
+              ) -> list[list[str]]:
+    out = []
+    for k in found:
+        c = k.cell
+        gain = sumr_of(c.gain) if c.gain is not None and k.recovered is not None else None
+        base_cost = by_run.get((c.value, c.base))
+        out.append([show_point(c.value), _fact(facts.get(c.value, {}).get(FACTS[3][2])), c.run,
+                    *(_signed(k.cost) if k.cost else ["", ""]), c.base if gain else "",
+                    *(_signed(gain) if gain else ["", ""]), *(_share(k.recovered) if k.recovered else ["", ""]),
+                    k.note or _cost_reads(k, gain, base_cost.cost if base_cost else None)])
+    return out
+
+
+def _cost_reads(k: Cost, gain: MetricDifference | None, base_cost: MetricDifference | None) -> str:
+    if k.cost is None:
+        return ""
+    if gain is None:
+        return ("the noise costs it this much" if k.cost.low > 0 else
+                "no cost the interval can tell from zero")
+    if base_cost is None or base_cost.low <= 0:
+        return "its base pays no cost the interval can tell from zero: nothing to recover"
+    if gain.low <= 0:
+        return "recovers no part of its base's cost the interval can tell from none"
+    return "recovers this share of what the noise costs its base"
+
+
 ANSWER_HEAD = ["value", "multi-relevant share", "run", "base", "gain", "its 95% interval", "oracle's gain on the base",
                "the room's 95% interval", "share of the room closed", "the share's 95% interval", "reads"]
 
@@ -385,7 +462,8 @@ def _answer_reads(a: Answer, gain: MetricDifference | None, room: MetricDifferen
 
 
 def render(sweep: Sweep, cells: list[Cell], facts: dict[Point, dict[str, Any]],
-           found: Sequence[Slope] = (), found_answers: Sequence[Answer] = ()) -> tuple[str, str]:
+           found: Sequence[Slope] = (), found_answers: Sequence[Answer] = (),
+           found_costs: Sequence[Cost] = ()) -> tuple[str, str]:
     """The report (markdown) and its CSV."""
     fact_head = ["value", *(label for _, _, label in FACTS)]
     fact_rows = [[show_point(v), *(_fact(facts[v].get(label)) for _, _, label in FACTS)] for v in sweep.values if v in facts]
@@ -413,10 +491,23 @@ def render(sweep: Sweep, cells: list[Cell], facts: dict[Point, dict[str, Any]],
           "where there is no room, is not a gain from handling label noise.", "",
           markdown_table(ANSWER_HEAD, answer_rows(list(found_answers), facts)) if found_answers
           else "(no run with a base and its oracle at one value yet)", ""]
+    by_run = {(k.cell.value, k.cell.run): k for k in found_costs}
+    if found_costs:
+        md += ["## What the noise costs, and how much of it each run recovers", "",
+               "The knob moves only the training split (the test set is the same at every value), so each run at a "
+               "value is compared with itself at the preset's value on the same test queries: what the noise costs "
+               "it (clean minus noisy SumR, the two-level paired bootstrap's 95% interval). For a run with a base: "
+               "its gain over the base at that value and the share of the base's cost it recovers, gain / cost, "
+               "with the ratio's interval over one joint bootstrap (`room_share`, the clean base in the oracle's "
+               "place). The oracle knows every false negative but not which labelled pair is wrong, so its share "
+               "is what knowing the false negatives recovers of a mislabelling's cost.", "",
+               markdown_table(COST_HEAD, cost_rows(list(found_costs), facts, by_run)), ""]
     answered = {(r[0], r[2]): r[6:] for r in answer_rows(list(found_answers), facts)}
-    table = csv_text([*HEAD, *(label for _, _, label in FACTS), *ANSWER_HEAD[6:]],
+    costed = {(r[0], r[2]): [*r[3:5], *r[8:10]] for r in cost_rows(list(found_costs), facts, by_run)}
+    table = csv_text([*HEAD, *(label for _, _, label in FACTS), *ANSWER_HEAD[6:], *COST_CSV],
                      (row + [_fact(facts[cell.value].get(label)) for _, _, label in FACTS]
                       + answered.get((row[0], cell.run), [""] * len(ANSWER_HEAD[6:]))
+                      + costed.get((row[0], cell.run), [""] * len(COST_CSV))
                       for cell, row in zip(cells, rows_of(cells))))
     return "\n".join(md), table
 
@@ -465,7 +556,8 @@ def write_sweep(sweep: Sweep, out: str | Path, settings: Settings = Settings()) 
     if not cells:
         raise UserError(f"no records of the sweep under {Path(out) / 'runs' / sweep.dataset} yet; run it without "
                         "--report-only, or check --out")
-    md, table = render(sweep, cells, facts, slopes(sweep, cells, facts), answers(sweep, cells, rows, settings))
+    md, table = render(sweep, cells, facts, slopes(sweep, cells, facts), answers(sweep, cells, rows, settings),
+                       costs(sweep, cells, rows, settings))
     name = sweep.name or f"{sweep.dataset}~{'-'.join(k.rpartition('.')[2] for k in sweep.knobs)}"
     stem = inside(Path(out) / "sweeps" / check_name(name, "--name", "give a plain file name"), out, "--name")
     write_texts({stem.with_suffix(".md"): md, stem.with_suffix(".csv"): table})
