@@ -196,7 +196,7 @@ def test_what_the_noise_costs_and_the_share_a_run_recovers(tmp_path):
     from test_stats import write_run
 
     from prvr.harness.reports.stats import Settings
-    from prvr.harness.reports.sweeps import SweepRows, costs, render, sweep_cells
+    from prvr.harness.reports.sweeps import SweepRows, costs, render, slopes, sweep_cells
 
     q, fast = 60, Settings(resamples=500, permutations=500)
     for seed in (0, 1):
@@ -214,7 +214,10 @@ def test_what_the_noise_costs_and_the_share_a_run_recovers(tmp_path):
     assert found["b+oracle"].cost.difference == 200.0
     half = found["b+oracle"].recovered
     assert (half.share, half.low, half.high) == (0.5, 0.5, 0.5)
-    md, table = render(sweep, cells, facts, (), (), list(found.values()))
+    (slope,) = slopes(sweep, cells, facts)  # the test set does not move: against the knob, x 100
+    assert (slope.run, slope.points, slope.per_10) == ("b+oracle", 4, pytest.approx(100.0))
+    md, table = render(sweep, cells, facts, (slope,), (), list(found.values()))
+    assert "slope per 10 pts of sim.mislabel_rate" in md
     assert "## What the noise costs, and how much of it each run recovers" in md
     assert "| 0.2 |  | b+oracle | +200.0 | [+200.0, +200.0] | b | +200.0 | [+200.0, +200.0] | 50% | [50%, 50%] |" in md
     assert "share of the base's cost recovered" in table.splitlines()[0]

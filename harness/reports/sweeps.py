@@ -260,19 +260,33 @@ class Slope:
     high: float
 
 
+SHARE_AXIS = "share"  # the slope's axis where the multi-relevant share moves
+
+
+def noise_axis(sweep: Sweep, facts: dict[Point, dict[str, Any]]) -> tuple[str, dict[Point, float]]:
+    """What the slope is taken against, in points (x100): the test split's multi-relevant share where it
+    moves with the knob; else, for one knob that moves the training labels alone (sim.mislabel_rate), the
+    knob's own value (the share of training queries moved to a wrong video); else nothing."""
+    shares = {v: facts[v][FACTS[0][2]] for v in sweep.values
+              if isinstance(facts.get(v, {}).get(FACTS[0][2]), (int, float))}
+    if len(set(shares.values())) >= 2 or len(sweep.knobs) != 1:
+        return SHARE_AXIS, {v: 100 * x for v, x in shares.items()}
+    return sweep.knobs[0], {v: 100 * v[0] for v in sweep.values}
+
+
 def slopes(sweep: Sweep, cells: list[Cell], facts: dict[Point, dict[str, Any]]) -> list[Slope]:
     """A slope per run whose base is swept with it, where two values or more have both, from the cells'
-    own per-seed SumR (the records were read once, by `sweep_cells`)."""
+    own per-seed SumR (the records were read once, by `sweep_cells`), against `noise_axis`."""
     sumr = {(c.value, c.run): dict(zip(c.seeds, c.sumr)) for c in cells}
+    _, axis = noise_axis(sweep, facts)
     found = []
     for run, base in dict.fromkeys((c.run, c.base) for c in cells if c.base):
         xs, ys = [], []
         for value in sweep.values:
-            share = facts.get(value, {}).get(FACTS[0][2])
             mine, theirs = sumr.get((value, run), {}), sumr.get((value, base), {})
             for seed in sorted(mine.keys() & theirs.keys()):
-                if isinstance(share, (int, float)):
-                    xs.append(100 * share)
+                if value in axis:
+                    xs.append(axis[value])
                     ys.append(mine[seed] - theirs[seed])
         if len(set(xs)) >= 2 and len(xs) >= 3:
             fit = scipy.stats.linregress(xs, ys)
@@ -466,6 +480,7 @@ def render(sweep: Sweep, cells: list[Cell], facts: dict[Point, dict[str, Any]],
            found_costs: Sequence[Cost] = ()) -> tuple[str, str]:
     """The report (markdown) and its CSV."""
     fact_head = ["value", *(label for _, _, label in FACTS)]
+    axis = noise_axis(sweep, facts)[0]
     fact_rows = [[show_point(v), *(_fact(facts[v].get(label)) for _, _, label in FACTS)] for v in sweep.values if v in facts]
     md = [f"# {sweep.dataset}: {sweep.knob} swept", "",
           f"Written by `{sweep.command}` (harness/reports/sweeps.py; the statistics: docs/statistics.md). "
@@ -476,11 +491,13 @@ def render(sweep: Sweep, cells: list[Cell], facts: dict[Point, dict[str, Any]],
           "## The world at each value", "", markdown_table(fact_head, fact_rows), "",
           "## Runs", "", markdown_table(HEAD, rows_of(cells)), "",
           "## Does the gain grow with the noise?", "",
-          "Per run with a base: the slope of its per-seed gain over the base against the test split's "
-          "multi-relevant share (SumR points per 10 points of share), least squares over every (value, seed) "
-          "with both runs, 95% interval from scipy.stats.linregress's standard error and Student's t. A label-noise "
-          "method earns its name where its gain grows with the noise.", "",
-          markdown_table(["run", "base", "points", "slope per 10 pts of share", "95% interval", "reads"],
+          "Per run with a base: the slope of its per-seed gain over the base against "
+          + ("the test split's multi-relevant share (SumR points per 10 points of share)" if axis == SHARE_AXIS else
+             f"{axis} x 100 (SumR points per 10 points of it: the test set is the same at every value)")
+          + ", least squares over every (value, seed) with both runs, 95% interval from scipy.stats.linregress's "
+          "standard error and Student's t. A label-noise method earns its name where its gain grows with the noise.",
+          "",
+          markdown_table(["run", "base", "points", f"slope per 10 pts of {axis}", "95% interval", "reads"],
                          slope_rows(list(found), cells)) if found else "(no run with a base at two values yet)", "",
           "## Is it the noise?", "",
           "Per run with a base and value: its gain over the base, the oracle's gain on the same base and world "
