@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import re
+import resource
+import sys
 from pathlib import Path
 
 import torch
@@ -44,15 +46,25 @@ def peak_memory_mb(device: torch.device) -> float | None:
 
 
 # ----------------------------------------------------------------------------- the host's memory
-def status_kb(key: str) -> int | None:
-    """A kB figure of this process from /proc/self/status (VmRSS, VmHWM, RssAnon); None where
-    there is no such file or line (not Linux)."""
+def status_kb(key: str, pid: int | str = "self") -> int | None:
+    """A kB figure of a process (this one by default) from /proc/PID/status (VmRSS, VmHWM, RssAnon);
+    None where there is no such file or line (not Linux, a process that has ended)."""
     try:
-        text = Path("/proc/self/status").read_text()
+        text = Path(f"/proc/{pid}/status").read_text(errors="replace")
     except OSError:
         return None
     m = re.search(rf"^{key}:\s+(\d+) kB", text, re.M)
     return int(m.group(1)) if m else None
+
+
+def max_rss_kb(ru_maxrss: int) -> int:
+    """getrusage's ru_maxrss in kB (bytes on macOS, kB on Linux)."""
+    return ru_maxrss // 1024 if sys.platform == "darwin" else ru_maxrss
+
+
+def lifetime_peak_kb() -> int:
+    """This process's peak resident set in kB: VmHWM, else the kernel's ru_maxrss."""
+    return status_kb("VmHWM") or max_rss_kb(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 
 
 CLEAR_REFS = Path("/proc/self/clear_refs")  # "5" resets VmHWM (Linux 4.0+)

@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
-import resource
 import shutil
 import signal
 import subprocess
@@ -37,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, TypedDict, cast
 
-from prvr.harness.base.devices import status_kb
+from prvr.harness.base.devices import lifetime_peak_kb, max_rss_kb, status_kb
 from prvr.harness.base.io import (UserError, check_target, ensure_dir, os_cause, read_json, temporary_beside,
                                   write_json)
 from prvr.harness.cli.args import command
@@ -122,12 +120,7 @@ def process_tree(root: int) -> set[int]:
 
 def resident_kb(pid: int) -> int:
     """VmRSS of one process in kB; 0 where it has ended, is a zombie or /proc has no such line."""
-    try:
-        text = (PROC / str(pid) / "status").read_text(errors="replace")
-    except OSError:
-        return 0
-    m = re.search(r"^VmRSS:\s+(\d+) kB", text, re.M)
-    return int(m.group(1)) if m else 0
+    return status_kb("VmRSS", pid) or 0
 
 
 def device_memory(smi: str, pids: set[int]) -> float | None:
@@ -204,7 +197,7 @@ def measure(argv: list[str], log: IO[bytes] | None = None, sample_s: float = SAM
     which is still waited for."""
     smi = shutil.which("nvidia-smi")
     peaks = Peaks(smi)
-    own_peak_kb = own_peak()  # what a child's ru_maxrss inherits (the module docstring)
+    own_peak_kb = lifetime_peak_kb()  # what a child's ru_maxrss inherits (the module docstring)
     started = provenance_time()
     start = time.perf_counter()
     try:
@@ -250,15 +243,6 @@ def measure(argv: list[str], log: IO[bytes] | None = None, sample_s: float = SAM
 def exit_status(code: int) -> int:
     """A child's exit status as a shell gives it: 128 + N for one ended by signal N."""
     return 128 - code if code < 0 else code
-
-
-def max_rss_kb(ru_maxrss: int) -> int:
-    return ru_maxrss // 1024 if sys.platform == "darwin" else ru_maxrss  # bytes on macOS, kB on Linux
-
-
-def own_peak() -> int:
-    """This process's peak resident set in kB (VmHWM, else ru_maxrss)."""
-    return status_kb("VmHWM") or max_rss_kb(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 
 
 def rss_measure(peaks: Peaks, sample_s: float, floor_kb: int) -> str:

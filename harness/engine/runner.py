@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import resource
-import sys
 from pathlib import Path
 from typing import Any, Mapping, cast
 
@@ -22,7 +20,7 @@ from prvr.harness.base.registry import METHODS
 from prvr.harness.engine.robustness import curve_line, noise_curve
 from prvr.harness.engine.sections import Config
 from prvr.harness.base.timing import Timings
-from prvr.harness.base.devices import device_name, peak_memory_mb, reset_peak_rss, status_kb
+from prvr.harness.base.devices import device_name, lifetime_peak_kb, peak_memory_mb, reset_peak_rss, status_kb
 
 RANKED_SPLITS = ("val", "test")  # stored beside the record (harness/engine/rankings.py)
 
@@ -135,9 +133,8 @@ def run_resources(train_s: float | None, epochs: int, device: torch.device, rss_
     peak_kb = status_kb("VmHWM")
     if peak_kb is not None:
         measure = "VmHWM since the run started" if rss_reset else "VmHWM of the process (its whole life)"
-    else:  # no /proc: the kernel's lifetime peak of the process (kB on Linux, bytes on macOS)
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        peak_kb = peak // 1024 if sys.platform == "darwin" else peak
+    else:  # no /proc: the kernel's lifetime peak of the process
+        peak_kb = lifetime_peak_kb()
         measure = "ru_maxrss of the process (its whole life)"
     allocated = peak_memory_mb(device)
     reserved = torch.cuda.max_memory_reserved(device) / 2**20 if device.type == "cuda" else None
