@@ -46,7 +46,7 @@ import time
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from prvr.harness.base import progress
 from prvr.harness.base.io import UserError, ensure_dir
@@ -400,10 +400,15 @@ def _cell_tag(args: argparse.Namespace, found: Recipe) -> str:
     if found.plain:
         return found.tag
     seed = args.seeds[0]
+    return "" if is_untagged(found, lambda sets: _resolve(args, found.method, found.backbone, seed, sets)) \
+        else found.tag
+
+
+def is_untagged(found: Recipe, config_of: Callable[[list[str]], Config]) -> bool:
+    """Whether the cell's settings resolve to the config its detector alone gives (the cell is that
+    untagged run: `baseline+oracle`, `baseline+arl`); `config_of` resolves --set items."""
     detector = next(s for s in found.sets if s.startswith("relations.name="))
-    mine, untagged = (_resolve(args, found.method, found.backbone, seed, list(sets))
-                      for sets in (found.sets, (detector,)))
-    return "" if mine.to_dict() == untagged.to_dict() else found.tag
+    return config_of(list(found.sets)).to_dict() == config_of([detector]).to_dict()
 
 
 def _one(args: argparse.Namespace, found: Recipe, tag: str) -> argparse.Namespace:

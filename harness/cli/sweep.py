@@ -35,7 +35,7 @@ from prvr.harness.base.registry import DATASETS, DETECTORS, METHODS
 from prvr.harness.cli.args import add_jobs_argument, command, command_line, common_arguments, data_root_overrides, \
     run_args, set_threads
 from prvr.harness.cli.fanout import launch_from_args, run_in_processes
-from prvr.harness.cli.matrix import TREATMENTS, recipe
+from prvr.harness.cli.matrix import TREATMENTS, is_untagged, recipe
 from prvr.harness.cli.plan import PROFILE_FILE, BenchRun, PlanRow, estimate, plan_table, profile_costs
 from prvr.harness.engine.config import resolve
 from prvr.harness.engine.records import record_path
@@ -198,10 +198,8 @@ def _cell_variant(name: str, dataset: str) -> tuple[str, tuple[str, ...]]:
     found = recipe(detector, TREATMENTS[treatment], backbone or METHODS.get(method).backbone)
     if isinstance(found, str):
         raise UserError(f"--method {name}: this matrix cell cannot work: {found}")
-    own = f"relations.name={detector}"
-    if not found.plain and found.method == method and \
-            resolve(method, dataset, 0, list(found.sets)).to_dict() == resolve(method, dataset, 0, [own]).to_dict():
-        found = dataclasses.replace(found, tag="")  # the detector's own mode: its untagged run (matrix `_cell_tag`)
+    if not found.plain and found.method == method and is_untagged(found, lambda sets: resolve(method, dataset, 0, sets)):
+        found = dataclasses.replace(found, tag="")  # the detector's own mode: its untagged run
     if found.method != method or found.tag != treatment or found.plain:
         same = "the backbone's plain run" if found.plain else \
             f"{found.method}+{detector}" + (f"~{found.tag}" if found.tag else "")
