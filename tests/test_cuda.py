@@ -63,7 +63,8 @@ def test_ral_sparse_csa_backward_on_cuda_equals_the_cpus(on_cuda):
     grads = {}
     for name, device, score in [("cpu", "cpu", csa_scores), ("cuda", on_cuda, csa_scores),
                                 ("cuda reference", on_cuda, csa_reference)]:
-        t, w, f = (x.to(device).requires_grad_(True) for x in (tokens, weights, frames))
+        # leaves of their own: `x.to("cpu")` is x itself, so requires_grad_ on it would make the CUDA copies non-leaves
+        t, w, f = (x.detach().clone().to(device).requires_grad_(True) for x in (tokens, weights, frames))
         with warnings.catch_warnings():
             warnings.filterwarnings("error", message="Sparse invariant checks")
             (score(t, token_mask.to(device), w, f, frame_mask.to(device)) * upstream.to(device)).sum().backward()

@@ -262,6 +262,9 @@ COMPREHENSIONS = {"<listcomp>", "<setcomp>", "<dictcomp>", "<genexpr>"}
 def _source(frames) -> str:
     if any("torch/autograd/" in f.filename for f in frames):
         return "backward"
+    asked = [f for f in frames if "harness/base/masks.py" in f.filename and f.name == "_from_device"]
+    if asked:  # a host copy nobody described: asks the device, whatever function (ON_HOST too) called it
+        return f"harness/base/masks.py:{asked[-1].lineno} _from_device"
     own = [f for f in frames if "site-packages" not in f.filename and "/tests/" not in f.filename
            and ("harness/base/masks.py" not in f.filename or f.name in ON_HOST) and f.name not in COMPREHENSIONS]
     f = own[-1]

@@ -199,7 +199,11 @@ class Relations:
         positive = torch.zeros(len(query_item), num_videos, dtype=torch.bool, device=query_item.device)
         positive.scatter_(1, query_item[:, None], True)  # not `[rows, item] = True`: a host scalar copied to the GPU
         every_video = masks.known(query_item).covers == num_videos or None
-        masks.describe(positive, index=rows * num_videos + query_item, rows=True, cols=every_video)
+        index = rows * num_videos + query_item
+        host_item = masks.known(query_item).host  # as the loader described it: the index's host copy from it
+        if host_item is not None:
+            masks.describe(index, host=torch.arange(len(host_item)) * num_videos + host_item)
+        masks.describe(positive, index=index, rows=True, cols=every_video)
         return Relations(positive, torch.zeros_like(positive), positive.float())
 
 

@@ -65,8 +65,8 @@ def describe_from_host(host: torch.Tensor, device_mask: torch.Tensor) -> torch.T
     if device_mask.device.type == "cuda":
         index = index.pin_memory()  # an asynchronous copy; from pageable memory the copy would wait for the GPU
     moved = index.to(device_mask.device, non_blocking=True)
-    if moved is not index:  # its host copy, for `true_index_host` (on the CPU it is the index itself)
-        describe(moved, host=index)
+    # its host copy, for `true_index_host`; on the CPU the index itself (a view: no reference cycle)
+    describe(moved, host=index if moved is not index else index.view_as(index))
     facts = {"index": moved, "all_true": all_true}
     if host.dim() == 2:
         facts.update(rows=bool(host.any(1).all()), cols=bool(host.any(0).all()), lengths=tuple(host.sum(1).tolist()))
@@ -84,14 +84,22 @@ def host_values(t: torch.Tensor) -> np.ndarray:
     values = known(t).values
     if values is not None:
         return np.asarray(values, dtype=np.int64)
-    return t.cpu().numpy()  # asks the device
+    return _from_device(t).numpy()
 
 
 def host_copy(t: torch.Tensor) -> torch.Tensor:
     """`t` on the host: the host copy it was described with where known (`describe(t, host=)`),
     else copied from the device (a sync on a GPU)."""
     host = known(t).host
-    return host if host is not None else t.cpu()  # asks the device
+    return host if host is not None else _from_device(t)
+
+
+def _from_device(t: torch.Tensor) -> torch.Tensor:
+    """`t` copied to the host: where `host_values` and `host_copy` find nothing described, the
+    one place this module asks the device (a sync on a GPU). On a CPU the copy is `t` itself, yet
+    the CPU proxy of tests/test_cuda_syncs.py counts every call here wherever it comes from, so
+    a step that reads a mask's host copy nobody described fails on a CPU too."""
+    return t.cpu()
 
 
 def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
