@@ -72,3 +72,18 @@ def test_a_sweep_of_the_training_split_alone_shows_what_the_noise_costs(tmp_path
     _write(tmp_path / "sweeps" / "w~mislabel_rate.csv", header, [list(row.values())])
     text = "\n".join(findings(tmp_path))
     assert "| 0.2 | baseline+oracle | +6.6 | [-4.9, +16.3] | baseline | +5.4 | 60% | [-8%, 137%] |" in text
+
+
+def test_a_sweep_of_the_training_regime_shows_how_each_gain_moves(tmp_path):
+    from prvr.harness.reports.findings import CHANGE_COLUMNS
+
+    header = [*SWEEP_COLUMNS, *(c for c in CHANGE_COLUMNS if c not in SWEEP_COLUMNS)]
+    row = dict.fromkeys(header, "")
+    row.update({"value": "3000", "run": "baseline+oracle", "base": "baseline", "gain (SumR)": "+20.5",
+                "gain at the preset's value": "+3.1", "change of the gain": "+17.4",
+                "the change's 95% interval": "[-2.6, +50.7]"})
+    _write(tmp_path / "sweeps" / "w~train_videos.csv", header, [list(row.values())])
+    text = "\n".join(findings(tmp_path))
+    assert "How each gain moves with the training regime" in text
+    assert "| 3000 | baseline+oracle | baseline | +3.1 | +20.5 | +17.4 | [-2.6, +50.7] |" in text
+    assert "What the noise costs" not in text

@@ -25,7 +25,7 @@ FAST = stats.Settings(resamples=2000, permutations=2000)
 
 
 # ----------------------------------------------------------------------------- tiny runs on disk
-def write_run(out, run, seed, ranks, dataset="sim-x", query_ids=None, generator=2, videos=150, sim=None):
+def write_run(out, run, seed, ranks, dataset="sim-x", query_ids=None, generator=2, videos=150, sim=None, train=None):
     """A record and its stored test rankings whose labelled ranks are `ranks`."""
     q = len(ranks)
     keys = SplitKeys([f"v{i}" for i in range(videos)], query_ids or [f"q{i}" for i in range(q)],
@@ -37,7 +37,8 @@ def write_run(out, run, seed, ranks, dataset="sim-x", query_ids=None, generator=
     path = record_path(out, dataset, run, seed)
     write_record(path, {"method": re.split(r"[+@~]", run)[0], "dataset": dataset, "seed": seed, "run_name": run,
                         "config": {"data": {"scale": "default"}},
-                        "provenance": {"data": {"generator_version": generator, **({"test": sim} if sim else {})}},
+                        "provenance": {"data": {"generator_version": generator, **({"test": sim} if sim else {}),
+                                                **({"train": train} if train else {})}},
                         "metrics": {"val": metrics, "test": metrics}})
     save_rankings(rankings_path(path), {"test": ranking}, {"run": run, "dataset": dataset, "seed": seed})
     return path

@@ -188,6 +188,41 @@ def test_a_matrix_cell_is_swept_by_its_run_name_and_a_tag_is_kept(tmp_path, caps
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_knob_of_the_training_regime_asks_how_the_gains_move_not_what_the_noise_costs(tmp_path):
+    """A knob whose records move neither the test split's multi-relevant share nor the training split's
+    mislabelled queries (sim.train_videos) is no noise axis: no slope against it and no cost table, but each
+    gain at a value against the same gain at the preset's value, with its interval (exact where every query
+    moves alike: the oracle's gain 0 at the preset, +400 at 3000), and the runs' order at each value."""
+    from test_stats import write_run
+
+    from prvr.harness.reports.stats import Settings
+    from prvr.harness.reports.sweeps import SweepRows, changes, noise_axis, render, sweep_cells
+
+    q, fast = 60, Settings(resamples=500, permutations=500)
+    world, train = {"queries": q, "multi_relevant_share": 0.1}, {"mislabelled": 0}
+    for seed in (0, 1):
+        write_run(tmp_path, "b", seed, np.full(q, 150), sim=world, train=train)
+        write_run(tmp_path, "b+oracle", seed, np.full(q, 150), sim=world, train=train)
+        write_run(tmp_path, "b~train_videos3000", seed, np.full(q, 150), sim=world, train=train)
+        write_run(tmp_path, "b+oracle~train_videos3000", seed, np.ones(q, dtype=int), sim=world, train=train)
+    sweep = Sweep("sim-x", ("sim.train_videos",), ((600.0,), (3000.0,)), (600.0,), ("b", "b+oracle"), (0, 1), "cmd")
+    rows = SweepRows(tmp_path, sweep)
+    cells, facts = sweep_cells(sweep, tmp_path, fast, rows)
+    assert noise_axis(sweep, facts) == (None, {})
+    (change,) = changes(sweep, cells, rows, fast)
+    assert change.cell.run == "b+oracle" and change.note == ""
+    g = change.change
+    assert (g.before, g.after, g.change, g.low, g.high, g.seeds) == (0.0, 400.0, 400.0, 400.0, 400.0, (0, 1))
+    md, table = render(sweep, cells, facts, (), (), (), [change])
+    assert "## Does the gain depend on the training regime?" in md and "slope per 10 pts" not in md
+    assert "| 3000 | b+oracle | b | +0.0 | +400.0 | +400.0 | [+400.0, +400.0] | the gain grows with it |" in md
+    assert "| 3000 | b+oracle 400.0 > b 0.0 |" in md
+    head = table.splitlines()[0]
+    assert "change of the gain" in head and "the change's 95% interval" in head
+    mislabel = Sweep("sim-x", ("sim.mislabel_rate",), ((0.0,), (0.2,)), (0.0,), ("b",), (0, 1), "cmd")
+    assert noise_axis(mislabel, {(0.0,): {}, (0.2,): {}})[0] == "sim.mislabel_rate"  # older records: the knob's axis
+
+
 def test_what_the_noise_costs_and_the_share_a_run_recovers(tmp_path):
     """A knob that moves only the training split (mislabelled pairs): each run at a value against itself at
     the preset's value on the same test queries, and a run with a base recovering a share of the base's cost

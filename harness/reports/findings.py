@@ -32,6 +32,9 @@ COST_COLUMNS = ("value", "run", "what the noise costs it", "the cost's 95% inter
                 "share of the base's cost recovered", "the recovered share's 95% interval")
 COST_HEADER = ("value", "run", "cost of the noise", "its 95% interval", "base", "gain", "cost recovered",
                "its 95% interval")
+CHANGE_COLUMNS = ("value", "run", "base", "gain at the preset's value", "gain (SumR)", "change of the gain",
+                  "the change's 95% interval")
+CHANGE_HEADER = ("value", "run", "base", "gain at the preset's value", "gain here", "change", "its 95% interval")
 MATRIX_COLUMNS = ("backbone", "detector", "treatment", "run", "plain run", "seeds", "SumR", "gain (SumR)",
                   "95% interval")
 MATRIX_HEADER = ("backbone", "detector", "treatment", "run", "plain run", "seeds", "SumR", "gain", "its 95% interval")
@@ -69,6 +72,12 @@ def sweep_lines(root: Path) -> list[str]:
                 lines += ["", "What the noise costs each run (itself at the preset's value, same test queries), and "
                           "the share of its base's cost a run recovers:", "",
                           markdown_table(COST_HEADER, costed.loc[:, list(COST_COLUMNS)].itertuples(index=False))]
+        if all(c in frame.columns for c in CHANGE_COLUMNS):  # a knob of the training regime: how the gains move
+            changed = frame[frame[CHANGE_COLUMNS[5]] != ""]
+            if not changed.empty:
+                lines += ["", "How each gain moves with the training regime (against the same gain at the preset's "
+                          "value, same test queries):", "",
+                          markdown_table(CHANGE_HEADER, changed.loc[:, list(CHANGE_COLUMNS)].itertuples(index=False))]
     return lines
 
 

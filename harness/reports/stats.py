@@ -311,6 +311,47 @@ def room_share(method: Row, base: Row, oracle: Row, settings: Settings = Setting
     return RoomShare(gain / room, float(low), float(high), room_low, tuple(shared))
 
 
+@dataclass(frozen=True)
+class GainChange:
+    """How a run's gain over its base moves between two training regimes scored on one test set: the
+    gain at the reference setting (`before`), at the other (`after`), and their difference with the 95%
+    percentile interval of the two-level paired bootstrap over (seed, test query): each query's
+    (run - base) - (run_ref - base_ref) SumR, the four rows sharing seeds and queries."""
+
+    before: float
+    after: float
+    change: float
+    low: float
+    high: float
+    seeds: tuple[int, ...]
+
+
+def gain_change(run: Row, base: Row, run_ref: Row, base_ref: Row, settings: Settings = Settings()) -> GainChange:
+    """`run` over `base` against `run_ref` over `base_ref` (the same pair at the reference setting)."""
+    rows = (run, base, run_ref, base_ref)
+    for other in rows[1:]:
+        check_pair(other, run)
+    shared = sorted(set.intersection(*(set(r.seeds) for r in rows)))
+    if len(shared) < max(1, settings.min_seeds):
+        raise UserError(f"rows {', '.join(repr(r.run) for r in rows)} share {len(shared)} seed(s) "
+                        f"({_seeds(shared)}); run the missing seeds")
+    for s in shared:
+        for other in rows[1:]:
+            check_queries(other, run, s)
+    j = METRICS.index("SumR")
+    diffs = [(run.seeds[s].scores[:, j] - base.seeds[s].scores[:, j]
+              - run_ref.seeds[s].scores[:, j] + base_ref.seeds[s].scores[:, j])[:, None] for s in shared]
+
+    def mean_gain(a: Row, b: Row) -> float:
+        return float(np.mean([a.seeds[s].figures["SumR"] - b.seeds[s].figures["SumR"] for s in shared]))
+
+    before, after = mean_gain(run_ref, base_ref), mean_gain(run, base)
+    replicates = bootstrap_differences(diffs, settings.resamples, settings.seed)[:, 0]
+    tail = (1 - LEVEL) / 2
+    low, high = np.quantile(replicates, [tail, 1 - tail])
+    return GainChange(before, after, after - before, float(low), float(high), tuple(shared))
+
+
 def check_pair(a: Row, b: Row) -> None:
     if a.dataset != b.dataset or a.world != b.world:
         raise UserError(f"rows {a.run!r} ({a.dataset}: {_world(a.world)}) and {b.run!r} ({b.dataset}: "

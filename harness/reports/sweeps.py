@@ -33,8 +33,8 @@ from prvr.harness.base.io import UserError, write_png, write_texts
 from prvr.harness.base.names import check_name, inside
 from prvr.harness.base.registry import DETECTORS, METHODS, home_method
 from prvr.harness.engine.records import load_record_at, record_path
-from prvr.harness.reports.stats import (BOTH_LEVELS, Comparison, MetricDifference, Row, RoomShare, Settings,
-                                        compare_rows, load_row, room_share)
+from prvr.harness.reports.stats import (BOTH_LEVELS, Comparison, GainChange, MetricDifference, Row, RoomShare,
+                                        Settings, compare_rows, gain_change, load_row, room_share)
 from prvr.harness.reports.table import csv_text, markdown_table, mean_std
 
 # the world's figures shown at each value (provenance.data.<split>.<key>)
@@ -263,14 +263,19 @@ class Slope:
 SHARE_AXIS = "share"  # the slope's axis where the multi-relevant share moves
 
 
-def noise_axis(sweep: Sweep, facts: dict[Point, dict[str, Any]]) -> tuple[str, dict[Point, float]]:
+def noise_axis(sweep: Sweep, facts: dict[Point, dict[str, Any]]) -> tuple[str | None, dict[Point, float]]:
     """What the slope is taken against, in points (x100): the test split's multi-relevant share where it
-    moves with the knob; else, for one knob that moves the training labels alone (sim.mislabel_rate), the
-    knob's own value (the share of training queries moved to a wrong video); else nothing."""
+    moves with the knob; else, for one knob that moves the training labels alone (sim.mislabel_rate: the
+    records' mislabelled training queries move with it), the knob's own value (the share of training
+    queries moved to a wrong video); else None: the knob moves no label noise the records show (the
+    training regime, e.g. sim.train_videos), and the report asks how the gains move with it instead."""
     shares = {v: facts[v][FACTS[0][2]] for v in sweep.values
               if isinstance(facts.get(v, {}).get(FACTS[0][2]), (int, float))}
     if len(set(shares.values())) >= 2 or len(sweep.knobs) != 1:
         return SHARE_AXIS, {v: 100 * x for v, x in shares.items()}
+    wrong = [facts[v].get(FACTS[3][2]) for v in sweep.values if v in facts]
+    if len(wrong) >= 2 and None not in wrong and len(set(wrong)) == 1:  # records older than the fact: a noise knob
+        return None, {}
     return sweep.knobs[0], {v: 100 * v[0] for v in sweep.values}
 
 
@@ -429,6 +434,65 @@ def _cost_reads(k: Cost, gain: MetricDifference | None, base_cost: MetricDiffere
     return "recovers this share of what the noise costs its base"
 
 
+@dataclass(frozen=True)
+class Change:
+    """Where the knob sets the training regime (no noise axis): one run with a base at one value, its gain
+    there against its gain at the preset's value on the same test queries (stats.gain_change)."""
+
+    cell: Cell
+    change: GainChange | None
+    note: str = ""
+
+
+def changes(sweep: Sweep, cells: list[Cell], rows: SweepRows, settings: Settings) -> list[Change]:
+    """Per (value away from the preset, run with a base): how its gain moved from the preset's value."""
+    if sweep.default not in sweep.values:
+        return []
+    at = {(c.value, c.run): c for c in cells}
+    found = []
+    for c in cells:
+        if c.value == sweep.default or c.gain is None or (sweep.default, c.run) not in at:
+            continue
+        if at[(sweep.default, c.run)].gain is None:
+            continue
+        try:
+            run, base, run_ref, base_ref = (rows(run_at(r, sweep, v)) for v in (c.value, sweep.default)
+                                            for r in (c.run, c.base))
+            found.append(Change(c, gain_change(run, base, run_ref, base_ref, settings)))
+        except UserError as e:
+            found.append(Change(c, None, str(e)[:120]))
+    return found
+
+
+CHANGE_HEAD = ["value", "run", "base", "gain at the preset's value", "gain here", "change of the gain",
+               "its 95% interval", "reads"]
+CHANGE_CSV = ["gain at the preset's value", "change of the gain", "the change's 95% interval"]
+
+
+def change_rows(found: list[Change]) -> list[list[str]]:
+    out = []
+    for k in found:
+        g = k.change
+        if g is None:
+            out.append([show_point(k.cell.value), k.cell.run, k.cell.base, "", "", "", "", k.note])
+            continue
+        reads = ("the gain grows with it" if g.low > 0 else "the gain shrinks with it" if g.high < 0 else
+                 "no change the interval can tell from none")
+        out.append([show_point(k.cell.value), k.cell.run, k.cell.base, f"{g.before:+.1f}", f"{g.after:+.1f}",
+                    f"{g.change:+.1f}", f"[{g.low:+.1f}, {g.high:+.1f}]", reads])
+    return out
+
+
+def order_rows(sweep: Sweep, cells: list[Cell]) -> list[list[str]]:
+    """Per value: the runs from the highest mean test SumR down (whether the methods' order moves)."""
+    out = []
+    for value in sweep.values:
+        here = sorted((c for c in cells if c.value == value), key=lambda c: -float(np.mean(c.sumr)))
+        if here:
+            out.append([show_point(value), " > ".join(f"{c.run} {np.mean(c.sumr):.1f}" for c in here)])
+    return out
+
+
 ANSWER_HEAD = ["value", "multi-relevant share", "run", "base", "gain", "its 95% interval", "oracle's gain on the base",
                "the room's 95% interval", "share of the room closed", "the share's 95% interval", "reads"]
 
@@ -477,7 +541,7 @@ def _answer_reads(a: Answer, gain: MetricDifference | None, room: MetricDifferen
 
 def render(sweep: Sweep, cells: list[Cell], facts: dict[Point, dict[str, Any]],
            found: Sequence[Slope] = (), found_answers: Sequence[Answer] = (),
-           found_costs: Sequence[Cost] = ()) -> tuple[str, str]:
+           found_costs: Sequence[Cost] = (), found_changes: Sequence[Change] = ()) -> tuple[str, str]:
     """The report (markdown) and its CSV."""
     fact_head = ["value", *(label for _, _, label in FACTS)]
     axis = noise_axis(sweep, facts)[0]
@@ -490,15 +554,7 @@ def render(sweep: Sweep, cells: list[Cell], facts: dict[Point, dict[str, Any]],
           "two-level (seeds, then test queries) paired bootstrap and the paired randomization test's p.", "",
           "## The world at each value", "", markdown_table(fact_head, fact_rows), "",
           "## Runs", "", markdown_table(HEAD, rows_of(cells)), "",
-          "## Does the gain grow with the noise?", "",
-          "Per run with a base: the slope of its per-seed gain over the base against "
-          + ("the test split's multi-relevant share (SumR points per 10 points of share)" if axis == SHARE_AXIS else
-             f"{axis} x 100 (SumR points per 10 points of it: the test set is the same at every value)")
-          + ", least squares over every (value, seed) with both runs, 95% interval from scipy.stats.linregress's "
-          "standard error and Student's t. A label-noise method earns its name where its gain grows with the noise.",
-          "",
-          markdown_table(["run", "base", "points", f"slope per 10 pts of {axis}", "95% interval", "reads"],
-                         slope_rows(list(found), cells)) if found else "(no run with a base at two values yet)", "",
+          *(_slope_section(axis, found, cells) if axis is not None else _regime_section(sweep, cells, found_changes)),
           "## Is it the noise?", "",
           "Per run with a base and value: its gain over the base, the oracle's gain on the same base and world "
           "(the base trained with every false negative known: the room label noise leaves), and the share of "
@@ -520,13 +576,40 @@ def render(sweep: Sweep, cells: list[Cell], facts: dict[Point, dict[str, Any]],
                "is what knowing the false negatives recovers of a mislabelling's cost.", "",
                markdown_table(COST_HEAD, cost_rows(list(found_costs), facts, by_run)), ""]
     answered = {(r[0], r[2]): r[6:] for r in answer_rows(list(found_answers), facts)}
+    changed = {(r[0], r[1]): [r[3], *r[5:7]] for r in change_rows(list(found_changes))}
     costed = {(r[0], r[2]): [*r[3:5], *r[8:10]] for r in cost_rows(list(found_costs), facts, by_run)}
-    table = csv_text([*HEAD, *(label for _, _, label in FACTS), *ANSWER_HEAD[6:], *COST_CSV],
+    table = csv_text([*HEAD, *(label for _, _, label in FACTS), *ANSWER_HEAD[6:], *COST_CSV, *CHANGE_CSV],
                      (row + [_fact(facts[cell.value].get(label)) for _, _, label in FACTS]
                       + answered.get((row[0], cell.run), [""] * len(ANSWER_HEAD[6:]))
                       + costed.get((row[0], cell.run), [""] * len(COST_CSV))
+                      + changed.get((row[0], cell.run), [""] * len(CHANGE_CSV))
                       for cell, row in zip(cells, rows_of(cells))))
     return "\n".join(md), table
+
+
+def _slope_section(axis: str, found: Sequence[Slope], cells: list[Cell]) -> list[str]:
+    return ["## Does the gain grow with the noise?", "",
+            "Per run with a base: the slope of its per-seed gain over the base against "
+            + ("the test split's multi-relevant share (SumR points per 10 points of share)" if axis == SHARE_AXIS else
+               f"{axis} x 100 (SumR points per 10 points of it: the test set is the same at every value)")
+            + ", least squares over every (value, seed) with both runs, 95% interval from scipy.stats.linregress's "
+            "standard error and Student's t. A label-noise method earns its name where its gain grows with the noise.",
+            "",
+            markdown_table(["run", "base", "points", f"slope per 10 pts of {axis}", "95% interval", "reads"],
+                           slope_rows(list(found), cells)) if found else "(no run with a base at two values yet)", ""]
+
+
+def _regime_section(sweep: Sweep, cells: list[Cell], found: Sequence[Change]) -> list[str]:
+    return ["## Does the gain depend on the training regime?", "",
+            f"{sweep.knob} moves no label noise the records show (the test split's multi-relevant share and the "
+            "training split's mislabelled queries are the same at every value): it sets the training regime (how "
+            "much data, how many steps). Per run with a base, at each value away from the preset's: its gain over "
+            "the base there against its gain at the preset's value, on the same test queries, and the change with "
+            "the 95% interval of the two-level paired bootstrap over each query's difference of differences "
+            "(harness/reports/stats.py `gain_change`). Then the runs' order at each value.", "",
+            markdown_table(CHANGE_HEAD, change_rows(list(found))) if found
+            else "(no run with a base at the preset's value and another yet)", "",
+            markdown_table(["value", "runs by mean test SumR"], order_rows(sweep, cells)), ""]
 
 
 def _fact(value: Any) -> str:
@@ -573,8 +656,10 @@ def write_sweep(sweep: Sweep, out: str | Path, settings: Settings = Settings()) 
     if not cells:
         raise UserError(f"no records of the sweep under {Path(out) / 'runs' / sweep.dataset} yet; run it without "
                         "--report-only, or check --out")
-    md, table = render(sweep, cells, facts, slopes(sweep, cells, facts), answers(sweep, cells, rows, settings),
-                       costs(sweep, cells, rows, settings))
+    regime = noise_axis(sweep, facts)[0] is None
+    md, table = render(sweep, cells, facts, [] if regime else slopes(sweep, cells, facts),
+                       answers(sweep, cells, rows, settings), [] if regime else costs(sweep, cells, rows, settings),
+                       changes(sweep, cells, rows, settings) if regime else [])
     name = sweep.name or f"{sweep.dataset}~{'-'.join(k.rpartition('.')[2] for k in sweep.knobs)}"
     stem = inside(Path(out) / "sweeps" / check_name(name, "--name", "give a plain file name"), out, "--name")
     write_texts({stem.with_suffix(".md"): md, stem.with_suffix(".csv"): table})
