@@ -166,6 +166,17 @@ def _raw_serves(rows: Ragged, cap: int, normalize: bool) -> bool:
             and int(rows.lengths.max(initial=0)) <= cap)
 
 
+def keep_budget(cap_gb: float) -> int | None:
+    """Bytes a split may keep: KEEP_SHARE of the free RAM, and at most `cap_gb` GiB where it is 0 or
+    more (`data.keep_gb`; -1: no cap of the user's). None: no limit known (the free RAM unknown, no cap)."""
+    free = available_ram()
+    share = None if free is None else int(KEEP_SHARE * free)
+    if cap_gb < 0:
+        return share
+    cap = int(cap_gb * (1 << 30))
+    return cap if share is None else min(cap, share)
+
+
 def keep_plan(sizes: dict[str, int], budget: int | None) -> list[str]:
     """The parts to keep: in KEEP_ORDER, each that fits in `budget` bytes beside those kept
     before it (None: no limit known, keep all)."""
@@ -230,7 +241,7 @@ class Batcher:
 
     The first batch that picks items at will (`videos`, `queries`, `train_batch`, or `prepare`)
     makes the split's processed features once (`Kept`: each part that fits in KEEP_SHARE of the
-    free RAM, `keep_plan`; `keep=False` none, `keep=True` all); a batch is then a gather and a pad,
+    free RAM and in `data.keep_gb`, `keep_budget` and `keep_plan`; `keep=False` none, `keep=True` all); a batch is then a gather and a pad,
     and what is not kept is made per batch as before. `in_order` gives the split's items in
     index order, the batches evaluation encodes: made once and kept where the split keeps no
     processed features (val, test), gathered from them where it does (train). Either way a
@@ -249,8 +260,7 @@ class Batcher:
         if self.kept is None:
             sizes = kept_sizes(self.split, self.cfg)
             if self.keep is None:
-                free = available_ram()
-                parts = keep_plan(sizes, None if free is None else int(KEEP_SHARE * free))
+                parts = keep_plan(sizes, keep_budget(self._cap_gb()))
             else:
                 parts = list(KEEP_ORDER) if self.keep else []
             self.kept = process_split(self.split, self.cfg, parts)
@@ -336,8 +346,11 @@ class Batcher:
             return self.keep
         sizes = kept_sizes(self.split, self.cfg)
         need = sizes["frames"] + sizes["clips"] if kind == "videos" else sizes["tokens"]
-        free = available_ram()
-        return free is None or need <= KEEP_SHARE * free
+        budget = keep_budget(self._cap_gb())
+        return budget is None or need <= budget
+
+    def _cap_gb(self) -> float:
+        return float(getattr(self.cfg, "keep_gb", -1.0))  # a data config made before the setting: no cap
 
 
 def _pinned(batch, pin: bool):

@@ -132,6 +132,32 @@ def _split_and_cfg(pooling, normalize):
     return DATASETS.get("sim-tiny").load(cfg)["train"], cfg.data
 
 
+def test_data_keep_gb_caps_what_a_split_keeps_and_batches_stay_bit_for_bit(monkeypatch):
+    """`data.keep_gb` caps the host memory a split keeps below the free RAM's share: 0 keeps no part and
+    no evaluation batch list (each made as it is taken), a cap of the clips' size keeps the clips alone,
+    -1 (the default) keeps what fits in the share; the batches are the naive ones whatever is kept."""
+    import dataclasses
+
+    from prvr.datasets import loader
+
+    split, cfg = _split_and_cfg("even", True)
+    sizes = loader.kept_sizes(split, cfg)
+    monkeypatch.setattr(loader, "available_ram", lambda: 1 << 40)  # a large machine: only the cap limits
+    assert loader.keep_budget(-1) == loader.KEEP_SHARE * (1 << 40) and loader.keep_budget(0) == 0
+    assert loader.keep_budget(2.0) == 2 << 30
+    index = np.array([7, 0, 3])
+    clips_gb = sizes["clips"] / (1 << 30)
+    for cap, kept in [(-1.0, ["clips", "tokens", "frames"]), (0.0, []), (clips_gb, ["clips"])]:
+        b = Batcher(split, dataclasses.replace(cfg, keep_gb=cap))
+        _assert_bitwise(b.videos(index), _naive_videos(split, cfg, index))
+        got = [part for part in loader.KEEP_ORDER if getattr(b.kept, part) is not None or sizes[part] == 0]
+        assert got == [p for p in loader.KEEP_ORDER if p in kept or sizes[p] == 0], cap
+    none = Batcher(split, dataclasses.replace(cfg, keep_gb=0.0))
+    for start, batch in zip(range(0, split.num_queries, 50), none.in_order("queries", 50)):
+        _assert_bitwise(batch, _naive_queries(split, cfg, np.arange(start, min(start + 50, split.num_queries))))
+    assert not none._in_order  # nothing held: no batch list kept under a cap of 0
+
+
 @pytest.mark.parametrize("pooling", ["even", "reference"])
 @pytest.mark.parametrize("normalize", [True, False])
 def test_every_path_gives_the_per_video_batches_bit_for_bit(pooling, normalize, monkeypatch):

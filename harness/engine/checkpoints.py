@@ -33,7 +33,7 @@ from prvr.harness.base.io import UserError, os_cause
 # train.device is compared as the kind of device the run trained on (cpu / cuda), not as written
 # ("auto" is cpu on one machine and cuda on another): a run resumed on another kind is refused.
 RESUME_FREE_KEYS = frozenset({"eval.chunk", "train.num_workers", "train.on_nonfinite",
-                              "data.cache_dir", "data.data_root", "data.preload",
+                              "data.cache_dir", "data.data_root", "data.preload", "data.keep_gb",
                               "eval.noise_levels", "eval.noise_source",
                               # the moment metrics' settings (harness/engine/vcmr.py): evaluation only
                               "eval.vcmr_n_min", "eval.vcmr_n_max", "eval.vcmr_alpha", "eval.vcmr_top_videos",

@@ -126,6 +126,9 @@ class DataConfig:
     val_from_train: int = param(0, at_least(0, "0 = the dataset's val split"))
     # real datasets: copy video and query features into RAM instead of memory-mapping them
     preload: bool = param(False, FLAG)
+    # host memory a split may spend on its processed features and evaluation batches (datasets/loader.py
+    # `keep_budget`); what does not fit is made per batch, bit for bit the same: -1 = half the free RAM
+    keep_gb: float = param(-1.0, Range(-1, note="-1 = up to half the free RAM, 0 = keep nothing, N = at most N GB"))
 
 
 @dataclass
