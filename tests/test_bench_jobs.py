@@ -77,6 +77,23 @@ def test_longest_expected_run_first(tmp_path):
     assert [j.label for j in schedule(jobs)] == ["new", "broken", "long", "short", "tie"]
 
 
+def test_a_runs_expected_time_comes_from_records_of_its_kind_of_device(tmp_path):
+    """A lent GPU's records (a sim-tvr-v2 run in a minute) are no estimate of a CPU run (several):
+    each kind is estimated from its own; a record that names no device counts for either."""
+    folder = tmp_path / "baseline"
+    folder.mkdir()
+    for seed, (device, seconds) in enumerate([("cpu (1 threads)", 400.0), ("cuda: NVIDIA H200", 60.0),
+                                              ("cuda: NVIDIA H200", 50.0)]):
+        (folder / f"seed{seed}.json").write_text(json.dumps({"timings": {"train": seconds},
+                                                             "provenance": {"device": device}}))
+    record = folder / "seed9.json"
+    assert expected_seconds(record, "cpu") == 400.0 and expected_seconds(record, "cuda") == 55.0
+    assert expected_seconds(record) == pytest.approx(170.0)
+    (folder / "seed3.json").write_text(json.dumps({"timings": {"train": 100.0}}))  # an old record: no device
+    assert expected_seconds(record, "cpu") == 250.0
+    assert expected_seconds(tmp_path / "none" / "seed0.json", "cpu") == float("inf")
+
+
 @pytest.mark.parametrize("command", [["run", "--method", "baseline"], ["ablate", "--method", "arl", "--table", "5"]])
 def test_threads_is_checked_by_every_training_command(capsys, tmp_path, command):
     code = main([*command, "--dataset", "sim-tiny", "--out", str(tmp_path), "--threads", "0", "--quiet"])

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from prvr.harness.base import progress
 from prvr.harness.base.io import UserError
+from prvr.harness.base.devices import pick_device
 from prvr.harness.cli.executors import check_ready, run_on_ray
 from prvr.harness.cli.jobs import Job, Launch, expected_seconds, parse_jobs, run_device, run_jobs, threads_per_job, \
     visible_gpus, wants_cuda
@@ -42,7 +43,7 @@ def run_in_processes(out, todo: list[tuple], workers: int, threads: int | None, 
     for cfg, name, run_args in todo:
         path, log = record_path(out, cfg.dataset, name, cfg.seed), log_path(out, cfg.dataset, name, cfg.seed)
         jobs.append(Job([*run_args, "--threads", str(threads)], f"{name} on {cfg.dataset}, seed {cfg.seed}", path,
-                        log, expected_seconds(path), device=run_device(cfg.train.device), threads=threads,
+                        log, expected_seconds(path, pick_device(cfg.train.device).type), device=run_device(cfg.train.device), threads=threads,
                         memory_mb=profiled_memory_mb(cfg, costs)))
     if not jobs:
         return

@@ -22,6 +22,7 @@ which keeps the slowest run from starting last.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -145,13 +146,19 @@ def threads_per_job(jobs: int, threads: int | None) -> int:
     return threads if threads is not None else max(1, usable_cores() // jobs)
 
 
-def expected_seconds(record: Path) -> float:
-    """Mean total time (all phases) of the run's records already in its folder, any seed;
-    infinity when there are none or none can be read."""
+def expected_seconds(record: Path, kind: str | None = None) -> float:
+    """Mean total time (all phases) of the run's records already in its folder, any seed, of those
+    trained on the kind of device `kind` names ("cpu", "cuda"; None: any; a record that names no
+    device counts for any): a GPU's minute is no estimate of a CPU's hour. Infinity when there are
+    none or none can be read."""
     times = []
     for path in sorted(record.parent.glob("seed*.json")):
         try:
-            timings = read_json(path).get("timings", {})
+            found = read_json(path)
+            timings = found.get("timings", {})
+            trained_on = str(found.get("provenance", {}).get("device") or "")
+            if kind is not None and trained_on and re.split(r"[:\s]", trained_on, maxsplit=1)[0] != kind:
+                continue
             if timings:
                 times.append(sum(float(t) for t in timings.values()))
         except (UserError, AttributeError, TypeError, ValueError):  # a bad record only loses its estimate

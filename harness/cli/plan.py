@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from prvr.harness.base import progress
+from prvr.harness.base.devices import pick_device
 from prvr.harness.engine.build import load_data
 from prvr.harness.base.io import UserError, read_json
 from prvr.harness.cli.jobs import expected_seconds
@@ -89,12 +90,13 @@ def profiled_name(cfg) -> str:
 def estimate(cfg, record: Path, costs: dict[tuple[str, str], dict[str, float]]) -> Estimate:
     """The run's expected time: its earlier records, else those of its untagged run (a tag moves a knob or
     an ablation setting, seldom the cost much), else the profile, else unknown."""
-    seconds = expected_seconds(record)
+    kind = pick_device(cfg.train.device).type  # records of this kind of device only
+    seconds = expected_seconds(record, kind)
     if math.isfinite(seconds):
         return Estimate(seconds, "earlier records")
     untagged = record.parent.name.partition("~")[0]
     if untagged != record.parent.name:
-        seconds = expected_seconds(record.parent.parent / untagged / record.name)
+        seconds = expected_seconds(record.parent.parent / untagged / record.name, kind)
         if math.isfinite(seconds):
             return Estimate(seconds, f"records of {untagged}")
     epoch = costs.get((profiled_name(cfg), cfg.dataset), {}).get("epoch_seconds")
