@@ -73,7 +73,7 @@ def docs(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def gpu(session: nox.Session) -> None:
-    """Every GPU check in one run, 136 s on an H200 (docs/gpu.md): the CUDA
+    """Every GPU check in one run, 136-177 s on an H200 (docs/gpu.md): the CUDA
     tests, an epoch of every method, evaluate, kill and resume, the evaluator at TVR shape,
     precision and determinism costs, the profile's device rows; results/gpu/gpu-check.md.
     Arguments go to `prvr-bench gpu-check`."""
