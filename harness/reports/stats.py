@@ -285,22 +285,33 @@ class RoomShare:
     seeds: tuple[int, ...]
 
 
-def room_share(method: Row, base: Row, oracle: Row, settings: Settings = Settings()) -> RoomShare:
-    """`method` against `base`, over `oracle` (the base with the oracle detector) against `base`."""
-    for other in (method, oracle):
-        check_pair(other, base)
-    shared = sorted(set(method.seeds) & set(base.seeds) & set(oracle.seeds))
+def shared_sumr(anchor: Row, others: Sequence[Row], settings: Settings
+                ) -> tuple[list[int], list[list[np.ndarray]], list[float]]:
+    """The seeds `anchor` and every row of `others` share (at least `settings.min_seeds`), and per row
+    (`anchor`, then `others` in order) its per-query SumR per shared seed and its mean SumR over them,
+    after checking that every row pairs with `anchor` (one world, the same test queries): what the
+    several-row statistics draw from."""
+    rows = (anchor, *others)
+    for other in others:
+        check_pair(other, anchor)
+    shared = sorted(set.intersection(*(set(r.seeds) for r in rows)))
     if len(shared) < max(1, settings.min_seeds):
-        raise UserError(f"rows {method.run!r}, {base.run!r} and {oracle.run!r} share {len(shared)} seed(s) "
+        raise UserError(f"rows {', '.join(repr(r.run) for r in rows)} share {len(shared)} seed(s) "
                         f"({_seeds(shared)}); run the missing seeds")
     for s in shared:
-        check_queries(method, base, s)
-        check_queries(oracle, base, s)
+        for other in others:
+            check_queries(other, anchor, s)
     j = METRICS.index("SumR")
-    diffs = [np.stack([method.seeds[s].scores[:, j] - base.seeds[s].scores[:, j],
-                       oracle.seeds[s].scores[:, j] - base.seeds[s].scores[:, j]], axis=1) for s in shared]
-    gain = float(np.mean([method.seeds[s].figures["SumR"] - base.seeds[s].figures["SumR"] for s in shared]))
-    room = float(np.mean([oracle.seeds[s].figures["SumR"] - base.seeds[s].figures["SumR"] for s in shared]))
+    scores = [[r.seeds[s].scores[:, j] for s in shared] for r in rows]
+    means = [float(np.mean([r.seeds[s].figures["SumR"] for s in shared])) for r in rows]
+    return shared, scores, means
+
+
+def room_share(method: Row, base: Row, oracle: Row, settings: Settings = Settings()) -> RoomShare:
+    """`method` against `base`, over `oracle` (the base with the oracle detector) against `base`."""
+    shared, (b, m, o), (mean_b, mean_m, mean_o) = shared_sumr(base, (method, oracle), settings)
+    diffs = [np.stack([m[i] - b[i], o[i] - b[i]], axis=1) for i in range(len(shared))]
+    gain, room = mean_m - mean_b, mean_o - mean_b
     replicates = bootstrap_differences(diffs, settings.resamples, settings.seed)
     tail = (1 - LEVEL) / 2
     room_low = float(np.quantile(replicates[:, 1], tail))
@@ -328,24 +339,9 @@ class GainChange:
 
 def gain_change(run: Row, base: Row, run_ref: Row, base_ref: Row, settings: Settings = Settings()) -> GainChange:
     """`run` over `base` against `run_ref` over `base_ref` (the same pair at the reference setting)."""
-    rows = (run, base, run_ref, base_ref)
-    for other in rows[1:]:
-        check_pair(other, run)
-    shared = sorted(set.intersection(*(set(r.seeds) for r in rows)))
-    if len(shared) < max(1, settings.min_seeds):
-        raise UserError(f"rows {', '.join(repr(r.run) for r in rows)} share {len(shared)} seed(s) "
-                        f"({_seeds(shared)}); run the missing seeds")
-    for s in shared:
-        for other in rows[1:]:
-            check_queries(other, run, s)
-    j = METRICS.index("SumR")
-    diffs = [(run.seeds[s].scores[:, j] - base.seeds[s].scores[:, j]
-              - run_ref.seeds[s].scores[:, j] + base_ref.seeds[s].scores[:, j])[:, None] for s in shared]
-
-    def mean_gain(a: Row, b: Row) -> float:
-        return float(np.mean([a.seeds[s].figures["SumR"] - b.seeds[s].figures["SumR"] for s in shared]))
-
-    before, after = mean_gain(run_ref, base_ref), mean_gain(run, base)
+    shared, (a, b, a_ref, b_ref), (m, m_b, m_ref, m_b_ref) = shared_sumr(run, (base, run_ref, base_ref), settings)
+    diffs = [(a[i] - b[i] - a_ref[i] + b_ref[i])[:, None] for i in range(len(shared))]
+    before, after = m_ref - m_b_ref, m - m_b
     replicates = bootstrap_differences(diffs, settings.resamples, settings.seed)[:, 0]
     tail = (1 - LEVEL) / 2
     low, high = np.quantile(replicates, [tail, 1 - tail])
