@@ -241,9 +241,9 @@ class Batcher:
 
     The first batch that picks items at will (`videos`, `queries`, `train_batch`, or `prepare`)
     makes the split's processed features once (`Kept`: each part that fits in KEEP_SHARE of the
-    free RAM and in `data.keep_gb`, `keep_budget` and `keep_plan`; `keep=False` none, `keep=True` all); a batch is then a gather and a pad,
-    and what is not kept is made per batch as before. `in_order` gives the split's items in
-    index order, the batches evaluation encodes: made once and kept where the split keeps no
+    free RAM and in `data.keep_gb`, `keep_budget` and `keep_plan`; `keep=False` none, `keep=True`
+    all); a batch is then a gather and a pad, and what is not kept is made per batch as before.
+    `in_order` gives the split's items in index order, the batches evaluation encodes: made once and kept where the split keeps no
     processed features (val, test), gathered from them where it does (train). Either way a
     batch is bit for bit the one the per-batch path makes."""
 
@@ -260,7 +260,7 @@ class Batcher:
         if self.kept is None:
             sizes = kept_sizes(self.split, self.cfg)
             if self.keep is None:
-                parts = keep_plan(sizes, keep_budget(self._cap_gb()))
+                parts = keep_plan(sizes, keep_budget(self.cfg.keep_gb))
             else:
                 parts = list(KEEP_ORDER) if self.keep else []
             self.kept = process_split(self.split, self.cfg, parts)
@@ -346,11 +346,8 @@ class Batcher:
             return self.keep
         sizes = kept_sizes(self.split, self.cfg)
         need = sizes["frames"] + sizes["clips"] if kind == "videos" else sizes["tokens"]
-        budget = keep_budget(self._cap_gb())
+        budget = keep_budget(self.cfg.keep_gb)
         return budget is None or need <= budget
-
-    def _cap_gb(self) -> float:
-        return float(getattr(self.cfg, "keep_gb", -1.0))  # a data config made before the setting: no cap
 
 
 def _pinned(batch, pin: bool):

@@ -101,7 +101,7 @@ class TrainBatch(_Tensors):
         if item.device.type == "cpu":
             masks.describe_values(item, moved.query_item)  # RAL's support sets size themselves from them
             # and its host copy, from which the labels' pairs are made on the host (contract.Relations.one_to_one)
-            masks.describe(moved.query_item, host=item if moved.query_item is not item else item.view_as(item))
+            masks.describe_host(moved.query_item, item)
             if torch.unique(item).numel() == videos:
                 masks.describe(moved.query_item, covers=videos)
 

@@ -65,12 +65,17 @@ def describe_from_host(host: torch.Tensor, device_mask: torch.Tensor) -> torch.T
     if device_mask.device.type == "cuda":
         index = index.pin_memory()  # an asynchronous copy; from pageable memory the copy would wait for the GPU
     moved = index.to(device_mask.device, non_blocking=True)
-    # its host copy, for `true_index_host`; on the CPU the index itself (a view: no reference cycle)
-    describe(moved, host=index if moved is not index else index.view_as(index))
+    describe_host(moved, index)  # for `true_index_host`
     facts = {"index": moved, "all_true": all_true}
     if host.dim() == 2:
         facts.update(rows=bool(host.any(1).all()), cols=bool(host.any(0).all()), lengths=tuple(host.sum(1).tolist()))
     return describe(device_mask, **facts)
+
+
+def describe_host(device_copy: torch.Tensor, host: torch.Tensor) -> torch.Tensor:
+    """Attach to `device_copy` its host copy `host` (`host_copy`); on the CPU, where the two are one
+    tensor, a view of it (a tensor naming itself would be a reference cycle)."""
+    return describe(device_copy, host=host if device_copy is not host else host.view_as(host))
 
 
 def describe_values(host: torch.Tensor, device_copy: torch.Tensor) -> torch.Tensor:

@@ -42,8 +42,9 @@ def run_in_processes(out, todo: list[tuple], workers: int, threads: int | None, 
     jobs = []
     for cfg, name, run_args in todo:
         path, log = record_path(out, cfg.dataset, name, cfg.seed), log_path(out, cfg.dataset, name, cfg.seed)
+        expected = expected_seconds(path, pick_device(cfg.train.device).type)  # records of the device it trains on
         jobs.append(Job([*run_args, "--threads", str(threads)], f"{name} on {cfg.dataset}, seed {cfg.seed}", path,
-                        log, expected_seconds(path, pick_device(cfg.train.device).type), device=run_device(cfg.train.device), threads=threads,
+                        log, expected, device=run_device(cfg.train.device), threads=threads,
                         memory_mb=profiled_memory_mb(cfg, costs)))
     if not jobs:
         return

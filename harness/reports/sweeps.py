@@ -451,9 +451,8 @@ def changes(sweep: Sweep, cells: list[Cell], rows: SweepRows, settings: Settings
     at = {(c.value, c.run): c for c in cells}
     found = []
     for c in cells:
-        if c.value == sweep.default or c.gain is None or (sweep.default, c.run) not in at:
-            continue
-        if at[(sweep.default, c.run)].gain is None:
+        ref = at.get((sweep.default, c.run))
+        if c.value == sweep.default or c.gain is None or ref is None or ref.gain is None:
             continue
         try:
             run, base, run_ref, base_ref = (rows(run_at(r, sweep, v)) for v in (c.value, sweep.default)
