@@ -321,3 +321,16 @@ def test_the_profile_keeps_the_rehearsal_as_its_real_scale_section(tmp_path):
     assert once == profile + f"\n{SECTION}\n\nnew figures\n"
     (tmp_path / "rehearsal.md").write_text(f"{SECTION}\n\nnewer figures\n")
     assert with_rehearsal(once, tmp_path) == profile + f"\n{SECTION}\n\nnewer figures\n"  # replaced, not appended
+
+
+def test_the_cuda_row_reads_pytests_closing_line_not_what_a_thread_printed_after_it():
+    """On the H200 a compile worker's queue thread raised at interpreter exit, after the compile
+    test passed: the row read that traceback's last line instead of pytest's summary."""
+    text = ("=== warnings summary ===\n1 passed, 2946 deselected, 22 warnings in 62.66s (0:01:02)\n"
+            "Exception in thread QueueFeederThread\nValueError: semaphore or lock released too many times\n"
+            "  warnings.warn(pytest.PytestUnhandledThreadExceptionWarning(msg))\n")
+    assert gpu_check.pytest_summary(text) == ("1 passed, 2946 deselected, 22 warnings in 62.66s (0:01:02) "
+                                              "(3 lines of output after it, in the log)")
+    assert gpu_check.pytest_summary("==== 2 failed, 3 passed in 4.10s ====\n") == "2 failed, 3 passed in 4.10s"
+    assert gpu_check.pytest_summary("ImportError: no module named x\n") == "ImportError: no module named x"
+    assert gpu_check.pytest_summary("") == "(no output)"

@@ -166,6 +166,22 @@ OTHER_TESTS = f"not {COMPILE_TEST}"
 TEST_HALVES = (("the compile test", COMPILE_TEST), ("the other CUDA tests", OTHER_TESTS))
 
 
+# pytest's closing line: "1 passed, 2946 deselected, 22 warnings in 62.66s (0:01:02)"
+PYTEST_SUMMARY = re.compile(r"\b\d+ (passed|failed|errors?|skipped|deselected|xfailed|xpassed)\b.* in [\d.]+s\b")
+
+
+def pytest_summary(text: str) -> str:
+    """The closing line of a pytest run's output, not whatever was printed after it (on the
+    H200 a compile worker's queue thread raised at interpreter exit, after the test passed):
+    that later output is named, and kept in the log."""
+    lines = text.strip().splitlines()
+    found = [i for i, line in enumerate(lines) if PYTEST_SUMMARY.search(line)]
+    if not found:
+        return lines[-1] if lines else "(no output)"
+    after = len(lines) - 1 - found[-1]
+    return lines[found[-1]].strip("= ") + (f" ({after} lines of output after it, in the log)" if after else "")
+
+
 class CudaTests:
     """`pytest -m cuda` in the background, in two processes (the compile test, the rest); their
     whole output (failures' tracebacks too) kept in `log`; `wait()` gives the one row."""
@@ -195,7 +211,7 @@ class CudaTests:
         with atomic_path(self.log) as tmp:
             Path(tmp).write_text("".join(f"# pytest -m cuda -k '{k}' ({name})\n{text}\n"
                                          for (name, k), text in zip(TEST_HALVES, outputs)), encoding="utf-8")
-        tails = [(text.strip().splitlines() or ["(no output)"])[-1] for text in outputs]
+        tails = [pytest_summary(text) for text in outputs]
         codes = [proc.returncode for proc in procs]
         ok = all(c in (0, 5) for c in codes) and 0 in codes  # 5: a half collected nothing; not both
         result = "; ".join(f"{name}: {tail}" for (name, _), tail in zip(TEST_HALVES, tails))
