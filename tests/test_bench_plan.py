@@ -15,6 +15,7 @@ from prvr.harness.reports import leaderboard
 from prvr.harness.cli import main
 from prvr.harness.cli.jobs import GpuRoundRobin, Job, parse_jobs, run_device, visible_gpus, wants_cuda
 from prvr.harness.base.registry import METHODS
+from prvr.harness.engine.config import resolve
 
 PROFILE = """section,method,backbone,source,device,quantity,condition,value,unit
 training,arl,arl,measured,cpu (1 threads),epoch_seconds,"one epoch on sim-tvr: 3000 queries, 5 batches",20.0,s
@@ -86,7 +87,9 @@ def test_print_commands_gives_the_run_of_each_planned_run(capsys, tmp_path):
     # --skip-existing leaves out the runs whose record exists
     record = out_dir / "runs" / "sim-tiny" / "ral~t" / "seed1.json"
     record.parent.mkdir(parents=True)
-    record.write_text("{}")
+    kept = resolve("ral", "sim-tiny", 1, ["train.epochs=2"]).to_dict()  # a kept record must be the run planned
+    record.write_text(json.dumps({"method": "ral", "dataset": "sim-tiny", "seed": 1, "run_name": "ral~t",
+                                  "config": kept, "provenance": {}, "metrics": {"val": {}, "test": {}}}))
     code, out, _ = _out(capsys, "bench", "--method", "ral", "baseline", *common, "--skip-existing")
     assert [shlex.split(line)[7] for line in out.splitlines()] == ["0", "0", "1"]
 

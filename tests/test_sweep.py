@@ -260,3 +260,47 @@ def test_what_the_noise_costs_and_the_share_a_run_recovers(tmp_path):
     rows = SweepRows(tmp_path, other)
     cells, _ = sweep_cells(other, tmp_path, fast, rows)
     assert len(cells) == 2 and costs(other, cells, rows, fast) == []
+
+
+def _plain_record(out, cfg):
+    """A stored plain row of sim-tiny's baseline, seed 0 (its config is all a kept check reads)."""
+    import json
+
+    path = out / "runs" / "sim-tiny" / "baseline" / "seed0.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"method": "baseline", "dataset": "sim-tiny", "seed": 0, "run_name": "baseline",
+                                "config": cfg.to_dict(), "provenance": {}, "metrics": {"val": {}, "test": {}}}))
+    return path
+
+
+@pytest.mark.parametrize("command", [
+    ["sweep", "--knob", "sim.mislabel_rate", "--values", "0", "--method", "baseline"],
+    ["bench", "--method", "baseline", "--skip-existing"],
+])
+def test_a_record_kept_by_its_name_must_be_the_run_planned(tmp_path, capsys, command):
+    """A `--set` without a `--tag` of its own names the plain row's run: its stored record (another
+    world, here fewer training videos) must not stand in for it, as kept, in the plan and the report."""
+    cfg = resolve("baseline", "sim-tiny", 0, ["sim.mislabel_rate=0"])
+    path = _plain_record(tmp_path, cfg)
+    argv = [*command, "--dataset", "sim-tiny", "--seeds", "0", "--out", str(tmp_path), "--plan", "--quiet"]
+    other = cfg.sim.train_videos + 8
+    assert main([*argv, "--set", "sim.mislabel_rate=0", "--set", f"sim.train_videos={other}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(path) in err and "trained with other settings" in err
+    assert f"sim.train_videos {cfg.sim.train_videos} / {other}" in err and "give --tag" in err
+    assert main([*argv, "--set", "sim.mislabel_rate=0"]) == 0  # the same settings: kept
+    assert "kept (record exists)" in capsys.readouterr().out
+    assert main([*argv, "--set", "sim.mislabel_rate=0", "--set", f"sim.train_videos={other}", "--tag", "more"]) == 0
+    assert "baseline~more" in capsys.readouterr().out  # its own name: planned beside the plain row
+
+
+@pytest.mark.slow
+def test_a_run_that_replaces_a_record_of_other_settings_says_so(tmp_path, capsys):
+    fewer = resolve("baseline", "sim-tiny", 0, []).sim.train_videos - 8
+    cfg = resolve("baseline", "sim-tiny", 0, [f"sim.train_videos={fewer}"])
+    path = _plain_record(tmp_path, cfg)
+    assert main(["run", "--method", "baseline", "--dataset", "sim-tiny", "--seed", "0", "--out", str(tmp_path),
+                 "--set", "train.epochs=1", "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert f"{path} holds a run trained with other settings" in err and f"sim.train_videos {fewer} / " in err
+    assert "train.epochs" in err and "give --tag to keep both" in err

@@ -29,8 +29,7 @@ from prvr.harness.cli.args import (add_jobs_argument, command, command_line, com
                                    run_args, set_threads)
 from prvr.harness.cli.fanout import launch_from_args, run_in_processes
 from prvr.harness.base import progress
-from prvr.harness.engine.checkpoints import RESUME_FREE_KEYS
-from prvr.harness.engine.config import from_dict, resolve
+from prvr.harness.engine.config import resolve
 from prvr.harness.base.io import UserError, ensure_dir, write_text
 from prvr.harness.reports.leaderboard import REPORTED_FILE, paper_figures
 from prvr.harness.base.names import check_name, check_tag, inside
@@ -39,7 +38,7 @@ from prvr.harness.engine.records import load_record_at, record_path, run_tag
 from prvr.harness.base.registry import METHODS, home_method, load_all
 from prvr.harness.reports.rows import COLUMNS, MOMENT_SUM, Column, is_metric_key, moment_columns, p_value, value_at
 from prvr.harness.reports.table import csv_text, markdown_table, mean_std
-from prvr.harness.engine.runner import run_name, run_one
+from prvr.harness.engine.runner import run_name, run_one, settings_diff
 from prvr.harness.engine.sections import Config
 from prvr.methods.recipes import TABLES, AblationRow, AblationTable
 
@@ -325,25 +324,6 @@ def _fmt_delta(delta: tuple[float, float | None, int] | None, decimals: int = 1)
         return ""
     d, p, n = delta
     return f"{d:+.{decimals}f} ({n} seed{'s' if n > 1 else ''}" + (f", p={p:.3f})" if p is not None else ")")
-
-
-def settings_diff(cfg: Config, record: RunRecord, shown: int = 3, source: str = "stored config") -> str:
-    """The config keys on which a stored record differs from the planned `cfg`, as
-    "key stored / asked" items ("" when they agree). The record's config is rebuilt the way
-    resume does (keys added since it was made take their defaults); keys that change no
-    trained number (`RESUME_FREE_KEYS`: locations, chunking, the noise-robustness test) are
-    left out."""
-    def flat(d: dict, prefix: str = "") -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for k, v in d.items():
-            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-        return out
-
-    asked, stored = flat(cfg.to_dict()), flat(from_dict(record["config"], source).to_dict())
-    keys = sorted(k for k in asked.keys() | stored.keys()
-                  if asked.get(k) != stored.get(k) and k not in RESUME_FREE_KEYS)
-    items = [f"{k} {stored.get(k)!r} / {asked.get(k)!r}" for k in keys[:shown]]
-    return ", ".join(items) + (f" and {len(keys) - shown} more" if len(keys) > shown else "")
 
 
 def _csv(v: list[float]) -> tuple[str, str]:

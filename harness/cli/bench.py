@@ -15,7 +15,7 @@ from prvr.harness.base.registry import BACKBONES, DATASETS, DETECTORS, METHODS, 
 from prvr.harness.cli.args import (DEFAULT_DATASET, add_jobs_argument, command, command_line, common_arguments,
                                    data_root_overrides, run_args, set_threads)
 from prvr.harness.cli.fanout import launch_from_args, run_in_processes
-from prvr.harness.cli.plan import (PROFILE_FILE, BenchRun, PlanRow, commands, estimate, plan_table, prepare_data,
+from prvr.harness.cli.plan import (PROFILE_FILE, BenchRun, PlanRow, check_kept, commands, estimate, plan_table, prepare_data,
                                    profile_costs, quick_summary)
 from prvr.harness.engine.config import resolve
 from prvr.harness.engine.records import record_path
@@ -39,6 +39,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
     set_threads(args.threads)  # checks --threads for both ways of running; the runs started in processes get their own
     plan = _bench_plan(args)
     kept = [p for p in plan if args.skip_existing and p.record.exists()]
+    check_kept(kept, "--tag")
     todo = [p for p in plan if p not in kept]
     if args.print_commands:
         print(commands([list(p.args) for p in todo], args.threads), end="")

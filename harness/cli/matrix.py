@@ -55,7 +55,7 @@ from prvr.harness.base.registry import BACKBONES, DATASETS, DETECTORS, METHODS, 
 from prvr.harness.cli.args import add_jobs_argument, command, command_line, common_arguments, data_root_overrides, \
     run_args, set_threads
 from prvr.harness.cli.fanout import launch_from_args, run_in_processes
-from prvr.harness.cli.plan import PROFILE_FILE, BenchRun, Estimate, PlanRow, duration, estimate, profile_costs, \
+from prvr.harness.cli.plan import PROFILE_FILE, BenchRun, Estimate, PlanRow, check_kept, duration, estimate, profile_costs, \
     total_line
 from prvr.harness.engine.config import resolve
 from prvr.harness.engine.records import record_path
@@ -149,6 +149,8 @@ def add_commands(sub) -> None:
 def cmd_matrix(args: argparse.Namespace) -> None:
     set_threads(args.threads)
     matrix, planned = plan_matrix(args)
+    if not args.report_only:
+        check_kept(list(_distinct(planned).values()), "--tag")
     if args.plan:
         print(plan_text(args, planned), end="")
         return

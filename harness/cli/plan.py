@@ -24,7 +24,8 @@ from prvr.harness.base.devices import pick_device
 from prvr.harness.engine.build import load_data
 from prvr.harness.base.io import UserError, read_json
 from prvr.harness.cli.jobs import expected_seconds
-from prvr.harness.engine.records import run_tag
+from prvr.harness.engine.records import load_record_at, run_tag
+from prvr.harness.engine.runner import settings_diff
 from prvr.harness.base.registry import DETECTORS, METHODS
 
 PROFILE_FILE = "profile.csv"
@@ -39,6 +40,21 @@ class BenchRun:
     name: str
     record: Path
     args: tuple[str, ...]
+
+
+def check_kept(runs: "list[BenchRun]", flag: str) -> None:
+    """A planned run whose record exists is kept, not trained: that record must be the run planned.
+    A record of the same name trained with other settings (a `--set` without a `--tag` of its
+    own, e.g. `sim.train_videos=3000` planned where the plain 600-video row is stored) fails the
+    plan in one line before anything trains, instead of standing in for the run in a report."""
+    for run in runs:
+        if run.record.exists():
+            diff = settings_diff(run.cfg, load_record_at(run.record), source=f"run record {run.record} key 'config'")
+            if diff:
+                raise UserError(f"{run.record} is kept for the planned run {run.name} (seed {run.cfg.seed}) but was "
+                                f"trained with other settings (stored / planned: {diff}); give {flag} to keep this "
+                                "variant apart (e.g. --tag train_videos3000), or move that record away to train it "
+                                "again")
 
 
 @dataclass(frozen=True)

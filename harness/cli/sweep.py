@@ -36,7 +36,7 @@ from prvr.harness.cli.args import add_jobs_argument, command, command_line, comm
     run_args, set_threads
 from prvr.harness.cli.fanout import launch_from_args, run_in_processes
 from prvr.harness.cli.matrix import TREATMENTS, is_untagged, recipe
-from prvr.harness.cli.plan import PROFILE_FILE, BenchRun, PlanRow, estimate, plan_table, profile_costs
+from prvr.harness.cli.plan import PROFILE_FILE, BenchRun, PlanRow, check_kept, estimate, plan_table, profile_costs
 from prvr.harness.engine.config import resolve
 from prvr.harness.engine.records import record_path
 from prvr.harness.engine.runner import run_name, run_one
@@ -132,6 +132,7 @@ def cmd_sweep(args: argparse.Namespace) -> None:
 def train_planned(args: argparse.Namespace, planned: list[SweepRun]) -> None:
     """The plan, then the runs without a record (`--plan`: the plan alone)."""
     runs = [p.run for p in planned]
+    check_kept(runs, "--tag")
     todo = [p for p in planned if not p.run.record.exists()]
     costs = profile_costs(Path(args.out) / PROFILE_FILE)
     rows = [PlanRow(r.name, r.cfg.dataset, r.cfg.seed, estimate(r.cfg, r.record, costs), r.record.exists())

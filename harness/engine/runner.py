@@ -9,13 +9,15 @@ import torch
 
 from prvr.harness.base import progress
 from prvr.harness.engine.build import build_run
-from prvr.harness.base.io import claim
+from prvr.harness.engine.checkpoints import RESUME_FREE_KEYS
+from prvr.harness.engine.config import from_dict
+from prvr.harness.base.io import UserError, claim
 from prvr.harness.base.names import check_name, check_tag
 from prvr.harness.engine.rankings import TOP_K, rank_split, rankings_path, save_rankings
 from prvr.harness.engine.record_types import (MOMENT_METRIC_PREFIXES, SPLIT_METRIC_KEYS, DataFacts, RunMetrics, RunRecord,
                                        RunResources, SplitMetrics)
-from prvr.harness.engine.records import (checkpoint_dir, provenance, provenance_time, record_path, run_protocol, run_tag,
-                                  write_record)
+from prvr.harness.engine.records import (checkpoint_dir, load_record_at, provenance, provenance_time, record_path,
+                                  run_protocol, run_tag, write_record)
 from prvr.harness.base.registry import METHODS
 from prvr.harness.engine.robustness import curve_line, noise_curve
 from prvr.harness.engine.sections import Config
@@ -32,6 +34,25 @@ def run_name(cfg: Config, tag: str = "") -> str:
     return check_name(name, "run name", "use a shorter --tag")
 
 
+def settings_diff(cfg: Config, record: RunRecord, shown: int = 3, source: str = "stored config") -> str:
+    """The config keys on which a stored record differs from the planned `cfg`, as
+    "key stored / asked" items ("" when they agree). The record's config is rebuilt the way
+    resume does (keys added since it was made take their defaults); keys that change no
+    trained number (`RESUME_FREE_KEYS`: locations, chunking, the noise-robustness test) are
+    left out."""
+    def flat(d: dict, prefix: str = "") -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+        return out
+
+    asked, stored = flat(cfg.to_dict()), flat(from_dict(record["config"], source).to_dict())
+    keys = sorted(k for k in asked.keys() | stored.keys()
+                  if asked.get(k) != stored.get(k) and k not in RESUME_FREE_KEYS)
+    items = [f"{k} {stored.get(k)!r} / {asked.get(k)!r}" for k in keys[:shown]]
+    return ", ".join(items) + (f" and {len(keys) - shown} more" if len(keys) > shown else "")
+
+
 def run_one(cfg: Config, out: str | Path, resume: bool = False, tag: str = "", hooks: list | None = None,
             command: str = "", force_resume: bool = False) -> RunRecord:
     """`train_and_record`, with the run claimed for this process (one writer per run and seed:
@@ -39,6 +60,20 @@ def run_one(cfg: Config, out: str | Path, resume: bool = False, tag: str = "", h
     name = run_name(cfg, tag)
     with claim(record_path(out, cfg.dataset, name, cfg.seed), f"run {name} on {cfg.dataset}, seed {cfg.seed}"):
         return train_and_record(cfg, out, resume, tag, hooks, command, force_resume)
+
+
+def _say_what_it_replaces(cfg: Config, path: Path) -> None:
+    """A run writes its record over the one of its name: said, with the settings that differ, where
+    that record was trained with others (a `--set` without a `--tag` of its own)."""
+    if not path.exists():
+        return
+    try:
+        diff = settings_diff(cfg, load_record_at(path), source=f"run record {path} key 'config'")
+    except UserError as e:
+        diff = f"unreadable: {e}"
+    if diff:
+        progress.warn(f"{path} holds a run trained with other settings (stored / now: {diff}); this run replaces "
+                      "it when it ends (give --tag to keep both)")
 
 
 def train_and_record(cfg: Config, out: str | Path, resume: bool = False, tag: str = "", hooks: list | None = None,
@@ -52,6 +87,8 @@ def train_and_record(cfg: Config, out: str | Path, resume: bool = False, tag: st
     name = run_name(cfg, tag)
     path = record_path(out, cfg.dataset, name, cfg.seed)
     ckpt_dir = checkpoint_dir(out, cfg.dataset, name, cfg.seed)
+    if not (resume or force_resume):  # resuming compares the settings with the checkpoint's itself
+        _say_what_it_replaces(cfg, path)
     rss_reset = start_peak_windows()
     run = build_run(cfg, timings=timings)
     data, detector = run.data, run.detector
