@@ -123,6 +123,34 @@ def test_a_row_of_another_world_gets_no_delta_against_the_plain_baseline():
     assert delta["baseline~b32"] == pytest.approx(2.0) and delta["baseline~repeat_prob0"] is None
 
 
+def test_a_tagged_row_is_compared_with_the_baseline_made_under_its_tag():
+    """`msl~repeat_prob0` against `baseline~repeat_prob0` (its world, which the plain baseline does not share);
+    `msl~train_videos3000` against `baseline~train_videos3000` (the same test set as the plain baseline, but
+    another training regime); a tag with no baseline of its own (`msl~k0`) against the plain baseline."""
+    from test_records_and_leaderboard import fake_record
+
+    from prvr.harness.reports.leaderboard import judge
+    from prvr.harness.reports.rows import build_rows
+
+    records = []
+    for seed in (0, 1):
+        for run, share, sumr in (("baseline", 0.108, 150.0), ("baseline~repeat_prob0", 0.002, 170.0),
+                                 ("baseline~train_videos3000", 0.108, 250.0), ("msl", 0.108, 200.0),
+                                 ("msl~repeat_prob0", 0.002, 210.0), ("msl~train_videos3000", 0.108, 290.0),
+                                 ("msl~k0", 0.108, 195.0)):
+            rec = fake_record(seed, sumr + seed, method=run.partition("~")[0], run_name=run)
+            rec["provenance"] = {"data": {"test": {"queries": 2500, "multi_relevant_share": share}}}
+            records.append(rec)
+    rows = build_rows(records)
+    delta = {r["run"]: r["delta"] for r in rows}
+    assert delta["msl~repeat_prob0"] == pytest.approx(40.0) and delta["msl~train_videos3000"] == pytest.approx(40.0)
+    assert delta["msl~k0"] == pytest.approx(45.0) and delta["msl"] == pytest.approx(50.0)
+    assert delta["baseline~train_videos3000"] == pytest.approx(100.0)  # a tagged baseline: against the plain one
+    judge(rows)
+    against = {r["run"]: (r["comparison"] or {}).get("against") for r in rows}
+    assert against["msl~train_videos3000"] == "baseline~train_videos3000" and against["msl~k0"] == "baseline"
+
+
 @pytest.mark.slow
 def test_knobs_moved_together_tag_their_runs_and_draw_against_the_share(tmp_path):
     """`--knob A B --values a,b ...`: a path through worlds past where one knob ends (repeat_prob stops at

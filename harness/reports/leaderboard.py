@@ -57,7 +57,7 @@ from prvr.harness.base.registry import BACKBONES, DETECTORS, METHODS, Registry
 from prvr.harness.reports.rows import (COLUMNS, MOMENT_DECIMALS, MOMENT_DEFAULTS, MOMENT_SUM,  # noqa: F401
                                MOMENT_TIOUS, ORACLE_SUMR, PRVR_KEYS, RELEVANCE_COLUMNS, build_rows, carries_moments,
                                compare, dataset_label, diverged, is_metric_key, moment_columns,
-                               moment_baseline, near_cap, same_world)
+                               moment_baseline, near_cap, reference_row, baseline_rows, same_world)
 from prvr.harness.reports.findings import findings
 from prvr.harness.reports.rows import baseline as baseline_run
 from prvr.harness.reports import stats
@@ -341,14 +341,14 @@ def judge(rows: list[dict[str, Any]], root: str | Path | None = None,
         why = FEW_SEEDS if len(shared) < 2 else NO_RANKINGS
         return {**seed_test(a, b, "SumR"), "why": why}
 
-    base = {r["dataset"]: r for r in rows if r["run"] == baseline_run() and r["on_protocol"]}
+    base = baseline_rows(rows)
     moment = {r["dataset"]: r for r in rows
               if r["run"] == moment_baseline() and r["on_protocol"] and r.get("localizes")}
     found: list[dict[str, Any]] = []
     for r in rows:
         r["comparison"] = r["vcmr_comparison"] = r["backbone_comparison"] = None
-        b = base.get(r["dataset"])
-        if r.get("delta") is not None and b is not None and same_world(r, b):
+        b = reference_row(r, base)
+        if r.get("delta") is not None and b is not None:
             r["comparison"] = sumr(r, b)
             r["comparison"]["against"] = b["run"]
             r["delta"], r["p"] = r["comparison"]["delta"], r["comparison"]["p"]
@@ -483,7 +483,7 @@ def to_csv(rows: list[dict[str, Any]], reported: list[dict[str, Any]] | None = N
               "best/run epochs"]
     for col in (*COLUMNS, *moments):
         header += [f"{col.name} mean", f"{col.name} std"]
-    header += ["delta SumR vs baseline", "low", "high", "p", "test", "p Holm"]
+    header += ["delta SumR vs baseline", "low", "high", "p", "test", "p Holm", "against"]
     header += [f"delta VCMR SumR vs {moment_baseline()}", "p (VCMR SumR)", "test (VCMR SumR)",
                "p Holm (VCMR SumR)"] if moments else []
     body = []
@@ -496,7 +496,8 @@ def to_csv(rows: list[dict[str, Any]], reported: list[dict[str, Any]] | None = N
                 [f"{spread[0]:.3f}", "" if spread[1] is None else f"{spread[1]:.3f}"]
         c = r.get("comparison") or {}
         cells += [_csv_number(c.get("delta"), 3), _csv_number(c.get("low"), 3), _csv_number(c.get("high"), 3),
-                  _csv_number(c.get("p"), 4), c.get("test") or "", _csv_number(c.get("p_holm"), 4)]
+                  _csv_number(c.get("p"), 4), c.get("test") or "", _csv_number(c.get("p_holm"), 4),
+                  c.get("against") or ""]
         if moments:
             v = r.get("vcmr_comparison") or {}
             cells += [_csv_number(v.get("delta"), 3), _csv_number(v.get("p"), 4), v.get("test") or "",
@@ -591,7 +592,10 @@ def variants_table(rows: list[dict[str, Any]]) -> list[str]:
         return []
     return ["", "## Variants and ablations", "",
             "The tagged runs (`run~tag`: an ablation, or the method under other settings; the tag's settings are in "
-            f"the command that made the run, under *{COMMANDS}*), in the columns of the tables above.", "",
+            f"the command that made the run, under *{COMMANDS}*), in the columns of the tables above; a row's Δ SumR is "
+            "against the baseline under its own tag where that run exists (`ral@msl~train_videos3000` against "
+            "`baseline~train_videos3000`: the same world and regime), else against the plain baseline (the CSV's "
+            "`against` column names it).", "",
             markdown_table(TABLE_HEADER, map(table_cells, variants))]
 
 

@@ -73,12 +73,32 @@ def _int(value: Any) -> int | None:
     return None if pd.isna(value) else int(value)
 
 
+def baseline_rows(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    """The on-protocol runs of the baseline, plain or tagged (`baseline~train_videos3000`), by (dataset, run)."""
+    plain = baseline()
+    return {(r["dataset"], r["run"]): r for r in rows
+            if r["run"].partition("~")[0] == plain and r["on_protocol"]}
+
+
+def reference_row(row: dict[str, Any], base: dict[tuple[str, str], dict[str, Any]]) -> dict[str, Any] | None:
+    """The baseline run a row's Δ SumR is taken against: the baseline under the row's own tag where it was
+    made (`baseline~train_videos3000` for `ral@msl~train_videos3000`, `baseline~repeat_prob0` for
+    `msl~repeat_prob0`: the same world and training regime), else the plain baseline; either only on the
+    row's test set (`same_world`), and never the row itself."""
+    tag, plain = row["run"].partition("~")[2], baseline()
+    for name in ([f"{plain}~{tag}"] if tag else []) + [plain]:
+        b = base.get((row["dataset"], name))
+        if b is not None and b is not row and same_world(row, b):
+            return b
+    return None
+
+
 def _add_significance(rows: list[dict[str, Any]]) -> None:
-    base = {r["dataset"]: r for r in rows if r["run"] == baseline() and r["on_protocol"]}
+    base = baseline_rows(rows)
     for r in rows:
-        b = base.get(r["dataset"])
+        b = reference_row(r, base)
         r["delta"], r["p"] = None, None
-        if b is None or r is b or not r["on_protocol"] or not r["SumR"] or not b["SumR"] or not same_world(r, b):
+        if b is None or not r["on_protocol"] or not r["SumR"] or not b["SumR"]:
             continue
         r["delta"], r["p"] = compare(r, b, "SumR")
 
