@@ -244,3 +244,23 @@ def test_a_tagged_run_without_records_is_timed_by_its_untagged_runs(tmp_path):
     found = estimate(cfg, tmp_path / "runs" / "sim-tiny" / "baseline~repeat_prob0.7" / "seed1.json", {})
     assert (found.seconds, found.source) == (60.0, "records of baseline")
     assert estimate(cfg, tmp_path / "runs" / "sim-tiny" / "msl~x" / "seed1.json", {}).seconds is None
+
+
+def test_a_run_on_a_larger_world_is_timed_by_its_untagged_runs_scaled_by_the_training_videos(tmp_path):
+    """`msl~train_videos3000` from `msl`'s records at 600 videos: five times the epoch's work (the 2-core CPU
+    took 31 minutes for a baseline run at 3,000 against 7 at 600), said so; a record that states no world
+    size leaves the figure as it is."""
+    from prvr.harness.cli.plan import estimate
+    from prvr.harness.engine.config import resolve
+
+    plain = tmp_path / "runs" / "sim-tiny" / "baseline"
+    plain.mkdir(parents=True)
+    stored = resolve("baseline", "sim-tiny", 0, []).sim.train_videos
+    (plain / "seed0.json").write_text(json.dumps({"timings": {"train": 50.0, "eval_test": 10.0},
+                                                  "config": {"sim": {"train_videos": stored}}}))
+    cfg = resolve("baseline", "sim-tiny", 1, [f"sim.train_videos={stored * 4}"])
+    found = estimate(cfg, tmp_path / "runs" / "sim-tiny" / "baseline~big" / "seed1.json", {})
+    assert found.seconds == pytest.approx(240.0)
+    assert found.source == f"records of baseline x 4: {stored * 4} training videos, not {stored}"
+    (plain / "seed0.json").write_text(json.dumps({"timings": {"train": 50.0, "eval_test": 10.0}}))
+    assert estimate(cfg, tmp_path / "runs" / "sim-tiny" / "baseline~big" / "seed1.json", {}).seconds == 60.0

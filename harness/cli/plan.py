@@ -26,7 +26,7 @@ from prvr.harness.base.io import UserError, read_json
 from prvr.harness.cli.jobs import expected_seconds
 from prvr.harness.engine.records import load_record_at, run_tag
 from prvr.harness.engine.runner import settings_diff
-from prvr.harness.base.registry import DETECTORS, METHODS
+from prvr.harness.base.registry import DATASETS, DETECTORS, METHODS
 
 PROFILE_FILE = "profile.csv"
 PROFILED_DATASET = re.compile(r"one epoch on ([^:]+):")
@@ -114,12 +114,33 @@ def estimate(cfg, record: Path, costs: dict[tuple[str, str], dict[str, float]]) 
     if untagged != record.parent.name:
         seconds = expected_seconds(record.parent.parent / untagged / record.name, kind)
         if math.isfinite(seconds):
+            planned, stored = _train_videos(cfg), _stored_train_videos(record.parent.parent / untagged)
+            if planned and stored and planned != stored:  # an epoch's work grows with the training videos
+                return Estimate(seconds * planned / stored,
+                                f"records of {untagged} x {planned / stored:.3g}: {planned} training videos, not {stored}")
             return Estimate(seconds, f"records of {untagged}")
     epoch = costs.get((profiled_name(cfg), cfg.dataset), {}).get("epoch_seconds")
     if epoch is None:
         return Estimate(None)
     return Estimate(epoch * cfg.train.epochs,
                     f"profile: at most {cfg.train.epochs} epochs x {epoch:.0f} s, training only")
+
+
+def _train_videos(cfg) -> int | None:
+    """A simulated world's training videos (`sim.train_videos`); None for a real dataset."""
+    return cfg.sim.train_videos if DATASETS.get(cfg.dataset).simulated else None
+
+
+def _stored_train_videos(folder: Path) -> int | None:
+    """The training videos of the first readable record in a run's folder (None where none says)."""
+    for path in sorted(folder.glob("seed*.json")):
+        try:
+            value = read_json(path).get("config", {}).get("sim", {}).get("train_videos")
+        except (UserError, AttributeError):  # a bad record only loses its scale
+            continue
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
 
 
 def profiled_memory_mb(cfg, costs: dict[tuple[str, str], dict[str, float]]) -> float:
