@@ -532,8 +532,10 @@ class RalModel(nn.Module):
         # the reference weighs the cosine score by the gate of the normalised words and the raw
         # score (for NCE) by the gate of the raw words
         unit_tokens = F.normalize(tokens, dim=-1)
+        # both sides are unit vectors already (the frames' copy `index_videos` stored): their dot products
+        # are the cosines, so csa_scores does not normalise the collection again for every batch of queries
         frame = csa_scores(unit_tokens, tmask, word_confidences(gate(unit_tokens), tmask), frames, fmask, budget,
-                           floor=floor)
+                           cosine=False, floor=floor)
         raw_frames = v["frames"]
         raw = OnDemand({
             "clip": lambda: s.raw["clip"],
