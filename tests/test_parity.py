@@ -105,3 +105,19 @@ def test_report_side_by_side_with_the_verdict(tmp_path):
 def test_bad_name_is_refused(tmp_path, capsys):
     assert main(["parity", "--official-log", "x", "--record", "y", "--name", "../up"]) == 2
     assert "--name '../up'" in capsys.readouterr().err
+
+
+def test_an_official_run_that_stopped_early_is_compared_over_the_epochs_it_reached(tmp_path):
+    """The official HLFormer run was killed for memory after its epoch-5 validation: its best is compared
+    with ours over the epochs both logged, not with ours' best over epochs it never reached, and said."""
+    log = tmp_path / "log.txt"
+    log.write_text(LOG.split("Testing from")[0].rsplit("\n", 1)[0] + "\n")  # epochs 0-1, no test block
+    rec = tmp_path / "o" / "runs" / "tvr" / "ral" / "seed0.json"
+    _record(rec, [100.0, 171.5, 230.0], 225.0)
+    assert main(["parity", "--official-log", str(log), "--record", str(rec), "--name", "ral-cut",
+                 "--out", str(tmp_path / "res")]) == 0
+    text = (tmp_path / "res" / "parity" / "ral-cut.md").read_text()
+    assert "ours 171.5 (epoch 1): Δ +1.0, within the 2 SumR tolerance." in text
+    assert "the official log's last validation is epoch 1; ours' is epoch 2" in text
+    assert "compared over epochs 0-1, which both ran" in text and "| 2 |  | 230.0 |  |" in text
+    assert "official not in the log, ours 225.0" in text

@@ -140,11 +140,32 @@ def shown_command(command: str) -> str:
     return shlex.join(shown)
 
 
+def shared_epochs(official: dict[str, Any], ours: dict[str, Any]) -> tuple[list[dict], list[dict], str]:
+    """Each side's validation entries at the epochs both logged, and a sentence where they differ (an
+    official run stopped early, e.g. killed for memory, is compared over the epochs it reached;
+    "" where the sides logged the same epochs)."""
+    both = {v["epoch"] for v in official["val"]} & {v["epoch"] for v in ours["val"]}
+    if not both:
+        raise UserError("the official log and our record share no epoch of validation; pass the official log and "
+                        "the record of runs over the same epochs")
+    off = [v for v in official["val"] if v["epoch"] in both]
+    our = [v for v in ours["val"] if v["epoch"] in both]
+    if len(off) == len(official["val"]) and len(our) == len(ours["val"]):
+        return off, our, ""
+    last = max(both)
+    sides = [f"the official log's last validation is epoch {max(v['epoch'] for v in official['val'])}",
+             f"ours' is epoch {max(v['epoch'] for v in ours['val'])}"]
+    return off, our, (f"The two sides logged different epochs ({'; '.join(sides)}): the best validation SumR is "
+                      f"compared over epochs {min(both)}-{last}, which both ran; a test SumR is each side's best "
+                      "checkpoint over all its own epochs.")
+
+
 def verdict(official: dict[str, Any], ours: dict[str, Any], tolerance: float = TOLERANCE) -> SumRVerdict:
-    """The best validation SumR of each side, Δ (ours − official) and whether it is within `tolerance`,
-    and the test SumR of each best checkpoint where known."""
-    best_official = max(v["SumR"] for v in official["val"])
-    best_ours = max(v["SumR"] for v in ours["val"])
+    """The best validation SumR of each side over the epochs both logged (`shared_epochs`), Δ (ours −
+    official) and whether it is within `tolerance`, and the test SumR of each best checkpoint where known."""
+    off, our, _ = shared_epochs(official, ours)
+    best_official = max(v["SumR"] for v in off)
+    best_ours = max(v["SumR"] for v in our)
     gap = best_ours - best_official
     test = official.get("test")
     return {"official_best": best_official, "ours_best": best_ours, "delta": round(gap, 4), "tolerance": tolerance,
@@ -160,8 +181,9 @@ def report(official: dict[str, Any], ours: dict[str, Any], name: str, note: str,
     ours_by_epoch = {v["epoch"]: v["SumR"] for v in ours["val"]}
     epochs = sorted(set(by_epoch) | set(ours_by_epoch))
     has_parts = any(v["parts"] for v in official["val"])
-    best_official = max(official["val"], key=lambda v: v["SumR"])
-    best_ours = max(ours["val"], key=lambda v: v["SumR"])
+    off_shared, ours_shared, cut = shared_epochs(official, ours)
+    best_official = max(off_shared, key=lambda v: v["SumR"])
+    best_ours = max(ours_shared, key=lambda v: v["SumR"])
     gap = best_ours["SumR"] - best_official["SumR"]
     lines = [f"# Parity: {name}", "",
              f"Our {code(str(record.get('run_name')), in_table=False)} (seed {record.get('seed')}, commit "
@@ -189,6 +211,8 @@ def report(official: dict[str, Any], ours: dict[str, Any], name: str, note: str,
               f"- Best validation SumR: official {best_official['SumR']:.1f} (epoch {best_official['epoch']}), ours "
               f"{best_ours['SumR']:.1f} (epoch {best_ours['epoch']}): Δ {gap:+.1f}, "
               f"{'within' if abs(gap) <= tolerance else 'outside'} the {tolerance:g} SumR tolerance."]
+    if cut:
+        lines.append(f"- {cut}")
     test = official.get("test")
     if test is not None or ours.get("test") is not None:
         off_test = test["SumR"] if test else None
