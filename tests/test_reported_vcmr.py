@@ -108,7 +108,7 @@ def test_a_prvr_only_leaderboard_is_shown_as_before(tmp_path):
         "dataset,run,budget,on_protocol,method,backbone,relations,tag,n_seeds,seeds,best/run epochs,R@1 mean,R@1 std,"
         "R@5 mean,R@5 std,R@10 mean,R@10 std,R@100 mean,R@100 std,SumR mean,SumR std,short SumR mean,short SumR std,"
         "medium SumR mean,medium SumR std,long SumR mean,long SumR std,oracle SumR mean,oracle SumR std,"
-        "delta SumR vs baseline,low,high,p,test,p Holm,source")
+        "delta SumR vs baseline,low,high,p,test,p Holm,against,source")
 
 
 def test_reported_moment_rows_are_marked_reported_with_their_table():
