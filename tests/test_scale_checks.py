@@ -295,16 +295,21 @@ def test_a_kernel_that_refuses_the_resident_reset_is_said_not_raised(tmp_path, m
 
 
 def test_the_anonymous_peak_sees_an_allocation_and_starts_again_on_reset():
-    import numpy as np
+    import mmap
 
     from prvr.harness.profiling.rehearsal import AnonPeak
 
     peak = AnonPeak()
     peak.reset()
     before = peak.peak_mb()
-    block = np.ones(64 * 2**20 // 8)  # 64 MB, touched
+    # 64 MB of fresh private anonymous pages, each touched: a heap allocation (np.ones) can reuse pages the
+    # allocator kept resident after earlier tests freed them, and then RssAnon does not grow (a flake seen
+    # late in a whole-suite run)
+    block = mmap.mmap(-1, 64 * 2**20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    for offset in range(0, len(block), mmap.PAGESIZE):
+        block[offset] = 1
     held = peak.peak_mb()
-    del block
+    block.close()
     assert held >= before + 60  # read while held
     assert peak.peak_mb() >= held  # a peak outlives the allocation
     peak.reset()
