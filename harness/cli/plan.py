@@ -24,8 +24,8 @@ from prvr.harness.base.devices import pick_device
 from prvr.harness.engine.build import load_data
 from prvr.harness.base.io import UserError, read_json
 from prvr.harness.cli.jobs import expected_seconds
-from prvr.harness.engine.records import load_record_at, run_tag
-from prvr.harness.engine.runner import settings_diff
+from prvr.harness.engine.records import run_tag
+from prvr.harness.engine.runner import stored_settings_diff
 from prvr.harness.base.registry import DATASETS, DETECTORS, METHODS
 
 PROFILE_FILE = "profile.csv"
@@ -49,7 +49,7 @@ def check_kept(runs: "list[BenchRun]", flag: str) -> None:
     plan in one line before anything trains, instead of standing in for the run in a report."""
     for run in runs:
         if run.record.exists():
-            diff = settings_diff(run.cfg, load_record_at(run.record), source=f"run record {run.record} key 'config'")
+            diff = stored_settings_diff(run.cfg, run.record)
             if diff:
                 raise UserError(f"{run.record} is kept for the planned run {run.name} (seed {run.cfg.seed}) but was "
                                 f"trained with other settings (stored / planned: {diff}); give {flag} to keep this "

@@ -181,8 +181,8 @@ def resume_changes(stored: dict | None, requested: dict, path: Path, force: bool
                             "or run without --resume to train afresh")
         progress.warn(f"{path} stores no settings; continuing it anyway (--force-resume)")
         return None
-    new = _flatten(requested)
-    old = {**{k: v for k, v in SETTLED_BEFORE.items() if k in new}, **_flatten(stored)}
+    new = flatten(requested)
+    old = {**{k: v for k, v in SETTLED_BEFORE.items() if k in new}, **flatten(stored)}
     pairs = {k: (old.get(k, _ABSENT), new.get(k, _ABSENT)) for k in sorted(old.keys() | new.keys())}
     differ = {k: (a, b) for k, (a, b) in pairs.items() if not _same(a, b)}
     refused = {k: v for k, v in differ.items() if k not in RESUME_FREE_KEYS}
@@ -196,11 +196,12 @@ def resume_changes(stored: dict | None, requested: dict, path: Path, force: bool
     return {k: [None if a is _ABSENT else a, None if b is _ABSENT else b] for k, (a, b) in differ.items()}
 
 
-def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    """A nested config as {"section.key": value}."""
     out: dict[str, Any] = {}
     for k, v in d.items():
         if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
+            out.update(flatten(v, f"{prefix}{k}."))
         else:
             out[f"{prefix}{k}"] = v
     return out

@@ -9,7 +9,7 @@ import torch
 
 from prvr.harness.base import progress
 from prvr.harness.engine.build import build_run
-from prvr.harness.engine.checkpoints import RESUME_FREE_KEYS
+from prvr.harness.engine.checkpoints import RESUME_FREE_KEYS, flatten
 from prvr.harness.engine.config import from_dict
 from prvr.harness.base.io import UserError, claim
 from prvr.harness.base.names import check_name, check_tag
@@ -40,17 +40,16 @@ def settings_diff(cfg: Config, record: RunRecord, shown: int = 3, source: str = 
     resume does (keys added since it was made take their defaults); keys that change no
     trained number (`RESUME_FREE_KEYS`: locations, chunking, the noise-robustness test) are
     left out."""
-    def flat(d: dict, prefix: str = "") -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for k, v in d.items():
-            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-        return out
-
-    asked, stored = flat(cfg.to_dict()), flat(from_dict(record["config"], source).to_dict())
+    asked, stored = flatten(cfg.to_dict()), flatten(from_dict(record["config"], source).to_dict())
     keys = sorted(k for k in asked.keys() | stored.keys()
                   if asked.get(k) != stored.get(k) and k not in RESUME_FREE_KEYS)
     items = [f"{k} {stored.get(k)!r} / {asked.get(k)!r}" for k in keys[:shown]]
     return ", ".join(items) + (f" and {len(keys) - shown} more" if len(keys) > shown else "")
+
+
+def stored_settings_diff(cfg: Config, path: Path) -> str:
+    """`settings_diff` of the record stored at `path` (its place in a results folder) against `cfg`."""
+    return settings_diff(cfg, load_record_at(path), source=f"run record {path} key 'config'")
 
 
 def run_one(cfg: Config, out: str | Path, resume: bool = False, tag: str = "", hooks: list | None = None,
@@ -68,7 +67,7 @@ def _say_what_it_replaces(cfg: Config, path: Path) -> None:
     if not path.exists():
         return
     try:
-        diff = settings_diff(cfg, load_record_at(path), source=f"run record {path} key 'config'")
+        diff = stored_settings_diff(cfg, path)
     except UserError as e:
         diff = f"unreadable: {e}"
     if diff:

@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -57,9 +58,8 @@ from prvr.harness.base.registry import BACKBONES, DETECTORS, METHODS, Registry
 from prvr.harness.reports.rows import (COLUMNS, MOMENT_DECIMALS, MOMENT_DEFAULTS, MOMENT_SUM,  # noqa: F401
                                MOMENT_TIOUS, ORACLE_SUMR, PRVR_KEYS, RELEVANCE_COLUMNS, build_rows, carries_moments,
                                compare, dataset_label, diverged, is_metric_key, moment_columns,
-                               moment_baseline, near_cap, reference_row, baseline_rows, same_world)
+                               moment_baseline, near_cap, reference_row, baseline_rows, same_tag_or_plain, same_world)
 from prvr.harness.reports.findings import findings
-from prvr.harness.reports.rows import baseline as baseline_run
 from prvr.harness.reports import stats
 from prvr.harness.reports.table import (Markdown, code, csv_text, fenced, markdown_cell, markdown_table, mean_and_std,
                                         mean_std)
@@ -272,17 +272,19 @@ def backbone_comparisons(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r["backbone_comparison"] for r in rows if r.get("backbone_comparison")]
 
 
+def _by_budget(by_name: dict[tuple[str, str, Any], dict[str, Any]], row: dict[str, Any],
+               name: str) -> dict[str, Any] | None:
+    """The run `name` of `row`'s dataset and budget, if any."""
+    return by_name.get((row["dataset"], name, row["budget"]))
+
+
 def _backbone_pairs(rows: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     by_name = {(r["dataset"], r["run"], r["budget"]): r for r in rows}
     out = []
     for r in rows:
         name = backbone_row_name(r)
-        tag = r["run"].partition("~")[2]
-        # the backbone's run on the row's world: its run of the same tag (a sweep's `msl~repeat_prob0` for
-        # `ral@msl~repeat_prob0`), else its plain run; a row whose world no backbone run shares gets no Δ
-        found = [by_name.get((r["dataset"], n, r["budget"])) for n in ([f"{name}~{tag}"] if tag else []) + [name]] \
-            if name else []
-        b = next((b for b in found if b is not None and same_world(r, b)), None)
+        # the backbone's run on the row's world and regime; a row whose world no backbone run shares gets no Δ
+        b = same_tag_or_plain(r, name, partial(_by_budget, by_name, r)) if name else None
         if b is None or not r["on_protocol"] or not r["SumR"] or not b["SumR"]:
             continue
         out.append((r, b))

@@ -13,7 +13,7 @@ format them through table.py, so a record counts in the same row and a figure re
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -80,17 +80,23 @@ def baseline_rows(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str,
             if r["run"].partition("~")[0] == plain and r["on_protocol"]}
 
 
-def reference_row(row: dict[str, Any], base: dict[tuple[str, str], dict[str, Any]]) -> dict[str, Any] | None:
-    """The baseline run a row's Δ SumR is taken against: the baseline under the row's own tag where it was
-    made (`baseline~train_videos3000` for `ral@msl~train_videos3000`, `baseline~repeat_prob0` for
-    `msl~repeat_prob0`: the same world and training regime), else the plain baseline; either only on the
-    row's test set (`same_world`), and never the row itself."""
-    tag, plain = row["run"].partition("~")[2], baseline()
-    for name in ([f"{plain}~{tag}"] if tag else []) + [plain]:
-        b = base.get((row["dataset"], name))
+def same_tag_or_plain(row: dict[str, Any], name: str,
+                      find: Callable[[str], dict[str, Any] | None]) -> dict[str, Any] | None:
+    """The run `name` a row is compared with: `name` under the row's own tag where it was made (a sweep's
+    `msl~repeat_prob0` for `ral@msl~repeat_prob0`, `baseline~train_videos3000` for
+    `msl~train_videos3000`: the same world and training regime), else the plain `name`; either only on the
+    row's test set (`same_world`), and never the row itself. `find` looks a run name up among the rows."""
+    tag = row["run"].partition("~")[2]
+    for candidate in ([f"{name}~{tag}"] if tag else []) + [name]:
+        b = find(candidate)
         if b is not None and b is not row and same_world(row, b):
             return b
     return None
+
+
+def reference_row(row: dict[str, Any], base: dict[tuple[str, str], dict[str, Any]]) -> dict[str, Any] | None:
+    """The baseline run a row's Δ SumR is taken against (`same_tag_or_plain` over `baseline_rows`)."""
+    return same_tag_or_plain(row, baseline(), lambda name: base.get((row["dataset"], name)))
 
 
 def _add_significance(rows: list[dict[str, Any]]) -> None:
