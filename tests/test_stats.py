@@ -137,6 +137,37 @@ def test_the_randomization_test_matches_a_brute_force_enumeration(seed):
     assert math.isclose(stats.randomization_p(a, b, permutations=1024, seed=0), brute_force_p(a, b), rel_tol=1e-9)
 
 
+def scipy_p(a, b, permutations, seed):
+    """The reference: scipy.stats.permutation_test itself, as stats.randomization_p stood before it
+    computed the same null as one matrix product per batch."""
+    from scipy.stats import permutation_test
+    w = np.concatenate([np.full(len(x), 1.0 / (len(a) * len(x))) for x in a])
+    x, y = np.concatenate(a), np.concatenate(b)
+    differ = x != y
+    x, y, w = x[differ], y[differ], w[differ]
+    result = permutation_test((x, y), lambda x, y, axis: np.moveaxis(x - y, axis, -1) @ w,
+                              permutation_type="samples", vectorized=True, n_resamples=permutations,
+                              batch=stats.PERMUTATION_BATCH, alternative="two-sided", rng=np.random.default_rng(seed))
+    return float(result.pvalue)
+
+
+@pytest.mark.parametrize("queries, permutations, seed, shift", [
+    ((300, 280), 2000, 0, 0.0),     # drawn, two batches; no true difference
+    ((300, 280), 2000, 3, 0.08),    # a small true difference: p near the usual thresholds
+    ((120,), 2500, 1, 0.0),         # one seed; a last batch of 500
+    ((40, 40, 40), 999, 5, 0.2),    # fewer permutations than a batch
+    ((5, 4), 1024, 2, 0.0),         # 2^9 <= 1024: every swap, exact
+])
+def test_the_randomization_p_is_scipys_permutation_test_p_for_p(queries, permutations, seed, shift):
+    rng = np.random.default_rng(seed)
+    a = [rng.integers(0, 5, q) * 100.0 + rng.normal(0, 1, q).round() for q in queries]  # ties, as SumR has
+    b = [x - shift * 100 * rng.integers(0, 2, len(x)) + rng.normal(0, 1, len(x)).round() for x in a]
+    b[0][:3] = a[0][:3]  # equal pairs: left out on both sides
+    ours = stats.randomization_p(a, b, permutations=permutations, seed=seed)
+    assert ours == scipy_p(a, b, permutations, seed)
+    assert 0 < ours <= 1
+
+
 def test_identical_rows_differ_by_0_with_p_1_and_a_row_better_on_every_query_has_an_interval_above_0(tmp_path):
     for seed in (0, 1):
         ranks = random_ranks(50, seed)
