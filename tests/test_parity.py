@@ -121,3 +121,91 @@ def test_an_official_run_that_stopped_early_is_compared_over_the_epochs_it_reach
     assert "the official log's last validation is epoch 1; ours' is epoch 2" in text
     assert "compared over epochs 0-1, which both ran" in text and "| 2 |  | 230.0 |  |" in text
     assert "official not in the log, ours 225.0" in text
+
+
+# ----------------------------------------------------------------------------- TVRetrieval (XML)
+def _metrics(vr, vcmr_05, vcmr_07, r5=7.0):
+    """A TVRetrieval metrics object: VR r1 r5 r10 r100, VCMR at tIoU 0.5 and 0.7 (r1 r10 r100 given,
+    r5 the same `r5` at both, which our VCMR SumR leaves out), SVMR present as the code writes it."""
+    vcmr = {}
+    for iou, (r1, r10, r100) in (("0.5", vcmr_05), ("0.7", vcmr_07)):
+        vcmr.update({f"{iou}-r1": r1, f"{iou}-r5": r5, f"{iou}-r10": r10, f"{iou}-r100": r100})
+    return {"VCMR": vcmr, "SVMR": dict(vcmr), "VR": dict(zip(("r1", "r5", "r10", "r100"), vr))}
+
+
+def _eval_log(path, epochs):
+    path.write_text("".join(f"2026_01_01_00_0{e}_00 [Epoch] {e:03d} [Metrics] {json.dumps(m)}\n"
+                            for e, m in enumerate(epochs)))
+
+
+def test_a_tvretrieval_eval_log_gives_vr_and_vcmr_sums_per_epoch(tmp_path):
+    log = tmp_path / "eval.log.txt"
+    _eval_log(log, [_metrics((2.0, 10.0, 20.0, 70.0), (1.0, 5.0, 30.0), (0.5, 2.0, 15.0)),
+                    _metrics((4.0, 16.0, 30.0, 80.0), (2.0, 8.0, 40.0), (1.0, 4.0, 20.0))])
+    out = read_official_log(log)
+    assert out["format"] == "tvretrieval" and out["test"] is None and out["seed"] is None
+    # VR SumR: r1 + r5 + r10 + r100; VCMR SumR: r1 + r10 + r100 at 0.5 and 0.7 (r5 is not our sum's)
+    assert [(v["epoch"], v["SumR"], v["VCMR SumR"]) for v in out["val"]] == [(0, 102.0, 53.5), (1, 130.0, 75.0)]
+
+
+def test_xml_parity_compares_vr_and_vcmr_and_reads_the_official_test_file(tmp_path):
+    log = tmp_path / "eval.log.txt"
+    _eval_log(log, [_metrics((2.0, 10.0, 20.0, 70.0), (1.0, 5.0, 30.0), (0.5, 2.0, 15.0)),
+                    _metrics((4.0, 16.0, 30.0, 80.0), (2.0, 8.0, 40.0), (1.0, 4.0, 20.0))])
+    test = tmp_path / "inference_test_metrics.json"
+    test.write_text(json.dumps(_metrics((3.0, 14.0, 28.0, 79.0), (2.0, 7.0, 38.0), (1.0, 3.0, 19.0)), indent=4))
+    rec = tmp_path / "o" / "runs" / "charades-sta" / "xml" / "seed0.json"
+    rec.parent.mkdir(parents=True)
+    rec.write_text(json.dumps({
+        "method": "xml", "dataset": "charades-sta", "seed": 0, "run_name": "xml", "config": {},
+        "provenance": {"git_revision": "abc1234def"}, "command": "prvr-bench run --method xml --seed 0",
+        "metrics": {"val": {"SumR": 131.0}, "test": {"SumR": 125.0, "VCMR SumR": 70.0}},
+        "history": [{"epoch": 0, "val": {"SumR": 101.0, "VCMR SumR": 50.0}},
+                    {"epoch": 1, "val": {"SumR": 131.0, "VCMR SumR": 78.5}}]}))
+    assert main(["parity", "--official-log", str(log), "--official-test", str(test), "--record", str(rec),
+                 "--name", "xml-e2", "--out", str(tmp_path / "res")]) == 0
+    text = (tmp_path / "res" / "parity" / "xml-e2.md").read_text()
+    assert "| epoch | official val SumR | ours val SumR | Δ (ours − official) | official val VCMR SumR |" in text
+    assert "| 0 | 102.0 | 101.0 | -1.0 | 53.5 | 50.0 | -3.5 |" in text
+    assert "| 1 | 130.0 | 131.0 | +1.0 | 75.0 | 78.5 | +3.5 |" in text
+    assert "Best validation SumR: official 130.0 (epoch 1), ours 131.0 (epoch 1): Δ +1.0, within" in text
+    assert "Best validation VCMR SumR: official 75.0 (epoch 1), ours 78.5 (epoch 1): Δ +3.5, outside" in text
+    assert "Test SumR of each best checkpoint: official 124.0, ours 125.0." in text
+    assert "Test VCMR SumR of each best checkpoint: official 70.0, ours 70.0" in text
+    side = json.loads((tmp_path / "res" / "parity" / "xml-e2.json").read_text())
+    assert side["sumr"]["official_test"] == 124.0 and side["sumr"]["delta"] == 1.0
+
+
+@pytest.mark.parametrize("line, message", [
+    ("2026 [Epoch] 001 [Metrics] {\"VR\": ", r"line 2: its JSON does not parse"),
+    ("2026 [Epoch] 001 [Metrics] {\"VR\": {\"r1\": NaN}}", r"line 2: its JSON does not parse \(NaN is not a number"),
+    ("2026 [Epoch] 001 [Metrics] {\"VCMR\": {}}", r"line 2: no VR metrics object"),
+    ("2026 [Epoch] one [Metrics] {}", r"line 2: not '<time> \[Epoch\] N \[Metrics\] \{...\}'"),
+])
+def test_a_bad_line_of_a_tvretrieval_log_is_one_error_naming_it(tmp_path, line, message):
+    log = tmp_path / "eval.log.txt"
+    _eval_log(log, [_metrics((2.0, 10.0, 20.0, 70.0), (1.0, 5.0, 30.0), (0.5, 2.0, 15.0))])
+    log.write_text(log.read_text() + line + "\n")
+    with pytest.raises(UserError, match=message) as err:
+        read_official_log(log)
+    assert "eval.log.txt" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_an_official_test_file_must_hold_every_figure_and_go_with_a_tvretrieval_log(tmp_path, capsys):
+    metrics = _metrics((2.0, 10.0, 20.0, 70.0), (1.0, 5.0, 30.0), (0.5, 2.0, 15.0))
+    log = tmp_path / "eval.log.txt"
+    _eval_log(log, [metrics])
+    rec = tmp_path / "seed0.json"
+    rec.write_text(json.dumps({"method": "xml", "dataset": "charades-sta", "seed": 0, "config": {}, "metrics": {},
+                               "history": [{"epoch": 0, "val": {"SumR": 101.0}}]}))
+    del metrics["VCMR"]["0.7-r100"]
+    test = tmp_path / "test_metrics.json"
+    test.write_text(json.dumps(metrics))
+    args = ["parity", "--official-test", str(test), "--record", str(rec), "--name", "x", "--out", str(tmp_path / "r")]
+    assert main([*args, "--official-log", str(log)]) == 2
+    assert "test_metrics.json: VCMR 0.7-r100 is 'None', not a finite number" in capsys.readouterr().err
+    ms_sl = tmp_path / "log.txt"
+    ms_sl.write_text(LOG)
+    assert main([*args, "--official-log", str(ms_sl)]) == 2
+    assert "only a TVRetrieval eval.log.txt takes a test metrics file" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()

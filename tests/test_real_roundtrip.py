@@ -47,6 +47,22 @@ def test_export_then_load_gives_identical_features_queries_labels_timestamps(tmp
     assert real.meta["test"]["exported_from"] == "sim-tiny" and real.meta["test"]["simulated"]  # runs say so
 
 
+def test_the_xml_export_lists_each_splits_videos_with_durations_as_tvretrieval_does(tmp_path):
+    """tvr_video2dur_idx.json: split -> vid_name -> [duration, index], what TVRetrieval's evaluation
+    lists its corpus from; every video of a split's release rows, in the order of their first row."""
+    root = exported(tmp_path / "data", "xml")
+    (listing,) = root.rglob("tvr_video2dur_idx.json")
+    table = json.loads(listing.read_text())
+    sim = sim_tiny()
+    for name in SPLITS:
+        rows = [json.loads(line) for line in (listing.parent / f"tvr_{name}_release.jsonl").read_text().splitlines()]
+        order = list(dict.fromkeys(r["vid_name"] for r in rows))
+        assert list(table[name]) == order and [v[1] for v in table[name].values()] == list(range(len(order)))
+        split = sim[name]
+        for vid, (duration, _) in table[name].items():
+            assert duration == float(split.durations[split.video_ids.index(vid)])
+
+
 def test_preload_holds_the_same_rows_in_ram(tmp_path):
     root = exported(tmp_path / "data")
     real = load_tvr(root, tmp_path / "cache", "data.preload=true")

@@ -6,7 +6,8 @@ without queries cannot be part of a split (it is counted). Timestamps and durati
 the original annotation formats (TVR jsonl, ActivityNet json, Charades-STA txt +
 charades.json), which the loader joins back by video id and sentence. The TVRetrieval / XML
 layout (`--layout xml`: tvr, charades-sta, didemo; xml.py) writes each split's release file,
-one row per query with its timestamps (desc_ids numbered across the splits, so the query
+one row per query with its timestamps, and `<p>_video2dur_idx.json` (each split's videos with
+their durations, which TVRetrieval's evaluation lists its corpus from) (desc_ids numbered across the splits, so the query
 features of all splits share one file); a DiDeMo row carries its moment as the one agreed
 span. Feature values are written as float32, so float16 or float32 data come back bit for bit.
 A split with ground truth (the simulated worlds) also gets its relevance file beside it
@@ -200,6 +201,9 @@ def _write_xml(data: PRVRData, plan, folder: Path, files: xml_layout.Collection,
         write_text(path, "".join(_json_line(files.row(vid, sentence, s, e, d, int(qid)))
                                  for vid, sentence, s, e, d, qid in items))
         summary.files.append(path)
+    durations = folder / "data" / f"{files.prefix}_video2dur_idx.json"
+    write_json(durations, video_durations(rows))
+    summary.files.append(durations)
     keep = {name: {qid for *_, qid in items} for name, items in rows.items()}
     _write_relevance(data, plan, desc_ids, lambda name: folder / "data" / f"{files.prefix}_{name}{RELEVANCE_SUFFIX}",
                      summary, keep)
@@ -216,6 +220,19 @@ def _write_xml(data: PRVRData, plan, folder: Path, files: xml_layout.Collection,
                 if split.video_ids[v] not in f:
                     f.create_dataset(split.video_ids[v], data=np.asarray(split.frames[v], dtype=np.float32))
     summary.files += [query_file, video_file]
+
+
+def video_durations(rows: dict[str, list[Row]]) -> dict[str, dict[str, list[float | int]]]:
+    """TVRetrieval's `<p>_video2dur_idx.json`: split -> vid_name -> [duration, index], the index a
+    video's place in its split (the order of its first query). TVRetrieval's evaluation lists a
+    split's corpus from it (`--video_duration_idx_path`); TVR ships `tvr_video2dur_idx.json`."""
+    out: dict[str, dict[str, list[float | int]]] = {}
+    for name, items in rows.items():
+        videos: dict[str, list[float | int]] = {}
+        for vid, _, _, _, duration, _ in items:
+            videos.setdefault(vid, [float(duration), len(videos)])
+        out[name] = videos
+    return out
 
 
 def _write_relevance(data: PRVRData, plan, qids: dict[str, list[str]], path_of, summary: ExportSummary,

@@ -20,16 +20,26 @@ and `resources`. Every report also writes a sidecar, `results/parity/NAME.json`
 `prvr-bench speed` builds `results/speed.{md,csv}`.
 
 The official log is read as text, line by line, with regular expressions (nothing in it is
-evaluated). It is the log of the MS-SL code family (ms-sl, GMMFormer, GMMFormer v2,
-RAL-PRVR): one block per epoch with `Epoch: N` and `Rsum: X`, after a `Testing from:` line the
-test block; per-branch recall sums where the code logs them (` * recall sum: X`, three per
-evaluation: clip, frame, fused, as RAL-PRVR logs them; or ` * clip_scale ... rsum: X` lines).
+evaluated). Two formats:
+
+- the log of the MS-SL code family (ms-sl, GMMFormer, GMMFormer v2, RAL-PRVR, HLFormer, Holmes,
+  DreamPRVR): one block per epoch with `Epoch: N` and `Rsum: X`, after a `Testing from:` line the
+  test block; per-branch recall sums where the code logs them (` * recall sum: X`, three per
+  evaluation: clip, frame, fused, as RAL-PRVR logs them; or ` * clip_scale ... rsum: X` lines);
+- TVRetrieval's `eval.log.txt` (XML, jayleicn/TVRetrieval): one line per epoch,
+  `<time> [Epoch] NNN [Metrics] {JSON}`, the JSON (parsed with `json.loads`, every figure checked
+  to be a finite number) holding VR `r1 r5 r10 r100` and VCMR `<tIoU>-r<k>`: the validation SumR is
+  the VR recall sum and the VCMR SumR the sum of R@1, R@10 and R@100 at tIoU 0.5 and 0.7, as our
+  evaluator sums them (docs/evaluation.md). Its test figures are not in that log: `--official-test`
+  reads the metrics file its inference script writes (`..._metrics.json`, the same keys).
+  The report then compares both sums, each within the tolerance.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import shlex
 from pathlib import Path
@@ -50,13 +60,18 @@ _RSUM = re.compile(r"\bRsum:\s*([-\d.]+)")
 _RECALL_SUM = re.compile(r"\* recall sum:\s*([-\d.]+)")
 _NAMED_PART = re.compile(r"\* (clip|frame|combined)\w*\b.*\brsum:\s*([-\d.]+)")
 _SEED = re.compile(r"\bset seed:\s*(-?\d+)")
+_TVR_LINE = re.compile(r"^\S+ \[Epoch\] (-?\d+) \[Metrics\] (\{.*?)\s*$")  # TVRetrieval's eval.log.txt
 PARTS = ("clip", "frame", "fused")
+VR_KEYS = ("r1", "r5", "r10", "r100")
+VCMR_KEYS = tuple(f"{iou}-r{k}" for iou in ("0.5", "0.7") for k in (1, 10, 100))  # our VCMR SumR's terms
+VCMR = "VCMR SumR"
 
 
 def read_official_log(path: str | Path) -> dict[str, Any]:
     """{'val': [{'epoch', 'SumR', 'parts'}...], 'test': {'SumR', 'parts'} | None, 'seed': int | None}
     from an MS-SL family log. The branch sums logged just before an epoch's (or the test's) block
-    are its parts; the seed is the training script's `set seed: N` line, where it logs one."""
+    are its parts; the seed is the training script's `set seed: N` line, where it logs one. A
+    TVRetrieval `eval.log.txt` is read by `read_tvretrieval_log` (each entry also has its 'VCMR SumR')."""
     path = Path(path)
     try:
         lines = read_text(path, "official log", "pass the log.txt the official training script wrote").splitlines()
@@ -65,6 +80,8 @@ def read_official_log(path: str | Path) -> dict[str, Any]:
             raise
         with open(path, "rb") as f:  # a log with stray bytes (a killed write) is still read, bounded
             lines = f.read(MAX_TEXT_BYTES).decode("utf-8", errors="replace").splitlines()
+    if any("[Epoch]" in line and "[Metrics]" in line for line in lines):
+        return read_tvretrieval_log(path, lines)
 
     def number(text: str, line: int) -> float:
         try:
@@ -114,14 +131,76 @@ def read_official_log(path: str | Path) -> dict[str, Any]:
     return {"val": [val[e] for e in sorted(val)], "test": test, "seed": seed}
 
 
+def read_tvretrieval_log(path: Path, lines: list[str]) -> dict[str, Any]:
+    """The validations of TVRetrieval's `eval.log.txt`: per epoch its VR SumR ('SumR') and VCMR SumR.
+    A later line of the same epoch replaces the earlier; lines without `[Epoch]` (none are written
+    there) are passed over; a `[Epoch]` line that does not parse is one error naming its line."""
+    fix = "pass the eval.log.txt that TVRetrieval's train.py wrote, unedited"
+    val: dict[int, dict[str, Any]] = {}
+    for lineno, line in enumerate(lines, 1):
+        if "[Epoch]" not in line:
+            continue
+        m = _TVR_LINE.match(line)
+        if m is None:
+            raise UserError(f"{path} line {lineno}: not '<time> [Epoch] N [Metrics] {{...}}'; {fix}")
+        epoch = int(m.group(1))
+        val[epoch] = {"epoch": epoch, **tvretrieval_sums(_json_object(m.group(2), f"{path} line {lineno}", fix),
+                                                         f"{path} line {lineno}", fix)}
+    return {"val": [val[e] for e in sorted(val)], "test": None, "seed": None, "format": "tvretrieval"}
+
+
+def tvretrieval_sums(metrics: Any, where: str, fix: str) -> dict[str, Any]:
+    """{'SumR': VR recall sum, 'VCMR SumR': ..., 'parts': {}} of one TVRetrieval metrics object."""
+    def figures(block: str, keys: tuple[str, ...]) -> list[float]:
+        part = metrics.get(block) if isinstance(metrics, dict) else None
+        if not isinstance(part, dict):
+            raise UserError(f"{where}: no {block} metrics object; {fix}")
+        out = []
+        for key in keys:
+            value = part.get(key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise UserError(f"{where}: {block} {key} is {str(value)[:40]!r}, not a finite number; {fix}")
+            out.append(float(value))
+        return out
+    return {"SumR": round(sum(figures("VR", VR_KEYS)), 4), VCMR: round(sum(figures("VCMR", VCMR_KEYS)), 4),
+            "parts": {}}
+
+
+def _json_object(text: str, where: str, fix: str) -> Any:
+    """JSON text of a log line or metrics file (untrusted: `json.loads`, NaN and Infinity refused)."""
+    def constant(name: str) -> Any:
+        raise ValueError(f"{name} is not a number JSON allows")
+    try:
+        return json.loads(text, parse_constant=constant)
+    except (ValueError, RecursionError) as e:
+        raise UserError(f"{where}: its JSON does not parse ({str(e)[:80]}); {fix}") from None
+
+
+def read_official_test(path: str | Path, official: dict[str, Any]) -> dict[str, Any]:
+    """The official test figures from TVRetrieval's inference metrics file (`--official-test`), for a
+    TVRetrieval log only (an MS-SL family log holds its own test block)."""
+    if official.get("format") != "tvretrieval":
+        raise UserError(f"--official-test {path}: only a TVRetrieval eval.log.txt takes a test metrics file; "
+                        "the MS-SL family's log.txt holds its test block (run its --eval and pass that log)")
+    fix = "pass the ..._metrics.json TVRetrieval's inference.py wrote for the test split"
+    text = read_text(path, "official test metrics", fix, MAX_TEXT_BYTES)
+    return tvretrieval_sums(_json_object(text, str(path), fix), str(path), fix)
+
+
 def our_run(record_file: str | Path) -> dict[str, Any]:
+    """Our record's validation SumR per epoch (and its VCMR SumR where it has one) and its test figures."""
     record = load_record_at(record_file)
-    val = [{"epoch": int(h["epoch"]), "SumR": float(h["val"]["SumR"])}
-           for h in record.get("history", []) if isinstance(h.get("val"), dict) and "SumR" in h["val"]]
+    val = []
+    for h in record.get("history", []):
+        if isinstance(h.get("val"), dict) and "SumR" in h["val"]:
+            entry = {"epoch": int(h["epoch"]), "SumR": float(h["val"]["SumR"])}
+            if isinstance(h["val"].get(VCMR), (int, float)):
+                entry[VCMR] = float(h["val"][VCMR])
+            val.append(entry)
     if not val:
         raise UserError(f"run record {record_file} has no validation SumR in its history; re-run that run")
     test = (record.get("metrics") or {}).get("test") or {}
-    return {"val": val, "test": test.get("SumR"), "record": record}
+    return {"val": val, "test": test.get("SumR"), "test_vcmr": test.get(VCMR), "record": record}
 
 
 def shown_command(command: str) -> str:
@@ -181,6 +260,8 @@ def report(official: dict[str, Any], ours: dict[str, Any], name: str, note: str,
     ours_by_epoch = {v["epoch"]: v["SumR"] for v in ours["val"]}
     epochs = sorted(set(by_epoch) | set(ours_by_epoch))
     has_parts = any(v["parts"] for v in official["val"])
+    has_vcmr = any(VCMR in v for v in official["val"])
+    vcmr_by_epoch = {v["epoch"]: v.get(VCMR) for v in ours["val"]}
     off_shared, ours_shared, cut = shared_epochs(official, ours)
     best_official = max(off_shared, key=lambda v: v["SumR"])
     best_ours = max(ours_shared, key=lambda v: v["SumR"])
@@ -197,20 +278,26 @@ def report(official: dict[str, Any], ours: dict[str, Any], name: str, note: str,
     header = ["epoch", "official val SumR", "ours val SumR", "Δ (ours − official)"]
     if has_parts:
         header += [f"official {p}" for p in PARTS]
+    if has_vcmr:
+        header += ["official val VCMR SumR", "ours val VCMR SumR", "Δ VCMR"]
     rows = []
     for e in epochs:
         off = by_epoch.get(e, {}).get("SumR")
         our = ours_by_epoch.get(e)
-        delta = our - off if off is not None and our is not None else None
-        cells = [str(e), _num(off), _num(our), _num(delta, sign=True)]
+        cells = [str(e), _num(off), _num(our), _num(_delta(our, off), sign=True)]
         if has_parts:
             cells += [_num(by_epoch.get(e, {}).get("parts", {}).get(p)) for p in PARTS]
+        if has_vcmr:
+            off_v, our_v = by_epoch.get(e, {}).get(VCMR), vcmr_by_epoch.get(e)
+            cells += [_num(off_v), _num(our_v), _num(_delta(our_v, off_v), sign=True)]
         rows.append(cells)
     lines.append(markdown_table(header, rows))
     lines += ["",
               f"- Best validation SumR: official {best_official['SumR']:.1f} (epoch {best_official['epoch']}), ours "
               f"{best_ours['SumR']:.1f} (epoch {best_ours['epoch']}): Δ {gap:+.1f}, "
               f"{'within' if abs(gap) <= tolerance else 'outside'} the {tolerance:g} SumR tolerance."]
+    if has_vcmr:
+        lines.append(vcmr_line(off_shared, ours_shared, tolerance))
     if cut:
         lines.append(f"- {cut}")
     test = official.get("test")
@@ -223,9 +310,32 @@ def report(official: dict[str, Any], ours: dict[str, Any], name: str, note: str,
         lines.append(f"- Test SumR of each best checkpoint: official {_num(off_test, missing='not in the log')}, ours "
                      f"{_num(ours.get('test'), missing='not in the record')}"
                      + parts + ".")
+    if has_vcmr and (test is not None or ours.get("test_vcmr") is not None):
+        lines.append(f"- Test VCMR SumR of each best checkpoint: official "
+                     f"{_num(test.get(VCMR) if test else None, missing='not given (--official-test)')}, ours "
+                     f"{_num(ours.get('test_vcmr'), missing='not in the record')} (the official code picks its "
+                     "best epoch by validation VCMR 0.5-R@1 + 0.7-R@1, ours by its protocol's selection metric).")
     if speed is not None:
         lines += ["", *speed_block(*speed)]
     return "\n".join(lines) + "\n"
+
+
+def vcmr_line(official: list[dict], ours: list[dict], tolerance: float) -> str:
+    """The best validation VCMR SumR of each side over the shared epochs, and whether they agree."""
+    off = [v for v in official if VCMR in v]
+    our = [v for v in ours if VCMR in v]
+    if not off or not our:
+        return ("- Best validation VCMR SumR: not compared (our record's history holds no VCMR SumR: "
+                "a backbone without span logits, or a run made before records kept it).")
+    best_off, best_our = max(off, key=lambda v: v[VCMR]), max(our, key=lambda v: v[VCMR])
+    gap = best_our[VCMR] - best_off[VCMR]
+    return (f"- Best validation VCMR SumR: official {best_off[VCMR]:.1f} (epoch {best_off['epoch']}), ours "
+            f"{best_our[VCMR]:.1f} (epoch {best_our['epoch']}): Δ {gap:+.1f}, "
+            f"{'within' if abs(gap) <= tolerance else 'outside'} the {tolerance:g} SumR tolerance.")
+
+
+def _delta(ours: float | None, official: float | None) -> float | None:
+    return ours - official if ours is not None and official is not None else None
 
 
 # ----------------------------------------------------------------------------- speed and memory
@@ -342,6 +452,8 @@ def cmd_parity(args: argparse.Namespace) -> None:
     if not NAME.fullmatch(args.name):
         raise UserError(f"--name {args.name!r}: use letters, digits and _ . + @ ~ - (it names the report file)")
     official = read_official_log(args.official_log)
+    if args.official_test:
+        official["test"] = read_official_test(args.official_test, official)
     ours = our_run(args.record)
     official_usage = read_usage(args.official_usage, "--official-usage") if args.official_usage else None
     ours_usage = read_usage(args.ours_usage, "--ours-usage") if args.ours_usage else None
@@ -360,7 +472,11 @@ def add_commands(sub) -> None:
     p = sub.add_parser("parity", help="our run against the official code's log on the same exported data "
                                       "(per-epoch validation SumR): OUT/parity/NAME.md")
     p.add_argument("--official-log", required=True, metavar="LOG",
-                   help="log.txt of the official training script (MS-SL code family), with its test block if run")
+                   help="log.txt of the official training script (MS-SL code family), with its test block if "
+                        "run, or TVRetrieval's eval.log.txt (XML)")
+    p.add_argument("--official-test", default=None, metavar="METRICS.json",
+                   help="TVRetrieval only: the test metrics file its inference.py wrote for the best checkpoint "
+                        "(the MS-SL family's log holds its own test block)")
     p.add_argument("--record", required=True, metavar="RECORD", help="our run record on the same exported data")
     p.add_argument("--name", required=True, help="report name, e.g. ral-gmmformer2_sim-tvr_e8")
     p.add_argument("--note", default="", help="what was run on the official side (commands, patches), in the report")
