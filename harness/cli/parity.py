@@ -43,7 +43,7 @@ import math
 import re
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from prvr.harness.cli.args import command, command_line
 from prvr.harness.base.io import MAX_TEXT_BYTES, UserError, ensure_dir, read_text, write_texts
@@ -158,7 +158,7 @@ def tvretrieval_sums(metrics: Any, where: str, fix: str) -> dict[str, Any]:
         out = []
         for key in keys:
             value = part.get(key)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            if not _finite(value):
                 raise UserError(f"{where}: {block} {key} is {str(value)[:40]!r}, not a finite number; {fix}")
             out.append(float(value))
         return out
@@ -194,13 +194,18 @@ def our_run(record_file: str | Path) -> dict[str, Any]:
     for h in record.get("history", []):
         if isinstance(h.get("val"), dict) and "SumR" in h["val"]:
             entry = {"epoch": int(h["epoch"]), "SumR": float(h["val"]["SumR"])}
-            if isinstance(h["val"].get(VCMR), (int, float)):
+            if _finite(h["val"].get(VCMR)):
                 entry[VCMR] = float(h["val"][VCMR])
             val.append(entry)
     if not val:
         raise UserError(f"run record {record_file} has no validation SumR in its history; re-run that run")
     test = (record.get("metrics") or {}).get("test") or {}
-    return {"val": val, "test": test.get("SumR"), "test_vcmr": test.get(VCMR), "record": record}
+    return {"val": val, "test": test.get("SumR"), "test_vcmr": test.get(VCMR) if _finite(test.get(VCMR)) else None,
+            "record": record}
+
+
+def _finite(value: Any) -> TypeGuard[int | float]:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def shown_command(command: str) -> str:
