@@ -72,14 +72,21 @@ def test_shown_command_hides_this_machines_paths():
             == "prvr-bench run --method ral --dataset tvr --data-root EXPORT_DIR --out OUT --seed 0")
 
 
-def _record(path, val_sums, test_sum):
+def _record(path, val_sums, test_sum, vcmr_sums=None, test_vcmr=None):
+    """A run record of `ral` on tvr; with `vcmr_sums`, of `xml`, each epoch's VCMR SumR beside its SumR."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    method = "ral" if vcmr_sums is None else "xml"
     metrics = {"val": {"SumR": max(val_sums)}, "test": {"SumR": test_sum}}
+    history = [{"epoch": e, "val": {"SumR": s}} for e, s in enumerate(val_sums)]
+    if vcmr_sums is not None:
+        metrics["test"]["VCMR SumR"] = test_vcmr
+        for h, v in zip(history, vcmr_sums):
+            h["val"]["VCMR SumR"] = v
     path.write_text(json.dumps({
-        "method": "ral", "dataset": "tvr", "seed": 0, "run_name": "ral", "config": {},
+        "method": method, "dataset": "tvr", "seed": 0, "run_name": method, "config": {},
         "provenance": {"git_revision": "abc1234def"},
-        "command": "prvr-bench run --method ral --dataset tvr --data-root /somewhere/export --seed 0 --out /elsewhere",
-        "metrics": metrics, "history": [{"epoch": e, "val": {"SumR": s}} for e, s in enumerate(val_sums)]}))
+        "command": f"prvr-bench run --method {method} --dataset tvr --data-root /somewhere/export --seed 0 --out /elsewhere",
+        "metrics": metrics, "history": history}))
 
 
 def test_report_side_by_side_with_the_verdict(tmp_path):
@@ -154,14 +161,8 @@ def test_xml_parity_compares_vr_and_vcmr_and_reads_the_official_test_file(tmp_pa
                     _metrics((4.0, 16.0, 30.0, 80.0), (2.0, 8.0, 40.0), (1.0, 4.0, 20.0))])
     test = tmp_path / "inference_test_metrics.json"
     test.write_text(json.dumps(_metrics((3.0, 14.0, 28.0, 79.0), (2.0, 7.0, 38.0), (1.0, 3.0, 19.0)), indent=4))
-    rec = tmp_path / "o" / "runs" / "charades-sta" / "xml" / "seed0.json"
-    rec.parent.mkdir(parents=True)
-    rec.write_text(json.dumps({
-        "method": "xml", "dataset": "charades-sta", "seed": 0, "run_name": "xml", "config": {},
-        "provenance": {"git_revision": "abc1234def"}, "command": "prvr-bench run --method xml --seed 0",
-        "metrics": {"val": {"SumR": 131.0}, "test": {"SumR": 125.0, "VCMR SumR": 70.0}},
-        "history": [{"epoch": 0, "val": {"SumR": 101.0, "VCMR SumR": 50.0}},
-                    {"epoch": 1, "val": {"SumR": 131.0, "VCMR SumR": 78.5}}]}))
+    rec = tmp_path / "o" / "runs" / "tvr" / "xml" / "seed0.json"
+    _record(rec, [101.0, 131.0], 125.0, vcmr_sums=[50.0, 78.5], test_vcmr=70.0)
     assert main(["parity", "--official-log", str(log), "--official-test", str(test), "--record", str(rec),
                  "--name", "xml-e2", "--out", str(tmp_path / "res")]) == 0
     text = (tmp_path / "res" / "parity" / "xml-e2.md").read_text()
@@ -196,8 +197,7 @@ def test_an_official_test_file_must_hold_every_figure_and_go_with_a_tvretrieval_
     log = tmp_path / "eval.log.txt"
     _eval_log(log, [metrics])
     rec = tmp_path / "seed0.json"
-    rec.write_text(json.dumps({"method": "xml", "dataset": "charades-sta", "seed": 0, "config": {}, "metrics": {},
-                               "history": [{"epoch": 0, "val": {"SumR": 101.0}}]}))
+    _record(rec, [101.0], 100.0)
     del metrics["VCMR"]["0.7-r100"]
     test = tmp_path / "test_metrics.json"
     test.write_text(json.dumps(metrics))

@@ -6,9 +6,9 @@ without queries cannot be part of a split (it is counted). Timestamps and durati
 the original annotation formats (TVR jsonl, ActivityNet json, Charades-STA txt +
 charades.json), which the loader joins back by video id and sentence. The TVRetrieval / XML
 layout (`--layout xml`: tvr, charades-sta, didemo; xml.py) writes each split's release file,
-one row per query with its timestamps, and `<p>_video2dur_idx.json` (each split's videos with
-their durations, which TVRetrieval's evaluation lists its corpus from) (desc_ids numbered across the splits, so the query
-features of all splits share one file); a DiDeMo row carries its moment as the one agreed
+one row per query with its timestamps (desc_ids numbered across the splits, so the query
+features of all splits share one file), and `<p>_video2dur_idx.json`, each split's videos with
+their durations, from which TVRetrieval's evaluation lists its corpus; a DiDeMo row carries its moment as the one agreed
 span. Feature values are written as float32, so float16 or float32 data come back bit for bit.
 A split with ground truth (the simulated worlds) also gets its relevance file beside it
 (relevance.py: MS-SL `TextData/<c><split>.relevance.jsonl`, XML `data/<p>_<split>.relevance.jsonl`),

@@ -183,7 +183,7 @@ def read_official_test(path: str | Path, official: dict[str, Any]) -> dict[str, 
         raise UserError(f"--official-test {path}: only a TVRetrieval eval.log.txt takes a test metrics file; "
                         "the MS-SL family's log.txt holds its test block (run its --eval and pass that log)")
     fix = "pass the ..._metrics.json TVRetrieval's inference.py wrote for the test split"
-    text = read_text(path, "official test metrics", fix, MAX_TEXT_BYTES)
+    text = read_text(path, "official test metrics", fix)
     return tvretrieval_sums(_json_object(text, str(path), fix), str(path), fix)
 
 

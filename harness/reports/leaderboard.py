@@ -38,7 +38,6 @@ from __future__ import annotations
 import json
 import math
 import re
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -272,19 +271,13 @@ def backbone_comparisons(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r["backbone_comparison"] for r in rows if r.get("backbone_comparison")]
 
 
-def _by_budget(by_name: dict[tuple[str, str, Any], dict[str, Any]], row: dict[str, Any],
-               name: str) -> dict[str, Any] | None:
-    """The run `name` of `row`'s dataset and budget, if any."""
-    return by_name.get((row["dataset"], name, row["budget"]))
-
-
 def _backbone_pairs(rows: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     by_name = {(r["dataset"], r["run"], r["budget"]): r for r in rows}
     out = []
     for r in rows:
         name = backbone_row_name(r)
         # the backbone's run on the row's world and regime; a row whose world no backbone run shares gets no Δ
-        b = same_tag_or_plain(r, name, partial(_by_budget, by_name, r)) if name else None
+        b = same_tag_or_plain(r, name, lambda n: by_name.get((r["dataset"], n, r["budget"]))) if name else None
         if b is None or not r["on_protocol"] or not r["SumR"] or not b["SumR"]:
             continue
         out.append((r, b))

@@ -201,7 +201,7 @@ def _swap_null(d: np.ndarray, w: np.ndarray, permutations: int,
     [batch, pairs, 2] tile of (0, 1) along its last axis, a pair swapped where its first index
     came out 1."""
     pairs = len(d)
-    if pairs < 63 and 2**pairs <= permutations:
+    if 2**pairs <= permutations:
         swapped = (np.arange(2**pairs)[:, None] >> np.arange(pairs)) & 1  # every assignment
         return np.where(swapped == 1, -d, d) @ w, True
     batch = min(PERMUTATION_BATCH, permutations)
