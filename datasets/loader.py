@@ -311,9 +311,25 @@ class Batcher:
         return QueryBatch(tokens, mask, torch.from_numpy(index))
 
     def train_batch(self, videos: np.ndarray) -> TrainBatch:
+        """A training step's batch of `videos`, each with all its queries (train.sample=videos)."""
         per = [self.video_queries[int(v)] for v in videos]
         qidx = np.concatenate(per) if per else np.zeros(0, dtype=np.int64)
         item = np.repeat(np.arange(len(videos)), [len(p) for p in per])
+        return self._train_batch(np.asarray(videos, dtype=np.int64), qidx, item)
+
+    def query_train_batch(self, queries: np.ndarray) -> TrainBatch:
+        """A training step's batch of `queries`, each with its labelled video (train.sample=queries):
+        the videos in the order the queries first name them, a video two queries share taken once
+        (both its labelled queries are then positives of one column, never one another's negative)."""
+        qidx = np.asarray(queries, dtype=np.int64)
+        videos, first, item = np.unique(np.asarray(self.split.query_video, dtype=np.int64)[qidx],
+                                         return_index=True, return_inverse=True)
+        order = np.argsort(first, kind="stable")  # first-named order
+        position = np.empty_like(order)
+        position[order] = np.arange(len(order))
+        return self._train_batch(videos[order], qidx, position[item.reshape(-1)])
+
+    def _train_batch(self, videos: np.ndarray, qidx: np.ndarray, item: np.ndarray) -> TrainBatch:
         relevant = None
         if self.split.relevance is not None:
             relevant = torch.from_numpy(self.split.relevance[qidx][:, videos].toarray().astype(bool))
@@ -381,6 +397,14 @@ def epoch_batches(num_videos: int, batch_size: int, seed: int, epoch: int, video
     """Shuffled video batches of one epoch; the order depends only on (seed, epoch)."""
     rng = np.random.default_rng([seed, epoch, 17])
     order = rng.permutation(np.nonzero(video_has_queries)[0])
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def epoch_query_batches(num_queries: int, batch_size: int, seed: int, epoch: int) -> list[np.ndarray]:
+    """Shuffled query batches of one epoch (train.sample=queries); the order depends only on
+    (seed, epoch)."""
+    rng = np.random.default_rng([seed, epoch, 19])
+    order = rng.permutation(num_queries)
     return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
 

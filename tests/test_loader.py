@@ -50,6 +50,32 @@ def test_train_batch_shapes_masks_and_relevance():
     assert batch.relevant[torch.arange(n_q), batch.query_item].all()
 
 
+def test_query_batches_take_each_query_once_with_its_video_taken_once():
+    """train.sample=queries (XML's TVRetrieval loader): a batch of queries, each with its labelled
+    video; a video two of them share is one column, positive for both."""
+    from prvr.datasets.loader import epoch_query_batches
+    cfg = resolve("baseline", "sim-tiny", 0)
+    split = DATASETS.get("sim-tiny").load(cfg)["train"]
+    b = Batcher(split, cfg.data)
+    shared = b.video_queries[4][:2]
+    assert len(shared) == 2  # sim-tiny gives video 4 at least two queries
+    queries = np.array([shared[0], b.video_queries[1][0], shared[1], b.video_queries[7][0]])
+    batch = b.query_train_batch(queries)
+    np.testing.assert_array_equal(batch.videos.video_index.numpy(), [4, 1, 7])  # the order queries first name them
+    np.testing.assert_array_equal(batch.query_item.numpy(), [0, 1, 0, 2])
+    np.testing.assert_array_equal(batch.queries.query_index.numpy(), queries)
+    np.testing.assert_array_equal(batch.videos.video_index.numpy()[batch.query_item.numpy()], split.query_video[queries])
+    np.testing.assert_array_equal(batch.relevant.numpy(), split.relevance[queries][:, [4, 1, 7]].toarray())
+    # the same features as the video-major batch of those videos
+    torch.testing.assert_close(batch.videos.frames, b.train_batch(np.array([4, 1, 7])).videos.frames)
+    # an epoch: every query once, in an order fixed by (seed, epoch) alone
+    epoch = epoch_query_batches(split.num_queries, 16, 3, 1)
+    assert [len(x) for x in epoch[:-1]] == [16] * (len(epoch) - 1)
+    assert sorted(np.concatenate(epoch).tolist()) == list(range(split.num_queries))
+    assert all(np.array_equal(x, y) for x, y in zip(epoch, epoch_query_batches(split.num_queries, 16, 3, 1)))
+    assert not np.array_equal(np.concatenate(epoch), np.concatenate(epoch_query_batches(split.num_queries, 16, 3, 2)))
+
+
 def _reference_average_to_fixed_length(x: np.ndarray, segments: int) -> np.ndarray:
     """The MS-SL family's rule as its public code describes it, written out as a plain loop:
     boundaries round(i * n / S) (numpy rounding), clamped to n - 1; an empty segment is its

@@ -250,6 +250,26 @@ def test_each_recipe_trains_two_steps_on_sim_tiny(method, tmp_path):
         assert any(out["vr_rel_neg"] > 0 for out in stop.outs)  # the oracle's pairs arrived
 
 
+@pytest.mark.parametrize("method", ["xml", "xml-sl-pr"])
+def test_query_batches_train_the_recipes_as_xml_s_own_loader_draws(method, tmp_path):
+    """train.sample=queries (TVRetrieval's loader: batches of queries, each with its labelled video):
+    the epoch has ceil(queries / batch) steps, each batch holds batch_size queries, and the
+    losses are finite and train."""
+    sets = ["train.sample=queries", "train.batch_size=16", "train.device=cpu", "train.num_workers=0"]
+    if METHODS.get(method).relations != "none":
+        sets.append("relations.name=oracle")
+    run = build_run(resolve(method, "sim-tiny", 0, sets))
+    stop = _StopAfter(2)
+    trainer = run.trainer(tmp_path / "ckpt", [stop])
+    queries = run.data.splits["train"].num_queries
+    assert trainer.steps_per_epoch == math.ceil(queries / 16) == len(trainer.epoch_batches(0))
+    with pytest.raises(_Stop):
+        trainer.train_epoch(30)
+    for out in stop.outs:
+        assert all(math.isfinite(v) for v in out.values()), out
+        assert out["nll1"] > 0 and out["vr_pos_neg"] > 0
+
+
 def test_the_oracle_pairs_carry_the_worlds_relevant_moments():
     """+PR with the oracle: each truly relevant unlabelled pair carries its event's moment
     (the first matching event of the video), every other non-labelled pair none."""

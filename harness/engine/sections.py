@@ -27,6 +27,8 @@ ON_NONFINITE: tuple[OnNonfinite, ...] = get_args(OnNonfinite)
 Precision = Literal["fp32", "tf32", "bf16"]  # train.precision, read by harness/engine/precision.py
 # train.select_on: the validation figure that selects the tested epoch and drives early stopping
 SelectOn = Literal["vr", "vcmr"]
+# train.sample: what one training batch draws (datasets/loader.py epoch_batches)
+Sample = Literal["videos", "queries"]
 SELECT_ON: dict[SelectOn, str] = {"vr": "SumR", "vcmr": "VCMR SumR"}
 # settings added after runs were stored, with the value those runs were trained under: a stored
 # config (checkpoint, record) without the key reads as if it held that value, where the config it is
@@ -191,9 +193,14 @@ class SimConfig:
 @dataclass
 class TrainConfig:
     epochs: int = param(12, at_least(1))
-    # videos per batch, each with all its queries (MS-SL family: 128); a batch of one video has no
-    # negative video for any query, so every ranking loss would be zero
+    # videos per batch, each with all its queries (MS-SL family: 128), or queries per batch under
+    # sample=queries; a batch of one video has no negative video for any query, so every ranking
+    # loss would be zero
     batch_size: int = param(128, at_least(2, "a batch of one video has no negative"))
+    # what a batch draws: "videos" (batch_size videos, each with all its training queries: the MS-SL
+    # family's loader) | "queries" (batch_size queries, each with its labelled video, a video two of
+    # them share taken once: XML's TVRetrieval loader draws queries; docs/protocol.md)
+    sample: Sample = param("videos", one_of(Sample))
     # "adamw" | "bertadam" (harness/engine/optim.py; the MS-SL family presets use bertadam)
     optimizer: str = param("adamw", Registered(_optimizers))
     lr: float = param(3e-4, POSITIVE)

@@ -33,7 +33,7 @@ from typing import Any, Protocol, TypedDict
 import numpy as np
 import torch
 
-from prvr.datasets.loader import WORKER_START, Batcher, EpochLoader, epoch_batches
+from prvr.datasets.loader import WORKER_START, Batcher, EpochLoader, epoch_batches, epoch_query_batches
 from prvr.harness.engine import precision, vcmr
 from prvr.harness.base import progress
 from prvr.harness.engine.checkpoints import (BEFORE_DEVICE, RESUME_FIX, RESUME_FREE_KEYS, STATE_KEYS, _first_line,
@@ -86,10 +86,13 @@ class Trainer:
         self.timings = timings or Timings()
         self.batchers = {name: Batcher(split, cfg.data) for name, split in data.splits.items()}
         self.has_queries = np.array([len(q) > 0 for q in self.batchers["train"].video_queries])
-        self.steps_per_epoch = math.ceil(self.has_queries.sum() / cfg.train.batch_size)
-        if self.has_queries.sum() % cfg.train.batch_size == 1:  # every epoch's last batch: no negative in it
-            progress.warn(f"{int(self.has_queries.sum())} training videos in batches of "
-                          f"{cfg.train.batch_size} leave one video alone in each epoch's last batch, whose ranking "
+        # what a batch draws (train.sample): the training videos with queries, or the training queries
+        unit = "video" if cfg.train.sample == "videos" else "query"
+        self.batch_units = int(self.has_queries.sum()) if unit == "video" else data.splits["train"].num_queries
+        self.steps_per_epoch = math.ceil(self.batch_units / cfg.train.batch_size)
+        if self.batch_units % cfg.train.batch_size == 1:  # every epoch's last batch: no negative in it
+            progress.warn(f"{self.batch_units} training {cfg.train.sample} in batches of "
+                          f"{cfg.train.batch_size} leave one {unit} alone in each epoch's last batch, whose ranking "
                           "losses are 0 (no negative); a train.batch_size one larger or smaller avoids it")
         self.optimizer, self.optimizer_spec = build_optimizer(model, cfg.train)
         total = self.steps_per_epoch * cfg.train.epochs
@@ -177,7 +180,7 @@ class Trainer:
         self.detector.on_epoch_start(state)
         for h in self.hooks:
             h.on_epoch_start(self, epoch)
-        batches = epoch_batches(len(self.has_queries), self.cfg.train.batch_size, self.cfg.seed, epoch, self.has_queries)
+        batches = self.epoch_batches(epoch)
         loader = self.epoch_loader().epoch(batches)
         sums = LossSums(self.device)
         with self.timings("train"):
@@ -203,13 +206,21 @@ class Trainer:
             summary["relations"] = report
         return summary
 
+    def epoch_batches(self, epoch: int) -> list[np.ndarray]:
+        """Epoch `epoch`'s batches, as index arrays of what train.sample draws (videos or queries)."""
+        train = self.cfg.train
+        if train.sample == "queries":
+            return epoch_query_batches(self.batch_units, train.batch_size, self.cfg.seed, epoch)
+        return epoch_batches(len(self.has_queries), train.batch_size, self.cfg.seed, epoch, self.has_queries)
+
     def epoch_loader(self) -> EpochLoader:
         """The run's training loader, made at its first epoch: the split's features processed once
         (before worker processes start, so that they share them) and the workers kept for every
         epoch; batches pinned for a GPU."""
         if self._loader is None:
             train = self.batchers["train"]
-            self._loader = EpochLoader(train.train_batch, self.num_workers(), pin=self.device.type == "cuda",
+            make = train.query_train_batch if self.cfg.train.sample == "queries" else train.train_batch
+            self._loader = EpochLoader(make, self.num_workers(), pin=self.device.type == "cuda",
                                        prepare=train.prepare)
         return self._loader
 

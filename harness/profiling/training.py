@@ -35,7 +35,6 @@ from typing import Iterator
 
 import torch
 
-from prvr.datasets.loader import epoch_batches
 from prvr.harness.base import progress
 from prvr.harness.profiling.subjects import Subject, subjects
 from prvr.harness.engine.build import build_run
@@ -170,9 +169,10 @@ def profile_epoch(subject: Subject, max_batches: int | None = None) -> EpochProf
     hooks = [clock, StopAfter(max_batches)] if max_batches else [clock]
     with tempfile.TemporaryDirectory(prefix="prvr-profile-") as ckpt:
         trainer = build_run(cfg).trainer(ckpt, hooks)
-        every = epoch_batches(len(trainer.has_queries), cfg.train.batch_size, cfg.seed, 0, trainer.has_queries)
+        every = trainer.epoch_batches(0)
         batches = every[:max_batches] if max_batches else every
-        queries = sum(len(trainer.batchers["train"].video_queries[v]) for b in batches for v in b)
+        per_video = trainer.batchers["train"].video_queries
+        queries = sum(len(b) if cfg.train.sample == "queries" else sum(len(per_video[v]) for v in b) for b in batches)
         with peak_memory(trainer.device) as peak:
             seconds = timed_epoch(trainer)
     return EpochProfile(cfg.dataset, queries, len(batches), len(every), seconds, peak["mb"], peak["measure"],
