@@ -138,3 +138,9 @@ def test_a_lone_video_in_each_epochs_last_batch_is_said(tmp_path, monkeypatch):
     lines.clear()
     build_run(resolve("baseline", "sim-tiny", 0, [f"train.batch_size={n - 1}"])).trainer(tmp_path)
     assert sum("leave one video alone in each epoch's last batch" in line for line in lines) == 1
+    # batches of queries (train.sample=queries): a lone query has one video, and so no negative either
+    queries = build_run(cfg).data.splits["train"].num_queries
+    lines.clear()
+    build_run(resolve("baseline", "sim-tiny", 0, ["train.sample=queries", f"train.batch_size={queries - 1}"])).trainer(tmp_path)
+    assert sum(f"{queries} training queries in batches of {queries - 1} leave one query alone" in line
+               for line in lines) == 1

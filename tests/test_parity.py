@@ -175,6 +175,7 @@ def test_xml_parity_compares_vr_and_vcmr_and_reads_the_official_test_file(tmp_pa
     assert "Test VCMR SumR of each best checkpoint: official 70.0, ours 70.0" in text
     side = json.loads((tmp_path / "res" / "parity" / "xml-e2.json").read_text())
     assert side["sumr"]["official_test"] == 124.0 and side["sumr"]["delta"] == 1.0
+    assert side["sumr"]["official_best_vcmr"] == 75.0 and side["sumr"]["ours_best_vcmr"] == 78.5
 
 
 @pytest.mark.parametrize("line, message", [

@@ -288,6 +288,91 @@ def test_a_hostile_sidecar_string_stays_one_escaped_cell(tmp_path):
     check_csv((tmp_path / "res" / "speed.csv").read_text(), HOSTILE)
 
 
+def _series(tmp_path, bests, vcmr=None, names=None):
+    """Sidecars of one comparison, one a seed: `bests` [(ours, official)] of the best val SumR, `vcmr` the
+    same of the VCMR SumR (written as parity writes them for a TVRetrieval log)."""
+    log, rec, _ = _parity_inputs(tmp_path)
+    assert _parity(tmp_path, log, rec, "ral-e2") == 0
+    folder = tmp_path / "res" / "parity"
+    first = json.loads((folder / "ral-e2.json").read_text())
+    for seed, (ours, official) in enumerate(bests):
+        name = (names or {}).get(seed, "ral-e2" if seed == 0 else f"ral-e2_s{seed}")
+        side = copy.deepcopy(first)
+        side.update(name=name, report=f"{name}.md", seed=seed)
+        side["sumr"].update(ours_best=ours, official_best=official, delta=ours - official)
+        if vcmr is not None:
+            side["sumr"].update(ours_best_vcmr=vcmr[seed][0], official_best_vcmr=vcmr[seed][1])
+        (folder / f"{name}.json").write_text(json.dumps(side))
+
+
+def _welch(a, b, level=0.95):
+    """Welch's interval for mean(a) - mean(b), written out (Satterthwaite's degrees of freedom)."""
+    from statistics import mean, variance
+
+    from scipy.stats import t
+    va, vb = variance(a) / len(a), variance(b) / len(b)
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    half = t.ppf((1 + level) / 2, df) * (va + vb) ** 0.5
+    d = mean(a) - mean(b)
+    return d - half, d + half
+
+
+def test_parity_over_seeds_pools_a_comparisons_reports_with_welchs_interval(tmp_path):
+    bests = [(270.0, 278.0), (268.0, 280.5), (272.5, 276.0)]
+    vcmr = [(150.0, 240.0), (190.0, 180.0), (170.0, 260.0)]
+    _series(tmp_path, bests, vcmr)
+    assert main(["speed", "--out", str(tmp_path / "res")]) == 0
+    md = (tmp_path / "res" / "parity.md").read_text()
+    low, high = _welch([o for o, _ in bests], [f for _, f in bests])
+    assert high < -2  # wholly beyond the tolerance
+    assert (f"| `ral-e2` | ral | tvr | 0 1 2 | 270.2 ± 2.3 | 278.2 ± 2.3 | -8.0 [{low:+.1f}, {high:+.1f}] | outside 2 "
+            in md), md
+    v_low, v_high = _welch([o for o, _ in vcmr], [f for _, f in vcmr])
+    assert v_low < -2 < 2 < v_high and f"| -56.7 [{v_low:+.1f}, {v_high:+.1f}] | unresolved |" in md
+    rows = (tmp_path / "res" / "parity.csv").read_text().splitlines()
+    assert len(rows) == 2 and rows[1].startswith("ral-e2,ral,tvr,0 1 2,270 268 272.5,278 280.5 276,-8.0000,")
+    assert rows[1].endswith("ral-e2.md ral-e2_s1.md ral-e2_s2.md")
+
+
+def test_parity_over_seeds_says_within_one_seed_and_no_vcmr_where_a_report_lacks_it(tmp_path):
+    _series(tmp_path, [(100.0, 100.5), (101.0, 101.2), (100.4, 100.0), (100.8, 100.9)])
+    (tmp_path / "res" / "parity" / "solo.json").write_text(
+        (tmp_path / "res" / "parity" / "ral-e2.json").read_text().replace('"ral-e2', '"solo'))
+    assert main(["speed", "--out", str(tmp_path / "res")]) == 0
+    md = (tmp_path / "res" / "parity.md").read_text()
+    low, high = _welch([100.0, 101.0, 100.4, 100.8], [100.5, 101.2, 100.0, 100.9])
+    assert -2 < low and high < 2
+    assert f"| -0.1 [{low:+.1f}, {high:+.1f}] | within 2 |  |  |  |  |" in md
+    assert "| `solo` | ral | tvr | 0 | 100.0 | 100.5 | -0.5 | one seed |" in md
+
+
+@pytest.mark.parametrize("change, message", [
+    ({1: "ral-e2_s0"}, "parity reports ral-e2, ral-e2_s0 of series ral-e2 are all seed 0"),
+])
+def test_a_comparison_with_a_seed_twice_is_one_line_and_nothing_is_written(tmp_path, capsys, change, message):
+    _series(tmp_path, [(1.0, 2.0), (3.0, 4.0)], names=change)
+    side = json.loads((tmp_path / "res" / "parity" / "ral-e2_s0.json").read_text())
+    side["seed"] = 0
+    (tmp_path / "res" / "parity" / "ral-e2_s0.json").write_text(json.dumps(side))
+    capsys.readouterr()
+    assert main(["speed", "--out", str(tmp_path / "res")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "res" / "speed.md").exists() and not (tmp_path / "res" / "parity.md").exists()
+
+
+def test_reports_of_one_name_that_compare_different_things_are_one_line(tmp_path, capsys):
+    _series(tmp_path, [(1.0, 2.0), (3.0, 4.0)])
+    side = json.loads((tmp_path / "res" / "parity" / "ral-e2_s1.json").read_text())
+    side["method"] = "msl"
+    (tmp_path / "res" / "parity" / "ral-e2_s1.json").write_text(json.dumps(side))
+    capsys.readouterr()
+    assert main(["speed", "--out", str(tmp_path / "res")]) == 2
+    err = capsys.readouterr().err
+    assert "parity reports ral-e2 and ral-e2_s1 are one series (ral-e2: a name and its _sN seeds) but differ in " \
+           "method (ral against msl)" in err and len(err.strip().splitlines()) == 1
+
+
 def test_speed_without_sidecars_says_so(tmp_path):
     assert main(["speed", "--out", str(tmp_path)]) == 0
     md = (tmp_path / "speed.md").read_text()
@@ -301,6 +386,8 @@ def test_speed_without_sidecars_says_so(tmp_path):
     (lambda s: s["sumr"].update(verdict="<b>"), "sumr.verdict"),
     (lambda s: s["official"].update(peak_host_mb=float("nan")), "official.peak_host_mb"),
     (lambda s: s.update(name="../x"), "name"),
+    (lambda s: s["sumr"].update(ours_best_vcmr="high"), "sumr.ours_best_vcmr"),
+    (lambda s: s["sumr"].update(official_best_vcmr=-1.0), "sumr.official_best_vcmr"),
 ])
 def test_speed_refuses_a_malformed_sidecar_in_one_line(tmp_path, capsys, damage, key):
     log, rec, official = _parity_inputs(tmp_path)
@@ -316,14 +403,15 @@ def test_speed_refuses_a_malformed_sidecar_in_one_line(tmp_path, capsys, damage,
     assert not (tmp_path / "res" / "speed.md").exists()
 
 
-@pytest.mark.parametrize("fifo, other", [("parity/ral-a.json", "parity/ral-a.md"), ("speed.md", "speed.csv")])
+@pytest.mark.parametrize("fifo, other", [("parity/ral-a.json", "parity/ral-a.md"), ("speed.md", "speed.csv"),
+                                         ("parity.md", "speed.md")])
 def test_a_fifo_where_parity_or_speed_writes_is_one_line_and_nothing_is_written(tmp_path, capsys, fifo, other):
     log, rec, official = _parity_inputs(tmp_path)
     target = tmp_path / "res" / fifo
     target.parent.mkdir(parents=True)
     os.mkfifo(target)
     code = _parity(tmp_path, log, rec, "ral-a", "--official-usage", str(official))
-    if fifo.startswith("speed"):
+    if not fifo.startswith("parity/"):
         assert code == 0
         code = main(["speed", "--out", str(tmp_path / "res")])
     err = capsys.readouterr().err

@@ -252,9 +252,14 @@ def verdict(official: dict[str, Any], ours: dict[str, Any], tolerance: float = T
     best_ours = max(v["SumR"] for v in our)
     gap = best_ours - best_official
     test = official.get("test")
-    return {"official_best": best_official, "ours_best": best_ours, "delta": round(gap, 4), "tolerance": tolerance,
-            "verdict": "within" if abs(gap) <= tolerance else "outside",
-            "official_test": test["SumR"] if test else None, "ours_test": ours.get("test")}
+    judged: SumRVerdict = {"official_best": best_official, "ours_best": best_ours, "delta": round(gap, 4),
+                           "tolerance": tolerance, "verdict": "within" if abs(gap) <= tolerance else "outside",
+                           "official_test": test["SumR"] if test else None, "ours_test": ours.get("test")}
+    if any(VCMR in v for v in off):  # a log with moment figures (TVRetrieval's): both sides' VCMR bests
+        bests = best_vcmr(off, our)
+        judged["official_best_vcmr"] = bests[0][VCMR] if bests else max(v[VCMR] for v in off if VCMR in v)
+        judged["ours_best_vcmr"] = bests[1][VCMR] if bests else None
+    return judged
 
 
 def report(official: dict[str, Any], ours: dict[str, Any], name: str, note: str, log_name: str,
@@ -327,16 +332,24 @@ def report(official: dict[str, Any], ours: dict[str, Any], name: str, note: str,
 
 def vcmr_line(official: list[dict], ours: list[dict], tolerance: float) -> str:
     """The best validation VCMR SumR of each side over the shared epochs, and whether they agree."""
-    off = [v for v in official if VCMR in v]
-    our = [v for v in ours if VCMR in v]
-    if not off or not our:
+    bests = best_vcmr(official, ours)
+    if bests is None:
         return ("- Best validation VCMR SumR: not compared (our record's history holds no VCMR SumR: "
                 "a backbone without span logits, or a run made before records kept it).")
-    best_off, best_our = max(off, key=lambda v: v[VCMR]), max(our, key=lambda v: v[VCMR])
+    best_off, best_our = bests
     gap = best_our[VCMR] - best_off[VCMR]
     return (f"- Best validation VCMR SumR: official {best_off[VCMR]:.1f} (epoch {best_off['epoch']}), ours "
             f"{best_our[VCMR]:.1f} (epoch {best_our['epoch']}): Δ {gap:+.1f}, "
             f"{'within' if abs(gap) <= tolerance else 'outside'} the {tolerance:g} SumR tolerance.")
+
+
+def best_vcmr(official: list[dict], ours: list[dict]) -> tuple[dict, dict] | None:
+    """Each side's validation entry with the best VCMR SumR, or None where a side has none."""
+    off = [v for v in official if VCMR in v]
+    our = [v for v in ours if VCMR in v]
+    if not off or not our:
+        return None
+    return max(off, key=lambda v: v[VCMR]), max(our, key=lambda v: v[VCMR])
 
 
 def _delta(ours: float | None, official: float | None) -> float | None:

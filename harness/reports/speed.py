@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TypedDict, cast
+from typing import NotRequired, TypedDict, cast
 
-from prvr.harness.base.io import UserError, read_json, write_texts
+from prvr.harness.base.io import UserError, read_json
 from prvr.harness.engine.records import NULL, Kind, field_problem, figure_problem
 from prvr.harness.reports.table import code, csv_text, fenced, markdown_table
 
@@ -37,7 +37,9 @@ class SideSpeed(TypedDict):
 
 
 class SumRVerdict(TypedDict):
-    """The best validation SumR of each side, their difference and whether it is within the tolerance."""
+    """The best validation SumR of each side, their difference and whether it is within the tolerance;
+    for a backbone that localizes (XML), the best validation VCMR SumR of each side too (absent from
+    sidecars written before they held it, null where a side has none)."""
 
     official_best: float
     ours_best: float
@@ -46,6 +48,8 @@ class SumRVerdict(TypedDict):
     verdict: str  # one of VERDICTS
     official_test: float | None
     ours_test: float | None
+    official_best_vcmr: NotRequired[float | None]
+    ours_best_vcmr: NotRequired[float | None]
 
 
 class Ratios(TypedDict):
@@ -84,6 +88,8 @@ SIDECAR_FIELDS: tuple[tuple[str, Kind], ...] = (
     ("sumr.ours_test", (float, NULL)), *((side, dict) for side in SIDES),
     *((f"{side}.{key}", kind) for side in SIDES for key, kind in SIDE_FIELDS), ("ratio", dict),
     *((f"ratio.{key}", (float, NULL)) for key in Ratios.__annotations__))
+SIDECAR_OPTIONAL: tuple[tuple[str, Kind], ...] = (("sumr.official_best_vcmr", (float, NULL)),
+                                                  ("sumr.ours_best_vcmr", (float, NULL)))
 SIDECAR_FIGURES = (*(f"{side}.{key}" for side in SIDES for key in ("epochs", "seconds_per_epoch", "peak_host_mb",
                                                                    "device_peak_mb")),
                    *(f"ratio.{key}" for key in Ratios.__annotations__), "sumr.tolerance", "seed")
@@ -110,7 +116,8 @@ def read_sidecar(path: str | Path) -> ParitySidecar:
     fix = "write it again with `prvr-bench parity ...`, or delete it"
     if not isinstance(data, dict):
         raise UserError(f"parity sidecar {path} holds {type(data).__name__}, expected an object; {fix}")
-    problem = field_problem(data, SIDECAR_FIELDS) or figure_problem(data, SIDECAR_FIGURES) \
+    problem = field_problem(data, SIDECAR_FIELDS) or field_problem(data, SIDECAR_OPTIONAL, optional=True) \
+        or figure_problem(data, (*SIDECAR_FIGURES, *(key for key, _ in SIDECAR_OPTIONAL))) \
         or figure_problem(data, [f"{side}.eval_share" for side in SIDES], high=1.0)
     if problem is None and data["parity_version"] != PARITY_VERSION:
         problem = "parity_version", f"{data['parity_version']!r} is not a version this prvr-bench reads ({PARITY_VERSION})"
@@ -191,11 +198,8 @@ def speed_markdown(found: list[ParitySidecar]) -> str:
     return "\n".join(lines)
 
 
-def write_speed(out: str | Path) -> list[Path]:
-    """OUT/speed.md and OUT/speed.csv from every sidecar in OUT/parity/ (a table that says so where there
-    is none); the files written."""
-    found = sidecars(out)
-    md, csv = Path(out) / "speed.md", Path(out) / "speed.csv"
+def speed_files(out: str | Path, found: list[ParitySidecar]) -> dict[Path, str]:
+    """OUT/speed.md and OUT/speed.csv from the sidecars `found` (a table that says so where there are none)."""
     header = [*HEADER, "ours measured", "official measured", "parity command"]
-    write_texts({md: speed_markdown(found), csv: csv_text(header, [csv_row(s) for s in found])})
-    return [md, csv]
+    return {Path(out) / "speed.md": speed_markdown(found),
+            Path(out) / "speed.csv": csv_text(header, [csv_row(s) for s in found])}
