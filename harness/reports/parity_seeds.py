@@ -68,6 +68,8 @@ def pooled(ours: Sequence[float], official: Sequence[float], tolerance: float) -
 
 @dataclass(frozen=True)
 class Series:
+    """One comparison: its reports' shared name, what they compare, their seeds and the pooled figures."""
+
     name: str
     method: str
     dataset: str
