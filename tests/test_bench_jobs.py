@@ -33,8 +33,29 @@ def test_jobs_give_the_records_of_one_by_one(capsys, tmp_path):
         assert par[name]["provenance"]["device"] == "cpu (1 threads)"
         # the record names the command that made it: the run the bench started
         assert par[name]["command"].startswith("prvr-bench run --method baseline --dataset sim-tiny --seed")
+        assert seq[name]["command"] == par[name]["command"].replace("par", "seq")  # in one process too
     assert (tmp_path / "par" / "logs" / "sim-tiny" / "baseline" / "seed0.log").stat().st_size > 0
     assert (tmp_path / "par" / "leaderboard.md").exists()
+
+
+@pytest.mark.parametrize("fanout", [
+    ["bench", "--method", "baseline"],
+    ["matrix", "--detectors", "oracle", "--treatments", "ignore", "--backbones", "dual-branch"],
+])
+def test_a_run_made_in_the_fanout_commands_process_records_its_own_run_line(capsys, tmp_path, fanout):
+    """bench / matrix without --jobs train in their own process: each record keeps the `prvr-bench run`
+    line that makes that one run again (what `reproduce` re-runs), not the fan-out command."""
+    out = tmp_path / "o"
+    code = main([*fanout, "--dataset", "sim-tiny", "--seeds", "0", "--out", str(out), "--set", "train.epochs=1",
+                 "--threads", "1", "--quiet"])
+    assert code == 0, capsys.readouterr().err
+    records = [json.loads(p.read_text()) for p in (out / "runs" / "sim-tiny").glob("*/seed0.json")]
+    assert records
+    for r in records:
+        assert r["command"].startswith(f"prvr-bench run --method baseline --dataset sim-tiny --seed 0 --out {out} "
+                                       "--set "), r["command"]
+        assert "--set train.epochs=1" in r["command"]
+        assert r["command"].endswith(" --threads 1") and fanout[0] not in r["command"].split()[:2]
 
 
 def test_a_failed_run_is_named_with_its_log(capsys, tmp_path):

@@ -25,8 +25,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from prvr.harness.cli.args import (add_jobs_argument, command, command_line, common_arguments, data_root_overrides,
-                                   run_args, set_threads)
+from prvr.harness.cli.args import (add_jobs_argument, command, common_arguments, data_root_overrides,
+                                   run_args, run_line, set_threads)
 from prvr.harness.cli.fanout import launch_from_args, run_in_processes
 from prvr.harness.base import progress
 from prvr.harness.engine.config import resolve
@@ -196,17 +196,20 @@ def _train_here(args: argparse.Namespace, table: AblationTable, todo: list[Plann
     for i, p in enumerate(todo):
         progress.log(f"[{i + 1}/{len(todo)} of {planned} planned] {table.title} {p.row.label}: "
                      f"{run_name(p.cfg, p.tag)}, seed {p.cfg.seed}")
-        run_one(p.cfg, args.out, resume=args.resume, tag=p.tag, command=command_line(),
+        run_one(p.cfg, args.out, resume=args.resume, tag=p.tag, command=run_line(_run_args(args, p), args.threads),
                 force_resume=args.force_resume)
 
 
+def _run_args(args: argparse.Namespace, p: PlannedRun) -> list[str]:
+    """The `prvr-bench run` arguments that train `p` alone (--data-root and --backbone travel as the
+    --set items they resolve to)."""
+    return run_args(argparse.Namespace(**{**vars(args), "tag": p.tag, "data_root": None, "backbone": None}),
+                    p.method, args.dataset, p.cfg.seed, list(p.overrides))
+
+
 def _train_in_processes(args: argparse.Namespace, todo: list[PlannedRun], workers: int, launch) -> None:
-    """ablate --jobs N (or --executor ray): each run as the `prvr-bench run` that trains it alone
-    (--data-root and --backbone travel as the --set items they resolve to)."""
-    runs = [(p.cfg, run_name(p.cfg, p.tag),
-             run_args(argparse.Namespace(**{**vars(args), "tag": p.tag, "data_root": None, "backbone": None}),
-                       p.method, args.dataset, p.cfg.seed, list(p.overrides)))
-            for p in todo]
+    """ablate --jobs N (or --executor ray): each run as the `prvr-bench run` that trains it alone."""
+    runs = [(p.cfg, run_name(p.cfg, p.tag), _run_args(args, p)) for p in todo]
     run_in_processes(args.out, runs, workers, args.threads, "ablate", launch)
 
 

@@ -149,6 +149,14 @@ def set_threads(threads: int | None) -> None:
     threadpool_limits(limits=threads, user_api="blas")  # for the rest of the process
 
 
+def run_line(run_arguments: list[str] | tuple[str, ...], threads: int | None) -> str:
+    """The `prvr-bench run` line of one planned run, as its record keeps it: what a fan-out command
+    (bench, matrix, sweep, ablate) trains in its own process records this line, not its own, so that
+    the record's command makes that one run again (`prvr-bench reproduce`), as a run in a process of
+    its own (`--jobs N`) records it."""
+    return shlex.join(["prvr-bench", "run", *run_arguments, *(["--threads", str(threads)] if threads else [])])
+
+
 def run_args(args: argparse.Namespace, method: str, dataset: str, seed: int, overrides: list[str]) -> list[str]:
     """The `prvr-bench run` arguments of one planned run (threads are added per job)."""
     out = ["--method", method, "--dataset", dataset, "--seed", str(seed), "--out", str(args.out)]

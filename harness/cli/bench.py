@@ -13,7 +13,7 @@ from prvr.harness.base.io import UserError, ensure_dir
 from prvr.harness.base.names import check_tag
 from prvr.harness.base.registry import BACKBONES, DATASETS, DETECTORS, METHODS, OBJECTIVES, Registry
 from prvr.harness.cli.args import (DEFAULT_DATASET, add_jobs_argument, command, command_line, common_arguments,
-                                   data_root_overrides, run_args, set_threads)
+                                   data_root_overrides, run_args, run_line, set_threads)
 from prvr.harness.cli.fanout import launch_from_args, run_in_processes
 from prvr.harness.cli.plan import (PROFILE_FILE, BenchRun, PlanRow, check_kept, commands, estimate, plan_table, prepare_data,
                                    profile_costs, quick_summary)
@@ -115,7 +115,7 @@ def _bench_plan(args: argparse.Namespace) -> list:
 def _bench_here(args: argparse.Namespace, todo: list) -> None:
     for i, p in enumerate(todo):
         progress.log(f"[{i + 1}/{len(todo)}] {p.name} on {p.cfg.dataset}, seed {p.cfg.seed}")
-        run_one(p.cfg, args.out, resume=args.resume, tag=args.tag, command=command_line(),
+        run_one(p.cfg, args.out, resume=args.resume, tag=args.tag, command=run_line(p.args, args.threads),
                 force_resume=args.force_resume)
 
 

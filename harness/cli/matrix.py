@@ -53,7 +53,7 @@ from prvr.harness.base.io import UserError, ensure_dir
 from prvr.harness.base.names import check_name, check_tag, unknown_message
 from prvr.harness.base.registry import BACKBONES, DATASETS, DETECTORS, METHODS, home_method
 from prvr.harness.cli.args import add_jobs_argument, command, command_line, common_arguments, data_root_overrides, \
-    run_args, set_threads
+    run_args, run_line, set_threads
 from prvr.harness.cli.fanout import launch_from_args, run_in_processes
 from prvr.harness.cli.plan import PROFILE_FILE, BenchRun, Estimate, PlanRow, check_kept, duration, estimate, profile_costs, \
     total_line
@@ -575,6 +575,6 @@ def _train(args: argparse.Namespace, planned: list[PlannedCell]) -> None:
     else:
         for i, r in enumerate(todo):
             progress.log(f"[{i + 1}/{len(todo)}] {r.name} on {r.cfg.dataset}, seed {r.cfg.seed}")
-            run_one(r.cfg, args.out, resume=args.resume, tag=tags[r.name], command=command_line(),
+            run_one(r.cfg, args.out, resume=args.resume, tag=tags[r.name], command=run_line(r.args, args.threads),
                     force_resume=args.force_resume)
     progress.log(f"matrix: {len(todo)} runs made in {time.perf_counter() - start:.0f} s")

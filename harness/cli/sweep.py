@@ -33,7 +33,7 @@ from prvr.harness.base.io import UserError, ensure_dir
 from prvr.harness.base.names import check_name
 from prvr.harness.base.registry import DATASETS, DETECTORS, METHODS
 from prvr.harness.cli.args import add_jobs_argument, command, command_line, common_arguments, data_root_overrides, \
-    run_args, set_threads
+    run_args, run_line, set_threads
 from prvr.harness.cli.fanout import launch_from_args, run_in_processes
 from prvr.harness.cli.matrix import TREATMENTS, is_untagged, recipe
 from prvr.harness.cli.plan import PROFILE_FILE, BenchRun, PlanRow, check_kept, estimate, plan_table, profile_costs
@@ -149,7 +149,7 @@ def train_planned(args: argparse.Namespace, planned: list[SweepRun]) -> None:
     else:
         for i, p in enumerate(todo):
             progress.log(f"[{i + 1}/{len(todo)}] {p.run.name} on {p.run.cfg.dataset}, seed {p.run.cfg.seed}")
-            run_one(p.run.cfg, args.out, tag=p.tag, command=command_line())
+            run_one(p.run.cfg, args.out, tag=p.tag, command=run_line(p.run.args, args.threads))
     progress.log(f"sweep: {len(runs)} runs planned, {len(todo)} made, in {time.perf_counter() - start:.0f} s")
 
 
