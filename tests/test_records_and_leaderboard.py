@@ -276,3 +276,17 @@ def test_a_row_of_another_world_is_compared_with_its_backbone_on_that_world(tmp_
     assert set(found) == {"ral@msl~repeat_prob0"}  # repeat_prob1 has no msl run on its world
     assert found["ral@msl~repeat_prob0"]["against"] == "msl~repeat_prob0"
     assert found["ral@msl~repeat_prob0"]["paired_deltas"] == [10.0, 9.0]
+
+
+@pytest.mark.parametrize("cell, mark", [
+    ({"delta": 5.4, "low": -0.6, "high": 13.9, "p": 0.001, "test": "randomization", "p_holm": 0.045}, "°"),
+    ({"delta": 5.4, "low": 0.6, "high": 13.9, "p": 0.001, "test": "randomization", "p_holm": 0.045}, "*"),
+    ({"delta": -3.4, "low": -6.9, "high": -0.2, "p": 0.001, "test": "randomization", "p_holm": 0.045}, "*"),
+    ({"delta": 66.3, "low": None, "high": None, "p": 0.003, "test": "t-test", "p_holm": 0.041}, "*"),
+    ({"delta": 5.4, "low": 0.6, "high": 13.9, "p": 0.04, "test": "randomization", "p_holm": 0.08}, ""),
+])
+def test_the_star_claims_only_what_the_interval_also_says(cell, mark):
+    """A Holm p below 0.05 earns * only where the cell's interval (which resamples the seeds too)
+    excludes 0; where the interval holds 0 the cell says so with °, no claim."""
+    text = leaderboard.fmt_comparison(cell)
+    assert text.endswith(")" + mark) and text.count("*") + text.count("°") == len(mark), text

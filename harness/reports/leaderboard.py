@@ -442,7 +442,8 @@ def backbone_table(rows: list[dict[str, Any]]) -> list[str]:
 def fmt_comparison(c: dict[str, Any] | None, decimals: int = 1) -> str:
     """A Δ cell: the difference, its 95% bootstrap interval `[low, high]` where one was drawn, the p of its
     test (`p=` the randomization test's, `t-test p=` or `Welch p=` the fallback's) with Holm's adjusted p,
-    and * where the adjusted p is below 0.05; `(no test)` where none could run."""
+    and * where the adjusted p is below 0.05 and the interval, where there is one, excludes 0, ° where the
+    adjusted p is below 0.05 but the interval holds 0 (the seeds disagree); `(no test)` where none could run."""
     if c is None or c.get("delta") is None:
         return ""
     text = f"{c['delta']:+.{decimals}f}"
@@ -455,7 +456,16 @@ def fmt_comparison(c: dict[str, Any] | None, decimals: int = 1) -> str:
     holm = c.get("p_holm")
     if holm is None:
         return text + f" ({label}={stats.fmt_p(p)})"
-    return text + f" ({label}={stats.fmt_p(p)}, Holm {stats.fmt_p(holm)})" + ("*" if holm < 0.05 else "")
+    return text + f" ({label}={stats.fmt_p(p)}, Holm {stats.fmt_p(holm)})" + significance_mark(c, holm)
+
+
+def significance_mark(c: dict[str, Any], holm: float) -> str:
+    """* where Holm's p is below 0.05 and the interval (where the cell has one) excludes 0; ° where
+    Holm's p is below 0.05 but the interval holds 0; nothing otherwise."""
+    if holm >= 0.05:
+        return ""
+    low, high = c.get("low"), c.get("high")
+    return "°" if low is not None and high is not None and low <= 0 <= high else "*"
 
 
 def fmt_delta(row: dict[str, Any], decimals: int = 1) -> str:
@@ -559,8 +569,10 @@ STATISTICS_NOTE = (
     "the shared seeds), `Welch p` (Welch's test, fewer than two shared seeds), or `(no test)`; no interval. `Holm`: "
     "Holm's step-down adjusted p over the family of the table's comparisons (a dataset's Δ SumR against its "
     "baseline, headline and variant rows together; a dataset's backbone comparisons' Δ SumR, and their Δ oracle "
-    "SumR; a dataset's moment comparisons), of either test; * Holm p < 0.05. What a difference "
-    "means: docs/statistics.md.")
+    "SumR; a dataset's moment comparisons), of either test; * Holm p < 0.05 and, where the cell has an interval, "
+    "the interval excludes 0 (a claim that holds under both); ° Holm p < 0.05 while the interval holds 0: these "
+    "trained models differ beyond test-query noise, but the difference does not survive resampling the seeds, "
+    "so it is no claim. What a difference means: docs/statistics.md.")
 TABLE_HEADER = ["dataset", "run", "budget", "backbone", "relations", "seeds", "best / run epochs"] + [c.name for c in COLUMNS] + ["Δ SumR vs baseline"]
 COMMANDS = "Produced by"  # the last section: the commands that made the records
 
