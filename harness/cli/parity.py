@@ -255,10 +255,10 @@ def verdict(official: dict[str, Any], ours: dict[str, Any], tolerance: float = T
     judged: SumRVerdict = {"official_best": best_official, "ours_best": best_ours, "delta": round(gap, 4),
                            "tolerance": tolerance, "verdict": "within" if abs(gap) <= tolerance else "outside",
                            "official_test": test["SumR"] if test else None, "ours_test": ours.get("test")}
-    if any(VCMR in v for v in off):  # a log with moment figures (TVRetrieval's): both sides' VCMR bests
-        bests = best_vcmr(off, our)
-        judged["official_best_vcmr"] = bests[0][VCMR] if bests else max(v[VCMR] for v in off if VCMR in v)
-        judged["ours_best_vcmr"] = bests[1][VCMR] if bests else None
+    official_vcmr, ours_vcmr = ([v[VCMR] for v in side if VCMR in v] for side in (off, our))
+    if official_vcmr:  # a log with moment figures (TVRetrieval's): each side's best VCMR SumR, null where none
+        judged["official_best_vcmr"] = max(official_vcmr)
+        judged["ours_best_vcmr"] = max(ours_vcmr, default=None)
     return judged
 
 

@@ -98,10 +98,10 @@ def series(found: Sequence[ParitySidecar]) -> list[Series]:
                                     f"and its _sN seeds) but differ in {key} ({a} against {b}); rename one with "
                                     "`prvr-bench parity --name`, or delete its sidecar")
         seeds = [s["seed"] for s in members]
-        twice = sorted({x for x in seeds if seeds.count(x) > 1})
-        if twice:
-            names = ", ".join(s["name"] for s in members if s["seed"] == twice[0])
-            raise UserError(f"parity reports {names} of series {name} are all seed {twice[0]}: one report a seed; "
+        twice = next((a for a, b in zip(seeds, seeds[1:]) if a == b), None)  # sorted: a repeat is adjacent
+        if twice is not None:
+            names = ", ".join(s["name"] for s in members if s["seed"] == twice)
+            raise UserError(f"parity reports {names} of series {name} are all seed {twice}: one report a seed; "
                             "delete the extra sidecar or rename it with `prvr-bench parity --name`")
         tolerance = first["sumr"]["tolerance"]
         sumr = pooled([s["sumr"]["ours_best"] for s in members], [s["sumr"]["official_best"] for s in members],
@@ -136,7 +136,7 @@ def _verdict(p: Pooled | None, tolerance: float) -> str:
 
 
 def _seeds(seeds: Sequence[int]) -> str:
-    return " ".join(str(s) for s in sorted(seeds))
+    return " ".join(map(str, seeds))  # in order: `series` sorts each comparison's reports by seed
 
 
 def row(s: Series) -> list[str]:
