@@ -264,3 +264,26 @@ def test_a_run_on_a_larger_world_is_timed_by_its_untagged_runs_scaled_by_the_tra
     assert found.source == f"records of baseline x 4: {stored * 4} training videos, not {stored}"
     (plain / "seed0.json").write_text(json.dumps({"timings": {"train": 50.0, "eval_test": 10.0}}))
     assert estimate(cfg, tmp_path / "runs" / "sim-tiny" / "baseline~big" / "seed1.json", {}).seconds == 60.0
+
+
+def test_a_variant_world_without_its_own_profile_is_timed_by_its_bases(tmp_path):
+    """sim-tvr-v2 is a variant of sim-tvr, where the profile trains: a run there without records is
+    timed by the sim-tvr epoch, scaled by the training videos where the run's world is larger."""
+    from prvr.harness.cli.plan import estimate, profile_costs
+    from prvr.harness.engine.config import resolve
+
+    (tmp_path / "profile.csv").write_text(PROFILE)
+    costs = profile_costs(tmp_path / "profile.csv")
+    cfg = resolve("arl", "sim-tvr-v2", 0, [])
+    assert cfg.sim.train_videos == 600  # sim-tvr's, which sim-tvr-v2 keeps
+    found = estimate(cfg, tmp_path / "runs" / "sim-tvr-v2" / "arl" / "seed0.json", costs)
+    assert found.seconds == pytest.approx(20.0 * cfg.train.epochs)
+    assert found.source == (f"profile on sim-tvr, of which sim-tvr-v2 is a variant: at most {cfg.train.epochs} "
+                            "epochs x 20 s, training only")
+    big = resolve("arl", "sim-tvr-v2", 0, ["sim.train_videos=3000"])
+    found = estimate(big, tmp_path / "runs" / "sim-tvr-v2" / "arl~big" / "seed0.json", costs)
+    assert found.seconds == pytest.approx(100.0 * big.train.epochs)
+    assert "profile on sim-tvr x 5 (sim-tvr-v2: 3000 training videos, not 600)" in found.source
+    # msl is profiled on sim-charades only, of which sim-tvr-v2 is no variant: unknown
+    assert estimate(resolve("msl", "sim-tvr-v2", 0, []), tmp_path / "runs" / "sim-tvr-v2" / "msl" / "seed0.json",
+                    costs).seconds is None

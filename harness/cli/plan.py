@@ -26,6 +26,7 @@ from prvr.harness.base.io import UserError, read_json
 from prvr.harness.cli.jobs import expected_seconds
 from prvr.harness.engine.records import run_tag
 from prvr.harness.engine.runner import stored_settings_diff
+from prvr.harness.engine.sections import SimConfig, dataset_preset
 from prvr.harness.base.registry import DATASETS, DETECTORS, METHODS
 
 PROFILE_FILE = "profile.csv"
@@ -119,11 +120,31 @@ def estimate(cfg, record: Path, costs: dict[tuple[str, str], dict[str, float]]) 
                 return Estimate(seconds * planned / stored,
                                 f"records of {untagged} x {planned / stored:.3g}: {planned} training videos, not {stored}")
             return Estimate(seconds, f"records of {untagged}")
-    epoch = costs.get((profiled_name(cfg), cfg.dataset), {}).get("epoch_seconds")
+    epoch, where = profiled_epoch(cfg, costs)
     if epoch is None:
         return Estimate(None)
     return Estimate(epoch * cfg.train.epochs,
-                    f"profile: at most {cfg.train.epochs} epochs x {epoch:.0f} s, training only")
+                    f"profile{where}: at most {cfg.train.epochs} epochs x {epoch:.0f} s, training only")
+
+
+def profiled_epoch(cfg, costs: dict[tuple[str, str], dict[str, float]]) -> tuple[float | None, str]:
+    """The profile's seconds for one training epoch of the run's model on its dataset, else on the
+    world it is a variant of (sim-tvr-v2 of sim-tvr: the profile trains on sim-tvr) scaled by the
+    training videos, with what was done said; (None, "") where the profile has neither."""
+    name = profiled_name(cfg)
+    epoch = costs.get((name, cfg.dataset), {}).get("epoch_seconds")
+    if epoch is not None or not DATASETS.get(cfg.dataset).simulated:
+        return epoch, ""
+    base = dataset_preset(cfg.dataset).get("variant_of")
+    epoch = costs.get((name, base), {}).get("epoch_seconds") if isinstance(base, str) else None
+    if epoch is None or not isinstance(base, str):
+        return None, ""
+    profiled = (dataset_preset(base).get("sim") or {}).get("train_videos", SimConfig().train_videos)
+    planned = cfg.sim.train_videos
+    if planned == profiled:
+        return epoch, f" on {base}, of which {cfg.dataset} is a variant"
+    return (epoch * planned / profiled,
+            f" on {base} x {planned / profiled:.3g} ({cfg.dataset}: {planned} training videos, not {profiled})")
 
 
 def _train_videos(cfg) -> int | None:
