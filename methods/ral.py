@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from prvr.harness.base.checks import FLAG, NON_NEGATIVE, POSITIVE, Range, at_least, one_of, param
 from prvr.harness.base.contract import LossOutput, Objective, Relations, Scores, StepContext
 from prvr.harness.base.registry import METHODS
-from prvr.methods.backbones.ral import (GAUSSIANS, Aggregation, Gaussians, Heads, MsraGrad, PaddedFrames, PoolPadding,
-                                        RalModel, TextSource)
+from prvr.methods.backbones.blocks import PaddedFrames
+from prvr.methods.backbones.ral import (GAUSSIANS, Aggregation, Gaussians, Heads, MsraGrad, PoolPadding, RalModel,
+                                        TextSource)
 from prvr.methods.objectives.ral import KlReading, PmReading, distribution_alignment, proxy_matching, sample_proxies
 from prvr.methods.recipes import PRESETS, AblationRow, AblationTable, MethodSpec, register_table
 

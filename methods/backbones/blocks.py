@@ -14,16 +14,20 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
-from typing import Callable, Protocol
+from typing import Callable, Literal, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from prvr.harness.base import masks
+from prvr.harness.base.batches import VideoBatch
 from prvr.harness.base.checks import require
 from prvr.harness.base.contract import Encoded, OnDemand, Scores
 
+# frames the reference pads to max_ctx_l: exclude (ours: padding takes no part) or zero (the reference's
+# zero vectors, which take part: RAL's CSA max, the GMMFormer v2 family's frame encoder and frame max)
+PaddedFrames = Literal["exclude", "zero"]
 PLAIN = 0.0  # a branch width of 0 means plain attention (the reference's `wid=None`)
 
 
@@ -207,11 +211,13 @@ class GaussianBranches(nn.Module):
             self.ffn_out = BranchLinear(n, ffn_mult * hidden, hidden)
             self.norm2 = BranchLayerNorm(n, hidden)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return self.post(pack(self.attend(x, mask), mask, dim=1), pack(x, mask)[None])
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, keys: torch.Tensor | None = None) -> torch.Tensor:
+        """The rows of `mask` [B, L], each attending to the rows of `keys` (default: `mask`) -> [branches, N, D]."""
+        return self.post(pack(self.attend(x, mask, keys), mask, dim=1), pack(x, mask)[None])
 
-    def attend(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Multi-head attention of every branch: [B, L, D] -> context [branches, B, L, D]."""
+    def attend(self, x: torch.Tensor, mask: torch.Tensor, keys: torch.Tensor | None = None) -> torch.Tensor:
+        """Multi-head attention of every branch: [B, L, D] -> context [branches, B, L, D]; the rows of
+        `mask` attend to those of `keys` (default: `mask`)."""
         b, length, d = x.shape
         n, h = len(self.widths), self.heads
         qkv = rowwise(self.qkv, x, mask).view(b, length, n, 3, h, d // h)
@@ -222,7 +228,7 @@ class GaussianBranches(nn.Module):
         else:
             window = _windows_on(self.widths, length, self.window_len, x.device, x.dtype)
         window = window[:, None, None]
-        probs = gaussian_attention(logits, window, mask[None, :, None, None, :])
+        probs = gaussian_attention(logits, window, (mask if keys is None else keys)[None, :, None, None, :])
         return (self.attn_drop(probs) @ v).permute(0, 1, 3, 2, 4).reshape(n, b, length, d)
 
     def post(self, ctx: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -278,6 +284,33 @@ class CrossAttentionLayer(nn.Module):
         return self.norm2(x + self.drop(self.ffn_out(self.drop(F.relu(self.ffn_in(x))))))
 
 
+def pad_rows(x: torch.Tensor, mask: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [B, L, ...] and its mask [B, L] padded with zero rows (False in the mask) to [B, total, ...]:
+    the reference's frame tensors, padded to max_ctx_l (128) whatever the batch's longest video."""
+    extra = total - x.shape[1]
+    if extra < 0:
+        raise ValueError(f"sequence of {x.shape[1]} rows cannot be padded to {total}")
+    rows = F.pad(x, (0, 0) * (x.dim() - 2) + (0, extra))
+    return rows, F.pad(mask, (0, extra), value=False)
+
+
+def floor_padded(score: torch.Tensor, mask: torch.Tensor, total: int) -> torch.Tensor:
+    """A best-over-frames score [Q, V] as the reference's zero-padded frames make it: a video with fewer
+    than `total` real frames (mask [V, L]) has zero vectors among its frames, which score 0 in the max."""
+    return torch.where((mask.sum(1) < total)[None, :], score.clamp(min=0), score)
+
+
+def encode_frames(embed: nn.Module, block: DynamicGMMBlock, vb: VideoBatch, padded: PaddedFrames, total: int,
+                  token: torch.Tensor | None = None) -> torch.Tensor:
+    """The frame encoder of the GMMFormer v2 family -> [B, L, D]: on the real rows (padded "exclude"), or
+    as the reference runs it ("zero"): the frames padded to `total` (max_ctx_l) with zero features, every
+    row embedded and encoded (`DynamicGMMBlock.forward_padded`), the padding rows dropped after."""
+    if padded == "exclude":
+        return block(embed(vb.frames, vb.frame_mask), vb.frame_mask, token)
+    frames, keys = pad_rows(vb.frames, vb.frame_mask, total)
+    return block.forward_padded(embed(frames, full_mask(frames)), keys, token)[:, : vb.frames.shape[1]]
+
+
 def mean_token(out: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Each sequence's fusion token, the mean of its branches' outputs [branches, N, D] over its real rows
     (Holmes and HLFormer, where GMMFormer v2 learns one token for all) -> [B, D]."""
@@ -305,8 +338,24 @@ class DynamicGMMBlock(nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, token: torch.Tensor | None) -> torch.Tensor:
         """token: v2's learned token, shared by every sequence; None: each sequence's `mean_token`."""
         mask = full_mask(x) if mask is None else mask
-        out = self.branches(x, mask)  # [branches, N, D]
-        return self.fuse(out, mask, token)
+        return self.fuse(self.outputs(x, mask), mask, token)
+
+    def outputs(self, x: torch.Tensor, mask: torch.Tensor, keys: torch.Tensor | None = None) -> torch.Tensor:
+        """Every branch's output [branches, N, D] for the rows of `mask`, attending to those of `keys`
+        (default: `mask`)."""
+        return self.branches(x, mask, keys)
+
+    def forward_padded(self, x: torch.Tensor, keys: torch.Tensor, token: torch.Tensor | None) -> torch.Tensor:
+        """The block as the reference runs it on frames padded to max_ctx_l: x [B, P, D] holds every row the
+        reference encodes (the real rows, then padding rows made from zero features at their positions),
+        `keys` [B, P] the real ones. Every row attends to the real rows, and the mean token (token None) is
+        the mean over all P rows, padding included (`torch.mean(oo, dim=1)` in Holmes' and HLFormer's code);
+        the branch weights are read over the real rows. -> [B, P, D], the padding rows zero."""
+        out = self.outputs(x, full_mask(x), keys).unflatten(1, keys.shape)  # [branches, B, P, D]
+        token = out.mean((0, 2)) if token is None else token.reshape(-1)
+        real = pack(out, keys, dim=1)  # [branches, N, D]
+        weights = self.branch_weights(real, keys, token)
+        return unpack((real * weights[..., None]).sum(0), keys)
 
     def fuse(self, out: torch.Tensor, mask: torch.Tensor, token: torch.Tensor | None) -> torch.Tensor:
         """The branches' outputs [branches, N, D] weighted per position -> [B, L, D]."""
@@ -379,6 +428,16 @@ def max_similarity(query: torch.Tensor, items: torch.Tensor, mask: torch.Tensor 
     if mask is not None:
         sims = sims.masked_fill(~mask[None], float("-inf"))
     return sims.max(-1).values
+
+
+def frame_scores(query: torch.Tensor, v: Encoded, padded: PaddedFrames, total: int, cosine: bool = True) -> torch.Tensor:
+    """The frame branch of the GMMFormer v2 family: the best cosine over each video's frames (the raw dot
+    product where cosine=False); padded "zero": as the reference's zero-padded frames make it
+    (`floor_padded`: a video of fewer than `total` frames scores at least 0)."""
+    mask = v["frame_mask"]
+    score = (max_similarity(query, unit(v, "frames"), mask, items_unit=True) if cosine
+             else max_similarity(query, v["frames"], mask, cosine=False))
+    return floor_padded(score, mask, total) if padded == "zero" else score
 
 
 def best_clip_scores(query: torch.Tensor, v: dict[str, torch.Tensor]) -> Scores:

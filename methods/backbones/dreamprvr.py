@@ -84,6 +84,9 @@ class DreamPRVRConfig(GMMFormer2Config):
                               f"'{key}.schedule' linear: its last beta, 20 / steps, is {last:g}, not below 1")
         require(self.hidden % 2 == 0, f"config key '{key}.hidden' ({self.hidden}) must be even: the denoiser's "
                                       "step embedding pairs a sine and a cosine per frequency")
+        require(self.padded_frames == "exclude",
+                f"config key '{key}.padded_frames' ({self.padded_frames}): the reference's zero-padded frames are "
+                "built for GMMFormer v2, Holmes and HLFormer, not for DreamPRVR's register blocks; leave it 'exclude'")
 
 
 # ----------------------------------------------------------------------------- the diffusion

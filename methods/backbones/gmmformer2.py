@@ -7,7 +7,9 @@ cross-attention. Clip score: best cosine over the 32 clips; frame score: best co
 the frames. Test score 0.7 clip + 0.3 frame.
 
 Padding. The reference pads frames to 128 and zeroes padded frame features, which then
-still take part in the max (a zero vector scores 0); here padded frames are excluded.
+still take part in the max (a zero vector scores 0); here padded frames are excluded, unless
+`model.padded_frames=zero`, which runs the frame encoder and the frame max as the reference does
+(`blocks.encode_frames`, `blocks.frame_scores`).
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ import torch
 from torch import nn
 
 from prvr.harness.base.batches import QueryBatch, VideoBatch
-from prvr.harness.base.checks import DROPOUT, NON_NEGATIVE, POSITIVE, PROBABILITY, ListOf, at_least, param
+from prvr.harness.base.checks import DROPOUT, NON_NEGATIVE, POSITIVE, PROBABILITY, ListOf, at_least, one_of, param
 from prvr.harness.base.contract import Encoded, OnDemand, Scores
 from prvr.harness.base.registry import BACKBONES
-from prvr.methods.backbones.blocks import (DynamicGMMBlock, InputEmbedding, QueryEncoder, best_clip_scores, check_heads,
-                                           init_weights, max_similarity, score_in_chunks, unit, with_units)
+from prvr.methods.backbones.blocks import (DynamicGMMBlock, InputEmbedding, PaddedFrames, QueryEncoder, best_clip_scores,
+                                           check_heads, encode_frames, frame_scores, init_weights, score_in_chunks,
+                                           with_units)
 
 
 @dataclass
@@ -45,6 +48,9 @@ class GMMFormer2Config:
     clip_weight: float = param(0.7, PROBABILITY)
     # initializer_range (the weight token keeps its N(0, 1) init, as in the reference)
     init_std: float = param(0.02, POSITIVE)
+    # exclude: padded frames take no part (ours); zero: the reference's frames padded to max_frames with
+    # zero features, whose encoded rows count in a mean fusion token (Holmes) and score 0 in the frame max
+    padded_frames: PaddedFrames = param("exclude", one_of(PaddedFrames))
     # ours: max elements of a [queries, videos, frames] tensor when scoring, no gradients
     eval_budget: int = param(1 << 24, at_least(1))
 
@@ -76,7 +82,8 @@ class GMMFormer2(nn.Module):
 
     def encode_videos(self, vb: VideoBatch) -> Encoded:
         clips = self.clip_block(self.clip_embed(vb.clips), None, self.weight_token)
-        frames = self.frame_block(self.frame_embed(vb.frames, vb.frame_mask), vb.frame_mask, self.weight_token)
+        frames = encode_frames(self.frame_embed, self.frame_block, vb, self.cfg.padded_frames, self.cfg.max_frames,
+                               self.weight_token)
         return {"clips": clips, "frames": frames, "frame_mask": vb.frame_mask}
 
     def index_videos(self, v: Encoded) -> Encoded:
@@ -88,13 +95,13 @@ class GMMFormer2(nn.Module):
         return score_in_chunks(lambda chunk: self._score(chunk, v), q, per_query, self.cfg.eval_budget)
 
     def _score(self, q: dict[str, torch.Tensor], v: dict[str, torch.Tensor]) -> Scores:
-        query, frames, mask = q["query"], v["frames"], v["frame_mask"]
+        query, padded, total = q["query"], self.cfg.padded_frames, self.cfg.max_frames
         clips = best_clip_scores(query, v)
         clip = clips.fused
-        frame = max_similarity(query, unit(v, "frames"), mask, items_unit=True)
+        frame = frame_scores(query, v, padded, total)
         w = self.cfg.clip_weight
         raw = OnDemand({"clip": lambda: clips.raw["clip"],  # the losses' NCE reads them
-                        "frame": lambda: max_similarity(query, frames, mask, cosine=False)})
+                        "frame": lambda: frame_scores(query, v, padded, total, cosine=False)})
         return Scores(w * clip + (1 - w) * frame, {"clip": clip, "frame": frame}, raw)
 
     def clip_scores(self, q: dict[str, torch.Tensor], v: dict[str, torch.Tensor]) -> Scores:

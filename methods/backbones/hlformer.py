@@ -40,14 +40,14 @@ from torch import nn
 
 from prvr.harness.base.batches import QueryBatch, VideoBatch
 from prvr.harness.base.checks import DROPOUT, FLAG, NON_NEGATIVE, POSITIVE, PROBABILITY, ListOf, Range, at_least, \
-    param, require
+    one_of, param, require
 from prvr.harness.base.contract import Encoded, OnDemand, Scores
 from prvr.harness.base.registry import BACKBONES
 from prvr.methods.backbones import hyperbolic as H
-from prvr.methods.backbones.blocks import (AttentionPool, BranchLayerNorm, BranchLinear,
-                                           DynamicGMMBlock, GaussianBranches, InputEmbedding, QueryEncoder,
-                                           best_clip_scores, check_heads, full_mask, gaussian_attention,
-                                           init_weights, max_similarity, pack, score_in_chunks, unit, unpack, windows,
+from prvr.methods.backbones.blocks import (AttentionPool, BranchLayerNorm, BranchLinear, DynamicGMMBlock,
+                                           GaussianBranches, InputEmbedding, PaddedFrames, QueryEncoder,
+                                           best_clip_scores, check_heads, encode_frames, frame_scores, full_mask,
+                                           gaussian_attention, init_weights, pack, score_in_chunks, unpack, windows,
                                            with_units)
 
 ATTENTION_CURVATURE = 1.0  # the Lorentz attention's manifold: the reference's geoopt Lorentz(k=1), not learned
@@ -76,6 +76,9 @@ class HLFormerConfig:
     # the learned c stays in [curvature / r, curvature * r] (the reference: r = 10)
     curvature_range: float = param(10.0, Range(1))
     init_std: float = param(0.02, POSITIVE)  # initializer_range
+    # exclude: padded frames take no part (ours); zero: the reference's frames padded to max_frames with
+    # zero features, whose encoded rows count in the fusion token's mean and score 0 in the frame max
+    padded_frames: PaddedFrames = param("exclude", one_of(PaddedFrames))
     eval_budget: int = param(1 << 24, at_least(1))  # ours: max [queries, videos, frames] elements when scoring
 
     def check(self, key: str) -> None:
@@ -114,12 +117,13 @@ class LorentzBranches(GaussianBranches):
         self.logit_bias = nn.Parameter(torch.zeros(n))  # attention `bias`
         self.in_drop, self.point_drop, self.out_drop = nn.Dropout(dropout), nn.Dropout(dropout), nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, keys: torch.Tensor | None = None) -> torch.Tensor:
         rows = pack(x, mask)
-        return self.post(self.lorentz_context(rows, mask), rows[None])
+        return self.post(self.lorentz_context(rows, mask, keys), rows[None])
 
-    def lorentz_context(self, rows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Real rows [N, hidden] -> each branch's attention output [branches, N, hidden]."""
+    def lorentz_context(self, rows: torch.Tensor, mask: torch.Tensor, keys: torch.Tensor | None = None) -> torch.Tensor:
+        """The rows of `mask` [N, hidden] -> each branch's attention output [branches, N, hidden], each
+        row attending to those of `keys` (default: `mask`)."""
         n, heads, c = len(self.widths), self.heads, ATTENTION_CURVATURE
         scale = project_(self.log_scale, high=0.0).exp()[:, None, None]
         tangent = F.relu(self.in_proj(self.in_drop(self.in_norm(rows.expand(n, -1, -1))))) * scale
@@ -131,7 +135,8 @@ class LorentzBranches(GaussianBranches):
         q, k, v = (H.onto_hyperboloid(raw[i], time_scale[i], c) for i in range(3))
         logits = (-H.squared_distance(q, k, c) / self.logit_scale.view(n, 1, 1, 1, 1)
                   + self.logit_bias.view(n, 1, 1, 1, 1))
-        probs = gaussian_attention(logits, self.windows(length, rows)[:, None, None], mask[None, :, None, None, :])
+        key_mask = mask if keys is None else keys
+        probs = gaussian_attention(logits, self.windows(length, rows)[:, None, None], key_mask[None, :, None, None, :])
         ctx = H.centroid(v, probs, c).permute(0, 1, 3, 2, 4).reshape(n, b, length, self.point)
         tangent = H.concatenated_logmap0(pack(ctx, mask, dim=1)) / scale  # [n, N, point - 1]
         return F.relu(self.out_proj(self.out_drop(self.out_norm(tangent))))
@@ -153,9 +158,12 @@ class HLFormerBlock(DynamicGMMBlock):
                                        cfg.ffn_mult, window_len, cfg.init_std)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None, token: torch.Tensor | None = None) -> torch.Tensor:
-        mask = full_mask(x) if mask is None else mask
-        out = torch.cat([self.branches(x, mask), self.lorentz(x, mask)])  # [branches, N, D]
-        return self.fuse(out, mask, token)  # token None: the mean over branches and real rows, per sequence
+        """token None: the mean over branches and real rows, per sequence."""
+        return super().forward(x, mask, token)
+
+    def outputs(self, x: torch.Tensor, mask: torch.Tensor, keys: torch.Tensor | None = None) -> torch.Tensor:
+        """The Euclidean branches' outputs, then the Lorentz ones: [branches, N, D]."""
+        return torch.cat([self.branches(x, mask, keys), self.lorentz(x, mask, keys)])
 
 
 @BACKBONES.register("hlformer", "HLFormer: Euclidean and Lorentz Gaussian attention branches, mean-guided fusion")
@@ -193,7 +201,7 @@ class HLFormer(nn.Module):
 
     def encode_videos(self, vb: VideoBatch) -> Encoded:
         clips = self.clip_block(self.clip_embed(vb.clips), None)
-        frames = self.frame_block(self.frame_embed(vb.frames, vb.frame_mask), vb.frame_mask)
+        frames = encode_frames(self.frame_embed, self.frame_block, vb, self.cfg.padded_frames, self.cfg.max_frames)
         video = (self.frame_pool(frames, vb.frame_mask) + self.clip_pool(clips, full_mask(clips))) / 2
         c, scale = self.curvature(), project_(self.log_video_scale, high=0.0).exp()
         return {"clips": clips, "frames": frames, "frame_mask": vb.frame_mask,
@@ -208,12 +216,13 @@ class HLFormer(nn.Module):
         return score_in_chunks(lambda chunk: self._score(chunk, v), q, per_query, self.cfg.eval_budget)
 
     def _score(self, q: Encoded, v: Encoded) -> Scores:
-        query, frames, mask = q["query"], v["frames"], v["frame_mask"]
+        query = q["query"]
         clips = best_clip_scores(query, v)
-        frame = max_similarity(query, unit(v, "frames"), mask, items_unit=True)
+        frame = frame_scores(query, v, self.cfg.padded_frames, self.cfg.max_frames)
         w = self.cfg.clip_weight
         raw = OnDemand({"clip": lambda: clips.raw["clip"],  # the losses' NCE reads them
-                        "frame": lambda: max_similarity(query, frames, mask, cosine=False)})
+                        "frame": lambda: frame_scores(query, v, self.cfg.padded_frames, self.cfg.max_frames,
+                                                      cosine=False)})
         return Scores(w * clips.fused + (1 - w) * frame, {"clip": clips.fused, "frame": frame}, raw)
 
     def clip_scores(self, q: Encoded, v: Encoded) -> Scores:

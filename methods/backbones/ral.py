@@ -23,11 +23,10 @@ from prvr.harness.base import masks
 from prvr.harness.base.batches import QueryBatch, VideoBatch
 from prvr.harness.base.contract import Backbone, Encoded, OnDemand, Scores, StepExtras
 from prvr.harness.base.io import UserError
-from prvr.methods.backbones.blocks import PLAIN, UNIT, GMMBlock, init_weights, rowwise, unit
+from prvr.methods.backbones.blocks import PLAIN, UNIT, GMMBlock, PaddedFrames, init_weights, rowwise, unit
 
 Aggregation = Literal["both", "local", "global"]  # Table 4: g = LN(x^g + x^l), local only, global only
 AGGREGATIONS: tuple[Aggregation, ...] = get_args(Aggregation)
-PaddedFrames = Literal["exclude", "zero"]  # ral.padded_frames: CSA's max over real frames, or with a zero frame
 Heads = Literal["paper", "code"]  # ral.heads: Eq. 3-7 as printed, or the reference's PIENet-style pair
 HEADS: tuple[Heads, ...] = get_args(Heads)
 PoolPadding = Literal["masked", "code"]  # ral.pool_padding: attention over real rows, or the reference's padded rows
