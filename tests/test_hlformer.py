@@ -262,6 +262,9 @@ def test_presets_follow_the_reference_configs():
     assert (tvr.loss.diversity_weight, act.loss.diversity_weight) == (8e-5, 0.003)
     assert tvr.loss.pop_weight == act.loss.pop_weight == cha.loss.pop_weight == 1e-3
     assert tvr.model.clip_weight == cha.model.clip_weight == 0.7
+    # frames padded to 128 as every reference config runs them (parity: docs/parity.md)
+    assert tvr.model.padded_frames == act.model.padded_frames == cha.model.padded_frames == "zero"
+    assert resolve("hlformer", "sim-tvr-v2", 0).model.padded_frames == "zero"
 
 
 def test_arls_method_is_refused_on_hlformer_and_the_hlformer_loss_off_it():

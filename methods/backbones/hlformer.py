@@ -22,10 +22,11 @@ clips, each times a learned scale <= 1. These embeddings take no part in the sco
 
 The learned curvature and scales are kept in their ranges as the reference keeps them: clamped
 in place before each use (a projection, not a clamp in the graph, so a parameter at its bound
-still moves back). Padding: every map runs on real rows, attention and pooling exclude padded
-frames, and the fusion token is the mean of the real rows (the reference pads frames to 128 and
-pools and averages over the padding too). docs/methods/hlformer.md has the equations and the
-reference's quirks.
+still moves back). Padding: with `padded_frames=exclude` every map runs on real rows, attention and
+pooling exclude padded frames, and the fusion token is the mean of the real rows; the preset's
+`zero` (the reference's: frames padded to 128, the padding rows encoded and averaged into the
+token, a shorter video's frame max at least 0; `blocks.encode_frames`) is what matched the
+official code. docs/methods/hlformer.md has the equations and the reference's quirks.
 """
 
 from __future__ import annotations
