@@ -136,8 +136,7 @@ def profiled_epoch(cfg, costs: dict[tuple[str, str], dict[str, float]]) -> tuple
     if epoch is not None or not DATASETS.get(cfg.dataset).simulated:
         return epoch, ""
     base = dataset_preset(cfg.dataset).get("variant_of")
-    epoch = costs.get((name, base), {}).get("epoch_seconds") if isinstance(base, str) else None
-    if epoch is None or not isinstance(base, str):
+    if not isinstance(base, str) or (epoch := costs.get((name, base), {}).get("epoch_seconds")) is None:
         return None, ""
     profiled = (dataset_preset(base).get("sim") or {}).get("train_videos", SimConfig().train_videos)
     planned = cfg.sim.train_videos

@@ -440,6 +440,17 @@ def frame_scores(query: torch.Tensor, v: Encoded, padded: PaddedFrames, total: i
     return floor_padded(score, mask, total) if padded == "zero" else score
 
 
+def clip_frame_scores(query: torch.Tensor, v: Encoded, clip_weight: float, padded: PaddedFrames, total: int) -> Scores:
+    """The GMMFormer v2 family's scores (v2, Holmes, HLFormer, DreamPRVR): the best clip cosine and
+    `frame_scores`, fused clip_weight : 1 - clip_weight; the raw best dot products, which the losses'
+    NCE reads, computed when read."""
+    clips = best_clip_scores(query, v)
+    frame = frame_scores(query, v, padded, total)
+    raw = OnDemand({"clip": lambda: clips.raw["clip"],
+                    "frame": lambda: frame_scores(query, v, padded, total, cosine=False)})
+    return Scores(clip_weight * clips.fused + (1 - clip_weight) * frame, {"clip": clips.fused, "frame": frame}, raw)
+
+
 def best_clip_scores(query: torch.Tensor, v: dict[str, torch.Tensor]) -> Scores:
     """A clip branch that is the best clip's cosine ([Q, D] x v["clips"] [V, C, D] -> [Q, V];
     fused = clip; the raw best dot product computed when read): GMMFormer's and GMMFormer

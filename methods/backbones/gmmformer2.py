@@ -22,10 +22,10 @@ from torch import nn
 
 from prvr.harness.base.batches import QueryBatch, VideoBatch
 from prvr.harness.base.checks import DROPOUT, NON_NEGATIVE, POSITIVE, PROBABILITY, ListOf, at_least, one_of, param
-from prvr.harness.base.contract import Encoded, OnDemand, Scores
+from prvr.harness.base.contract import Encoded, Scores
 from prvr.harness.base.registry import BACKBONES
 from prvr.methods.backbones.blocks import (DynamicGMMBlock, InputEmbedding, PaddedFrames, QueryEncoder, best_clip_scores,
-                                           check_heads, encode_frames, frame_scores, init_weights, score_in_chunks,
+                                           check_heads, clip_frame_scores, encode_frames, init_weights, score_in_chunks,
                                            with_units)
 
 
@@ -95,14 +95,7 @@ class GMMFormer2(nn.Module):
         return score_in_chunks(lambda chunk: self._score(chunk, v), q, per_query, self.cfg.eval_budget)
 
     def _score(self, q: dict[str, torch.Tensor], v: dict[str, torch.Tensor]) -> Scores:
-        query, padded, total = q["query"], self.cfg.padded_frames, self.cfg.max_frames
-        clips = best_clip_scores(query, v)
-        clip = clips.fused
-        frame = frame_scores(query, v, padded, total)
-        w = self.cfg.clip_weight
-        raw = OnDemand({"clip": lambda: clips.raw["clip"],  # the losses' NCE reads them
-                        "frame": lambda: frame_scores(query, v, padded, total, cosine=False)})
-        return Scores(w * clip + (1 - w) * frame, {"clip": clip, "frame": frame}, raw)
+        return clip_frame_scores(q["query"], v, self.cfg.clip_weight, self.cfg.padded_frames, self.cfg.max_frames)
 
     def clip_scores(self, q: dict[str, torch.Tensor], v: dict[str, torch.Tensor]) -> Scores:
         """The clip branch alone (fused = clip), for a wrapper with its own frame branch."""

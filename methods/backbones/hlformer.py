@@ -42,12 +42,12 @@ from torch import nn
 from prvr.harness.base.batches import QueryBatch, VideoBatch
 from prvr.harness.base.checks import DROPOUT, FLAG, NON_NEGATIVE, POSITIVE, PROBABILITY, ListOf, Range, at_least, \
     one_of, param, require
-from prvr.harness.base.contract import Encoded, OnDemand, Scores
+from prvr.harness.base.contract import Encoded, Scores
 from prvr.harness.base.registry import BACKBONES
 from prvr.methods.backbones import hyperbolic as H
 from prvr.methods.backbones.blocks import (AttentionPool, BranchLayerNorm, BranchLinear, DynamicGMMBlock,
                                            GaussianBranches, InputEmbedding, PaddedFrames, QueryEncoder,
-                                           best_clip_scores, check_heads, encode_frames, frame_scores, full_mask,
+                                           best_clip_scores, check_heads, clip_frame_scores, encode_frames, full_mask,
                                            gaussian_attention, init_weights, pack, score_in_chunks, unpack, windows,
                                            with_units)
 
@@ -158,10 +158,6 @@ class HLFormerBlock(DynamicGMMBlock):
         self.lorentz = LorentzBranches(cfg.hidden, cfg.heads, cfg.lorentz_widths, cfg.lorentz_dim, cfg.dropout,
                                        cfg.ffn_mult, window_len, cfg.init_std)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, token: torch.Tensor | None = None) -> torch.Tensor:
-        """token None: the mean over branches and real rows, per sequence."""
-        return super().forward(x, mask, token)
-
     def outputs(self, x: torch.Tensor, mask: torch.Tensor, keys: torch.Tensor | None = None) -> torch.Tensor:
         """The Euclidean branches' outputs, then the Lorentz ones: [branches, N, D]."""
         return torch.cat([self.branches(x, mask, keys), self.lorentz(x, mask, keys)])
@@ -201,7 +197,7 @@ class HLFormer(nn.Module):
         return {"query": query, "lorentz.query": H.expmap0(query * scale, self.curvature())}
 
     def encode_videos(self, vb: VideoBatch) -> Encoded:
-        clips = self.clip_block(self.clip_embed(vb.clips), None)
+        clips = self.clip_block(self.clip_embed(vb.clips), None, None)  # token None: each sequence's mean
         frames = encode_frames(self.frame_embed, self.frame_block, vb, self.cfg.padded_frames, self.cfg.max_frames)
         video = (self.frame_pool(frames, vb.frame_mask) + self.clip_pool(clips, full_mask(clips))) / 2
         c, scale = self.curvature(), project_(self.log_video_scale, high=0.0).exp()
@@ -217,14 +213,7 @@ class HLFormer(nn.Module):
         return score_in_chunks(lambda chunk: self._score(chunk, v), q, per_query, self.cfg.eval_budget)
 
     def _score(self, q: Encoded, v: Encoded) -> Scores:
-        query = q["query"]
-        clips = best_clip_scores(query, v)
-        frame = frame_scores(query, v, self.cfg.padded_frames, self.cfg.max_frames)
-        w = self.cfg.clip_weight
-        raw = OnDemand({"clip": lambda: clips.raw["clip"],  # the losses' NCE reads them
-                        "frame": lambda: frame_scores(query, v, self.cfg.padded_frames, self.cfg.max_frames,
-                                                      cosine=False)})
-        return Scores(w * clips.fused + (1 - w) * frame, {"clip": clips.fused, "frame": frame}, raw)
+        return clip_frame_scores(q["query"], v, self.cfg.clip_weight, self.cfg.padded_frames, self.cfg.max_frames)
 
     def clip_scores(self, q: Encoded, v: Encoded) -> Scores:
         """The clip branch alone (fused = clip), for a wrapper with its own frame branch (RAL)."""
