@@ -141,6 +141,78 @@ def test_each_cuda_run_process_sees_one_gpu_and_a_cpu_run_none(monkeypatch, tmp_
     assert [(tmp_path / f"r{i}.log").read_text().strip() for i in range(6)] == ["None"] * 4 + ["''", "None"]
 
 
+# a run's process (stands in for `prvr-bench run`): writes its pid beside its log, then as told
+_CHILD = """import os, signal, sys, time
+open(sys.argv[1], 'w').write(str(os.getpid()))
+if sys.argv[2] == 'term':
+    time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(60)
+"""
+
+
+def _pid_jobs(monkeypatch, tmp_path, what):
+    """Jobs whose processes run _CHILD; what[i] tells job i to end itself by SIGTERM or to wait."""
+    monkeypatch.setattr(jobs, "run_command", lambda args: [sys.executable, "-c", _CHILD, *args])
+    monkeypatch.setattr(jobs, "POLL_S", 0.05)
+    return [Job([str(tmp_path / f"r{i}.pid"), w], f"run{i}", tmp_path / f"r{i}.json", tmp_path / f"r{i}.log")
+            for i, w in enumerate(what)]
+
+
+def _gone(pid, within_s=10.0):
+    import os
+    import time
+
+    end = time.monotonic() + within_s
+    while time.monotonic() < end:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_run_ended_by_a_signal_stops_the_fanout(monkeypatch, tmp_path):
+    """A run killed from outside (here it sends itself SIGTERM) is a stop, not one failure among many:
+    the other running run is ended and the runs not started stay so (earlier the next run started)."""
+    runs = _pid_jobs(monkeypatch, tmp_path, ["term", "wait", "wait", "wait"])
+    with pytest.raises(jobs.UserError, match=r"run0 was ended by SIGTERM \(log: .*r0.log\), so sweep stopped: "
+                       r"1 other run ended, 2 not started; run the same command again to resume"):
+        jobs.run_jobs(runs, 2, "sweep")
+    other = int((tmp_path / "r1.pid").read_text())
+    assert _gone(other)
+    assert not (tmp_path / "r2.log").exists() and not (tmp_path / "r3.log").exists()
+
+
+def test_sigterm_to_the_fanout_ends_its_runs(tmp_path):
+    """`kill PID` of a bench or sweep with --jobs: its runs end with it (earlier they trained on)."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    script = f"""import sys
+from pathlib import Path
+from prvr.harness.cli import jobs
+jobs.run_command = lambda args: [sys.executable, "-c", {_CHILD!r}, *args]
+jobs.POLL_S = 0.05
+tmp = Path({str(tmp_path)!r})
+jobs.run_jobs([jobs.Job([str(tmp / f"r{{i}}.pid"), "wait"], f"run{{i}}", tmp / f"r{{i}}.json", tmp / f"r{{i}}.log")
+               for i in range(3)], 2, "bench")
+"""
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    pids = [tmp_path / "r0.pid", tmp_path / "r1.pid"]
+    end = time.monotonic() + 30
+    while not all(p.is_file() and p.read_text() for p in pids) and time.monotonic() < end:
+        time.sleep(0.05)
+    os.kill(parent.pid, signal.SIGTERM)
+    _, err = parent.communicate(timeout=30)
+    assert parent.returncode != 0 and b"KeyboardInterrupt" in err
+    assert all(_gone(int(p.read_text())) for p in pids)
+    assert not (tmp_path / "r2.log").exists()
+
+
 def test_which_runs_train_on_the_cpu():
     assert run_device("cpu", env={}) == "cpu" and run_device("auto", env={"PRVR_DEVICE": "cpu"}) == "cpu"
     assert run_device("auto", env={}) != "cpu" and run_device("cuda", env={"PRVR_DEVICE": "cpu"}) != "cpu"

@@ -21,12 +21,15 @@ which keeps the slowest run from starting last.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +38,9 @@ from prvr.harness.base.devices import DEVICE_ENV
 from prvr.harness.base.io import UserError, check_target, ensure_dir, read_json
 
 POLL_S = 0.5
+# a run ended by one of these was stopped on purpose: the fan-out stops with it (SIGKILL, the
+# out-of-memory killer's signal too, fails that run alone)
+STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
 CUDA_ENV = "CUDA_VISIBLE_DEVICES"
 EXECUTORS = ("local", "ray")
 
@@ -199,13 +205,19 @@ def run_command(args: Sequence[str]) -> list[str]:
 def run_jobs(jobs: list[Job], workers: int, command: str, gpus: Sequence[str] = ()) -> None:
     """Run every job, `workers` at a time, a job that trains on CUDA on one of `gpus`; raise UserError
     naming each failed run and its log (`command`: the prvr-bench command that planned them, for the
-    progress lines)."""
+    progress lines).
+
+    A run stopped from outside (SIGTERM, SIGINT or SIGHUP: `kill`, a scheduler, a closed terminal)
+    stops them all: the runs still training are ended, none is started, and the error says so; the
+    same command again resumes (made runs are kept). A run killed by SIGKILL (the kernel's
+    out-of-memory killer among others) fails alone, as any other failed run. SIGTERM to this process
+    ends its runs as Ctrl-C does, so none trains on unwatched."""
     pending = schedule(jobs)
     running: list[tuple[subprocess.Popen, Job, str | None]] = []  # (process, its job, its GPU)
     failed: list[Job] = []
     devices = GpuRoundRobin(gpus)
     start = time.perf_counter()
-    with progress.task(f"{command} ({workers} jobs)", total=len(jobs)) as advance:
+    with progress.task(f"{command} ({workers} jobs)", total=len(jobs)) as advance, _sigterm_interrupts():
         try:
             while pending or running:
                 while pending and len(running) < workers:
@@ -216,18 +228,54 @@ def run_jobs(jobs: list[Job], workers: int, command: str, gpus: Sequence[str] = 
                 for proc, job, gpu in [r for r in running if r[0].poll() is not None]:
                     running.remove((proc, job, gpu))
                     devices.give(gpu)
-                    if proc.returncode != 0:
-                        failed.append(job)
                     report(job, proc.returncode, time.perf_counter() - job.started)
                     advance(1)
+                    if -proc.returncode in STOP_SIGNALS:
+                        _end(running)
+                        raise UserError(stopped_line(job, -proc.returncode, len(running), len(pending), command))
+                    if proc.returncode != 0:
+                        failed.append(job)
         except KeyboardInterrupt:
-            for proc, _, _ in running:
-                proc.terminate()
-            for proc, _, _ in running:
-                proc.wait()
+            _end(running)
             raise
     progress.log(f"{command}: {len(jobs)} runs in {time.perf_counter() - start:.0f} s, {workers} at a time")
     raise_failures(failed, len(jobs))
+
+
+def stopped_line(job: Job, signum: int, ended: int, not_started: int, command: str) -> str:
+    """The one line of a fan-out stopped because one of its runs was ended by signal `signum`."""
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    return (f"{job.label} was ended by {name} (log: {job.log}), so {command} stopped: {ended} other "
+            f"run{'s' if ended != 1 else ''} ended, {not_started} not started; run the same command again "
+            "to resume (runs with a record are kept)")
+
+
+def _end(running: list[tuple[subprocess.Popen, Job, str | None]]) -> None:
+    for proc, _, _ in running:
+        proc.terminate()
+    for proc, _, _ in running:
+        proc.wait()
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt here while runs are scheduled (main thread only, where Python
+    delivers signals), so that the runs this process started are ended with it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    before = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def _start(job: Job, gpu: str | None) -> subprocess.Popen:
