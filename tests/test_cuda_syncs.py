@@ -206,7 +206,8 @@ ON_HOST = {"host_lookup": "the SBERT detector's and the oracle's lookups from th
            "host_positive": "the labels' mask made on the host from the labelled columns the loader described",
            "describe_from_host": "the facts of a mask read off its host copy, before the copy",
            "_positive_rows": "GMMFormer v2's matching: the videos' positive queries, read off the mask's host copy",
-           "_host_tensors": "GMMFormer v2's matching: its host-made index arrays, before their pinned copy"}
+           "host_tensors": "host-made index arrays (GMMFormer v2's matching, Holmes' query groups), before their pinned "
+                           "copy"}
 NOT_YET: dict[str, str] = {}  # function -> why its step still reads the device: each a fix left to do
 HOST_COPIES = ("numpy", "tolist", "cpu")  # Tensor methods that copy a device tensor to the host
 
@@ -302,7 +303,8 @@ def text_pairs(monkeypatch, tmp_path):
 
 VARIANTS = {"code": ["ral.pool_padding=code"], "query": ["loss.text_source=query"],  # RAL's other support-set paths
             "oracle": ["relations.name=oracle"],  # the `+oracle` rows: the ground truth's pairs as positives
-            "ignore": ["relations.name=oracle", "relations.oracle.mode=ignore"]}  # ... or as not negatives
+            "ignore": ["relations.name=oracle", "relations.oracle.mode=ignore"],  # ... or as not negatives
+            "zero": ["model.padded_frames=zero"], "exclude": ["model.padded_frames=exclude"]}  # the reference's padding, or none
 
 
 def _trainer(method: str, device: str | None = None):
@@ -328,7 +330,8 @@ def _step_batch(trainer, videos):
 @pytest.mark.parametrize("method", ["baseline", "msl", "gmmformer", "gmmformer2", "arl", "ral", "ral@msl",
                                     "ral@gmmformer", "ral@msl~code", "ral@gmmformer~query", "xml", "xml-sl", "xml-pr",
                                     "xml-sl-pr", "baseline~oracle", "msl~ignore", "arl~oracle", "xml-pr~oracle",
-                                    "xml-sl-pr~ignore"])
+                                    "xml-sl-pr~ignore", "holmes", "holmes~zero", "hlformer", "hlformer~exclude",
+                                    "dreamprvr", "gmmformer2~zero"])
 def test_a_training_step_asks_the_device_nothing_it_knows_cpu_proxy(method, text_pairs):
     trainer, batches = _trainer(method, "cpu")
     trainer.train_step(_step_batch(trainer, batches[0]), 0, 0)  # warm-up
@@ -366,7 +369,8 @@ STILL_SYNCS: dict[str, str] = {}  # method -> why its step still syncs (not in t
     pytest.param(m, marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=STILL_SYNCS[m]))
     if m in STILL_SYNCS else m
     for m in ["baseline", "msl", "gmmformer", "gmmformer2", "arl", "ral", "ral@msl", "ral@gmmformer", "xml", "xml-sl",
-              "xml-pr", "xml-sl-pr", "baseline~oracle", "arl~oracle", "xml-sl-pr~ignore"]])
+              "xml-pr", "xml-sl-pr", "baseline~oracle", "arl~oracle", "xml-sl-pr~ignore", "holmes", "holmes~zero",
+              "hlformer", "dreamprvr", "gmmformer2~zero"]])
 def test_training_steps_do_not_sync_with_the_gpu(method, on_cuda, text_pairs):
     trainer, batches = _trainer(method)
     assert trainer.device.type == "cuda"

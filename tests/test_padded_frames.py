@@ -149,3 +149,30 @@ def test_an_epoch_with_the_references_padding_on_sim_tiny(tmp_path, method):
     record = json.loads((tmp_path / "runs" / "sim-tiny" / f"{method}~zero" / "seed0.json").read_text())
     assert record["config"]["model"]["padded_frames"] == "zero"
     assert math.isfinite(record["metrics"]["test"]["SumR"])
+
+
+@pytest.mark.parametrize("how", ["from the host", "all true", "undescribed"])
+def test_the_padded_mask_carries_what_is_known_of_the_real_one(how):
+    """pad_rows moves the mask's facts (harness/base/masks.py) to the new width, so that packing by the
+    padded mask asks the device nothing on a GPU (the CPU proxy of tests/test_cuda_syncs.py counts it
+    for hlformer, holmes~zero, gmmformer2~zero); each fact equals what the device would answer."""
+    from prvr.harness.base import masks
+
+    mask = torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]], dtype=torch.bool)
+    if how == "all true":
+        mask = masks.describe(torch.ones(3, 5, dtype=torch.bool), all_true=True)
+    elif how == "from the host":
+        masks.describe_from_host(mask, mask)
+    x = torch.randn(3, 5, 4)
+    rows, padded = pad_rows(x, mask, 9)
+    assert torch.equal(padded, torch.cat([mask, torch.zeros(3, 4, dtype=torch.bool)], 1))
+    facts = masks.known(padded)
+    assert facts.all_true is False and facts.cols is False
+    if how == "undescribed":
+        assert facts.index is None and facts.lengths is None and facts.rows is None
+    else:
+        assert torch.equal(facts.index, padded.flatten().nonzero().squeeze(1))
+        assert facts.lengths == tuple(padded.sum(1).tolist()) and facts.rows is True
+    assert torch.equal(pack(rows, padded), rows[padded]) and torch.equal(rows[padded], x[mask])
+    same, same_mask = pad_rows(x, mask, 5)  # nothing to pad: the tensors as they were, facts and all
+    assert same is x and same_mask is mask

@@ -78,6 +78,11 @@ def describe_host(device_copy: torch.Tensor, host: torch.Tensor) -> torch.Tensor
     return describe(device_copy, host=host if device_copy is not host else host.view_as(host))
 
 
+def host_tensors(*arrays: np.ndarray) -> list[torch.Tensor]:
+    """Host arrays as host tensors, for `to_device` (pinned, an asynchronous copy)."""
+    return [torch.from_numpy(np.ascontiguousarray(a)) for a in arrays]
+
+
 def describe_values(host: torch.Tensor, device_copy: torch.Tensor) -> torch.Tensor:
     """Attach to `device_copy` (a copy of the 1-D CPU integer tensor `host`) its values."""
     return describe(device_copy, values=tuple(host.tolist()))

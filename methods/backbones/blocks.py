@@ -286,12 +286,26 @@ class CrossAttentionLayer(nn.Module):
 
 def pad_rows(x: torch.Tensor, mask: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
     """x [B, L, ...] and its mask [B, L] padded with zero rows (False in the mask) to [B, total, ...]:
-    the reference's frame tensors, padded to max_ctx_l (128) whatever the batch's longest video."""
-    extra = total - x.shape[1]
+    the reference's frame tensors, padded to max_ctx_l (128) whatever the batch's longest video. The
+    padded mask carries what is known of `mask` (harness/base/masks.py), moved to the new width, so
+    that packing by it asks the device nothing."""
+    length = x.shape[1]
+    extra = total - length
     if extra < 0:
-        raise ValueError(f"sequence of {x.shape[1]} rows cannot be padded to {total}")
+        raise ValueError(f"sequence of {length} rows cannot be padded to {total}")
+    if extra == 0:
+        return x, mask
     rows = F.pad(x, (0, 0) * (x.dim() - 2) + (0, extra))
-    return rows, F.pad(mask, (0, extra), value=False)
+    facts = masks.known(mask)
+    index = masks.true_index(mask) if facts.index is not None or facts.all_true else None
+    padded: dict = {"all_true": False, "cols": False}  # the added columns hold no real row
+    if index is not None:
+        padded["index"] = index // length * total + index % length
+    if facts.rows is not None or facts.all_true:
+        padded["rows"] = bool(facts.rows or facts.all_true)
+    if facts.lengths is not None or facts.all_true:
+        padded["lengths"] = facts.lengths if facts.lengths is not None else (length,) * mask.shape[0]
+    return rows, masks.describe(F.pad(mask, (0, extra), value=False), **padded)
 
 
 def floor_padded(score: torch.Tensor, mask: torch.Tensor, total: int) -> torch.Tensor:

@@ -220,7 +220,7 @@ def group_queries(video_of_query: torch.Tensor) -> QueryGroups:
     rows = np.zeros(index.shape, dtype=bool)
     index[group, slot], rows[group, slot] = order, True
     device = video_of_query.device
-    return QueryGroups(*(masks.to_device(torch.from_numpy(a), device) for a in (index, rows, videos)))
+    return QueryGroups(*(masks.to_device(t, device) for t in masks.host_tensors(index, rows, videos)))
 
 
 def within_video_affinity(clips: torch.Tensor, queries: torch.Tensor, groups: QueryGroups) -> torch.Tensor:

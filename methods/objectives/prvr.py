@@ -249,11 +249,6 @@ def _positive_rows(positive: torch.Tensor, min_queries: int) -> tuple[np.ndarray
     return q_host[order], v_host[order], counts
 
 
-def _host_tensors(*arrays: np.ndarray) -> list[torch.Tensor]:
-    """Host arrays as host tensors, for `masks.to_device` (pinned, an asynchronous copy)."""
-    return [torch.from_numpy(np.ascontiguousarray(a)) for a in arrays]
-
-
 def matching_pairs(cos: torch.Tensor, positive: torch.Tensor,
                    min_queries: int = 2) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`hungarian_pairs` with the assignments solved on the device (`best_assignments`, in float64),
@@ -266,7 +261,7 @@ def matching_pairs(cos: torch.Tensor, positive: torch.Tensor,
     host_clip = np.full(len(q_out), -1)  # the clips solved on the host; -1: on the device
     big = counts[v_out] > limit
     if big.any():  # the reference's solve (of more queries than clips, it keeps the best subset)
-        q_big, v_big = (masks.to_device(t, device) for t in _host_tensors(q_out[big], v_out[big]))
+        q_big, v_big = (masks.to_device(t, device) for t in masks.host_tensors(q_out[big], v_out[big]))
         rows = cos.detach()[q_big, v_big].cpu().numpy()  # asks the device
         hq, hv, hc = _solve_on_host(rows, q_out[big], v_out[big], np.unique(v_out[big]))
         q_out, v_out = np.concatenate([q_out[~big], hq]), np.concatenate([v_out[~big], hv])
@@ -279,7 +274,7 @@ def matching_pairs(cos: torch.Tensor, positive: torch.Tensor,
     # the clips come in the order (host rows, then each group's rows); `back` restores the rows' order
     back = np.argsort(np.concatenate([on_host, *groups]))
     group_arrays = [a[rows].reshape(-1, sizes[rows[0]]) for rows in groups for a in (q_out, v_out)]
-    moved = [masks.to_device(t, device) for t in _host_tensors(np.stack([q_out, v_out]), host_clip[on_host], back,
+    moved = [masks.to_device(t, device) for t in masks.host_tensors(np.stack([q_out, v_out]), host_clip[on_host], back,
                                                                 *group_arrays)]
     (q, v), clips, back_d = moved[0], [moved[1]], moved[2]
     for q_n, v_n in zip(moved[3::2], moved[4::2]):
