@@ -3,6 +3,8 @@
 import csv
 import io
 import json
+import re
+import shlex
 import shutil
 from pathlib import Path
 
@@ -290,3 +292,29 @@ def test_the_star_claims_only_what_the_interval_also_says(cell, mark):
     excludes 0; where the interval holds 0 the cell says so with °, no claim."""
     text = leaderboard.fmt_comparison(cell)
     assert text.endswith(")" + mark) and text.count("*") + text.count("°") == len(mark), text
+
+
+def test_committed_comparison_tables_cover_every_shared_seed():
+    """Each committed results/compare table is made again whenever a row gains seeds: its seeds column
+    for a pair is every seed both rows have a record and rankings for (the table once showed three
+    of ten seeds). The figures themselves `prvr-bench compare`, written under each table, repeats."""
+    results = Path(__file__).parent.parent / "results"
+    tables = sorted((results / "compare").glob("*.md"))
+    if not tables:
+        pytest.skip("no committed comparison tables")
+    for table in tables:
+        text = table.read_text()
+        command = shlex.split(re.search(r"Written by `(prvr-bench compare [^`]+)`", text).group(1))
+        dataset = command[command.index("--dataset") + 1]
+        chosen = None
+        if "--seeds" in command:
+            after = command[command.index("--seeds") + 1:]
+            chosen = set(after[:next((i for i, a in enumerate(after) if a.startswith("--")), len(after))])
+        for line in text.splitlines():
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            if len(cells) < 10 or cells[0] in ("A", "---"):
+                continue
+            have = [{p.name.split(".")[0][4:] for p in (results / "runs" / dataset / row).glob("seed*.rank.npz")
+                     if (p.parent / f"{p.name.split('.')[0]}.json").is_file()} for row in cells[:2]]
+            shared = have[0] & have[1] & (chosen if chosen is not None else have[0])
+            assert sorted(cells[9].split(), key=int) == sorted(shared, key=int), (table.name, cells[:3], shared)
