@@ -6,8 +6,9 @@
   mean of the branches' outputs over the sequence; v2 learns one token shared by every video.
   The reference still creates v2's learned token and never uses it (a parameter without a
   gradient); here it exists only with `fusion_token: learned`. Its mean runs over every padded
-  row (frames are padded to 128); here over the real rows, so that a video's encoding does not
-  depend on its batch.
+  row (frames are padded to 128), as the preset's `model.padded_frames: zero` runs it (within 2
+  SumR of the reference at two seeds, docs/methods/holmes.md); with `exclude`, over the real rows,
+  so that a video's encoding does not depend on its batch.
 
 Everything else is v2's (methods/backbones/gmmformer2.py): 32 clips, frames up to 128, the
 query encoder, the max-cosine clip and frame scores; the test score weighs them 0.6 / 0.4
