@@ -194,9 +194,11 @@ def test_a_methods_base_row_is_swept_beside_it(tmp_path, capsys):
             "--seeds", "0", "--out", str(tmp_path), "--plan", *TINY]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    for run in ("arl~repeat_prob0.9", "arl~base~repeat_prob0.9", "arl+oracle~repeat_prob0.9",
-                "arl+oracle~base~repeat_prob0.9"):
+    for run in ("arl~repeat_prob0.9", "arl~base~repeat_prob0.9", "arl+oracle~repeat_prob0.9"):
         assert f"  {run} " in out
+    # the base row reads no relations: an oracle beside it would be the same run again (three such runs at
+    # 61% multi-relevant gave arl~base's SumR to the decimal), so --oracle adds none there
+    assert "arl+oracle~base" not in out
     assert not (tmp_path / "runs").exists()
 
 
@@ -332,3 +334,14 @@ def test_a_run_that_replaces_a_record_of_other_settings_says_so(tmp_path, capsys
     err = capsys.readouterr().err
     assert f"{path} holds a run trained with other settings" in err and f"sim.train_videos {fewer} / " in err
     assert "train.epochs" in err and "give --tag to keep both" in err
+
+
+def test_a_base_row_reads_no_relations_and_its_room_is_the_matrix_cell():
+    """ARL's base row trains without detected pairs, so an oracle run beside it is the same run; the
+    answer table sends the reader to the oracle cell on ARL's encoder instead of asking for that run."""
+    from prvr.harness.cli.sweep import is_base_row
+    from prvr.harness.reports import sweeps
+
+    assert is_base_row("arl~base") and not is_base_row("arl") and not is_base_row("baseline")
+    assert not is_base_row("arl+sbert~ignore") and not is_base_row("baseline~b32")
+    assert sweeps._reads_no_relations("arl~base") and not sweeps._reads_no_relations("baseline")

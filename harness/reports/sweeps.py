@@ -316,6 +316,12 @@ def _slope_reads(slope: Slope, cells: Sequence[Cell]) -> str:
     return trend
 
 
+def _reads_no_relations(run: str) -> bool:
+    """A method's base row (`arl~base`: MethodSpec.base_row), which trains without any detector's pairs."""
+    method, _, tag = run.partition("~")
+    return bool(tag) and "+" not in method and method in METHODS and tag == METHODS.get(method).base_row
+
+
 def oracle_of(run: str) -> str:
     """The run's name with the oracle detector: `msl` -> `msl+oracle`, `arl~base` -> `arl+oracle~base`
     (harness/engine/records.py `run_tag`: the detector before the backbone and the tag)."""
@@ -346,6 +352,11 @@ def answers(sweep: Sweep, cells: list[Cell], rows: SweepRows, settings: Settings
             found.append(Answer(c, c, None))
             continue
         room = at.get((c.value, oracle_of(c.base)))
+        if room is None and _reads_no_relations(c.base):
+            own = c.base.partition("~")[0]
+            found.append(Answer(c, None, None, f"{c.base} reads no relations: the oracle's room on its encoder is the "
+                                               f"matrix cell {own}+oracle~ignore (docs/matrix.md)"))
+            continue
         if room is None or room.gain is None:
             found.append(Answer(c, None, None, f"no {oracle_of(c.base)} run at this value"))
             continue
