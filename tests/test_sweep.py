@@ -339,9 +339,7 @@ def test_a_run_that_replaces_a_record_of_other_settings_says_so(tmp_path, capsys
 def test_a_base_row_reads_no_relations_and_its_room_is_the_matrix_cell():
     """ARL's base row trains without detected pairs, so an oracle run beside it is the same run; the
     answer table sends the reader to the oracle cell on ARL's encoder instead of asking for that run."""
-    from prvr.harness.cli.sweep import is_base_row
-    from prvr.harness.reports import sweeps
+    from prvr.harness.reports.sweeps import reads_no_relations
 
-    assert is_base_row("arl~base") and not is_base_row("arl") and not is_base_row("baseline")
-    assert not is_base_row("arl+sbert~ignore") and not is_base_row("baseline~b32")
-    assert sweeps._reads_no_relations("arl~base") and not sweeps._reads_no_relations("baseline")
+    assert reads_no_relations("arl~base") and not reads_no_relations("arl") and not reads_no_relations("baseline")
+    assert not reads_no_relations("arl+sbert~ignore") and not reads_no_relations("baseline~b32")

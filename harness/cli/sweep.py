@@ -41,7 +41,7 @@ from prvr.harness.engine.config import resolve
 from prvr.harness.engine.records import record_path
 from prvr.harness.engine.runner import run_name, run_one
 from prvr.harness.engine.sections import Config
-from prvr.harness.reports.sweeps import Point, Sweep, point_tag, write_sweep
+from prvr.harness.reports.sweeps import Point, Sweep, point_tag, reads_no_relations, write_sweep
 from prvr.methods.recipes import TABLES
 
 
@@ -99,7 +99,7 @@ def plan_sweep(args: argparse.Namespace) -> tuple[Sweep, list[SweepRun]]:
             row = "~".join(t for t in (row, args.tag) if t)
             tag = "~".join(t for t in (row, at) if t)
             cell = "+" in method.partition("~")[0]  # a matrix cell brings its own detector: no oracle beside it
-            for oracle in ([False, True] if args.oracle and not cell and not is_base_row(method) else [False]):
+            for oracle in ([False, True] if args.oracle and not cell and not reads_no_relations(method) else [False]):
                 extra = [*row_sets, *(f"{k}={v:g}" for k, v in zip(knobs, value)),
                          *(["relations.name=oracle"] if oracle else [])]
                 for seed in args.seeds:
@@ -151,16 +151,6 @@ def train_planned(args: argparse.Namespace, planned: list[SweepRun]) -> None:
             progress.log(f"[{i + 1}/{len(todo)}] {p.run.name} on {p.run.cfg.dataset}, seed {p.run.cfg.seed}")
             run_one(p.run.cfg, args.out, tag=p.tag, command=run_line(p.run.args, args.threads))
     progress.log(f"sweep: {len(runs)} runs planned, {len(todo)} made, in {time.perf_counter() - start:.0f} s")
-
-
-def is_base_row(name: str) -> bool:
-    """`METHOD~ROW` where ROW is the row the method names as its base (MethodSpec.base_row: `arl~base`, ARL
-    without its ambiguity sets). That row reads no relations, so an oracle beside it would train the same run
-    again: `--oracle` adds none there (the oracle's room on ARL's encoder is the matrix cell
-    `arl+oracle~ignore`, docs/matrix.md)."""
-    head, _, tag = name.partition("~")
-    method = _method(head)
-    return bool(tag) and "+" not in head and method in METHODS and tag == METHODS.get(method).base_row
 
 
 def _method(name: str) -> str:

@@ -316,10 +316,13 @@ def _slope_reads(slope: Slope, cells: Sequence[Cell]) -> str:
     return trend
 
 
-def _reads_no_relations(run: str) -> bool:
-    """A method's base row (`arl~base`: MethodSpec.base_row), which trains without any detector's pairs."""
-    method, _, tag = run.partition("~")
-    return bool(tag) and "+" not in method and method in METHODS and tag == METHODS.get(method).base_row
+def reads_no_relations(run: str) -> bool:
+    """`METHOD~ROW` where ROW is the row the method names as its base (MethodSpec.base_row: `arl~base`, ARL
+    without its ambiguity sets): it trains without any detector's pairs, so an oracle beside it would be the
+    same run again (the oracle's room on ARL's encoder is the matrix cell `arl+oracle~ignore`)."""
+    head, _, tag = run.partition("~")
+    method = head.partition("@")[0]
+    return bool(tag) and "+" not in head and method in METHODS and tag == METHODS.get(method).base_row
 
 
 def oracle_of(run: str) -> str:
@@ -352,7 +355,7 @@ def answers(sweep: Sweep, cells: list[Cell], rows: SweepRows, settings: Settings
             found.append(Answer(c, c, None))
             continue
         room = at.get((c.value, oracle_of(c.base)))
-        if room is None and _reads_no_relations(c.base):
+        if room is None and reads_no_relations(c.base):
             own = c.base.partition("~")[0]
             found.append(Answer(c, None, None, f"{c.base} reads no relations: the oracle's room on its encoder is the "
                                                f"matrix cell {own}+oracle~ignore (docs/matrix.md)"))
