@@ -243,12 +243,8 @@ def run_jobs(jobs: list[Job], workers: int, command: str, gpus: Sequence[str] = 
 
 
 def stopped_line(job: Job, signum: int, ended: int, not_started: int, command: str) -> str:
-    """The one line of a fan-out stopped because one of its runs was ended by signal `signum`."""
-    try:
-        name = signal.Signals(signum).name
-    except ValueError:
-        name = f"signal {signum}"
-    return (f"{job.label} was ended by {name} (log: {job.log}), so {command} stopped: {ended} other "
+    """The one line of a fan-out stopped because one of its runs was ended by `signum` (one of STOP_SIGNALS)."""
+    return (f"{job.label} was ended by {signal.Signals(signum).name} (log: {job.log}), so {command} stopped: {ended} other "
             f"run{'s' if ended != 1 else ''} ended, {not_started} not started; run the same command again "
             "to resume (runs with a record are kept)")
 

@@ -297,14 +297,14 @@ def pad_rows(x: torch.Tensor, mask: torch.Tensor, total: int) -> tuple[torch.Ten
         return x, mask
     rows = F.pad(x, (0, 0) * (x.dim() - 2) + (0, extra))
     facts = masks.known(mask)
-    index = masks.true_index(mask) if facts.index is not None or facts.all_true else None
-    padded: dict = {"all_true": False, "cols": False}  # the added columns hold no real row
-    if index is not None:
+    padded: dict[str, object] = {"all_true": False, "cols": False}  # the added columns hold no real row
+    if facts.index is not None or facts.all_true:
+        index = masks.true_index(mask)
         padded["index"] = index // length * total + index % length
-    if facts.rows is not None or facts.all_true:
-        padded["rows"] = bool(facts.rows or facts.all_true)
-    if facts.lengths is not None or facts.all_true:
-        padded["lengths"] = facts.lengths if facts.lengths is not None else (length,) * mask.shape[0]
+    if facts.all_true:
+        padded.update(rows=True, lengths=(length,) * mask.shape[0])
+    else:
+        padded.update({k: v for k, v in (("rows", facts.rows), ("lengths", facts.lengths)) if v is not None})
     return rows, masks.describe(F.pad(mask, (0, extra), value=False), **padded)
 
 
