@@ -11,15 +11,33 @@ the NCE terms' text-to-video part against Holmes' soft targets (the detector's c
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar, Literal
 
-from prvr.harness.base.checks import NON_NEGATIVE, at_least, one_of, param
+import torch.nn.functional as F
+
+from prvr.harness.base.checks import NON_NEGATIVE, OneOf, at_least, one_of, param, words_of
 from prvr.harness.base.contract import LossOutput, Relations, Scores, StepContext
 from prvr.harness.base.registry import METHODS
+from prvr.methods.backbones.msl import own_video_frames
 from prvr.methods.objectives.arl import AS_DETECTOR_MODES, StandardTreatment, check_restrained_margin
-from prvr.methods.objectives.prvr import treated_two_branch, two_branch_sum
+from prvr.methods.objectives.prvr import query_matrix_nce, query_matrix_triplet, treated_two_branch, two_branch_sum
 from prvr.methods.objectives.ranking import hard_pool_at
 from prvr.methods.recipes import PRESETS, MethodSpec
+
+FrameMatrix = Literal["videos", "queries"]  # loss.frame_matrix
+
+
+@dataclass(frozen=True)
+class _FrameMatrixCheck(OneOf):
+    """One of `FrameMatrix`; `queries` only without a relation detector (its one positive per row
+    is the query's own pair, so a detector's relations would not reach the frame branch)."""
+
+    def problem(self, value: Any, cfg: Any = None) -> str | None:
+        name = getattr(getattr(cfg, "relations", None), "name", "none")
+        if value == "queries" and name != "none":
+            return (f"is 'queries' (the reference's query x query frame matrix, whose one positive is each query's "
+                    f"own pair), which takes no relation detector (relations.name={name}); set it to videos")
+        return super().problem(value, cfg)
 
 
 @dataclass
@@ -38,6 +56,11 @@ class MSLLossConfig:
     # soft (text-to-video InfoNCE against Holmes' soft targets: reads the detector's confidence in the labels)
     treatment: StandardTreatment = param("ignore", one_of(StandardTreatment))
     margin_a: float = param(0.05, NON_NEGATIVE)  # m_a < margin, read with treatment=restrain
+    # what the frame branch trains on: "videos" (ours: the [queries x videos] matrix the evaluation ranks,
+    # every query's key clip in every video) | "queries" (the reference's: [queries x queries], query i
+    # against query j's own video as j's key clip attends it; one positive per row, its own pair; its NCE
+    # one softmax over row and column; no relation detector). docs/methods/msl-family.md
+    frame_matrix: FrameMatrix = param("videos", _FrameMatrixCheck(words_of(FrameMatrix)))
     as_detector_modes: ClassVar[tuple[str, ...]] = AS_DETECTOR_MODES  # harness/cli/matrix.py
 
     def check(self, key: str) -> None:
@@ -49,6 +72,12 @@ def msl_objective(cfg: MSLLossConfig, scores: Scores, relations: Relations, cont
     out, positive = treated_two_branch(scores, relations.positive, relations.negative, relations.ambiguous,
                                        relations.confidence, cfg.treatment, cfg.margin, cfg.margin_a, hard,
                                        context.generator)
+    if cfg.frame_matrix == "queries":  # the reference's frame branch in training (ms-sl model.py forward)
+        query = context.outputs["queries"]["query"]
+        frames = own_video_frames(query, context.outputs["videos"], context.video_of_query)
+        out["frame_nce"] = query_matrix_nce(query @ frames.t())
+        out["frame_triplet"] = query_matrix_triplet(F.normalize(query, dim=-1) @ F.normalize(frames, dim=-1).t(),
+                                                    cfg.margin, hard, context.generator)
     return LossOutput(two_branch_sum(cfg, out), out)
 
 

@@ -195,6 +195,9 @@ def test_each_declared_check_refuses_a_bad_value_in_one_line(where, key, name, v
     ("seed=-2", r"--set seed=\.\.\.: the seed of a run is the command line's; use --seed instead"),
     ("method=msl", r"--set method=\.\.\.: the method of a run is the command line's; use --method instead"),
     ("dataset=sim-tvr", r"--set dataset=\.\.\.: the dataset of a run is the command line's; use --dataset instead"),
+    ("train.grad_clip_unit=branch", r"'train.grad_clip_unit' must be one of tensor, reference, got 'branch'"),
+    ("train.grad_clip_unit=reference", r"'train.grad_clip_unit' is 'reference', which only bertadam clips by .*"
+                                       r"train.optimizer=adamw clips one global norm\); set train.optimizer=bertadam"),
 ])
 def test_bad_values_name_the_key_and_the_valid_values(override, message):
     with pytest.raises(UserError, match=message) as err:
@@ -216,10 +219,18 @@ def test_a_seed_out_of_range_names_the_option():
     ("arl", "model.branches=3", r"'model.branches' must be an integer in \[1, 2\], got 3"),
     ("gmmformer", "model.widths=[]", r"'model.widths' must be a list of at least 1 items"),
     ("msl", "loss.hard_negative_epoch=-2", r"'loss.hard_negative_epoch' must be an integer >= -1 \(-1 = never\)"),
+    ("msl", "loss.frame_matrix=frames", r"'loss.frame_matrix' must be one of videos, queries, got 'frames'"),
 ])
 def test_method_knobs_are_checked(method, override, message):
     with pytest.raises(UserError, match=message):
         resolve(method, "sim-tiny", 0, [override])
+
+
+def test_the_references_frame_matrix_takes_no_detector():
+    with pytest.raises(UserError, match=r"'loss.frame_matrix' is 'queries' \(the reference's query x query frame "
+                                        r"matrix.*takes no relation detector \(relations.name=oracle\); set it to videos"):
+        resolve("msl", "sim-tiny", 0, ["relations.name=oracle", "loss.frame_matrix=queries"])
+    assert resolve("msl", "sim-tiny", 0, ["loss.frame_matrix=queries"]).loss.frame_matrix == "queries"
 
 
 def test_seed_argument_is_checked():

@@ -8,9 +8,10 @@ import torch
 from torch import nn
 
 from prvr.harness.engine.config import resolve
-from prvr.harness.engine.optim import OPTIMIZERS, BertAdam, build_optimizer, harness_groups, lr_lambda, reference_groups
+from prvr.harness.engine.optim import (OPTIMIZERS, BertAdam, build_optimizer, harness_groups, lr_lambda, reference_groups,
+                                       reference_parts, split_groups)
 from prvr.harness.base.registry import BACKBONES
-from prvr.methods.backbones.blocks import BranchLayerNorm
+from prvr.methods.backbones.blocks import BranchLayerNorm, BranchLinear, GaussianBranches
 
 
 def _param(values, grad):
@@ -152,3 +153,74 @@ def test_registry_and_presets_use_bertadam_where_the_reference_does():
     assert isinstance(opt, BertAdam) and spec.clips_inside
     opt, spec = build_optimizer(model, resolve("baseline", "sim-tiny", 0).train)
     assert isinstance(opt, torch.optim.AdamW) and not spec.clips_inside
+
+
+# ----------------------------------------------------------------------------- train.grad_clip_unit
+def test_a_fused_tensor_clipped_by_parts_steps_as_the_reference_separate_tensors():
+    """`reference`: a parameter holding three of the reference's tensors stacked on its first dim
+    (q, k, v in one product) steps exactly as the three tensors do under BertAdam, each clipped on
+    its own; clipped whole it does not."""
+    torch.manual_seed(0)
+    fused = nn.Parameter(torch.randn(6, 4, dtype=torch.float64))
+    separate = [nn.Parameter(part.detach().clone()) for part in fused.detach().split(2)]
+    whole = nn.Parameter(fused.detach().clone())
+    by_parts = BertAdam(split_groups([{"params": [fused], "weight_decay": 0.01}], {id(fused): 3}), lr=0.05)
+    reference = BertAdam([{"params": separate, "weight_decay": 0.01}], lr=0.05)
+    as_one = BertAdam([{"params": [whole], "weight_decay": 0.01}], lr=0.05)
+    for step in range(6):
+        # parts of very different norms, some above the bound of 1 and some below, changing by step
+        grad = torch.randn(6, 4, dtype=torch.float64) * torch.tensor([3.0, 3.0, 0.2, 0.2, 1.5, 1.5],
+                                                                     dtype=torch.float64)[:, None] * (step + 1)
+        fused.grad, whole.grad = grad.clone(), grad.clone()
+        for p, g in zip(separate, grad.split(2)):
+            p.grad = g.clone()
+        by_parts.step()
+        reference.step()
+        as_one.step()
+    assert torch.allclose(fused.detach(), torch.cat([p.detach() for p in separate]), atol=1e-12, rtol=0)
+    assert not torch.allclose(whole.detach(), fused.detach(), atol=1e-3)
+
+
+def test_split_groups_keep_each_groups_settings_and_order():
+    a, b, c = (nn.Parameter(torch.zeros(6, 2)) for _ in range(3))
+    groups = split_groups([{"params": [a, b], "weight_decay": 0.1}, {"params": [c], "weight_decay": 0.0}], {id(b): 3})
+    assert [(g["clip_parts"], g["weight_decay"], [id(p) for p in g["params"]]) for g in groups] == \
+        [(1, 0.1, [id(a)]), (3, 0.1, [id(b)]), (1, 0.0, [id(c)])]
+
+
+def test_reference_parts_of_the_gaussian_branches():
+    """Each branch's q, k and v, and its output map and norm, are the reference's own tensors
+    (MS-SL's and GMMFormer's BertSelfAttention / BertSelfOutput, one per Gaussian width)."""
+    block = GaussianBranches(hidden=8, heads=2, widths=[0.0, 1.0, 5.0], dropout=0.0)
+    parts = reference_parts(block)
+    assert parts == {id(block.qkv.weight): 9, id(block.qkv.bias): 9, id(block.dense.weight): 3,
+                     id(block.dense.bias): 3, id(block.norm.weight): 3, id(block.norm.bias): 3}
+    # the parts are the rows attend() reads as branch b's q, k, v: row blocks of hidden, branch-major
+    x = torch.randn(1, 5, 8)
+    w = block.qkv.weight.detach().view(3, 3, 8, 8)  # [branch, q/k/v, out, in]
+    qkv = (x @ block.qkv.weight.detach().T + block.qkv.bias.detach()).view(1, 5, 3, 3, 8)
+    assert torch.allclose(qkv[0, :, 1, 2], x[0] @ w[1, 2].T + block.qkv.bias.detach().view(3, 3, 8)[1, 2], atol=1e-6)
+    assert reference_parts(BranchLinear(1, 4, 4)) == {}  # one branch: one tensor, nothing to split
+
+
+@pytest.mark.parametrize("method, expected", [
+    ("msl", {3: 6}),  # the query, clip and frame encoders' q/k/v (weight and bias each)
+    ("gmmformer", None),
+])
+def test_the_unit_reaches_the_optimizer(method, expected):
+    from prvr.harness.engine.build import build_model
+
+    cfg = resolve(method, "sim-tiny", 0, ["train.grad_clip_unit=reference"])
+    model = build_model(cfg, 48, 32)
+    opt, _ = build_optimizer(model, cfg.train)
+    counts: dict[int, int] = {}
+    for g in opt.param_groups:
+        counts[g["clip_parts"]] = counts.get(g["clip_parts"], 0) + len(g["params"])
+    assert sum(counts.values()) == len(list(model.parameters()))
+    if expected is not None:
+        assert {k: v for k, v in counts.items() if k > 1} == expected
+    else:  # GMMFormer's video encoders: every branch's q/k/v, map and norm split
+        widths = len(cfg.model.widths)
+        assert 3 * widths in counts and widths in counts
+    default, _ = build_optimizer(model, resolve(method, "sim-tiny", 0).train)  # the default: each tensor whole
+    assert len(default.param_groups) == 2 and all(g.get("clip_parts", 1) == 1 for g in default.param_groups)

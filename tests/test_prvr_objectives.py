@@ -263,6 +263,99 @@ def test_frame_branch_losses_can_be_weighed_out(method):
     assert raw["clip"].grad.abs().sum() > 0
 
 
+# --------------------------------------------------------------------------- loss.frame_matrix=queries
+def test_query_matrix_nce_is_the_references_frame_nce():
+    """ms-sl's frame_nce, written as its code computes it (an identity mask for the numerator, the
+    matrix and its transpose side by side for the denominator), on random [Q, Q] raw scores."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(7, 7, generator=g) * 4
+    numerator = torch.logsumexp((x * torch.eye(7)).sum(1, keepdim=True), dim=1)
+    denominator = torch.logsumexp(torch.cat((x, x.t()), dim=1), dim=1)
+    assert objectives.query_matrix_nce(x).item() == pytest.approx((denominator - numerator).mean().item(), rel=1e-6)
+    # by hand, row 0: log(sum_j e^x0j + sum_j e^xj0) - x00 (x00 counted twice)
+    row0 = math.log(sum(math.exp(x[0, j]) + math.exp(x[j, 0]) for j in range(7))) - float(x[0, 0])
+    assert float(denominator[0] - numerator[0]) == pytest.approx(row0, rel=1e-5)
+
+
+def test_query_matrix_triplet_hand_computed_and_uniform_draws_avoid_the_diagonal():
+    s = torch.tensor([[0.9, 0.5, 0.2],
+                      [0.4, 0.6, 0.7],
+                      [0.3, 0.8, 0.5]])
+    loss = objectives.query_matrix_triplet(s, margin=0.1, hard_pool=1)
+    # hardest other column per row: 0.5, 0.7, 0.8; hardest other row per column: 0.4, 0.8, 0.7
+    ctx = [max(0, 0.1 + 0.5 - 0.9), max(0, 0.1 + 0.7 - 0.6), max(0, 0.1 + 0.8 - 0.5)]
+    qry = [max(0, 0.1 + 0.4 - 0.9), max(0, 0.1 + 0.8 - 0.6), max(0, 0.1 + 0.7 - 0.5)]
+    assert loss.item() == pytest.approx(sum(ctx) / 3 + sum(qry) / 3)
+    # uniform draws: a diagonal of 5 with margin 0 makes every off-diagonal draw a zero term
+    big = torch.full((6, 6), -1.0).fill_diagonal_(5.0)
+    for seed in range(20):
+        assert objectives.query_matrix_triplet(big, 0.0, None, torch.Generator().manual_seed(seed)).item() == 0.0
+    assert objectives.query_matrix_triplet(torch.ones(1, 1), 0.1).item() == 0.0  # one query: no other
+
+
+def test_own_video_frames_match_a_loop_over_queries():
+    """Each query's frame feature (ms-sl key_clip_guided_attention): the labelled video's proposal
+    of the highest cosine as the key, softmax of its dots with the frame keys over real frames, the
+    frame values weighed by it; against a plain loop, with padded frames in one video."""
+    from prvr.methods.backbones.msl import own_video_frames, proposal_matrix_like
+
+    g = torch.Generator().manual_seed(5)
+    v = {"clips": torch.randn(3, 4, 6, generator=g), "frame_keys": torch.randn(3, 5, 6, generator=g),
+         "frame_values": torch.randn(3, 5, 6, generator=g),
+         "frame_mask": torch.tensor([[True] * 5, [True, True, True, False, False], [True] * 5])}
+    query, labels = torch.randn(4, 6, generator=g), torch.tensor([1, 0, 1, 2])
+    got = own_video_frames(query, v, labels)
+    pool = proposal_matrix_like(v["clips"])
+    for j, video in enumerate(labels.tolist()):
+        proposals = pool @ v["clips"][video]  # [P, D]
+        key = proposals[F.cosine_similarity(proposals, query[j][None], dim=-1).argmax()]
+        real = v["frame_mask"][video]
+        att = (v["frame_keys"][video][real] @ key).softmax(0)
+        assert torch.allclose(got[j], att @ v["frame_values"][video][real], atol=1e-5)
+
+
+def test_msl_trains_on_the_references_frame_matrix():
+    """loss.frame_matrix=queries: the frame terms are the query-matrix losses of each query against
+    every query's own-video frame feature (gradients reach the frame keys and values), the clip
+    terms are unchanged; the default trains on the [queries x videos] scores."""
+    from types import SimpleNamespace
+
+    from prvr.harness.base.registry import METHODS, load_all
+    from prvr.methods.backbones.msl import own_video_frames
+
+    load_all()
+    spec = METHODS.get("msl")
+    g = torch.Generator().manual_seed(0)
+    raw = {b: torch.randn(4, 2, generator=g, requires_grad=True) for b in ("clip", "frame")}
+    scores = Scores(raw["clip"].tanh(), {b: r.tanh() for b, r in raw.items()}, raw)
+    labels = torch.tensor([0, 0, 1, 1])
+    rel = one_to_one(labels)
+    query = torch.randn(4, 3, generator=g)
+    videos = {"clips": torch.randn(2, 5, 3, generator=g), "frame_keys": torch.randn(2, 4, 3, generator=g),
+              "frame_values": torch.randn(2, 4, 3, generator=g, requires_grad=True),
+              "frame_mask": torch.ones(2, 4, dtype=torch.bool)}
+
+    def context():
+        return SimpleNamespace(epoch=0, generator=torch.Generator().manual_seed(1), video_of_query=labels,
+                               outputs={"queries": {"query": query}, "videos": videos})
+
+    ours, ref = spec.objective(spec.loss_cls(), scores, rel, context()), \
+        spec.objective(spec.loss_cls(frame_matrix="queries"), scores, rel, context())
+    frames = own_video_frames(query, videos, labels)
+    assert ref["frame_nce"].item() == pytest.approx(objectives.query_matrix_nce(query @ frames.t()).item())
+    assert ref["clip_nce"].item() == ours["clip_nce"].item()
+    assert ref["frame_nce"].item() != pytest.approx(ours["frame_nce"].item())
+    ref["loss"].backward()
+    assert videos["frame_values"].grad.abs().sum() > 0
+    assert raw["frame"].grad is None or not raw["frame"].grad.any()  # the [Q, V] frame scores train nothing
+
+
+def test_the_references_frame_matrix_trains_msl_on_sim_tiny(tmp_path):
+    record = run_one(resolve("msl", "sim-tiny", 0, ["train.epochs=1", "loss.frame_matrix=queries"]), tmp_path)
+    assert record["config"]["loss"]["frame_matrix"] == "queries"
+    assert math.isfinite(record["history"][0]["frame_nce"]) and record["metrics"]["test"]["SumR"] > 0
+
+
 # --------------------------------------------------------------------------- matching benchmark
 # GMMFormer v2's matching at sim-tvr's batch (128 videos of 5 positive queries, 32 clips, 640
 # queries), on the host (scipy, the reference) and on the device's path run here on the CPU:

@@ -7,7 +7,11 @@
   RAL-PRVR all ship a copy of the pre-AdamW Hugging Face `BertAdam`). Written here from its
   documented behaviour (shared facts: no bias correction, eps 1e-6, each parameter tensor's
   gradient clipped to norm `max_grad_norm` separately inside the step, decoupled weight decay
-  added to the update, no decay on biases and LayerNorm parameters).
+  added to the update, no decay on biases and LayerNorm parameters). Where one tensor here holds
+  several of the reference's (the q/k/v of every Gaussian branch in one product, one map or norm
+  per branch stacked), `train.grad_clip_unit=reference` clips each of those parts to the bound on
+  its own, as the reference's separate tensors are; `tensor` (the default) clips the whole.
+  A module says how its tensors split with `reference_parts()` (methods/backbones/blocks.py).
 
 Schedules (`train.decay`) are multipliers of the base learning rate by optimizer step k
 (0-based, the k-th update uses f(k)): `cosine`, `linear`, `constant` after the harness's
@@ -48,7 +52,9 @@ class BertAdam(torch.optim.Optimizer):
     """Adam without bias correction, per-parameter gradient clipping and decoupled weight decay.
 
     For each parameter p with gradient g (state m, v start at 0):
-        g <- g * min(1, max_grad_norm / ||g||)          (when max_grad_norm > 0; norm of p's own gradient)
+        g <- g * min(1, max_grad_norm / ||g||)          (when max_grad_norm > 0; norm of p's own gradient,
+                                                         or of each of the group's `clip_parts` equal
+                                                         slices of p along its first dimension)
         m <- b1 m + (1 - b1) g ;  v <- b2 v + (1 - b2) g^2
         p <- p - lr_t (m / (sqrt(v) + eps) + weight_decay p)
     lr_t is the group's learning rate, which the harness's schedule sets every step.
@@ -71,9 +77,14 @@ class BertAdam(torch.optim.Optimizer):
                 if p.grad is None:
                     continue
                 grad = p.grad
-                if group["max_grad_norm"] > 0:
+                n_parts = group.get("clip_parts", 1)
+                if group["max_grad_norm"] > 0 and n_parts == 1:
                     norm = torch.linalg.vector_norm(grad)
                     grad.mul_((group["max_grad_norm"] / (norm + 1e-6)).clamp(max=1.0))
+                elif group["max_grad_norm"] > 0:  # each slice of the first dimension on its own
+                    parts = grad.view(n_parts, -1)
+                    norm = torch.linalg.vector_norm(parts, dim=1, keepdim=True)
+                    parts.mul_((group["max_grad_norm"] / (norm + 1e-6)).clamp(max=1.0))
                 state = self.state[p]
                 if not state:
                     state["step"] = torch.zeros((), dtype=torch.float32)
@@ -125,6 +136,32 @@ def _groups(decay: list, no_decay: list, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+def reference_parts(model: nn.Module) -> dict[int, int]:
+    """{id(parameter): parts} for each parameter that holds several tensors of the reference
+    code, stacked along its first dimension, as its module's `reference_parts()` says
+    ({attribute name: parts}); a parameter not named there is one tensor of the reference."""
+    parts: dict[int, int] = {}
+    for module in model.modules():
+        split = getattr(module, "reference_parts", None)
+        if callable(split):
+            for name, n in split().items():
+                if n > 1:
+                    parts[id(module.get_parameter(name))] = n
+    return parts
+
+
+def split_groups(groups: list[dict], parts: dict[int, int]) -> list[dict]:
+    """Each group split by its parameters' part counts (`clip_parts`, 1 for a whole tensor), in
+    the order of the groups and of first appearance: BertAdam clips each part on its own."""
+    out: list[dict] = []
+    for group in groups:
+        by_parts: dict[int, list] = {}
+        for p in group["params"]:
+            by_parts.setdefault(parts.get(id(p), 1), []).append(p)
+        out.extend({**group, "params": params, "clip_parts": n} for n, params in by_parts.items())
+    return out
+
+
 class _AdamW(torch.optim.AdamW):
     """torch AdamW without its CUDA-graph capture check where no parameter is on a GPU. torch runs
     that check in every step on any machine with CUDA, and it asks for the current CUDA stream,
@@ -143,8 +180,10 @@ def _adamw(model: nn.Module, train) -> torch.optim.Optimizer:
 
 def _bertadam(model: nn.Module, train) -> torch.optim.Optimizer:
     # b1 0.9, b2 0.999, e 1e-6: BertAdam's defaults, which no MS-SL family script changes
-    return BertAdam(_groups(*reference_groups(model), train.weight_decay), lr=train.lr, eps=1e-6,
-                    max_grad_norm=train.grad_clip)
+    groups = _groups(*reference_groups(model), train.weight_decay)
+    if train.grad_clip_unit == "reference":
+        groups = split_groups(groups, reference_parts(model))
+    return BertAdam(groups, lr=train.lr, eps=1e-6, max_grad_norm=train.grad_clip)
 
 
 OPTIMIZERS.add("adamw", OptimizerSpec(_adamw),

@@ -29,13 +29,14 @@ Precision = Literal["fp32", "tf32", "bf16"]  # train.precision, read by harness/
 SelectOn = Literal["vr", "vcmr"]
 # train.sample: what one training batch draws (datasets/loader.py epoch_batches)
 Sample = Literal["videos", "queries"]
+ClipUnit = Literal["tensor", "reference"]  # train.grad_clip_unit, read by harness/engine/optim.py
 SELECT_ON: dict[SelectOn, str] = {"vr": "SumR", "vcmr": "VCMR SumR"}
 # settings added after runs were stored, with the value those runs were trained under: a stored
 # config (checkpoint, record) without the key reads as if it held that value, where the config it is
 # compared with has the key (the standard objectives' loss.treatment and margin_a; ARL's always stored)
 SETTLED_BEFORE = {"train.select_on": "vr", "train.precision": "fp32", "train.compile": False,
                   "train.deterministic": False, "data.relevance": "", "loss.treatment": "ignore",
-                  "loss.margin_a": 0.05}
+                  "loss.margin_a": 0.05, "train.grad_clip_unit": "tensor", "loss.frame_matrix": "videos"}
 
 
 def load_yaml(path: str | Path | None) -> dict[str, Any]:
@@ -210,6 +211,11 @@ class TrainConfig:
     decay: Decay = param("cosine", one_of(Decay))
     # gradient-norm bound, 0 = none: adamw clips the global norm, bertadam each parameter's
     grad_clip: float = param(5.0, Range(0, note="0 = no clipping"))
+    # what bertadam clips to grad_clip one by one: "tensor" (each parameter tensor here: the fused q/k/v of
+    # an attention layer's branches is one) | "reference" (each tensor of the reference code: a fused
+    # tensor's parts (each branch's query, key, value, its output map and norm) clipped one by one, as the
+    # MS-SL family's separate nn.Linear / nn.LayerNorm are); adamw clips one global norm and takes neither
+    grad_clip_unit: ClipUnit = param("tensor", one_of(ClipUnit))
     # early stop after this many epochs without a gain of the val figure of select_on (MS-SL: 10 of 100)
     patience: int = param(5, at_least(1))
     eval_every: int = param(1, at_least(1))
@@ -231,6 +237,12 @@ class TrainConfig:
     # a loss that is not finite (a diverged run): "stop" (one line naming the epoch and step, no
     # record) | "continue" (train on; the record is marked and left out of leaderboard means)
     on_nonfinite: OnNonfinite = param("stop", one_of(OnNonfinite))
+
+    def check(self, key: str) -> None:
+        require(self.grad_clip_unit == "tensor" or self.optimizer == "bertadam",
+                f"config key '{key}.grad_clip_unit' is {self.grad_clip_unit!r}, which only bertadam clips by "
+                f"(it clips each parameter; {key}.optimizer={self.optimizer} clips one global norm); "
+                f"set {key}.optimizer=bertadam or {key}.grad_clip_unit=tensor")
 
 
 @dataclass

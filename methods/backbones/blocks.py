@@ -80,6 +80,10 @@ class BranchLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.baddbmm(self.bias.view(self.weight.shape[0], 1, -1), x, self.weight)
 
+    def reference_parts(self) -> dict[str, int]:
+        """The reference code's tensors in each parameter (harness/engine/optim.py): one map per branch."""
+        return {"weight": self.weight.shape[0], "bias": self.weight.shape[0]}
+
 
 class BranchLayerNorm(nn.Module):
     """One LayerNorm per branch over branch-major rows [branches, N, dim] (affine parameters stored flat)."""
@@ -93,6 +97,10 @@ class BranchLayerNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = (self.branches, 1, self.dim)
         return torch.addcmul(self.bias.view(shape), F.layer_norm(x, (self.dim,)), self.weight.view(shape))
+
+    def reference_parts(self) -> dict[str, int]:
+        """The reference code's tensors in each parameter (harness/engine/optim.py): one norm per branch."""
+        return {"weight": self.branches, "bias": self.branches}
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -210,6 +218,13 @@ class GaussianBranches(nn.Module):
             self.ffn_in = BranchLinear(n, hidden, ffn_mult * hidden)
             self.ffn_out = BranchLinear(n, ffn_mult * hidden, hidden)
             self.norm2 = BranchLayerNorm(n, hidden)
+
+    def reference_parts(self) -> dict[str, int]:
+        """The reference code's tensors in each parameter (harness/engine/optim.py): the q/k/v product
+        holds each branch's query, key and value maps (separate nn.Linear in MS-SL's and GMMFormer's
+        BertSelfAttention), in that order along its output rows."""
+        n = 3 * len(self.widths)
+        return {"qkv.weight": n, "qkv.bias": n}
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, keys: torch.Tensor | None = None) -> torch.Tensor:
         """The rows of `mask` [B, L], each attending to the rows of `keys` (default: `mask`) -> [branches, N, D]."""

@@ -118,6 +118,11 @@ class LorentzBranches(GaussianBranches):
         self.logit_bias = nn.Parameter(torch.zeros(n))  # attention `bias`
         self.in_drop, self.point_drop, self.out_drop = nn.Dropout(dropout), nn.Dropout(dropout), nn.Dropout(dropout)
 
+    def reference_parts(self) -> dict[str, int]:
+        """No q/k/v product here (harness/engine/optim.py): the Lorentz maps' own tensors are clipped
+        whole; the per-branch maps and norms (BranchLinear, BranchLayerNorm) split themselves."""
+        return {}
+
     def forward(self, x: torch.Tensor, mask: torch.Tensor, keys: torch.Tensor | None = None) -> torch.Tensor:
         rows = pack(x, mask)
         return self.post(self.lorentz_context(rows, mask, keys), rows[None])

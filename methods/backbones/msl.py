@@ -142,6 +142,23 @@ def key_clip_guided(query: torch.Tensor, key_clip: torch.Tensor, side: VideoSide
     return cosine, dots
 
 
+def own_video_frames(query: torch.Tensor, v: dict[str, torch.Tensor], video_of_query: torch.Tensor) -> torch.Tensor:
+    """The frame feature the reference trains each query's frame branch on [Q, D] (ms-sl model.py
+    `key_clip_guided_attention`, `loss.frame_matrix=queries`): its labelled video's frame values,
+    attended by its key clip there (that video's proposal of the highest cosine with the query),
+    with no scaling and padded frames excluded, as `key_clip_guided` attends; `video_of_query` [Q]
+    is each query's labelled video as a row of `v`."""
+    clips = v["clips"][video_of_query]  # [Q, C, D]
+    pool = proposal_matrix_like(v["clips"])
+    with torch.no_grad():  # the reference's argmax: no gradient through the choice
+        dots = torch.einsum("qd,qcd->qc", query, clips) @ pool.t()  # [Q, P]
+        key = (dots / proposal_norms(v["clips"], pool)[video_of_query]).argmax(-1)  # |q| is constant along P
+    key_clip = torch.einsum("qc,qcd->qd", pool[key], clips)
+    logits = torch.einsum("qd,qtd->qt", key_clip, v["frame_keys"][video_of_query])
+    att = logits.masked_fill(~v["frame_mask"][video_of_query], float("-inf")).softmax(-1)
+    return torch.einsum("qt,qtd->qd", att, v["frame_values"][video_of_query])
+
+
 def clip_scale(query: torch.Tensor, side: VideoSide, budget: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """MS-SL's clip scale for every (query, video): the best proposal's cosine, the best raw dot
     product (each [Q, V]) and the index of the best proposal by cosine [Q, V]."""

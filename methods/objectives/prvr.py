@@ -59,6 +59,34 @@ def msl_triplet(scores: torch.Tensor, positive: torch.Tensor, negative: torch.Te
     return t2v.mean() + mean_where(v2t, has_pos, masks.covered(positive, 0), scores)
 
 
+@OBJECTIVES.register("query-matrix-nce", "MS-SL's frame NCE on its query x query matrix: row and column in one softmax")
+def query_matrix_nce(scores: torch.Tensor) -> torch.Tensor:
+    """The reference's `frame_nce` on a [Q, Q] matrix whose diagonal holds the positives (ms-sl
+    model_components.py): per query i, the log-sum-exp of row i and column i together (x_ii
+    counted twice, as there) minus x_ii; the mean over queries."""
+    both = torch.cat([scores, scores.t()], dim=1)
+    return (torch.logsumexp(both, dim=1) - scores.diagonal()).mean()
+
+
+@OBJECTIVES.register("query-matrix-triplet", "MS-SL's frame triplet on its query x query matrix")
+def query_matrix_triplet(scores: torch.Tensor, margin: float, hard_pool: int | None = None,
+                         generator: torch.Generator | None = None) -> torch.Tensor:
+    """The reference's `get_frame_trip_loss` on a [Q, Q] matrix of cosines whose diagonal holds
+    the positives: mean over i of [margin + s(i, j') - s(i, i)]_+ plus the mean of
+    [margin + s(i', i) - s(i, i)]_+, j' a column and i' a row other than i, drawn uniformly or among
+    the `hard_pool` highest-scoring (`sample_negatives`)."""
+    n = scores.shape[0]
+    if n < 2:
+        return _zero(scores)
+    other = ~torch.eye(n, dtype=torch.bool, device=scores.device)
+    rows = torch.arange(n, device=scores.device)
+    pos = scores.diagonal()
+    neg_col, _ = sample_negatives(scores, other, hard_pool, generator)
+    neg_row, _ = sample_negatives(scores.t(), other, hard_pool, generator)
+    return ((margin + scores[rows, neg_col] - pos).clamp(min=0).mean()
+            + (margin + scores[neg_row, rows] - pos).clamp(min=0).mean())
+
+
 def two_branch_ranking(scores: Scores, positive: torch.Tensor, negative: torch.Tensor,
                        margin: float, hard_pool: int | None,
                        generator: torch.Generator | None, nce: bool = True) -> dict[str, torch.Tensor]:
