@@ -185,6 +185,79 @@ def test_a_run_ended_by_a_signal_stops_the_fanout(monkeypatch, tmp_path):
     assert not (tmp_path / "r2.log").exists() and not (tmp_path / "r3.log").exists()
 
 
+def _memory_fanout(monkeypatch, tmp_path, runs):
+    """run_jobs over `runs` [(label, memory_mb, expected_s)], each a process of 0.4 s, on a machine with
+    14 GB free where each running run holds 0.5 GB so far; returns ([(label, labels running when it
+    started)], progress lines)."""
+    monkeypatch.setattr(jobs, "run_command", lambda args: [sys.executable, "-c", "import time; time.sleep(0.4)"])
+    monkeypatch.setattr(jobs, "POLL_S", 0.05)
+    monkeypatch.setattr(jobs, "available_mb", lambda: 14_000.0)
+    monkeypatch.setattr(jobs, "status_kb", lambda key, pid: 500 * 1024)
+    lines: list[str] = []
+    monkeypatch.setattr(jobs.progress, "log", lines.append)
+    live: list = []
+    started = []
+    real_start = jobs._start
+
+    def tracked(job, gpu):
+        started.append((job.label, sorted(j.label for p, j in live if p.poll() is None)))
+        live.append((real_start(job, gpu), job))
+        return live[-1][0]
+
+    monkeypatch.setattr(jobs, "_start", tracked)
+    jobs.run_jobs([Job([], label, tmp_path / f"{label}.json", tmp_path / f"{label}.log", expected, memory_mb=mb)
+                   for label, mb, expected in runs], 2, "bench")
+    return started, lines
+
+
+def test_a_run_waits_while_its_memory_does_not_fit_beside_the_running(monkeypatch, tmp_path):
+    """Two runs of about 12 GB each with 14 GB free (two at once was an out-of-memory kill of one):
+    the second starts when the first has ended, said once; a small run is not held back behind a
+    big one, and a run alone always starts."""
+    started, lines = _memory_fanout(monkeypatch, tmp_path, [("big0", 12_000.0, 10.0), ("big1", 12_000.0, 9.0)])
+    assert started == [("big0", []), ("big1", [])]
+    assert [ln for ln in lines if " waits:" in ln] == [
+        "big1 waits: it needs about 11.7 GB of host memory at its peak, 2.4 GB are free beside the 1 running; it "
+        "starts when one ends"]  # once, though it waited over many polls
+    started, _ = _memory_fanout(monkeypatch, tmp_path / "b", [("big0", 12_000.0, 10.0), ("big1", 12_000.0, 9.0),
+                                                             ("small", 1_000.0, 1.0)])
+    assert started[:2] == [("big0", []), ("small", ["big0"])]  # small fits beside big0, big1 does not
+    assert [labels for label, labels in started if label == "big1"] != [["big0"]]
+    alone, _ = _memory_fanout(monkeypatch, tmp_path / "c", [("huge", 90_000.0, 1.0)])
+    assert alone == [("huge", [])]
+
+
+def test_headroom_counts_what_the_running_runs_will_still_grow_by(monkeypatch):
+    monkeypatch.setattr(jobs, "available_mb", lambda: 10_000.0)
+    monkeypatch.setattr(jobs, "status_kb", lambda key, pid: 3_000 * 1024)
+
+    class Proc:
+        pid = 1
+
+    from pathlib import Path
+
+    running = [(Proc(), Job([], "a", Path("a.json"), Path("a.log"), memory_mb=8_000.0), None),
+               (Proc(), Job([], "b", Path("b.json"), Path("b.log")), None)]  # b: no figure, counts nothing
+    assert jobs.headroom_mb(running) == 5_000.0
+    pending = [Job([], "c", Path("c.json"), Path("c.log"), memory_mb=6_000.0),
+               Job([], "d", Path("d.json"), Path("d.log"), memory_mb=0.0)]
+    assert jobs.next_fitting(pending, running)[0].label == "d"  # no figure: not held back
+    monkeypatch.setattr(jobs, "available_mb", lambda: None)  # the machine does not say: nothing held back
+    assert jobs.next_fitting(pending, running)[0].label == "c"
+
+
+def test_a_runs_expected_memory_is_its_records_peak(tmp_path):
+    import json
+
+    folder = tmp_path / "runs" / "sim-tiny" / "msl"
+    folder.mkdir(parents=True)
+    (folder / "seed0.json").write_text(json.dumps({"resources": {"peak_rss_mb": 4376.3}}))
+    (folder / "seed1.json").write_text(json.dumps({"resources": {"peak_rss_mb": 5120.0}}))
+    (folder / "seed2.json").write_text("{not json")  # a bad record loses its figure only
+    assert jobs.recorded_peak_mb(folder / "seed3.json") == 5120.0
+    assert jobs.recorded_peak_mb(tmp_path / "none" / "seed0.json") == 0.0
+
+
 def test_sigterm_to_the_fanout_ends_its_runs(tmp_path):
     """`kill PID` of a bench or sweep with --jobs: its runs end with it (earlier they trained on)."""
     import os

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prvr.harness.base import progress
-from prvr.harness.base.devices import DEVICE_ENV
+from prvr.harness.base.devices import DEVICE_ENV, status_kb
 from prvr.harness.base.io import UserError, check_target, ensure_dir, read_json
 
 POLL_S = 0.5
@@ -172,6 +172,56 @@ def expected_seconds(record: Path, kind: str | None = None) -> float:
     return sum(times) / len(times) if times else float("inf")
 
 
+def recorded_peak_mb(record: Path) -> float:
+    """The largest peak host memory (`resources.peak_rss_mb`) of the run's records already in its
+    folder, any seed; 0 where none says (a bad record only loses its figure)."""
+    peaks = [0.0]
+    for path in sorted(record.parent.glob("seed*.json")):
+        try:
+            peak = (read_json(path).get("resources") or {}).get("peak_rss_mb")
+        except (UserError, AttributeError):
+            continue
+        if isinstance(peak, (int, float)) and peak > 0:
+            peaks.append(float(peak))
+    return max(peaks)
+
+
+def available_mb() -> float | None:
+    """This machine's MemAvailable in MB (/proc/meminfo; None where there is none)."""
+    try:
+        text = Path("/proc/meminfo").read_text(errors="replace")
+    except OSError:
+        return None
+    m = re.search(r"^MemAvailable:\s+(\d+) kB", text, re.M)
+    return int(m.group(1)) / 1024 if m else None
+
+
+def headroom_mb(running: Sequence[tuple[subprocess.Popen, Job, str | None]]) -> float | None:
+    """The host memory a new run can take: what is available now less what the running runs are
+    still expected to grow by (each one's expected peak, `Job.memory_mb`, less its resident memory
+    now). None where the machine does not say what is available."""
+    free = available_mb()
+    if free is None:
+        return None
+    for proc, job, _ in running:
+        if job.memory_mb:
+            free -= max(0.0, job.memory_mb - (status_kb("VmRSS", proc.pid) or 0) / 1024)
+    return free
+
+
+def next_fitting(pending: list[Job], running: Sequence[tuple[subprocess.Popen, Job, str | None]]
+                 ) -> tuple[Job | None, float | None]:
+    """The first pending job whose expected peak memory fits beside the running runs (any job when
+    none runs, or where neither its peak nor the machine's memory is known), and the headroom."""
+    if not running:
+        return (pending[0] if pending else None), None
+    room = headroom_mb(running)
+    for job in pending:
+        if room is None or not job.memory_mb or job.memory_mb <= room:
+            return job, room
+    return None, room
+
+
 def schedule(jobs: list[Job]) -> list[Job]:
     """Longest expected first; equal expectations keep the plan's order."""
     return sorted(jobs, key=lambda j: -j.expected_s)
@@ -207,6 +257,9 @@ def run_jobs(jobs: list[Job], workers: int, command: str, gpus: Sequence[str] = 
     naming each failed run and its log (`command`: the prvr-bench command that planned them, for the
     progress lines).
 
+    A run starts only where its expected peak host memory (`Job.memory_mb`) fits beside the running
+    runs' (`next_fitting`); otherwise it waits, said once, until one ends (a run alone always starts).
+
     A run stopped from outside (SIGTERM, SIGINT or SIGHUP: `kill`, a scheduler, a closed terminal)
     stops them all: the runs still training are ended, none is started, and the error says so; the
     same command again resumes (made runs are kept). A run killed by SIGKILL (the kernel's
@@ -215,13 +268,18 @@ def run_jobs(jobs: list[Job], workers: int, command: str, gpus: Sequence[str] = 
     pending = schedule(jobs)
     running: list[tuple[subprocess.Popen, Job, str | None]] = []  # (process, its job, its GPU)
     failed: list[Job] = []
+    waiting: Job | None = None  # the job last said to wait for memory
     devices = GpuRoundRobin(gpus)
     start = time.perf_counter()
     with progress.task(f"{command} ({workers} jobs)", total=len(jobs)) as advance, _sigterm_interrupts():
         try:
             while pending or running:
                 while pending and len(running) < workers:
-                    job = pending.pop(0)
+                    job, room = next_fitting(pending, running)
+                    if job is None:
+                        waiting = _say_waiting(pending[0], room, len(running), waiting)
+                        break
+                    pending.remove(job)
                     gpu = devices.take() if job.cuda else None
                     running.append((_start(job, gpu), job, gpu))
                 time.sleep(POLL_S)
@@ -240,6 +298,15 @@ def run_jobs(jobs: list[Job], workers: int, command: str, gpus: Sequence[str] = 
             raise
     progress.log(f"{command}: {len(jobs)} runs in {time.perf_counter() - start:.0f} s, {workers} at a time")
     raise_failures(failed, len(jobs))
+
+
+def _say_waiting(job: Job, room: float | None, running: int, said: Job | None) -> Job:
+    """One progress line, once per job, for a run held back for memory; returns the job said."""
+    if job is not said:
+        progress.log(f"{job.label} waits: it needs about {job.memory_mb / 1024:.1f} GB of host memory at its peak, "
+                     f"{max(0.0, room or 0.0) / 1024:.1f} GB are free beside the {running} running; it starts when "
+                     "one ends")
+    return job
 
 
 def stopped_line(job: Job, signum: int, ended: int, not_started: int, command: str) -> str:
@@ -287,7 +354,10 @@ def _start(job: Job, gpu: str | None) -> subprocess.Popen:
 def report(job: Job, code: int, took: float) -> None:
     """One progress line for a finished run: its test SumR, or why it failed."""
     if code != 0:
-        progress.log(f"[red]failed[/] {job.label} after {took:.0f} s (exit {code}): {_last_line(job.log)}")
+        killed = "" if code != -signal.SIGKILL else (
+            ", SIGKILL: the out-of-memory killer's signal among others" + (
+                f"; it was expected to need about {job.memory_mb / 1024:.1f} GB" if job.memory_mb else ""))
+        progress.log(f"[red]failed[/] {job.label} after {took:.0f} s (exit {code}{killed}): {_last_line(job.log)}")
         return
     try:
         sumr = f"test SumR {read_json(job.record)['metrics']['test']['SumR']:.1f}"
