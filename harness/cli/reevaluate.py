@@ -32,10 +32,12 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import zipfile
 from pathlib import Path
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+import numpy as np
 import torch
 
 from prvr.harness.cli.args import command
@@ -54,7 +56,7 @@ from prvr.harness.reports.table import markdown_table
 from prvr.harness.engine.rankings import SUFFIX as RANKINGS_SUFFIX, metrics_of, rankings_of_record
 from prvr.harness.engine.record_types import RunRecord
 from prvr.harness.engine.records import RECORD_FILE, checkpoint_dir, load_record, load_record_at, record_layout
-from prvr.harness.base.registry import DATASETS, Registry, load_all
+from prvr.harness.base.registry import BACKBONES, DATASETS, Registry, load_all
 from prvr.harness.engine.robustness import SUMMARY, curve_levels, noise_curve
 from prvr.harness.engine.trainer import load_weights, read_checkpoint
 
@@ -62,7 +64,8 @@ from prvr.harness.engine.trainer import load_weights, read_checkpoint
 class StoredRun:
     """A run record with its model, restored from the best checkpoint."""
 
-    def __init__(self, record_file: str | Path, device: str = "auto", data_root: str | None = None) -> None:
+    def __init__(self, record_file: str | Path, device: str = "auto", data_root: str | None = None,
+                 official: str | Path | None = None) -> None:
         load_all()
         self.path = Path(record_file)
         # The checkpoint is found from where the record lies, never from names inside it.
@@ -77,18 +80,71 @@ class StoredRun:
         check_device(device, "--device", "--device cpu (or auto)")
         self.device = pick_device(device)
         self.checkpoint = checkpoint_dir(out, dataset, run, seed) / "best.pt"
-        if not self.checkpoint.exists():
+        self.official = Path(official) if official is not None else None
+        self.name = f"{run} seed {seed}"
+        if self.official is not None:  # another's weights in this run's model: no checkpoint of its own read
+            self.name += f" (official weights {self.official.name})"
+        elif not self.checkpoint.exists():
             raise UserError(f"{self.path}: its best checkpoint {self.checkpoint} does not exist; checkpoints are "
                             "not committed, so re-run the run (`prvr-bench run` with the record's command) first")
-        self.name = f"{run} seed {seed}"
 
     def model(self, data) -> torch.nn.Module:
         model = build_model(self.cfg, data.video_dim, data.query_dim)
+        if self.official is not None:
+            load_weights(model, official_weights(self.official, self.cfg.backbone), self.official,
+                         "convert the official checkpoint of this run's model and settings (docs/parity.md)")
+            return model.to(self.device).eval()
         fix = f"re-run the run of {self.path} (`prvr-bench run` with the record's command) to write it again"
         state = read_checkpoint(self.checkpoint, ("model",), fix, self.device)
         load_weights(model, state["model"], self.checkpoint, fix)  # another model's weights: named as such first
         check_checkpoint_of_record(self.checkpoint, state, self.path, self.record, fix)
         return model.to(self.device).eval()
+
+
+class _Read(dict):
+    """A mapping that remembers which keys were read (what an official-weights map used)."""
+
+    def __init__(self, items: dict[str, torch.Tensor]) -> None:
+        super().__init__(items)
+        self.read: set[str] = set()
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        self.read.add(key)
+        return super().__getitem__(key)
+
+
+def official_weights(path: Path, backbone: str) -> dict[str, torch.Tensor]:
+    """An official code's weights (a .npz of its state dict, arrays by its parameter names; no
+    pickle is read) as the state dict of `backbone`, through the backbone's map (`official`: the
+    repository and the map); one line for a backbone without a map, a file that is not such an
+    .npz, a name the map needs that the file lacks, or one the map does not use."""
+    cls = BACKBONES.get(backbone)
+    official = getattr(cls, "official", None)
+    if official is None:
+        known = [n for n in BACKBONES.names() if getattr(BACKBONES.get(n), "official", None) is not None]
+        raise UserError(f"--official-weights: backbone {backbone} has no map of its official code's weights "
+                        f"(known: {', '.join(known)}); evaluate a run of one of those")
+    repo, mapping = official
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            named = _Read({k: torch.from_numpy(np.array(npz[k])) for k in npz.files})
+    except (OSError, ValueError, zipfile.BadZipFile) as err:
+        raise UserError(f"--official-weights {path}: not a readable .npz of arrays ({_first_line(err)}); write one "
+                        "from the official checkpoint as docs/parity.md shows") from None
+    try:
+        weights = mapping(named)
+    except KeyError as err:
+        raise UserError(f"--official-weights {path} lacks {err.args[0]!r}, a weight of {repo}'s {backbone} model; "
+                        "is it that code's checkpoint, converted whole?") from None
+    unused = sorted(set(named) - named.read)
+    if unused:
+        raise UserError(f"--official-weights {path} holds {len(unused)} weights the map of {repo} does not use "
+                        f"(e.g. {unused[0]}): another model or another version of the code")
+    return weights
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
 def check_checkpoint_of_record(checkpoint: Path, state: dict[str, Any], record_file: Path, record: RunRecord,
@@ -127,9 +183,11 @@ def split_metrics(scores: torch.Tensor, split, chunk: int) -> dict[str, Any]:
 
 
 def evaluate_runs(record_files: list[str | Path], split_name: str = "test", parts: bool = False,
-                  ensemble: bool = False, device: str = "auto", data_root: str | None = None) -> list[dict[str, Any]]:
-    """Rows {run, score, metrics} for each run's fused score (and parts), plus the ensemble."""
-    runs = [StoredRun(f, device, data_root) for f in record_files]
+                  ensemble: bool = False, device: str = "auto", data_root: str | None = None,
+                  official: str | Path | None = None) -> list[dict[str, Any]]:
+    """Rows {run, score, metrics} for each run's fused score (and parts), plus the ensemble; with
+    `official`, the run's model holding the official code's weights from that file instead."""
+    runs = [StoredRun(f, device, data_root, official) for f in record_files]
     if ensemble and len(runs) < 2:
         raise UserError("--ensemble needs at least two run records")
     if ensemble and len({_world(r) for r in runs}) > 1:
@@ -379,6 +437,9 @@ def add_commands(sub) -> None:
                         "from the rankings stored beside its record (no checkpoint, no training)")
     p.add_argument("--from-checkpoint", action="store_true",
                    help="with --relevance: rank the split again from the best checkpoint instead of the stored rankings")
+    p.add_argument("--official-weights", default=None, metavar="NPZ",
+                   help="rank with the official code's trained weights (a .npz of its state dict, docs/parity.md) in "
+                        "the record's model instead of its checkpoint: the same function, the same figures as its log")
     for entry in EVALUATIONS.entries():  # the analyses methods bring, e.g. --fusion-weights
         p.add_argument(f"--{entry.name}", dest=_dest(entry.name), action="store_true", help=f"instead: {entry.summary}")
     p.set_defaults(func=cmd_evaluate)
@@ -398,6 +459,10 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     if args.from_checkpoint and args.relevance is None:
         raise UserError("--from-checkpoint goes with --relevance FILE (plain `evaluate` ranks from the checkpoint already)")
     analyses = _analyses(args)
+    if args.official_weights is not None and (len(args.records) != 1 or args.ensemble or args.relevance is not None
+                                              or args.noise_levels is not None or args.score_levels or analyses):
+        raise UserError("--official-weights ranks one record's model with the official weights, its fused score and "
+                        "with --parts its parts; give one record and leave out the other analyses")
     if args.relevance is not None:
         if args.parts or args.ensemble or args.noise_levels is not None or args.score_levels or analyses:
             raise UserError("--relevance scores each run's fused ranks; leave out --parts, --ensemble, --noise-levels, "
@@ -434,7 +499,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         print(format_noise_rows(rows))
         _write_json(args, rows, noise_source=args.noise_source)
         return
-    rows = evaluate_runs(args.records, args.split, args.parts, args.ensemble, args.device, root)
+    rows = evaluate_runs(args.records, args.split, args.parts, args.ensemble, args.device, root, args.official_weights)
     print(format_rows(rows))
     _write_json(args, rows)
 

@@ -1,0 +1,104 @@
+"""`prvr-bench evaluate --official-weights`: an official code's trained weights in our model (the
+MS-SL map: methods/backbones/msl.py `from_official`), read from a .npz without pickle, and its bad
+input. The same function gives the same figures: a checkpoint of ours written out under the
+official code's parameter names and read back ranks exactly as the checkpoint itself."""
+
+import numpy as np
+import pytest
+import torch
+
+from prvr.harness.base.io import UserError
+from prvr.harness.cli import main
+from prvr.harness.cli.reevaluate import evaluate_runs
+from prvr.harness.engine.config import resolve
+from prvr.harness.engine.runner import run_one
+
+
+def _as_official(ours: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    """Our msl state dict under ms-sl's parameter names (MS_SL_Net), written here by hand from its
+    model.py: the inverse of the map, to check the map against."""
+    out = {}
+    for mine, embed, pos, enc, layer in (
+            ("query_encoder.embed", "query_input_proj", "query_pos_embed", "query_encoder", "query_encoder.layer.branches"),
+            ("clip_embed", "clip_input_proj", "clip_pos_embed", "clip_encoder", "clip_encoder.branches"),
+            ("frame_embed", "frame_input_proj", "frame_pos_embed", "frame_encoder", "frame_encoder.branches")):
+        out[f"{embed}.LayerNorm.weight"] = ours[f"{mine}.in_norm.weight"]
+        out[f"{embed}.LayerNorm.bias"] = ours[f"{mine}.in_norm.bias"]
+        out[f"{embed}.net.1.weight"] = ours[f"{mine}.linear.weight"]
+        out[f"{embed}.net.1.bias"] = ours[f"{mine}.linear.bias"]
+        out[f"{pos}.position_embeddings.weight"] = ours[f"{mine}.positions.weight"]
+        out[f"{pos}.LayerNorm.weight"] = ours[f"{mine}.norm.weight"]
+        out[f"{pos}.LayerNorm.bias"] = ours[f"{mine}.norm.bias"]
+        for part, name in zip(ours[f"{layer}.qkv.weight"].chunk(3), ("query", "key", "value")):
+            out[f"{enc}.self.{name}.weight"] = part
+        for part, name in zip(ours[f"{layer}.qkv.bias"].chunk(3), ("query", "key", "value")):
+            out[f"{enc}.self.{name}.bias"] = part
+        out[f"{enc}.output.dense.weight"] = ours[f"{layer}.dense.weight"][0].t()  # nn.Linear: [out, in]
+        out[f"{enc}.output.dense.bias"] = ours[f"{layer}.dense.bias"]
+        out[f"{enc}.output.LayerNorm.weight"] = ours[f"{layer}.norm.weight"]
+        out[f"{enc}.output.LayerNorm.bias"] = ours[f"{layer}.norm.bias"]
+    out["modular_vector_mapping.weight"] = ours["query_encoder.pool.score.weight"]
+    out["mapping_linear.0.weight"] = ours["key_map.weight"]
+    out["mapping_linear.1.weight"] = ours["value_map.weight"]
+    assert len(out) == len(ours) + 12  # each fused q/k/v weight and bias (three encoders) is three tensors there
+    return {k: v.detach().numpy().copy() for k, v in out.items()}
+
+
+@pytest.fixture(scope="module")
+def msl_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("official")
+    record = run_one(resolve("msl", "sim-tiny", 0, ["train.epochs=1"]), out)
+    path = out / "runs" / "sim-tiny" / "msl" / "seed0.json"
+    weights = torch.load(out / "checkpoints" / "sim-tiny" / "msl" / "seed0" / "best.pt", weights_only=True)["model"]
+    npz = out / "official.npz"
+    np.savez(npz, **_as_official(weights))
+    return path, npz, record
+
+
+def test_the_official_names_read_back_rank_as_our_checkpoint(msl_run):
+    path, npz, _ = msl_run
+    ours = evaluate_runs([path], "val", parts=True)
+    theirs = evaluate_runs([path], "val", parts=True, official=npz)
+    assert [r["score"] for r in theirs] == [r["score"] for r in ours] == ["clip", "frame", "fused"]
+    assert [r["metrics"] for r in theirs] == [r["metrics"] for r in ours]
+    assert theirs[0]["run"] == "msl seed 0 (official weights official.npz)"
+
+
+def _write(path, arrays):
+    np.savez(path, **arrays)
+    return path
+
+
+def test_bad_official_weights_are_one_line(msl_run, tmp_path):
+    path, npz, _ = msl_run
+    arrays = dict(np.load(npz))
+    lacking = _write(tmp_path / "lacking.npz", {k: v for k, v in arrays.items() if k != "mapping_linear.1.weight"})
+    with pytest.raises(UserError, match=r"lacking.npz lacks 'mapping_linear.1.weight', a weight of "
+                                        r"HuiGuanLab/ms-sl's msl model; is it that code's checkpoint, converted whole\?"):
+        evaluate_runs([path], "val", official=lacking)
+    extra = _write(tmp_path / "extra.npz", {**arrays, "reranker.weight": np.zeros(3, np.float32)})
+    with pytest.raises(UserError, match=r"extra.npz holds 1 weights the map of HuiGuanLab/ms-sl does not use "
+                                        r"\(e.g. reranker.weight\)"):
+        evaluate_runs([path], "val", official=extra)
+    shaped = _write(tmp_path / "shaped.npz", {**arrays, "mapping_linear.0.weight": np.zeros((2, 2), np.float32)})
+    with pytest.raises(UserError, match=r"checkpoint .*shaped.npz holds another model than this run's \(key_map.weight "
+                                        r"is \[2, 2\] there"):
+        evaluate_runs([path], "val", official=shaped)
+    text = tmp_path / "model.ckpt"
+    text.write_text("not a zip")
+    with pytest.raises(UserError, match=r"--official-weights .*model.ckpt: not a readable .npz of arrays"):
+        evaluate_runs([path], "val", official=text)
+    pickled = tmp_path / "pickled.npz"
+    np.savez(pickled, config=np.array([{"lr": 1}], dtype=object))  # an object array: read only through pickle
+    with pytest.raises(UserError, match=r"pickled.npz: not a readable .npz of arrays"):
+        evaluate_runs([path], "val", official=pickled)
+
+
+def test_a_backbone_without_a_map_and_other_analyses_are_refused(msl_run, tmp_path, capsys):
+    path, npz, _ = msl_run
+    base = tmp_path / "base"
+    run_one(resolve("baseline", "sim-tiny", 0, ["train.epochs=1"]), base)
+    with pytest.raises(UserError, match=r"backbone dual-branch has no map of its official code's weights \(known: msl\)"):
+        evaluate_runs([base / "runs" / "sim-tiny" / "baseline" / "seed0.json"], "val", official=npz)
+    assert main(["evaluate", str(path), str(path), "--ensemble", "--official-weights", str(npz)]) != 0
+    assert "--official-weights ranks one record's model with the official weights" in capsys.readouterr().err
