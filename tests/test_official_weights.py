@@ -1,7 +1,7 @@
 """`prvr-bench evaluate --official-weights`: an official code's trained weights in our model (the
-MS-SL map: methods/backbones/msl.py `from_official`), read from a .npz without pickle, and its bad
-input. The same function gives the same figures: a checkpoint of ours written out under the
-official code's parameter names and read back ranks exactly as the checkpoint itself."""
+maps of methods/backbones/msl.py and gmmformer.py, `from_official`), read from a .npz without pickle,
+and its bad input. The same function gives the same figures: a checkpoint of ours written out under
+the official code's parameter names and read back ranks exactly as the checkpoint itself."""
 
 import numpy as np
 import pytest
@@ -12,6 +12,44 @@ from prvr.harness.cli import main
 from prvr.harness.cli.reevaluate import evaluate_runs
 from prvr.harness.engine.config import resolve
 from prvr.harness.engine.runner import run_one
+
+
+def _attention(ours: dict[str, torch.Tensor], layer: str, names: list[str]) -> dict[str, torch.Tensor]:
+    """Our GaussianBranches at `layer` as the official BertAttention layers `names`, one per branch:
+    each branch's q, k, v rows of the fused product, its output map ([branch, in, out] -> nn.Linear's
+    [out, in]) and its norm's slice."""
+    n = len(names)
+    qkv_w, qkv_b = ours[f"{layer}.qkv.weight"].chunk(3 * n), ours[f"{layer}.qkv.bias"].chunk(3 * n)
+    out = {}
+    for b, name in enumerate(names):
+        for i, m in enumerate(("query", "key", "value")):
+            out[f"{name}.self.{m}.weight"], out[f"{name}.self.{m}.bias"] = qkv_w[3 * b + i], qkv_b[3 * b + i]
+        out[f"{name}.output.dense.weight"] = ours[f"{layer}.dense.weight"][b].t()
+        out[f"{name}.output.dense.bias"] = ours[f"{layer}.dense.bias"].chunk(n)[b]
+        out[f"{name}.output.LayerNorm.weight"] = ours[f"{layer}.norm.weight"].chunk(n)[b]
+        out[f"{name}.output.LayerNorm.bias"] = ours[f"{layer}.norm.bias"].chunk(n)[b]
+    return out
+
+
+def _gmmformer_as_official(ours: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    """Our gmmformer state dict under GMMFormer_Net's names (huangmozhi9527/GMMFormer model.py)."""
+    out = {}
+    for mine, embed, pos in (("query_encoder.embed", "query_input_proj", "query_pos_embed"),
+                             ("clip_embed", "clip_input_proj", "clip_pos_embed"),
+                             ("frame_embed", "frame_input_proj", "frame_pos_embed")):
+        out.update({f"{embed}.LayerNorm.weight": ours[f"{mine}.in_norm.weight"],
+                    f"{embed}.LayerNorm.bias": ours[f"{mine}.in_norm.bias"],
+                    f"{embed}.net.1.weight": ours[f"{mine}.linear.weight"], f"{embed}.net.1.bias": ours[f"{mine}.linear.bias"],
+                    f"{pos}.position_embeddings.weight": ours[f"{mine}.positions.weight"],
+                    f"{pos}.LayerNorm.weight": ours[f"{mine}.norm.weight"], f"{pos}.LayerNorm.bias": ours[f"{mine}.norm.bias"]})
+    out.update(_attention(ours, "query_encoder.layer.branches", ["query_encoder"]))
+    attns = [f"attn{i}" for i in range(4)]
+    for i, (clip, frame) in enumerate([("clip_encoder", "frame_encoder_1"), ("clip_encoder_2", "frame_encoder_2")]):
+        out.update(_attention(ours, f"clip_blocks.{i}.branches", [f"{clip}.{a}" for a in attns]))
+        out.update(_attention(ours, f"frame_blocks.{i}.branches", [f"{frame}.{a}" for a in attns]))
+    out["modular_vector_mapping.weight"] = ours["query_encoder.pool.score.weight"]
+    out["modular_vector_mapping_2.weight"] = ours["frame_pool.score.weight"]
+    return {k: v.detach().numpy().copy() for k, v in out.items()}
 
 
 def _as_official(ours: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
@@ -98,7 +136,25 @@ def test_a_backbone_without_a_map_and_other_analyses_are_refused(msl_run, tmp_pa
     path, npz, _ = msl_run
     base = tmp_path / "base"
     run_one(resolve("baseline", "sim-tiny", 0, ["train.epochs=1"]), base)
-    with pytest.raises(UserError, match=r"backbone dual-branch has no map of its official code's weights \(known: msl\)"):
+    with pytest.raises(UserError, match=r"backbone dual-branch has no map of its official code's weights "
+                                        r"\(known: gmmformer, msl\)"):
         evaluate_runs([base / "runs" / "sim-tiny" / "baseline" / "seed0.json"], "val", official=npz)
     assert main(["evaluate", str(path), str(path), "--ensemble", "--official-weights", str(npz)]) != 0
     assert "--official-weights ranks one record's model with the official weights" in capsys.readouterr().err
+
+
+def test_gmmformers_official_names_read_back_rank_as_our_checkpoint(tmp_path):
+    out = tmp_path / "g"
+    run_one(resolve("gmmformer", "sim-tiny", 0, ["train.epochs=1"]), out)
+    path = out / "runs" / "sim-tiny" / "gmmformer" / "seed0.json"
+    weights = torch.load(out / "checkpoints" / "sim-tiny" / "gmmformer" / "seed0" / "best.pt", weights_only=True)["model"]
+    npz = tmp_path / "official.npz"
+    np.savez(npz, **_gmmformer_as_official(weights))
+    ours, theirs = evaluate_runs([path], "val", parts=True), evaluate_runs([path], "val", parts=True, official=npz)
+    assert [r["metrics"] for r in theirs] == [r["metrics"] for r in ours]
+    # another layout than the reference's: its weights cannot be read into it
+    other = out / "runs" / "sim-tiny" / "gmmformer~w3" / "seed0.json"
+    run_one(resolve("gmmformer", "sim-tiny", 0, ["train.epochs=1", "model.widths=[0.0, 1.0, 5.0]"]), out, tag="w3")
+    with pytest.raises(UserError, match=r"the official GMMFormer has 2 blocks of widths \[0.0, 0.5, 1.0, 5.0\]; this "
+                                        r"run's model has 2 of \[0.0, 1.0, 5.0\]"):
+        evaluate_runs([other], "val", official=npz)

@@ -416,6 +416,33 @@ class QueryEncoder(nn.Module):
         return self.pool(self.layer(self.embed(tokens, mask), mask), mask)
 
 
+# ----------------------------------------------------------------------------- the references' weights
+# The MS-SL family's official code names its parameters by BERT's modules: an input layer
+# `<proj>.LayerNorm`, `<proj>.net.1` (LinearLayer) and `<pos>.position_embeddings`, `<pos>.LayerNorm`
+# (TrainablePositionalEncoding); each attention layer `<att>.self.{query,key,value}`, `<att>.output.dense`,
+# `<att>.output.LayerNorm` (BertAttention). These read such weights into the modules here
+# (`evaluate --official-weights`); a name the file lacks is a KeyError naming it.
+def official_input(named: dict[str, torch.Tensor], ours: str, proj: str, pos: str) -> dict[str, torch.Tensor]:
+    """An `InputEmbedding` at `ours` from the official input layer `proj` and positions `pos`."""
+    return {f"{ours}.in_norm.weight": named[f"{proj}.LayerNorm.weight"], f"{ours}.in_norm.bias": named[f"{proj}.LayerNorm.bias"],
+            f"{ours}.linear.weight": named[f"{proj}.net.1.weight"], f"{ours}.linear.bias": named[f"{proj}.net.1.bias"],
+            f"{ours}.positions.weight": named[f"{pos}.position_embeddings.weight"],
+            f"{ours}.norm.weight": named[f"{pos}.LayerNorm.weight"], f"{ours}.norm.bias": named[f"{pos}.LayerNorm.bias"]}
+
+
+def official_branches(named: dict[str, torch.Tensor], ours: str, layers: list[str]) -> dict[str, torch.Tensor]:
+    """`GaussianBranches` (without a feed-forward) at `ours` from the official attention layers `layers`,
+    one per branch in the order of the widths: their q / k / v maps joined into the fused product
+    (branch-major, q, k, v within a branch, as `attend` reads it), their output maps transposed into
+    `BranchLinear`'s [branch, in, out], their norms stacked."""
+    qkv = [named[f"{a}.self.{m}.{t}"] for a in layers for m in ("query", "key", "value") for t in ("weight", "bias")]
+    return {f"{ours}.qkv.weight": torch.cat(qkv[0::2]), f"{ours}.qkv.bias": torch.cat(qkv[1::2]),
+            f"{ours}.dense.weight": torch.stack([named[f"{a}.output.dense.weight"].t() for a in layers]),
+            f"{ours}.dense.bias": torch.cat([named[f"{a}.output.dense.bias"] for a in layers]),
+            f"{ours}.norm.weight": torch.cat([named[f"{a}.output.LayerNorm.weight"] for a in layers]),
+            f"{ours}.norm.bias": torch.cat([named[f"{a}.output.LayerNorm.bias"] for a in layers])}
+
+
 # ----------------------------------------------------------------------------- init and scoring helpers
 def init_weights(model: nn.Module, std: float) -> None:
     """The MS-SL family's initialisation: linear and embedding weights ~ N(0, std), biases 0,

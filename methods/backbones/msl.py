@@ -33,7 +33,7 @@ from prvr.harness.base.checks import DROPOUT, POSITIVE, PROBABILITY, at_least, p
 from prvr.harness.base.contract import Encoded, Scores
 from prvr.harness.base.registry import BACKBONES
 from prvr.methods.backbones.blocks import (PLAIN, GMMBlock, InputEmbedding, QueryEncoder, check_heads, init_weights,
-                                           score_in_chunks)
+                                           official_branches, official_input, score_in_chunks)
 
 
 @dataclass
@@ -186,32 +186,18 @@ def msl_clip_scores(query: torch.Tensor, side: VideoSide, budget: int) -> Scores
     return Scores(clip, {"clip": clip}, {"clip": clip_raw})
 
 
-def from_official(named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def from_official(named: dict[str, torch.Tensor], cfg: "MSLConfig") -> dict[str, torch.Tensor]:
     """The weights of the official MS-SL code (HuiGuanLab/ms-sl `MS_SL_Net.state_dict()`, by its
-    parameter names) as this backbone's state dict: its separate query / key / value maps joined
-    into the fused q/k/v product, the output map transposed into the branch layout, every other
-    tensor as it is. A name it does not have is a KeyError naming it (the caller says which file)."""
-    out: dict[str, torch.Tensor] = {}
-    for ours, embed, pos, enc in (("query_encoder.embed", "query_input_proj", "query_pos_embed", "query_encoder"),
-                                  ("clip_embed", "clip_input_proj", "clip_pos_embed", "clip_encoder"),
-                                  ("frame_embed", "frame_input_proj", "frame_pos_embed", "frame_encoder")):
-        layer = {"query_encoder": "query_encoder.layer.branches"}.get(enc, f"{enc}.branches")
-        out.update({f"{ours}.in_norm.weight": named[f"{embed}.LayerNorm.weight"],
-                    f"{ours}.in_norm.bias": named[f"{embed}.LayerNorm.bias"],
-                    f"{ours}.linear.weight": named[f"{embed}.net.1.weight"],
-                    f"{ours}.linear.bias": named[f"{embed}.net.1.bias"],
-                    f"{ours}.positions.weight": named[f"{pos}.position_embeddings.weight"],
-                    f"{ours}.norm.weight": named[f"{pos}.LayerNorm.weight"],
-                    f"{ours}.norm.bias": named[f"{pos}.LayerNorm.bias"],
-                    f"{layer}.qkv.weight": torch.cat([named[f"{enc}.self.{m}.weight"] for m in ("query", "key", "value")]),
-                    f"{layer}.qkv.bias": torch.cat([named[f"{enc}.self.{m}.bias"] for m in ("query", "key", "value")]),
-                    f"{layer}.dense.weight": named[f"{enc}.output.dense.weight"].t().contiguous()[None],
-                    f"{layer}.dense.bias": named[f"{enc}.output.dense.bias"],
-                    f"{layer}.norm.weight": named[f"{enc}.output.LayerNorm.weight"],
-                    f"{layer}.norm.bias": named[f"{enc}.output.LayerNorm.bias"]})
-    out.update({"query_encoder.pool.score.weight": named["modular_vector_mapping.weight"],
-                "key_map.weight": named["mapping_linear.0.weight"], "value_map.weight": named["mapping_linear.1.weight"]})
-    return out
+    parameter names) as this backbone's state dict (blocks.py `official_input`, `official_branches`);
+    `cfg` is the run's model config (every MS-SL model has the reference's layout)."""
+    return {**official_input(named, "query_encoder.embed", "query_input_proj", "query_pos_embed"),
+            **official_branches(named, "query_encoder.layer.branches", ["query_encoder"]),
+            **official_input(named, "clip_embed", "clip_input_proj", "clip_pos_embed"),
+            **official_branches(named, "clip_encoder.branches", ["clip_encoder"]),
+            **official_input(named, "frame_embed", "frame_input_proj", "frame_pos_embed"),
+            **official_branches(named, "frame_encoder.branches", ["frame_encoder"]),
+            "query_encoder.pool.score.weight": named["modular_vector_mapping.weight"],
+            "key_map.weight": named["mapping_linear.0.weight"], "value_map.weight": named["mapping_linear.1.weight"]}
 
 
 @BACKBONES.register("msl", "MS-SL: 528 multi-scale clip proposals + key-clip guided frame attention, fused 0.7/0.3")
