@@ -85,6 +85,7 @@ METHODS.add(
     "msl",
     MethodSpec("msl", backbone="msl", relations="none", loss_cls=MSLLossConfig, objective=msl_objective,
                preset=PRESETS / "msl.yaml", needs=frozenset({"clip_frame", "raw"}),
-               objectives=("msl-triplet", "infonce", "restrained-triplet", "soft-infonce")),
+               objectives=("msl-triplet", "infonce", "restrained-triplet", "soft-infonce", "query-matrix-nce",
+                           "query-matrix-triplet")),
     "MS-SL: multi-scale clip proposals + key-clip frame attention, NCE + triplet on one-to-one labels",
 )

@@ -176,9 +176,9 @@ def test_every_registered_objective_is_combined_by_a_method():
 
 
 def test_the_objective_walk_finds_parts_through_helpers():
-    # via two_branch_ranking, two_branch_restrained and two_branch_soft
+    # via two_branch_ranking, two_branch_restrained and two_branch_soft; the query-matrix parts directly
     assert registered_parts(METHODS.get("msl").objective) == {"msl-triplet", "infonce", "restrained-triplet",
-                                                              "soft-infonce"}
+                                                              "soft-infonce", "query-matrix-nce", "query-matrix-triplet"}
 
 
 # ----------------------------------------------------------------------------- presets resolve without data
