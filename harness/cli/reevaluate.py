@@ -116,8 +116,9 @@ class _Read(dict):
 def official_weights(path: Path, backbone: str, model_cfg: Any) -> dict[str, torch.Tensor]:
     """An official code's weights (a .npz of its state dict, arrays by its parameter names; no
     pickle is read) as the state dict of `backbone` with the model config `model_cfg`, through the
-    backbone's map (`official`: the repository and the map, map(named, model_cfg)); one line for a backbone without a map, a file that is not such an
-    .npz, a name the map needs that the file lacks, or one the map does not use."""
+    backbone's `official` (its repository and its map, map(named, model_cfg)). One line for a
+    backbone without a map, a file that is not such an .npz, a name the map needs that the file
+    lacks, or one the map does not use."""
     cls = BACKBONES.get(backbone)
     official = getattr(cls, "official", None)
     if official is None:

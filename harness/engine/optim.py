@@ -139,7 +139,8 @@ def _groups(decay: list, no_decay: list, weight_decay: float) -> list[dict]:
 def reference_parts(model: nn.Module) -> dict[int, int]:
     """{id(parameter): parts} for each parameter that holds several tensors of the reference
     code, stacked along its first dimension, as its module's `reference_parts()` says
-    ({attribute name: parts}); a parameter not named there is one tensor of the reference."""
+    ({parameter name under that module, dotted: parts}); a parameter not named there is one
+    tensor of the reference."""
     parts: dict[int, int] = {}
     for module in model.modules():
         split = getattr(module, "reference_parts", None)
