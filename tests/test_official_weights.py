@@ -31,6 +31,61 @@ def _attention(ours: dict[str, torch.Tensor], layer: str, names: list[str]) -> d
     return out
 
 
+def _ffn_attention(ours: dict[str, torch.Tensor], layer: str, names: list[str]) -> dict[str, torch.Tensor]:
+    """Our GaussianBranches with a feed-forward at `layer` as the official layers `names` (GMMFormer v2's
+    and Holmes' BertAttention: norm1, output.layer1, output.layer2, norm2)."""
+    n = len(names)
+    qkv_w, qkv_b = ours[f"{layer}.qkv.weight"].chunk(3 * n), ours[f"{layer}.qkv.bias"].chunk(3 * n)
+    out = {}
+    for b, name in enumerate(names):
+        for i, m in enumerate(("query", "key", "value")):
+            out[f"{name}.self.{m}.weight"], out[f"{name}.self.{m}.bias"] = qkv_w[3 * b + i], qkv_b[3 * b + i]
+        for mine, theirs in (("ffn_in", "output.layer1"), ("ffn_out", "output.layer2")):
+            out[f"{name}.{theirs}.weight"] = ours[f"{layer}.{mine}.weight"][b].t()
+            out[f"{name}.{theirs}.bias"] = ours[f"{layer}.{mine}.bias"].chunk(n)[b]
+        for norm in ("norm1", "norm2"):
+            out[f"{name}.{norm}.weight"] = ours[f"{layer}.{norm}.weight"].chunk(n)[b]
+            out[f"{name}.{norm}.bias"] = ours[f"{layer}.{norm}.bias"].chunk(n)[b]
+    return out
+
+
+def _embeddings(ours: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out = {}
+    for mine, embed, pos in (("query_encoder.embed", "query_input_proj", "query_pos_embed"),
+                             ("clip_embed", "clip_input_proj", "clip_pos_embed"),
+                             ("frame_embed", "frame_input_proj", "frame_pos_embed")):
+        out.update({f"{embed}.LayerNorm.weight": ours[f"{mine}.in_norm.weight"],
+                    f"{embed}.LayerNorm.bias": ours[f"{mine}.in_norm.bias"],
+                    f"{embed}.net.1.weight": ours[f"{mine}.linear.weight"], f"{embed}.net.1.bias": ours[f"{mine}.linear.bias"],
+                    f"{pos}.position_embeddings.weight": ours[f"{mine}.positions.weight"],
+                    f"{pos}.LayerNorm.weight": ours[f"{mine}.norm.weight"], f"{pos}.LayerNorm.bias": ours[f"{mine}.norm.bias"]})
+    return out
+
+
+def _holmes_as_official(ours: dict[str, torch.Tensor], hidden: int) -> dict[str, np.ndarray]:
+    """Our holmes state dict under the official Holmes model's names (lijun2005/ICML26-Holmes
+    src/Models/holmes): DyGMMBlocks `clip_encoder`, `frame_encoder_1` of eight `e_attns`, a
+    BertCrossAttention `ca` (its key and value maps are our `kv`'s two halves), and the unused
+    `weight_token` the reference keeps."""
+    out = {**_embeddings(ours), **_ffn_attention(ours, "query_encoder.layer.branches", ["query_encoder"])}
+    for mine, theirs in (("clip_block", "clip_encoder"), ("frame_block", "frame_encoder_1")):
+        out.update(_ffn_attention(ours, f"{mine}.branches", [f"{theirs}.e_attns.{i}" for i in range(8)]))
+        key_w, value_w = ours[f"{mine}.cross.kv.weight"].chunk(2)
+        key_b, value_b = ours[f"{mine}.cross.kv.bias"].chunk(2)
+        out.update({f"{theirs}.ca.self.query.weight": ours[f"{mine}.cross.q.weight"],
+                    f"{theirs}.ca.self.query.bias": ours[f"{mine}.cross.q.bias"],
+                    f"{theirs}.ca.self.key.weight": key_w, f"{theirs}.ca.self.key.bias": key_b,
+                    f"{theirs}.ca.self.value.weight": value_w, f"{theirs}.ca.self.value.bias": value_b})
+        for m, t in (("norm1", "norm1"), ("norm2", "norm2"), ("ffn_in", "output.layer1"), ("ffn_out", "output.layer2")):
+            out[f"{theirs}.ca.{t}.weight"], out[f"{theirs}.ca.{t}.bias"] = (ours[f"{mine}.cross.{m}.weight"],
+                                                                            ours[f"{mine}.cross.{m}.bias"])
+        for m in ("layer1", "layer2"):
+            out[f"{theirs}.{m}.weight"], out[f"{theirs}.{m}.bias"] = ours[f"{mine}.{m}.weight"], ours[f"{mine}.{m}.bias"]
+    out["modular_vector_mapping.weight"] = ours["query_encoder.pool.score.weight"]
+    out["weight_token"] = torch.zeros(1, 1, hidden)
+    return {k: v.detach().numpy().copy() for k, v in out.items()}
+
+
 def _gmmformer_as_official(ours: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
     """Our gmmformer state dict under GMMFormer_Net's names (huangmozhi9527/GMMFormer model.py)."""
     out = {}
@@ -137,7 +192,7 @@ def test_a_backbone_without_a_map_and_other_analyses_are_refused(msl_run, tmp_pa
     base = tmp_path / "base"
     run_one(resolve("baseline", "sim-tiny", 0, ["train.epochs=1"]), base)
     with pytest.raises(UserError, match=r"backbone dual-branch has no map of its official code's weights "
-                                        r"\(known: gmmformer, msl\)"):
+                                        r"\(known: gmmformer, holmes, msl\)"):
         evaluate_runs([base / "runs" / "sim-tiny" / "baseline" / "seed0.json"], "val", official=npz)
     assert main(["evaluate", str(path), str(path), "--ensemble", "--official-weights", str(npz)]) != 0
     assert "--official-weights ranks one record's model with the official weights" in capsys.readouterr().err
@@ -158,3 +213,14 @@ def test_gmmformers_official_names_read_back_rank_as_our_checkpoint(tmp_path):
     with pytest.raises(UserError, match=r"the official GMMFormer has 2 blocks of widths \[0.0, 0.5, 1.0, 5.0\]; this "
                                         r"run's model has 2 of \[0.0, 1.0, 5.0\]"):
         evaluate_runs([other], "val", official=npz)
+
+
+def test_holmes_official_names_read_back_rank_as_our_checkpoint(tmp_path):
+    cfg = resolve("holmes", "sim-tiny", 0, ["train.epochs=1"])
+    run_one(cfg, tmp_path)
+    path = tmp_path / "runs" / "sim-tiny" / "holmes" / "seed0.json"
+    weights = torch.load(tmp_path / "checkpoints" / "sim-tiny" / "holmes" / "seed0" / "best.pt", weights_only=True)["model"]
+    npz = tmp_path / "official.npz"
+    np.savez(npz, **_holmes_as_official(weights, cfg.model.hidden))
+    ours, theirs = evaluate_runs([path], "val", parts=True), evaluate_runs([path], "val", parts=True, official=npz)
+    assert [r["metrics"] for r in theirs] == [r["metrics"] for r in ours]

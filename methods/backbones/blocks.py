@@ -430,17 +430,37 @@ def official_input(named: dict[str, torch.Tensor], ours: str, proj: str, pos: st
             f"{ours}.norm.weight": named[f"{pos}.LayerNorm.weight"], f"{ours}.norm.bias": named[f"{pos}.LayerNorm.bias"]}
 
 
-def official_branches(named: dict[str, torch.Tensor], ours: str, layers: list[str]) -> dict[str, torch.Tensor]:
-    """`GaussianBranches` (without a feed-forward) at `ours` from the official attention layers `layers`,
-    one per branch in the order of the widths: their q / k / v maps joined into the fused product
-    (branch-major, q, k, v within a branch, as `attend` reads it), their output maps transposed into
-    `BranchLinear`'s [branch, in, out], their norms stacked."""
+def official_branches(named: dict[str, torch.Tensor], ours: str, layers: list[str],
+                      ffn: bool = False) -> dict[str, torch.Tensor]:
+    """`GaussianBranches` at `ours` from the official attention layers `layers`, one per branch in the
+    order of the widths: their q / k / v maps joined into the fused product (branch-major, q, k, v
+    within a branch, as `attend` reads it), their linear maps transposed into `BranchLinear`'s
+    [branch, in, out], their norms stacked. Without a feed-forward (MS-SL, GMMFormer) a layer's
+    output is `output.dense`, `output.LayerNorm`; with one (`ffn`: GMMFormer v2, Holmes) `norm1`,
+    `output.layer1`, `output.layer2`, `norm2`."""
     qkv = [named[f"{a}.self.{m}.{t}"] for a in layers for m in ("query", "key", "value") for t in ("weight", "bias")]
-    return {f"{ours}.qkv.weight": torch.cat(qkv[0::2]), f"{ours}.qkv.bias": torch.cat(qkv[1::2]),
-            f"{ours}.dense.weight": torch.stack([named[f"{a}.output.dense.weight"].t() for a in layers]),
-            f"{ours}.dense.bias": torch.cat([named[f"{a}.output.dense.bias"] for a in layers]),
-            f"{ours}.norm.weight": torch.cat([named[f"{a}.output.LayerNorm.weight"] for a in layers]),
-            f"{ours}.norm.bias": torch.cat([named[f"{a}.output.LayerNorm.bias"] for a in layers])}
+    out = {f"{ours}.qkv.weight": torch.cat(qkv[0::2]), f"{ours}.qkv.bias": torch.cat(qkv[1::2])}
+    maps = {"ffn_in": "output.layer1", "ffn_out": "output.layer2"} if ffn else {"dense": "output.dense"}
+    norms = {"norm1": "norm1", "norm2": "norm2"} if ffn else {"norm": "output.LayerNorm"}
+    for mine, theirs in maps.items():
+        out[f"{ours}.{mine}.weight"] = torch.stack([named[f"{a}.{theirs}.weight"].t() for a in layers])
+        out[f"{ours}.{mine}.bias"] = torch.cat([named[f"{a}.{theirs}.bias"] for a in layers])
+    for mine, theirs in norms.items():
+        for t in ("weight", "bias"):
+            out[f"{ours}.{mine}.{t}"] = torch.cat([named[f"{a}.{theirs}.{t}"] for a in layers])
+    return out
+
+
+def official_cross(named: dict[str, torch.Tensor], ours: str, layer: str) -> dict[str, torch.Tensor]:
+    """A `CrossAttentionLayer` at `ours` from the official BertCrossAttention `layer` (GMMFormer v2's,
+    Holmes'): its query map, its key and value maps joined (key first, as `forward` splits them), its
+    norms and its feed-forward (`output.layer1`, `output.layer2`, nn.Linear on both sides)."""
+    out = {f"{ours}.q.weight": named[f"{layer}.self.query.weight"], f"{ours}.q.bias": named[f"{layer}.self.query.bias"],
+           f"{ours}.kv.weight": torch.cat([named[f"{layer}.self.key.weight"], named[f"{layer}.self.value.weight"]]),
+           f"{ours}.kv.bias": torch.cat([named[f"{layer}.self.key.bias"], named[f"{layer}.self.value.bias"]])}
+    for mine, theirs in (("norm1", "norm1"), ("norm2", "norm2"), ("ffn_in", "output.layer1"), ("ffn_out", "output.layer2")):
+        out.update({f"{ours}.{mine}.{t}": named[f"{layer}.{theirs}.{t}"] for t in ("weight", "bias")})
+    return out
 
 
 # ----------------------------------------------------------------------------- init and scoring helpers
