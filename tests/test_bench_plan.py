@@ -258,6 +258,28 @@ def test_a_runs_expected_memory_is_its_records_peak(tmp_path):
     assert jobs.recorded_peak_mb(tmp_path / "none" / "seed0.json") == 0.0
 
 
+def test_the_plan_says_when_the_largest_peaks_do_not_fit_together(capsys, tmp_path, monkeypatch):
+    """bench --plan --jobs 2: two runs whose records peaked at 12.4 GB on a 23 GB machine are said to
+    wait for one another; one at a time, or runs that fit, say nothing."""
+    from prvr.harness.cli import plan
+
+    monkeypatch.setattr(plan, "meminfo_mb", lambda key: 23_000.0 if key == "MemTotal" else None)
+    earlier = tmp_path / "runs" / "sim-tiny" / "baseline"
+    earlier.mkdir(parents=True)
+    (earlier / "seed0.json").write_text(json.dumps({"timings": {"train": 60.0}, "resources": {"peak_rss_mb": 12_700.0}}))
+    args = ["bench", "--plan", "--method", "baseline", "--dataset", "sim-tiny", "--seeds", "1", "2", "--out",
+            str(tmp_path), "--quiet"]
+    code, out, err = _out(capsys, *args, "--jobs", "2")
+    assert code == 0, err
+    assert ("memory: the 2 largest expected peaks (12.4 + 12.4 GB of host memory) exceed this machine's 22.5 GB, "
+            "so such runs wait for one another rather than start together") in out
+    code, out, _ = _out(capsys, *args, "--jobs", "1")
+    assert code == 0 and "memory:" not in out
+    assert plan.memory_line([plan.PlanRow("a", "d", 0, plan.Estimate(1.0), memory_mb=5_000.0)] * 2, 2, 23_000.0) == ""
+    monkeypatch.setattr(plan, "meminfo_mb", lambda key: None)  # a machine that does not say: nothing said
+    assert plan.memory_line([plan.PlanRow("a", "d", 0, plan.Estimate(1.0), memory_mb=15_000.0)] * 2, 2) == ""
+
+
 def test_sigterm_to_the_fanout_ends_its_runs(tmp_path):
     """`kill PID` of a bench or sweep with --jobs: its runs end with it (earlier they trained on)."""
     import os

@@ -15,8 +15,8 @@ from prvr.harness.base.registry import BACKBONES, DATASETS, DETECTORS, METHODS, 
 from prvr.harness.cli.args import (DEFAULT_DATASET, add_jobs_argument, command, command_line, common_arguments,
                                    data_root_overrides, run_args, run_line, set_threads)
 from prvr.harness.cli.fanout import launch_from_args, run_in_processes
-from prvr.harness.cli.plan import (PROFILE_FILE, BenchRun, PlanRow, check_kept, commands, estimate, plan_table, prepare_data,
-                                   profile_costs, quick_summary)
+from prvr.harness.cli.plan import (PROFILE_FILE, BenchRun, PlanRow, check_kept, commands, estimate, expected_memory_mb,
+                                   plan_table, prepare_data, profile_costs, quick_summary)
 from prvr.harness.engine.config import resolve
 from prvr.harness.engine.records import record_path
 from prvr.harness.engine.runner import run_name, run_one
@@ -87,7 +87,7 @@ def _plan_text(args: argparse.Namespace, plan: list, workers: int) -> str:
 
     costs = profile_costs(Path(args.out) / PROFILE_FILE)
     rows = [PlanRow(p.name, p.cfg.dataset, p.cfg.seed, estimate(p.cfg, p.record, costs),
-                    args.skip_existing and p.record.exists()) for p in plan]
+                    args.skip_existing and p.record.exists(), expected_memory_mb(p.cfg, p.record, costs)) for p in plan]
     return plan_table(rows, workers, args.out, quick=args.quick)
 
 

@@ -9,9 +9,9 @@ from prvr.harness.base import progress
 from prvr.harness.base.io import UserError
 from prvr.harness.base.devices import pick_device
 from prvr.harness.cli.executors import check_ready, run_on_ray
-from prvr.harness.cli.jobs import Job, Launch, expected_seconds, parse_jobs, recorded_peak_mb, run_device, run_jobs, \
-    threads_per_job, visible_gpus, wants_cuda
-from prvr.harness.cli.plan import PROFILE_FILE, prepare_data, profile_costs, profiled_memory_mb
+from prvr.harness.cli.jobs import Job, Launch, expected_seconds, parse_jobs, run_device, run_jobs, threads_per_job, \
+    visible_gpus, wants_cuda
+from prvr.harness.cli.plan import PROFILE_FILE, expected_memory_mb, prepare_data, profile_costs
 from prvr.harness.engine.records import log_path, record_path
 
 
@@ -45,7 +45,7 @@ def run_in_processes(out, todo: list[tuple], workers: int, threads: int | None, 
         expected = expected_seconds(path, pick_device(cfg.train.device).type)  # records of the device it trains on
         jobs.append(Job([*run_args, "--threads", str(threads)], f"{name} on {cfg.dataset}, seed {cfg.seed}", path,
                         log, expected, device=run_device(cfg.train.device), threads=threads,
-                        memory_mb=recorded_peak_mb(path) or profiled_memory_mb(cfg, costs)))
+                        memory_mb=expected_memory_mb(cfg, path, costs)))
     if not jobs:
         return
     prepare_data([cfg for cfg, _, _ in todo])

@@ -186,14 +186,19 @@ def recorded_peak_mb(record: Path) -> float:
     return max(peaks)
 
 
-def available_mb() -> float | None:
-    """This machine's MemAvailable in MB (/proc/meminfo; None where there is none)."""
+def meminfo_mb(key: str) -> float | None:
+    """A figure of this machine's /proc/meminfo in MB (MemAvailable, MemTotal); None where there is none."""
     try:
         text = Path("/proc/meminfo").read_text(errors="replace")
     except OSError:
         return None
-    m = re.search(r"^MemAvailable:\s+(\d+) kB", text, re.M)
+    m = re.search(rf"^{key}:\s+(\d+) kB", text, re.M)
     return int(m.group(1)) / 1024 if m else None
+
+
+def available_mb() -> float | None:
+    """This machine's MemAvailable in MB (None where it does not say)."""
+    return meminfo_mb("MemAvailable")
 
 
 def headroom_mb(running: Sequence[tuple[subprocess.Popen, Job, str | None]]) -> float | None:

@@ -23,7 +23,7 @@ from prvr.harness.base import progress
 from prvr.harness.base.devices import pick_device
 from prvr.harness.engine.build import load_data
 from prvr.harness.base.io import UserError, read_json
-from prvr.harness.cli.jobs import expected_seconds
+from prvr.harness.cli.jobs import expected_seconds, meminfo_mb, recorded_peak_mb
 from prvr.harness.engine.records import run_tag
 from prvr.harness.engine.runner import stored_settings_diff
 from prvr.harness.engine.sections import SimConfig, dataset_preset
@@ -75,6 +75,7 @@ class PlanRow:
     seed: int
     estimate: Estimate
     kept: bool = False
+    memory_mb: float = 0.0  # expected peak host memory (its records', else the profile's); 0: unknown
 
 
 def profile_costs(path: Path) -> dict[tuple[str, str], dict[str, float]]:
@@ -168,6 +169,12 @@ def profiled_memory_mb(cfg, costs: dict[tuple[str, str], dict[str, float]]) -> f
     return costs.get((profiled_name(cfg), cfg.dataset), {}).get("peak_memory", 0.0)
 
 
+def expected_memory_mb(cfg, record: Path, costs: dict[tuple[str, str], dict[str, float]]) -> float:
+    """A planned run's expected peak host memory in MB: its records' peak (any seed), else the
+    profile's; 0 where neither says."""
+    return recorded_peak_mb(record) or profiled_memory_mb(cfg, costs)
+
+
 def duration(seconds: float) -> str:
     if seconds < 90:
         return f"{seconds:.0f} s"
@@ -191,7 +198,8 @@ def plan_table(rows: list[PlanRow], workers: int, out: str, quick: bool = False)
         lines.append(f"  {r.run:<{width}}  {r.dataset:<{dwidth}}  {r.seed:>4}  {when}")
     quicker = "" if quick else (", --quick (every method on sim-tiny in a few minutes, kept out of the "
                                 "leaderboard)")
-    lines += ["", total_line(rows, workers),
+    memory = memory_line(rows, workers)
+    lines += ["", total_line(rows, workers), *([memory] if memory else []),
               f"Narrow it: --method NAME [NAME ...] (some methods), --seeds S [S ...] (which seeds){quicker}; "
               "--jobs auto runs several at once; --plan prints this and stops."]
     return "\n".join(lines) + "\n"
@@ -208,6 +216,20 @@ def total_line(rows: list[PlanRow], workers: int) -> str:
     if workers > 1:
         text += f"; {workers} at a time: about {duration(max(max(known), total / workers))}"
     return text
+
+
+def memory_line(rows: list[PlanRow], workers: int, machine_mb: float | None = None) -> str:
+    """Where the `workers` largest expected peaks of the runs to make exceed this machine's memory
+    (MemTotal, or `machine_mb`), a line saying so: those runs will wait for one another
+    (jobs.next_fitting); "" otherwise, or where either figure is unknown."""
+    machine_mb = machine_mb if machine_mb is not None else meminfo_mb("MemTotal")
+    peaks = sorted((r.memory_mb for r in rows if not r.kept and r.memory_mb > 0), reverse=True)[:workers]
+    if workers < 2 or len(peaks) < 2 or machine_mb is None or sum(peaks) <= machine_mb:
+        return ""
+    shown = " + ".join(f"{p / 1024:.1f}" for p in peaks)
+    return (f"memory: the {len(peaks)} largest expected peaks ({shown} GB of host memory) exceed this machine's "
+            f"{machine_mb / 1024:.1f} GB, so such runs wait for one another rather than start together "
+            "(docs/cluster.md, \"Host memory\")")
 
 
 def commands(run_args: list[list[str]], threads: int | None) -> str:

@@ -36,7 +36,8 @@ from prvr.harness.cli.args import add_jobs_argument, command, command_line, comm
     run_args, run_line, set_threads
 from prvr.harness.cli.fanout import launch_from_args, run_in_processes
 from prvr.harness.cli.matrix import TREATMENTS, is_untagged, recipe
-from prvr.harness.cli.plan import PROFILE_FILE, BenchRun, PlanRow, check_kept, estimate, plan_table, profile_costs
+from prvr.harness.cli.plan import (PROFILE_FILE, BenchRun, PlanRow, check_kept, estimate, expected_memory_mb, plan_table,
+                                   profile_costs)
 from prvr.harness.engine.config import resolve
 from prvr.harness.engine.records import record_path
 from prvr.harness.engine.runner import run_name, run_one
@@ -135,7 +136,8 @@ def train_planned(args: argparse.Namespace, planned: list[SweepRun]) -> None:
     check_kept(runs, "--tag")
     todo = [p for p in planned if not p.run.record.exists()]
     costs = profile_costs(Path(args.out) / PROFILE_FILE)
-    rows = [PlanRow(r.name, r.cfg.dataset, r.cfg.seed, estimate(r.cfg, r.record, costs), r.record.exists())
+    rows = [PlanRow(r.name, r.cfg.dataset, r.cfg.seed, estimate(r.cfg, r.record, costs), r.record.exists(),
+                    expected_memory_mb(r.cfg, r.record, costs))
             for r in runs]
     workers, launch = launch_from_args(args, [p.run.cfg for p in todo])
     print(plan_table(rows, workers, args.out), end="", flush=True)
