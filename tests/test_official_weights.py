@@ -14,38 +14,27 @@ from prvr.harness.engine.config import resolve
 from prvr.harness.engine.runner import run_one
 
 
-def _attention(ours: dict[str, torch.Tensor], layer: str, names: list[str]) -> dict[str, torch.Tensor]:
+def _attention(ours: dict[str, torch.Tensor], layer: str, names: list[str], ffn: bool = False
+               ) -> dict[str, torch.Tensor]:
     """Our GaussianBranches at `layer` as the official BertAttention layers `names`, one per branch:
-    each branch's q, k, v rows of the fused product, its output map ([branch, in, out] -> nn.Linear's
-    [out, in]) and its norm's slice."""
+    each branch's q, k, v rows of the fused product, its linear maps ([branch, in, out] -> nn.Linear's
+    [out, in]) and its norms' slices; the maps and norms of MS-SL's and GMMFormer's layers
+    (output.dense, output.LayerNorm) or, with `ffn`, of GMMFormer v2's and Holmes' (norm1,
+    output.layer1, output.layer2, norm2)."""
     n = len(names)
     qkv_w, qkv_b = ours[f"{layer}.qkv.weight"].chunk(3 * n), ours[f"{layer}.qkv.bias"].chunk(3 * n)
+    maps = (("ffn_in", "output.layer1"), ("ffn_out", "output.layer2")) if ffn else (("dense", "output.dense"),)
+    norms = (("norm1", "norm1"), ("norm2", "norm2")) if ffn else (("norm", "output.LayerNorm"),)
     out = {}
     for b, name in enumerate(names):
         for i, m in enumerate(("query", "key", "value")):
             out[f"{name}.self.{m}.weight"], out[f"{name}.self.{m}.bias"] = qkv_w[3 * b + i], qkv_b[3 * b + i]
-        out[f"{name}.output.dense.weight"] = ours[f"{layer}.dense.weight"][b].t()
-        out[f"{name}.output.dense.bias"] = ours[f"{layer}.dense.bias"].chunk(n)[b]
-        out[f"{name}.output.LayerNorm.weight"] = ours[f"{layer}.norm.weight"].chunk(n)[b]
-        out[f"{name}.output.LayerNorm.bias"] = ours[f"{layer}.norm.bias"].chunk(n)[b]
-    return out
-
-
-def _ffn_attention(ours: dict[str, torch.Tensor], layer: str, names: list[str]) -> dict[str, torch.Tensor]:
-    """Our GaussianBranches with a feed-forward at `layer` as the official layers `names` (GMMFormer v2's
-    and Holmes' BertAttention: norm1, output.layer1, output.layer2, norm2)."""
-    n = len(names)
-    qkv_w, qkv_b = ours[f"{layer}.qkv.weight"].chunk(3 * n), ours[f"{layer}.qkv.bias"].chunk(3 * n)
-    out = {}
-    for b, name in enumerate(names):
-        for i, m in enumerate(("query", "key", "value")):
-            out[f"{name}.self.{m}.weight"], out[f"{name}.self.{m}.bias"] = qkv_w[3 * b + i], qkv_b[3 * b + i]
-        for mine, theirs in (("ffn_in", "output.layer1"), ("ffn_out", "output.layer2")):
+        for mine, theirs in maps:
             out[f"{name}.{theirs}.weight"] = ours[f"{layer}.{mine}.weight"][b].t()
             out[f"{name}.{theirs}.bias"] = ours[f"{layer}.{mine}.bias"].chunk(n)[b]
-        for norm in ("norm1", "norm2"):
-            out[f"{name}.{norm}.weight"] = ours[f"{layer}.{norm}.weight"].chunk(n)[b]
-            out[f"{name}.{norm}.bias"] = ours[f"{layer}.{norm}.bias"].chunk(n)[b]
+        for mine, theirs in norms:
+            out[f"{name}.{theirs}.weight"] = ours[f"{layer}.{mine}.weight"].chunk(n)[b]
+            out[f"{name}.{theirs}.bias"] = ours[f"{layer}.{mine}.bias"].chunk(n)[b]
     return out
 
 
@@ -67,9 +56,9 @@ def _holmes_as_official(ours: dict[str, torch.Tensor], hidden: int) -> dict[str,
     src/Models/holmes): DyGMMBlocks `clip_encoder`, `frame_encoder_1` of eight `e_attns`, a
     BertCrossAttention `ca` (its key and value maps are our `kv`'s two halves), and the unused
     `weight_token` the reference keeps."""
-    out = {**_embeddings(ours), **_ffn_attention(ours, "query_encoder.layer.branches", ["query_encoder"])}
+    out = {**_embeddings(ours), **_attention(ours, "query_encoder.layer.branches", ["query_encoder"], ffn=True)}
     for mine, theirs in (("clip_block", "clip_encoder"), ("frame_block", "frame_encoder_1")):
-        out.update(_ffn_attention(ours, f"{mine}.branches", [f"{theirs}.e_attns.{i}" for i in range(8)]))
+        out.update(_attention(ours, f"{mine}.branches", [f"{theirs}.e_attns.{i}" for i in range(8)], ffn=True))
         key_w, value_w = ours[f"{mine}.cross.kv.weight"].chunk(2)
         key_b, value_b = ours[f"{mine}.cross.kv.bias"].chunk(2)
         out.update({f"{theirs}.ca.self.query.weight": ours[f"{mine}.cross.q.weight"],
@@ -88,15 +77,7 @@ def _holmes_as_official(ours: dict[str, torch.Tensor], hidden: int) -> dict[str,
 
 def _gmmformer_as_official(ours: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
     """Our gmmformer state dict under GMMFormer_Net's names (huangmozhi9527/GMMFormer model.py)."""
-    out = {}
-    for mine, embed, pos in (("query_encoder.embed", "query_input_proj", "query_pos_embed"),
-                             ("clip_embed", "clip_input_proj", "clip_pos_embed"),
-                             ("frame_embed", "frame_input_proj", "frame_pos_embed")):
-        out.update({f"{embed}.LayerNorm.weight": ours[f"{mine}.in_norm.weight"],
-                    f"{embed}.LayerNorm.bias": ours[f"{mine}.in_norm.bias"],
-                    f"{embed}.net.1.weight": ours[f"{mine}.linear.weight"], f"{embed}.net.1.bias": ours[f"{mine}.linear.bias"],
-                    f"{pos}.position_embeddings.weight": ours[f"{mine}.positions.weight"],
-                    f"{pos}.LayerNorm.weight": ours[f"{mine}.norm.weight"], f"{pos}.LayerNorm.bias": ours[f"{mine}.norm.bias"]})
+    out = _embeddings(ours)
     out.update(_attention(ours, "query_encoder.layer.branches", ["query_encoder"]))
     attns = [f"attn{i}" for i in range(4)]
     for i, (clip, frame) in enumerate([("clip_encoder", "frame_encoder_1"), ("clip_encoder_2", "frame_encoder_2")]):
