@@ -451,6 +451,18 @@ def official_branches(named: dict[str, torch.Tensor], ours: str, layers: list[st
     return out
 
 
+def official_inputs_and_query(named: dict[str, torch.Tensor], ffn: bool = False) -> dict[str, torch.Tensor]:
+    """What every MS-SL-family reference names alike: the query encoder (`query_input_proj`,
+    `query_pos_embed`, its attention layer `query_encoder`, its pooling `modular_vector_mapping`) and
+    the clip and frame input layers with their positions, as `QueryEncoder` at `query_encoder` and
+    `InputEmbedding` at `clip_embed`, `frame_embed`; `ffn` as `official_branches`."""
+    return {**official_input(named, "query_encoder.embed", "query_input_proj", "query_pos_embed"),
+            **official_branches(named, "query_encoder.layer.branches", ["query_encoder"], ffn=ffn),
+            "query_encoder.pool.score.weight": named["modular_vector_mapping.weight"],
+            **official_input(named, "clip_embed", "clip_input_proj", "clip_pos_embed"),
+            **official_input(named, "frame_embed", "frame_input_proj", "frame_pos_embed")}
+
+
 def official_cross(named: dict[str, torch.Tensor], ours: str, layer: str) -> dict[str, torch.Tensor]:
     """A `CrossAttentionLayer` at `ours` from the official BertCrossAttention `layer` (GMMFormer v2's,
     Holmes'): its query map, its key and value maps joined (key first, as `forward` splits them), its

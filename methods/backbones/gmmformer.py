@@ -27,8 +27,8 @@ from prvr.harness.base.contract import Encoded, OnDemand, Scores
 from prvr.harness.base.registry import BACKBONES
 from prvr.harness.base.io import UserError
 from prvr.methods.backbones.blocks import (AttentionPool, GMMBlock, InputEmbedding, QueryEncoder, best_clip_scores,
-                                           check_heads, init_weights, official_branches, official_input, unit,
-                                           with_units)
+                                           check_heads, init_weights, official_branches, official_inputs_and_query,
+                                           unit, with_units)
 
 
 @dataclass
@@ -57,7 +57,7 @@ OFFICIAL_WIDTHS = [0.0, 0.5, 1.0, 5.0]  # GMMFormer's GMMBlock: attn0 (no window
 
 def from_official(named: dict[str, torch.Tensor], cfg: GMMFormerConfig) -> dict[str, torch.Tensor]:
     """The weights of the official GMMFormer code (huangmozhi9527/GMMFormer `GMMFormer_Net`'s
-    `state_dict`, by its parameter names) as this backbone's (blocks.py `official_input`,
+    `state_dict`, by its parameter names) as this backbone's (blocks.py `official_inputs_and_query`,
     `official_branches`): its two clip blocks `clip_encoder`, `clip_encoder_2` and two frame blocks
     `frame_encoder_1`, `frame_encoder_2`, each of four attention layers `attn0` .. `attn3` (the widths
     plain, 0.5, 1, 5), its two attention poolings. Only a model of that layout reads them: other
@@ -66,12 +66,7 @@ def from_official(named: dict[str, torch.Tensor], cfg: GMMFormerConfig) -> dict[
         raise UserError(f"--official-weights: the official GMMFormer has 2 blocks of widths {OFFICIAL_WIDTHS}; this run's "
                         f"model has {cfg.blocks} of {list(cfg.widths)}, so its weights do not fit it")
     layers = [f"attn{i}" for i in range(len(OFFICIAL_WIDTHS))]
-    out = {**official_input(named, "query_encoder.embed", "query_input_proj", "query_pos_embed"),
-           **official_branches(named, "query_encoder.layer.branches", ["query_encoder"]),
-           **official_input(named, "clip_embed", "clip_input_proj", "clip_pos_embed"),
-           **official_input(named, "frame_embed", "frame_input_proj", "frame_pos_embed"),
-           "query_encoder.pool.score.weight": named["modular_vector_mapping.weight"],
-           "frame_pool.score.weight": named["modular_vector_mapping_2.weight"]}
+    out = {**official_inputs_and_query(named), "frame_pool.score.weight": named["modular_vector_mapping_2.weight"]}
     for i, (clip, frame) in enumerate([("clip_encoder", "frame_encoder_1"), ("clip_encoder_2", "frame_encoder_2")]):
         out.update(official_branches(named, f"clip_blocks.{i}.branches", [f"{clip}.{a}" for a in layers]))
         out.update(official_branches(named, f"frame_blocks.{i}.branches", [f"{frame}.{a}" for a in layers]))

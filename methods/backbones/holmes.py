@@ -25,7 +25,7 @@ import torch
 from prvr.harness.base.checks import NON_NEGATIVE, PROBABILITY, ListOf, one_of, param
 from prvr.harness.base.io import UserError
 from prvr.harness.base.registry import BACKBONES
-from prvr.methods.backbones.blocks import official_branches, official_cross, official_input
+from prvr.methods.backbones.blocks import official_branches, official_cross, official_inputs_and_query
 from prvr.methods.backbones.gmmformer2 import GMMFormer2, GMMFormer2Config
 
 FusionToken = Literal["mean", "learned"]  # model.fusion_token
@@ -44,7 +44,7 @@ class HolmesBackboneConfig(GMMFormer2Config):
 
 def from_official(named: dict[str, torch.Tensor], cfg: "HolmesBackboneConfig") -> dict[str, torch.Tensor]:
     """The weights of the official Holmes code (lijun2005/ICML26-Holmes, its model's `state_dict`
-    as its checkpoint keeps it under `state_dict`) as this backbone's (blocks.py `official_input`,
+    as its checkpoint keeps it under `state_dict`) as this backbone's (blocks.py `official_inputs_and_query`,
     `official_branches`, `official_cross`): the query encoder, a BertAttention with a feed-forward;
     the clip encoder `clip_encoder` and frame encoder `frame_encoder_1`, each a DyGMMBlock of eight
     attention layers `e_attns.0` .. `e_attns.7` (the widths plain, 2^-1 .. 2^5), its cross-attention
@@ -56,11 +56,7 @@ def from_official(named: dict[str, torch.Tensor], cfg: "HolmesBackboneConfig") -
                         f"has {list(cfg.widths)}, so its weights do not fit it")
     layers = [f"e_attns.{i}" for i in range(len(OFFICIAL_WIDTHS))]
     token = named["weight_token"]
-    out = {**official_input(named, "query_encoder.embed", "query_input_proj", "query_pos_embed"),
-           **official_branches(named, "query_encoder.layer.branches", ["query_encoder"], ffn=True),
-           **official_input(named, "clip_embed", "clip_input_proj", "clip_pos_embed"),
-           **official_input(named, "frame_embed", "frame_input_proj", "frame_pos_embed"),
-           "query_encoder.pool.score.weight": named["modular_vector_mapping.weight"]}
+    out = official_inputs_and_query(named, ffn=True)
     for mine, theirs in (("clip_block", "clip_encoder"), ("frame_block", "frame_encoder_1")):
         out.update(official_branches(named, f"{mine}.branches", [f"{theirs}.{a}" for a in layers], ffn=True))
         out.update(official_cross(named, f"{mine}.cross", f"{theirs}.ca"))

@@ -33,7 +33,7 @@ from prvr.harness.base.checks import DROPOUT, POSITIVE, PROBABILITY, at_least, p
 from prvr.harness.base.contract import Encoded, Scores
 from prvr.harness.base.registry import BACKBONES
 from prvr.methods.backbones.blocks import (PLAIN, GMMBlock, InputEmbedding, QueryEncoder, check_heads, init_weights,
-                                           official_branches, official_input, score_in_chunks)
+                                           official_branches, official_inputs_and_query, score_in_chunks)
 
 
 @dataclass
@@ -188,15 +188,11 @@ def msl_clip_scores(query: torch.Tensor, side: VideoSide, budget: int) -> Scores
 
 def from_official(named: dict[str, torch.Tensor], cfg: "MSLConfig") -> dict[str, torch.Tensor]:
     """The weights of the official MS-SL code (HuiGuanLab/ms-sl `MS_SL_Net.state_dict()`, by its
-    parameter names) as this backbone's state dict (blocks.py `official_input`, `official_branches`);
+    parameter names) as this backbone's state dict (blocks.py `official_inputs_and_query`, `official_branches`);
     `cfg` is the run's model config (every MS-SL model has the reference's layout)."""
-    return {**official_input(named, "query_encoder.embed", "query_input_proj", "query_pos_embed"),
-            **official_branches(named, "query_encoder.layer.branches", ["query_encoder"]),
-            **official_input(named, "clip_embed", "clip_input_proj", "clip_pos_embed"),
+    return {**official_inputs_and_query(named),
             **official_branches(named, "clip_encoder.branches", ["clip_encoder"]),
-            **official_input(named, "frame_embed", "frame_input_proj", "frame_pos_embed"),
             **official_branches(named, "frame_encoder.branches", ["frame_encoder"]),
-            "query_encoder.pool.score.weight": named["modular_vector_mapping.weight"],
             "key_map.weight": named["mapping_linear.0.weight"], "value_map.weight": named["mapping_linear.1.weight"]}
 
 
