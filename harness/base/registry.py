@@ -181,6 +181,16 @@ def extended_home(spec: "MethodSpec", backbone: str) -> "MethodSpec | None":
     return None if home is None or home == spec.name else METHODS.get(home)
 
 
+def method_detector(spec: "MethodSpec", backbone: str) -> str:
+    """The detector a method trains with on `backbone` unless a run names another: its own
+    (`MethodSpec.relations`), or, for a method that brings none ("none") and extends its
+    backbone's home method, the home method's, which is part of what it extends (RAL on Holmes
+    keeps Holmes' query division, as Holmes' dual-query code does). The run's config
+    (config.resolve) and its name (runner.run_name) ask it."""
+    home = extended_home(spec, backbone)
+    return home.relations if home is not None and spec.relations == "none" else spec.relations
+
+
 def home_method(backbone: str) -> str | None:
     """The method whose own backbone `backbone` is (its preset holds the backbone's
     per-dataset `model` settings): the one named like it, else the first by name."""

@@ -35,7 +35,7 @@ from prvr.harness.reports.leaderboard import REPORTED_FILE, paper_figures
 from prvr.harness.base.names import check_name, check_tag, inside
 from prvr.harness.engine.record_types import RunRecord
 from prvr.harness.engine.records import load_record_at, record_path, run_tag
-from prvr.harness.base.registry import METHODS, home_method, load_all
+from prvr.harness.base.registry import METHODS, home_method, load_all, method_detector
 from prvr.harness.reports.rows import COLUMNS, MOMENT_SUM, Column, is_metric_key, moment_columns, p_value, value_at
 from prvr.harness.reports.table import csv_text, markdown_table, mean_std
 from prvr.harness.engine.runner import run_name, run_one, settings_diff
@@ -278,8 +278,9 @@ def report(table: AblationTable, out: str, dataset: str, plan, extra_tag: str = 
     spec = METHODS.get(table.method)
     detectors = {p.cfg.relations.name for p in plan
                  if not p.row.home and not any(o.startswith("relations") for o in p.row.overrides)}
-    on = run_tag(table.method, detectors.pop() if len(detectors) == 1 else spec.relations, spec.relations,
-                 backbone or spec.backbone, spec.backbone)
+    own = method_detector(spec, backbone or spec.backbone)
+    on = run_tag(table.method, detectors.pop() if len(detectors) == 1 else own, own, backbone or spec.backbone,
+                 spec.backbone)
     stem = check_name(f"{on}_table{table.name}{'_' + extra_tag if extra_tag else ''}", "ablation table name",
                       "use a shorter --tag")
     path = inside(Path(out) / "ablations" / check_name(dataset, "dataset name", "pick a registered dataset")

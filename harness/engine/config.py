@@ -25,7 +25,8 @@ import yaml
 from prvr.harness.base.checks import Device, check_section, check_value, show
 from prvr.harness.base.devices import DEVICE_ENV, pick_device
 from prvr.harness.base.io import UserError
-from prvr.harness.base.registry import BACKBONES, DATASETS, DETECTORS, METHODS, extended_home, home_method, unknown_message
+from prvr.harness.base.registry import (BACKBONES, DATASETS, DETECTORS, METHODS, extended_home, home_method, method_detector,
+                                        unknown_message)
 from prvr.harness.engine.precision import check_precision
 from prvr.harness.engine.sections import Config, dataset_preset as load_dataset_preset, detector_settings, load_yaml
 from prvr.methods.fit import check_fit
@@ -110,7 +111,7 @@ def resolve(method: str, dataset: str, seed: int = 0, overrides: list[str] | Non
     cfg.model = BACKBONES.get(backbone).config_cls()
     cfg.loss = loss_class(spec, backbone)()
     cfg.extra = {name: cls() for name, cls in spec.sections.items()}
-    cfg.relations.name = _pick_detector(spec.relations, layers, sets)
+    cfg.relations.name = _pick_detector(method_detector(spec, backbone), layers, sets)
     cfg.detector = detector_settings(cfg.relations.name)
     for layer, source in layers:
         # a preset may configure several detectors (e.g. ARL's own and the +oracle row's); only

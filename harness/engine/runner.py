@@ -18,7 +18,7 @@ from prvr.harness.engine.record_types import (MOMENT_METRIC_PREFIXES, SPLIT_METR
                                        RunResources, SplitMetrics)
 from prvr.harness.engine.records import (checkpoint_dir, load_record_at, provenance, provenance_time, record_path,
                                   run_protocol, run_tag, write_record)
-from prvr.harness.base.registry import METHODS
+from prvr.harness.base.registry import METHODS, method_detector
 from prvr.harness.engine.robustness import curve_line, noise_curve
 from prvr.harness.engine.sections import Config
 from prvr.harness.base.timing import Timings
@@ -30,7 +30,8 @@ RANKED_SPLITS = ("val", "test")  # stored beside the record (harness/engine/rank
 def run_name(cfg: Config, tag: str = "") -> str:
     """The run's folder name (checked: harness/base/names.py)."""
     spec = METHODS.get(cfg.method)
-    name = run_tag(cfg.method, cfg.relations.name, spec.relations, cfg.backbone, spec.backbone, check_tag(tag))
+    name = run_tag(cfg.method, cfg.relations.name, method_detector(spec, cfg.backbone), cfg.backbone, spec.backbone,
+                   check_tag(tag))
     return check_name(name, "run name", "use a shorter --tag")
 
 
