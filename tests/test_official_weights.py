@@ -12,6 +12,7 @@ from prvr.harness.cli import main
 from prvr.harness.cli.reevaluate import evaluate_runs
 from prvr.harness.engine.config import resolve
 from prvr.harness.engine.runner import run_one
+from prvr.methods.backbones.gmmformer2 import from_official
 
 
 def _attention(ours: dict[str, torch.Tensor], layer: str, names: list[str], ffn: bool = False
@@ -51,14 +52,15 @@ def _embeddings(ours: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def _holmes_as_official(ours: dict[str, torch.Tensor], hidden: int) -> dict[str, np.ndarray]:
-    """Our holmes state dict under the official Holmes model's names (lijun2005/ICML26-Holmes
-    src/Models/holmes): DyGMMBlocks `clip_encoder`, `frame_encoder_1` of eight `e_attns`, a
-    BertCrossAttention `ca` (its key and value maps are our `kv`'s two halves), and the unused
-    `weight_token` the reference keeps."""
+def _dynamic_as_official(ours: dict[str, torch.Tensor], attentions: list[str], token: torch.Tensor
+                         ) -> dict[str, np.ndarray]:
+    """Our gmmformer2 or holmes state dict under the official models' names (huangmozhi9527/GMMFormer_v2
+    src/Models/gmmformerV2, lijun2005/ICML26-Holmes src/Models/holmes): DyGMMBlocks `clip_encoder`,
+    `frame_encoder_1` of the attention layers `attentions`, a BertCrossAttention `ca` (its key and value
+    maps are our `kv`'s two halves), and the `weight_token` (v2's learned one; the unused one Holmes keeps)."""
     out = {**_embeddings(ours), **_attention(ours, "query_encoder.layer.branches", ["query_encoder"], ffn=True)}
     for mine, theirs in (("clip_block", "clip_encoder"), ("frame_block", "frame_encoder_1")):
-        out.update(_attention(ours, f"{mine}.branches", [f"{theirs}.e_attns.{i}" for i in range(8)], ffn=True))
+        out.update(_attention(ours, f"{mine}.branches", [f"{theirs}.{a}" for a in attentions], ffn=True))
         key_w, value_w = ours[f"{mine}.cross.kv.weight"].chunk(2)
         key_b, value_b = ours[f"{mine}.cross.kv.bias"].chunk(2)
         out.update({f"{theirs}.ca.self.query.weight": ours[f"{mine}.cross.q.weight"],
@@ -71,7 +73,7 @@ def _holmes_as_official(ours: dict[str, torch.Tensor], hidden: int) -> dict[str,
         for m in ("layer1", "layer2"):
             out[f"{theirs}.{m}.weight"], out[f"{theirs}.{m}.bias"] = ours[f"{mine}.{m}.weight"], ours[f"{mine}.{m}.bias"]
     out["modular_vector_mapping.weight"] = ours["query_encoder.pool.score.weight"]
-    out["weight_token"] = torch.zeros(1, 1, hidden)
+    out["weight_token"] = token
     return {k: v.detach().numpy().copy() for k, v in out.items()}
 
 
@@ -173,7 +175,7 @@ def test_a_backbone_without_a_map_and_other_analyses_are_refused(msl_run, tmp_pa
     base = tmp_path / "base"
     run_one(resolve("baseline", "sim-tiny", 0, ["train.epochs=1"]), base)
     with pytest.raises(UserError, match=r"backbone dual-branch has no map of its official code's weights "
-                                        r"\(known: gmmformer, holmes, msl\)"):
+                                        r"\(known: gmmformer, gmmformer2, holmes, msl\)"):
         evaluate_runs([base / "runs" / "sim-tiny" / "baseline" / "seed0.json"], "val", official=npz)
     assert main(["evaluate", str(path), str(path), "--ensemble", "--official-weights", str(npz)]) != 0
     assert "--official-weights ranks one record's model with the official weights" in capsys.readouterr().err
@@ -202,6 +204,26 @@ def test_holmes_official_names_read_back_rank_as_our_checkpoint(tmp_path):
     path = tmp_path / "runs" / "sim-tiny" / "holmes" / "seed0.json"
     weights = torch.load(tmp_path / "checkpoints" / "sim-tiny" / "holmes" / "seed0" / "best.pt", weights_only=True)["model"]
     npz = tmp_path / "official.npz"
-    np.savez(npz, **_holmes_as_official(weights, cfg.model.hidden))
+    np.savez(npz, **_dynamic_as_official(weights, [f"e_attns.{i}" for i in range(8)], torch.zeros(1, 1, cfg.model.hidden)))
     ours, theirs = evaluate_runs([path], "val", parts=True), evaluate_runs([path], "val", parts=True, official=npz)
     assert [r["metrics"] for r in theirs] == [r["metrics"] for r in ours]
+
+
+def test_gmmformer2s_official_names_read_back_rank_as_our_checkpoint(tmp_path):
+    """GMMFormer v2's names (attn0 .. attn7, and the learned token both encoders read, which the
+    reference's checkpoint holds and the map must carry over)."""
+    run_one(resolve("gmmformer2", "sim-tiny", 0, ["train.epochs=1"]), tmp_path)
+    path = tmp_path / "runs" / "sim-tiny" / "gmmformer2" / "seed0.json"
+    weights = torch.load(tmp_path / "checkpoints" / "sim-tiny" / "gmmformer2" / "seed0" / "best.pt",
+                         weights_only=True)["model"]
+    npz = tmp_path / "official.npz"
+    np.savez(npz, **_dynamic_as_official(weights, [f"attn{i}" for i in range(8)], weights["weight_token"]))
+    ours, theirs = evaluate_runs([path], "val", parts=True), evaluate_runs([path], "val", parts=True, official=npz)
+    assert [r["metrics"] for r in theirs] == [r["metrics"] for r in ours]
+    named = {k: torch.from_numpy(v) for k, v in np.load(npz).items()}
+    mapped = from_official(named, resolve("gmmformer2", "sim-tiny", 0).model)
+    assert mapped["weight_token"] is named["weight_token"] and set(mapped) == set(weights)  # every weight of ours, once
+    run_one(resolve("gmmformer2", "sim-tiny", 0, ["train.epochs=1", "model.widths=[0.0, 1.0]"]), tmp_path, tag="w2")
+    with pytest.raises(UserError, match=r"the official GMMFormer v2 has the widths \[0.0, 0.5, 1.0, 5.0, 10.0, 3.0, "
+                                        r"0.1, 8.0\]; this run's model has \[0.0, 1.0\]"):
+        evaluate_runs([tmp_path / "runs" / "sim-tiny" / "gmmformer2~w2" / "seed0.json"], "val", official=npz)

@@ -395,6 +395,7 @@ class DreamPRVR(GMMFormer2):
     """GMMFormer v2's query encoder and scores (inherited) with DreamPRVR's video encoders."""
 
     config_cls = DreamPRVRConfig
+    official = None  # no map of lijun2005/CVPR26-DreamPRVR's weights yet (GMMFormer v2's does not fit its encoders)
     cfg: DreamPRVRConfig
     provides: ClassVar[frozenset[str]] = GMMFormer2.provides | {"diffusion"}
 

@@ -14,6 +14,7 @@ still take part in the max (a zero vector scores 0); here padded frames are excl
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -24,9 +25,12 @@ from prvr.harness.base.batches import QueryBatch, VideoBatch
 from prvr.harness.base.checks import DROPOUT, NON_NEGATIVE, POSITIVE, PROBABILITY, ListOf, at_least, one_of, param
 from prvr.harness.base.contract import Encoded, Scores
 from prvr.harness.base.registry import BACKBONES
+from prvr.harness.base.io import UserError
 from prvr.methods.backbones.blocks import (DynamicGMMBlock, InputEmbedding, PaddedFrames, QueryEncoder, best_clip_scores,
-                                           check_heads, clip_frame_scores, encode_frames, init_weights, score_in_chunks,
-                                           with_units)
+                                           check_heads, clip_frame_scores, encode_frames, init_weights, official_branches,
+                                           official_cross, official_inputs_and_query, score_in_chunks, with_units)
+
+OFFICIAL_WIDTHS = [0.0, 0.5, 1.0, 5.0, 10.0, 3.0, 0.1, 8.0]  # DyGMMBlock attn0 .. attn7: plain, then its wid values
 
 
 @dataclass
@@ -58,9 +62,38 @@ class GMMFormer2Config:
         check_heads(self, key)
 
 
+def official_dynamic_blocks(named: dict[str, torch.Tensor], attentions: list[str]) -> dict[str, torch.Tensor]:
+    """What the GMMFormer v2 family's official codes (GMMFormer v2, Holmes) name alike, as this backbone's
+    (blocks.py `official_inputs_and_query`, `official_branches`, `official_cross`): the query encoder, a
+    BertAttention with a feed-forward; the clip encoder `clip_encoder` and frame encoder `frame_encoder_1`,
+    each a DyGMMBlock of the attention layers `attentions` (one per width, in our order), its
+    cross-attention `ca` and its weight map `layer1`, `layer2`. The learned token is each map's own."""
+    out = official_inputs_and_query(named, ffn=True)
+    for mine, theirs in (("clip_block", "clip_encoder"), ("frame_block", "frame_encoder_1")):
+        out.update(official_branches(named, f"{mine}.branches", [f"{theirs}.{a}" for a in attentions], ffn=True))
+        out.update(official_cross(named, f"{mine}.cross", f"{theirs}.ca"))
+        out.update({f"{mine}.{m}.{t}": named[f"{theirs}.{m}.{t}"] for m in ("layer1", "layer2") for t in ("weight", "bias")})
+    return out
+
+
+def from_official(named: dict[str, torch.Tensor], cfg: GMMFormer2Config) -> dict[str, torch.Tensor]:
+    """The weights of the official GMMFormer v2 (huangmozhi9527/GMMFormer_v2, GMMFormerV2_Net's
+    `state_dict`, which its checkpoint keeps under `state_dict`) as this backbone's: `official_dynamic_blocks` with
+    the attention layers `attn0` .. `attn7` and the learned `weight_token` both encoders share. Only a
+    model of the reference's widths reads them (one line otherwise)."""
+    if list(cfg.widths) != OFFICIAL_WIDTHS:
+        raise UserError(f"--official-weights: the official GMMFormer v2 has the widths {OFFICIAL_WIDTHS}; this run's "
+                        f"model has {list(cfg.widths)}, so its weights do not fit it")
+    return {**official_dynamic_blocks(named, [f"attn{i}" for i in range(len(OFFICIAL_WIDTHS))]),
+            "weight_token": named["weight_token"]}
+
+
 @BACKBONES.register("gmmformer2", "GMMFormer v2: dynamic GMM block, 8 Gaussian widths fused by learned weights")
 class GMMFormer2(nn.Module):
     config_cls = GMMFormer2Config
+    # `evaluate --official-weights`: whose weights, and their map (None where a subclass has none)
+    official: ClassVar[tuple[str, Callable[..., dict[str, torch.Tensor]]] | None] = ("huangmozhi9527/GMMFormer_v2",
+                                                                                    from_official)
     provides: ClassVar[frozenset[str]] = frozenset({"clip_frame", "raw", "query_vector", "clip_vectors", "frame_mask",
                                                     "frame_views", "frame_tokens"})
 

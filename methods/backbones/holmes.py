@@ -25,8 +25,7 @@ import torch
 from prvr.harness.base.checks import NON_NEGATIVE, PROBABILITY, ListOf, one_of, param
 from prvr.harness.base.io import UserError
 from prvr.harness.base.registry import BACKBONES
-from prvr.methods.backbones.blocks import official_branches, official_cross, official_inputs_and_query
-from prvr.methods.backbones.gmmformer2 import GMMFormer2, GMMFormer2Config
+from prvr.methods.backbones.gmmformer2 import GMMFormer2, GMMFormer2Config, official_dynamic_blocks
 
 FusionToken = Literal["mean", "learned"]  # model.fusion_token
 OFFICIAL_WIDTHS = [0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0]  # DyGMMBlock's e_attns: plain, then 2^-1 .. 2^5
@@ -44,23 +43,16 @@ class HolmesBackboneConfig(GMMFormer2Config):
 
 def from_official(named: dict[str, torch.Tensor], cfg: "HolmesBackboneConfig") -> dict[str, torch.Tensor]:
     """The weights of the official Holmes code (lijun2005/ICML26-Holmes, its model's `state_dict`
-    as its checkpoint keeps it under `state_dict`) as this backbone's (blocks.py `official_inputs_and_query`,
-    `official_branches`, `official_cross`): the query encoder, a BertAttention with a feed-forward;
-    the clip encoder `clip_encoder` and frame encoder `frame_encoder_1`, each a DyGMMBlock of eight
-    attention layers `e_attns.0` .. `e_attns.7` (the widths plain, 2^-1 .. 2^5), its cross-attention
-    `ca` and its weight map `layer1`, `layer2`. The reference's learned `weight_token` is never used
-    with its mean token: read and left out unless `fusion_token` is `learned`. Only a model of the
-    reference's widths reads them (one line otherwise)."""
+    as its checkpoint keeps it under `state_dict`) as this backbone's: GMMFormer v2's layout
+    (gmmformer2.py `official_dynamic_blocks`) with each DyGMMBlock's eight attention layers named
+    `e_attns.0` .. `e_attns.7` (the widths plain, 2^-1 .. 2^5). The reference's learned `weight_token`
+    is never used with its mean token: read and left out unless `fusion_token` is `learned`. Only a
+    model of the reference's widths reads them (one line otherwise)."""
     if list(cfg.widths) != OFFICIAL_WIDTHS:
         raise UserError(f"--official-weights: the official Holmes has the widths {OFFICIAL_WIDTHS}; this run's model "
                         f"has {list(cfg.widths)}, so its weights do not fit it")
-    layers = [f"e_attns.{i}" for i in range(len(OFFICIAL_WIDTHS))]
     token = named["weight_token"]
-    out = official_inputs_and_query(named, ffn=True)
-    for mine, theirs in (("clip_block", "clip_encoder"), ("frame_block", "frame_encoder_1")):
-        out.update(official_branches(named, f"{mine}.branches", [f"{theirs}.{a}" for a in layers], ffn=True))
-        out.update(official_cross(named, f"{mine}.cross", f"{theirs}.ca"))
-        out.update({f"{mine}.{m}.{t}": named[f"{theirs}.{m}.{t}"] for m in ("layer1", "layer2") for t in ("weight", "bias")})
+    out = official_dynamic_blocks(named, [f"e_attns.{i}" for i in range(len(OFFICIAL_WIDTHS))])
     if cfg.fusion_token == "learned":
         out["weight_token"] = token
     return out
