@@ -13,6 +13,7 @@ from prvr.harness.cli.reevaluate import evaluate_runs
 from prvr.harness.engine.config import resolve
 from prvr.harness.engine.runner import run_one
 from prvr.methods.backbones.gmmformer2 import from_official
+from prvr.methods.backbones.hlformer import from_official as hlformer_official
 
 
 def _attention(ours: dict[str, torch.Tensor], layer: str, names: list[str], ffn: bool = False
@@ -61,19 +62,76 @@ def _dynamic_as_official(ours: dict[str, torch.Tensor], attentions: list[str], t
     out = {**_embeddings(ours), **_attention(ours, "query_encoder.layer.branches", ["query_encoder"], ffn=True)}
     for mine, theirs in (("clip_block", "clip_encoder"), ("frame_block", "frame_encoder_1")):
         out.update(_attention(ours, f"{mine}.branches", [f"{theirs}.{a}" for a in attentions], ffn=True))
-        key_w, value_w = ours[f"{mine}.cross.kv.weight"].chunk(2)
-        key_b, value_b = ours[f"{mine}.cross.kv.bias"].chunk(2)
-        out.update({f"{theirs}.ca.self.query.weight": ours[f"{mine}.cross.q.weight"],
-                    f"{theirs}.ca.self.query.bias": ours[f"{mine}.cross.q.bias"],
-                    f"{theirs}.ca.self.key.weight": key_w, f"{theirs}.ca.self.key.bias": key_b,
-                    f"{theirs}.ca.self.value.weight": value_w, f"{theirs}.ca.self.value.bias": value_b})
-        for m, t in (("norm1", "norm1"), ("norm2", "norm2"), ("ffn_in", "output.layer1"), ("ffn_out", "output.layer2")):
-            out[f"{theirs}.ca.{t}.weight"], out[f"{theirs}.ca.{t}.bias"] = (ours[f"{mine}.cross.{m}.weight"],
-                                                                            ours[f"{mine}.cross.{m}.bias"])
-        for m in ("layer1", "layer2"):
-            out[f"{theirs}.{m}.weight"], out[f"{theirs}.{m}.bias"] = ours[f"{mine}.{m}.weight"], ours[f"{mine}.{m}.bias"]
+        out.update(_fusion(ours, mine, theirs))
     out["modular_vector_mapping.weight"] = ours["query_encoder.pool.score.weight"]
     out["weight_token"] = token
+    return {k: v.detach().numpy().copy() for k, v in out.items()}
+
+
+def _fusion(ours: dict[str, torch.Tensor], mine: str, theirs: str) -> dict[str, torch.Tensor]:
+    """Our dynamic block's fusion head at `mine` under the official block `theirs`: the BertCrossAttention
+    (or HLFormer's CrossAttention) `ca`, whose key and value maps are our `kv`'s two halves, and the weight
+    map `layer1`, `layer2`."""
+    key_w, value_w = ours[f"{mine}.cross.kv.weight"].chunk(2)
+    key_b, value_b = ours[f"{mine}.cross.kv.bias"].chunk(2)
+    out = {f"{theirs}.ca.self.query.weight": ours[f"{mine}.cross.q.weight"],
+           f"{theirs}.ca.self.query.bias": ours[f"{mine}.cross.q.bias"],
+           f"{theirs}.ca.self.key.weight": key_w, f"{theirs}.ca.self.key.bias": key_b,
+           f"{theirs}.ca.self.value.weight": value_w, f"{theirs}.ca.self.value.bias": value_b}
+    for m, t in (("norm1", "norm1"), ("norm2", "norm2"), ("ffn_in", "output.layer1"), ("ffn_out", "output.layer2")):
+        out[f"{theirs}.ca.{t}.weight"], out[f"{theirs}.ca.{t}.bias"] = ours[f"{mine}.cross.{m}.weight"], ours[f"{mine}.cross.{m}.bias"]
+    for m in ("layer1", "layer2"):
+        out[f"{theirs}.{m}.weight"], out[f"{theirs}.{m}.bias"] = ours[f"{mine}.{m}.weight"], ours[f"{mine}.{m}.bias"]
+    return out
+
+
+def _lorentz(ours: dict[str, torch.Tensor], layer: str, names: list[str]) -> dict[str, torch.Tensor]:
+    """Our LorentzBranches at `layer` as HLFormer's LorentzAttentionBlocks `names` (lijun2005/ICCV25-HLFormer
+    src/Models/HLFormer/model_components.py, src/Models/onmt/hyper_nets.py), one per branch: the input and
+    output LinearLayers, `scale_alpha`, the LorentzLinear q / k / v maps (nn.Linear [out, in], no bias, and a
+    time scale each), the attention's scale [1] and bias, then the feed-forward and norms."""
+    n = len(names)
+    point = ours[f"{layer}.qkv_weight"].shape[1]
+    out = {}
+    for b, name in enumerate(names):
+        att, heads = f"{name}.self", f"{name}.self.lorentz_multiattention"
+        for mine, theirs in (("in", "input_proj"), ("out", "output_proj")):
+            out[f"{att}.{theirs}.LayerNorm.weight"] = ours[f"{layer}.{mine}_norm.weight"].chunk(n)[b]
+            out[f"{att}.{theirs}.LayerNorm.bias"] = ours[f"{layer}.{mine}_norm.bias"].chunk(n)[b]
+            out[f"{att}.{theirs}.net.1.weight"] = ours[f"{layer}.{mine}_proj.weight"][b].t()
+            out[f"{att}.{theirs}.net.1.bias"] = ours[f"{layer}.{mine}_proj.bias"].chunk(n)[b]
+        out[f"{att}.scale_alpha"] = ours[f"{layer}.log_scale"][b]
+        for i, m in enumerate(("linear_query", "linear_keys", "linear_values")):
+            out[f"{heads}.{m}.weight.weight"] = ours[f"{layer}.qkv_weight"][b][:, i * point:(i + 1) * point].t()
+            out[f"{heads}.{m}.scale"] = ours[f"{layer}.log_time_scale"][b, i]
+        out[f"{heads}.scale"] = ours[f"{layer}.logit_scale"][b].reshape(1)
+        out[f"{heads}.bias"] = ours[f"{layer}.logit_bias"][b]
+        for mine, theirs in (("ffn_in", "output.layer1"), ("ffn_out", "output.layer2")):
+            out[f"{name}.{theirs}.weight"] = ours[f"{layer}.{mine}.weight"][b].t()
+            out[f"{name}.{theirs}.bias"] = ours[f"{layer}.{mine}.bias"].chunk(n)[b]
+        for norm in ("norm1", "norm2"):
+            out[f"{name}.{norm}.weight"] = ours[f"{layer}.{norm}.weight"].chunk(n)[b]
+            out[f"{name}.{norm}.bias"] = ours[f"{layer}.{norm}.bias"].chunk(n)[b]
+    return out
+
+
+def _hlformer_as_official(ours: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    """Our hlformer state dict under HLFormer_Net's names (lijun2005/ICCV25-HLFormer src/Models/HLFormer)."""
+    out = {**_embeddings(ours), **_attention(ours, "query_encoder.layer.branches", ["query_encoder"], ffn=True)}
+    for mine, theirs in (("clip_block", "clip_encoder"), ("frame_block", "frame_encoder_1")):
+        out.update(_attention(ours, f"{mine}.branches", [f"{theirs}.e_attns.{i}" for i in range(4)], ffn=True))
+        out.update(_lorentz(ours, f"{mine}.lorentz", [f"{theirs}.h_attns.{i}" for i in range(4)]))
+        out.update(_fusion(ours, mine, theirs))
+    out.update({"modular_vector_mapping.weight": ours["query_encoder.pool.score.weight"],
+                "modular_vector_mapping_2.weight": ours["frame_pool.score.weight"],
+                "modular_vector_mapping_3.weight": ours["clip_pool.score.weight"],
+                "curv": ours["log_curvature"], "textual_alpha": ours["log_query_scale"],
+                "video_alpha": ours["log_video_scale"], "manifold.k": torch.tensor(1.0)})
+    for block in ("clip_encoder", "frame_encoder_1"):  # geoopt's Lorentz(k=1) in every module that holds it
+        for i in range(4):
+            for holder in ("self", "self.lorentz_multiattention", *(f"self.lorentz_multiattention.linear_{m}"
+                                                                     for m in ("query", "keys", "values"))):
+                out[f"{block}.h_attns.{i}.{holder}.manifold.k"] = torch.tensor(1.0)
     return {k: v.detach().numpy().copy() for k, v in out.items()}
 
 
@@ -175,7 +233,7 @@ def test_a_backbone_without_a_map_and_other_analyses_are_refused(msl_run, tmp_pa
     base = tmp_path / "base"
     run_one(resolve("baseline", "sim-tiny", 0, ["train.epochs=1"]), base)
     with pytest.raises(UserError, match=r"backbone dual-branch has no map of its official code's weights "
-                                        r"\(known: gmmformer, gmmformer2, holmes, msl\)"):
+                                        r"\(known: gmmformer, gmmformer2, hlformer, holmes, msl\)"):
         evaluate_runs([base / "runs" / "sim-tiny" / "baseline" / "seed0.json"], "val", official=npz)
     assert main(["evaluate", str(path), str(path), "--ensemble", "--official-weights", str(npz)]) != 0
     assert "--official-weights ranks one record's model with the official weights" in capsys.readouterr().err
@@ -227,3 +285,35 @@ def test_gmmformer2s_official_names_read_back_rank_as_our_checkpoint(tmp_path):
     with pytest.raises(UserError, match=r"the official GMMFormer v2 has the widths \[0.0, 0.5, 1.0, 5.0, 10.0, 3.0, "
                                         r"0.1, 8.0\]; this run's model has \[0.0, 1.0\]"):
         evaluate_runs([tmp_path / "runs" / "sim-tiny" / "gmmformer2~w2" / "seed0.json"], "val", official=npz)
+
+
+def test_hlformers_official_names_read_back_rank_as_our_checkpoint(tmp_path):
+    """HLFormer's names: Euclidean e_attns, Lorentz h_attns (their LorentzLinear q / k / v maps and time
+    scales, the attention's scale and bias), and L_pop's curvature, scales and poolings."""
+    run_one(resolve("hlformer", "sim-tiny", 0, ["train.epochs=1"]), tmp_path)
+    path = tmp_path / "runs" / "sim-tiny" / "hlformer" / "seed0.json"
+    weights = torch.load(tmp_path / "checkpoints" / "sim-tiny" / "hlformer" / "seed0" / "best.pt",
+                         weights_only=True)["model"]
+    npz = _write(tmp_path / "official.npz", _hlformer_as_official(weights))
+    ours, theirs = evaluate_runs([path], "val", parts=True), evaluate_runs([path], "val", parts=True, official=npz)
+    assert [r["metrics"] for r in theirs] == [r["metrics"] for r in ours]
+    named = {k: torch.from_numpy(v) for k, v in np.load(npz).items()}
+    mapped = hlformer_official(named, resolve("hlformer", "sim-tiny", 0).model)
+    assert set(mapped) == set(weights) and all(torch.equal(mapped[k], weights[k]) for k in weights)
+    curved = _write(tmp_path / "curved.npz", {**dict(np.load(npz)), "manifold.k": np.array(2.0, np.float32)})
+    with pytest.raises(UserError, match=r"manifold.k is 2.0, where the official HLFormer's attention manifold has "
+                                        r"curvature 1.0"):
+        evaluate_runs([path], "val", official=curved)
+    run_one(resolve("hlformer", "sim-tiny", 0, ["train.epochs=1", "model.lorentz_widths=[0.0, 2.0]"]), tmp_path,
+            tag="w2")
+    with pytest.raises(UserError, match=r"the official HLFormer has the widths \[0.0, 2.0, 4.0, 8.0\] in both its "
+                                        r"Euclidean and Lorentz branches; this run's model has \[0.0, 2.0, 4.0, 8.0\] "
+                                        r"and \[0.0, 2.0\]"):
+        evaluate_runs([tmp_path / "runs" / "sim-tiny" / "hlformer~w2" / "seed0.json"], "val", official=npz)
+
+
+def test_dreamprvr_has_no_map_and_says_so(tmp_path):
+    run_one(resolve("dreamprvr", "sim-tiny", 0, ["train.epochs=1"]), tmp_path)
+    with pytest.raises(UserError, match=r"backbone dreamprvr has no map of its official code's weights"):
+        evaluate_runs([tmp_path / "runs" / "sim-tiny" / "dreamprvr" / "seed0.json"], "val",
+                      official=_write(tmp_path / "w.npz", {"x": np.zeros(1, np.float32)}))

@@ -439,9 +439,25 @@ def official_branches(named: dict[str, torch.Tensor], ours: str, layers: list[st
     output is `output.dense`, `output.LayerNorm`; with one (`ffn`: GMMFormer v2, Holmes) `norm1`,
     `output.layer1`, `output.layer2`, `norm2`."""
     qkv = [named[f"{a}.self.{m}.{t}"] for a in layers for m in ("query", "key", "value") for t in ("weight", "bias")]
-    out = {f"{ours}.qkv.weight": torch.cat(qkv[0::2]), f"{ours}.qkv.bias": torch.cat(qkv[1::2])}
-    maps = {"ffn_in": "output.layer1", "ffn_out": "output.layer2"} if ffn else {"dense": "output.dense"}
-    norms = {"norm1": "norm1", "norm2": "norm2"} if ffn else {"norm": "output.LayerNorm"}
+    return {f"{ours}.qkv.weight": torch.cat(qkv[0::2]), f"{ours}.qkv.bias": torch.cat(qkv[1::2]),
+            **official_per_branch(named, ours, layers, *official_post(ffn))}
+
+
+def official_post(ffn: bool) -> tuple[dict[str, str], dict[str, str]]:
+    """The official names of a layer's sub-layers after its attention, as ({our BranchLinear: their
+    nn.Linear}, {our BranchLayerNorm: their LayerNorm}): `output.dense`, `output.LayerNorm` without a
+    feed-forward (MS-SL, GMMFormer); `output.layer1`, `output.layer2`, `norm1`, `norm2` with one (`ffn`)."""
+    if ffn:
+        return {"ffn_in": "output.layer1", "ffn_out": "output.layer2"}, {"norm1": "norm1", "norm2": "norm2"}
+    return {"dense": "output.dense"}, {"norm": "output.LayerNorm"}
+
+
+def official_per_branch(named: dict[str, torch.Tensor], ours: str, layers: list[str], maps: dict[str, str],
+                        norms: dict[str, str]) -> dict[str, torch.Tensor]:
+    """Per-branch maps and norms at `ours` from one official module per branch (`layers`): each nn.Linear
+    transposed into `BranchLinear`'s [branch, in, out] with the biases in a row, each LayerNorm's
+    weights and biases in a row (`BranchLayerNorm`)."""
+    out = {}
     for mine, theirs in maps.items():
         out[f"{ours}.{mine}.weight"] = torch.stack([named[f"{a}.{theirs}.weight"].t() for a in layers])
         out[f"{ours}.{mine}.bias"] = torch.cat([named[f"{a}.{theirs}.bias"] for a in layers])

@@ -45,11 +45,13 @@ from prvr.harness.base.checks import DROPOUT, FLAG, NON_NEGATIVE, POSITIVE, PROB
 from prvr.harness.base.contract import Encoded, Scores
 from prvr.harness.base.registry import BACKBONES
 from prvr.methods.backbones import hyperbolic as H
+from prvr.harness.base.io import UserError
 from prvr.methods.backbones.blocks import (AttentionPool, BranchLayerNorm, BranchLinear, DynamicGMMBlock,
                                            GaussianBranches, InputEmbedding, PaddedFrames, QueryEncoder,
                                            best_clip_scores, check_heads, clip_frame_scores, encode_frames, full_mask,
-                                           gaussian_attention, init_weights, pack, score_in_chunks, unpack, windows,
-                                           with_units)
+                                           gaussian_attention, init_weights, official_branches, official_cross,
+                                           official_inputs_and_query, official_per_branch, official_post, pack,
+                                           score_in_chunks, unpack, windows, with_units)
 
 ATTENTION_CURVATURE = 1.0  # the Lorentz attention's manifold: the reference's geoopt Lorentz(k=1), not learned
 LORENTZ_KEYS = ("lorentz.query", "lorentz.video", "lorentz.curvature")  # the `lorentz` output (encode_* keys)
@@ -168,9 +170,74 @@ class HLFormerBlock(DynamicGMMBlock):
         return torch.cat([self.branches(x, mask, keys), self.lorentz(x, mask, keys)])
 
 
+# ----------------------------------------------------------------------------- the reference's weights
+OFFICIAL_WIDTHS = [0.0, 2.0, 4.0, 8.0]  # HLFormerBlock's e_attns and h_attns: plain, then wid = 2 ** i, i = 1 .. 3
+
+
+def official_lorentz(named: dict[str, torch.Tensor], ours: str, layers: list[str]) -> dict[str, torch.Tensor]:
+    """`LorentzBranches` at `ours` from the official LorentzAttentionBlocks `layers`, one per branch: the
+    input and output LinearLayers of their LorentzSelfAttention (`self.input_proj`, `self.output_proj`:
+    LayerNorm and `net.1`) as our in / out norms and maps, its `scale_alpha` as the branch's log scale; of
+    its LorentzMultiHeadedAttention, the q / k / v LorentzLinear maps (`linear_query`, `linear_keys`,
+    `linear_values`: an nn.Linear `weight` without bias, transposed into the [point, 3 point] product, and
+    the time `scale` each) and the attention's `scale` and `bias`; then the block's feed-forward and norms
+    as the Euclidean branches'."""
+    att = [f"{a}.self" for a in layers]
+    heads = [f"{a}.lorentz_multiattention" for a in att]
+    maps = {"in_proj": "input_proj.net.1", "out_proj": "output_proj.net.1"}
+    norms = {"in_norm": "input_proj.LayerNorm", "out_norm": "output_proj.LayerNorm"}
+    qkv = ("linear_query", "linear_keys", "linear_values")
+    return {**official_per_branch(named, ours, att, maps, norms),
+            **official_per_branch(named, ours, layers, *official_post(ffn=True)),
+            f"{ours}.log_scale": torch.stack([named[f"{a}.scale_alpha"].reshape(()) for a in att]),
+            f"{ours}.qkv_weight": torch.stack([torch.cat([named[f"{h}.{m}.weight.weight"].t() for m in qkv], 1)
+                                               for h in heads]),
+            f"{ours}.log_time_scale": torch.stack([torch.stack([named[f"{h}.{m}.scale"].reshape(()) for m in qkv])
+                                                   for h in heads]),
+            f"{ours}.logit_scale": torch.stack([named[f"{h}.scale"].reshape(()) for h in heads]),
+            f"{ours}.logit_bias": torch.stack([named[f"{h}.bias"].reshape(()) for h in heads])}
+
+
+def from_official(named: dict[str, torch.Tensor], cfg: HLFormerConfig) -> dict[str, torch.Tensor]:
+    """The weights of the official HLFormer (lijun2005/ICCV25-HLFormer, HLFormer_Net's `state_dict`,
+    which its checkpoint keeps under `state_dict`) as this backbone's: the query encoder and input layers
+    as every MS-SL-family reference names them (a Euclidean attention block with a feed-forward); the
+    clip encoder `clip_encoder` and frame encoder `frame_encoder_1`, each an HLFormerBlock of Euclidean
+    layers `e_attns.0` .. `e_attns.3` (GMMFormer v2's), Lorentz ones `h_attns.0` .. `h_attns.3`
+    (`official_lorentz`), the cross-attention `ca` and the weight map `layer1`, `layer2`; the pooling of
+    the frames and clips for L_pop (`modular_vector_mapping_2`, `_3`), its curvature `curv` and the query
+    and video scales (`textual_alpha`, `video_alpha`), all three kept as logs on both sides; the attention
+    manifold's fixed curvature (geoopt's `manifold.k`, wherever a module holds it) is read and checked to
+    be 1. Only a model of the reference's widths reads them (one line otherwise)."""
+    if list(cfg.widths) != OFFICIAL_WIDTHS or list(cfg.lorentz_widths) != OFFICIAL_WIDTHS:
+        raise UserError(f"--official-weights: the official HLFormer has the widths {OFFICIAL_WIDTHS} in both its "
+                        f"Euclidean and Lorentz branches; this run's model has {list(cfg.widths)} and "
+                        f"{list(cfg.lorentz_widths)}, so its weights do not fit it")
+    out = official_inputs_and_query(named, ffn=True)
+    for mine, theirs in (("clip_block", "clip_encoder"), ("frame_block", "frame_encoder_1")):
+        layers = range(len(OFFICIAL_WIDTHS))
+        out.update(official_branches(named, f"{mine}.branches", [f"{theirs}.e_attns.{i}" for i in layers], ffn=True))
+        out.update(official_lorentz(named, f"{mine}.lorentz", [f"{theirs}.h_attns.{i}" for i in layers]))
+        out.update(official_cross(named, f"{mine}.cross", f"{theirs}.ca"))
+        out.update({f"{mine}.{m}.{t}": named[f"{theirs}.{m}.{t}"] for m in ("layer1", "layer2") for t in ("weight", "bias")})
+    # geoopt's Lorentz(k=1) keeps its curvature k in the state dict of every module that holds the manifold
+    # (the model, each Lorentz block, its attention and its three LorentzLinear maps): fixed at 1 there, here
+    for key in [k for k in named if k == "manifold.k" or k.endswith(".manifold.k")]:
+        if not torch.allclose(named[key].double(), torch.tensor(ATTENTION_CURVATURE, dtype=torch.double)):
+            raise UserError(f"--official-weights: {key} is {named[key].tolist()}, where the official HLFormer's "
+                            f"attention manifold has curvature {ATTENTION_CURVATURE} and ours fixes it there; "
+                            "another version of the code")
+    out.update({"frame_pool.score.weight": named["modular_vector_mapping_2.weight"],
+                "clip_pool.score.weight": named["modular_vector_mapping_3.weight"],
+                "log_curvature": named["curv"].reshape(()), "log_query_scale": named["textual_alpha"].reshape(()),
+                "log_video_scale": named["video_alpha"].reshape(())})
+    return out
+
+
 @BACKBONES.register("hlformer", "HLFormer: Euclidean and Lorentz Gaussian attention branches, mean-guided fusion")
 class HLFormer(nn.Module):
     config_cls = HLFormerConfig
+    official = ("lijun2005/ICCV25-HLFormer", from_official)  # `evaluate --official-weights`: whose weights, their map
     provides: ClassVar[frozenset[str]] = frozenset({"clip_frame", "raw", "query_vector", "clip_vectors", "frame_mask",
                                                     "frame_views", "frame_tokens", "lorentz"})
 
