@@ -69,19 +69,24 @@ def _dynamic_as_official(ours: dict[str, torch.Tensor], attentions: list[str], t
 
 
 def _fusion(ours: dict[str, torch.Tensor], mine: str, theirs: str) -> dict[str, torch.Tensor]:
-    """Our dynamic block's fusion head at `mine` under the official block `theirs`: the BertCrossAttention
-    (or HLFormer's CrossAttention) `ca`, whose key and value maps are our `kv`'s two halves, and the weight
-    map `layer1`, `layer2`."""
-    key_w, value_w = ours[f"{mine}.cross.kv.weight"].chunk(2)
-    key_b, value_b = ours[f"{mine}.cross.kv.bias"].chunk(2)
-    out = {f"{theirs}.ca.self.query.weight": ours[f"{mine}.cross.q.weight"],
-           f"{theirs}.ca.self.query.bias": ours[f"{mine}.cross.q.bias"],
-           f"{theirs}.ca.self.key.weight": key_w, f"{theirs}.ca.self.key.bias": key_b,
-           f"{theirs}.ca.self.value.weight": value_w, f"{theirs}.ca.self.value.bias": value_b}
-    for m, t in (("norm1", "norm1"), ("norm2", "norm2"), ("ffn_in", "output.layer1"), ("ffn_out", "output.layer2")):
-        out[f"{theirs}.ca.{t}.weight"], out[f"{theirs}.ca.{t}.bias"] = ours[f"{mine}.cross.{m}.weight"], ours[f"{mine}.cross.{m}.bias"]
+    """Our dynamic block's fusion head at `mine` under the official block `theirs`: the cross-attention `ca`
+    and the weight map `layer1`, `layer2`."""
+    out = _cross(ours, f"{mine}.cross", f"{theirs}.ca")
     for m in ("layer1", "layer2"):
         out[f"{theirs}.{m}.weight"], out[f"{theirs}.{m}.bias"] = ours[f"{mine}.{m}.weight"], ours[f"{mine}.{m}.bias"]
+    return out
+
+
+def _cross(ours: dict[str, torch.Tensor], mine: str, theirs: str) -> dict[str, torch.Tensor]:
+    """Our CrossAttentionLayer at `mine` as an official BertCrossAttention (or HLFormer's CrossAttention)
+    `theirs`: its key and value maps are our `kv`'s two halves."""
+    key_w, value_w = ours[f"{mine}.kv.weight"].chunk(2)
+    key_b, value_b = ours[f"{mine}.kv.bias"].chunk(2)
+    out = {f"{theirs}.self.query.weight": ours[f"{mine}.q.weight"], f"{theirs}.self.query.bias": ours[f"{mine}.q.bias"],
+           f"{theirs}.self.key.weight": key_w, f"{theirs}.self.key.bias": key_b,
+           f"{theirs}.self.value.weight": value_w, f"{theirs}.self.value.bias": value_b}
+    for m, t in (("norm1", "norm1"), ("norm2", "norm2"), ("ffn_in", "output.layer1"), ("ffn_out", "output.layer2")):
+        out[f"{theirs}.{t}.weight"], out[f"{theirs}.{t}.bias"] = ours[f"{mine}.{m}.weight"], ours[f"{mine}.{m}.bias"]
     return out
 
 
@@ -233,7 +238,7 @@ def test_a_backbone_without_a_map_and_other_analyses_are_refused(msl_run, tmp_pa
     base = tmp_path / "base"
     run_one(resolve("baseline", "sim-tiny", 0, ["train.epochs=1"]), base)
     with pytest.raises(UserError, match=r"backbone dual-branch has no map of its official code's weights "
-                                        r"\(known: gmmformer, gmmformer2, hlformer, holmes, msl\)"):
+                                        r"\(known: dreamprvr, gmmformer, gmmformer2, hlformer, holmes, msl\)"):
         evaluate_runs([base / "runs" / "sim-tiny" / "baseline" / "seed0.json"], "val", official=npz)
     assert main(["evaluate", str(path), str(path), "--ensemble", "--official-weights", str(npz)]) != 0
     assert "--official-weights ranks one record's model with the official weights" in capsys.readouterr().err
@@ -312,8 +317,60 @@ def test_hlformers_official_names_read_back_rank_as_our_checkpoint(tmp_path):
         evaluate_runs([tmp_path / "runs" / "sim-tiny" / "hlformer~w2" / "seed0.json"], "val", official=npz)
 
 
-def test_dreamprvr_has_no_map_and_says_so(tmp_path):
-    run_one(resolve("dreamprvr", "sim-tiny", 0, ["train.epochs=1"]), tmp_path)
-    with pytest.raises(UserError, match=r"backbone dreamprvr has no map of its official code's weights"):
-        evaluate_runs([tmp_path / "runs" / "sim-tiny" / "dreamprvr" / "seed0.json"], "val",
-                      official=_write(tmp_path / "w.npz", {"x": np.zeros(1, np.float32)}))
+def _dreamprvr_as_official(ours: dict[str, torch.Tensor], registers: int, diffusion_layers: int) -> dict[str, np.ndarray]:
+    """Our dreamprvr state dict under DreamPRVR_Net's names (lijun2005/CVPR26-DreamPRVR src/Models/DreamPRVR),
+    written from its module names: v2's layers and fusion head in `clip_encoder` and `frame_encoder`, the
+    register input `noise_input_layer`, `mean_clip_encoder`, `video_qformer`, the latent sampler and the
+    denoiser `diffusion_mlp` (its `blcok_in` / `blcok_out` spelled as there)."""
+    out = {**_embeddings(ours), **_attention(ours, "query_encoder.layer.branches", ["query_encoder"], ffn=True),
+           "modular_vector_mapping.weight": ours["query_encoder.pool.score.weight"]}
+    for mine, theirs in (("clip_block", "clip_encoder"), ("frame_block", "frame_encoder")):
+        out.update(_attention(ours, f"{mine}.branches", [f"{theirs}.e_attns.{i}" for i in range(8)], ffn=True))
+        out.update(_fusion(ours, mine, theirs))
+        for t in ("weight", "bias"):
+            out[f"{theirs}.noise_input_layer.LayerNorm.{t}"] = ours[f"{mine}.register_in.0.{t}"]
+            out[f"{theirs}.noise_input_layer.net.1.{t}"] = ours[f"{mine}.register_in.2.{t}"]
+    out.update(_attention(ours, "generator.context.branches", ["mean_clip_encoder"], ffn=True))
+    out.update(_cross(ours, "generator.reader", "video_qformer.cross_attention"))
+    out["video_qformer.query_tokens"] = ours["register_tokens"].reshape(1, registers, -1)
+    sampler, latent = "video_probabilistic_variational_sampler", "generator.latent"
+    for k, v in ours.items():
+        if k.startswith(f"{latent}.pool.gru."):
+            out[k.replace(f"{latent}.pool.gru.", f"{sampler}.gpo.gru.")] = v
+    names = {"pool.score": "gpo.linear", "mean_pool.w1": "pie_net_video.attention.w_1",
+             "mean_pool.w2": "pie_net_video.attention.w_2", "mean_fc": "pie_net_video.fc",
+             "norm": "pie_net_video.layer_norm", "var_pool.w1": "uncertain_net_video.attention.w_1",
+             "var_pool.w2": "uncertain_net_video.attention.w_2", "var_fc": "uncertain_net_video.fc",
+             "var_pooled_fc": "uncertain_net_video.fc2",
+             **{f"blocks.{i}.{a}": f"layers.{i}.{b}" for i in range(diffusion_layers) for a, b in (
+                 ("block_in.0", "blcok_in.0"), ("block_in.2", "blcok_in.2"), ("time.1", "temb_proj.1"),
+                 ("cond.1", "cond_proj.1"), ("block_out.0", "blcok_out.0"), ("block_out.2", "blcok_out.3"),
+                 ("shortcut", "short_cut"))},
+             "time.0": "time_embedding.timembedding.1", "time.2": "time_embedding.timembedding.3",
+             "cond.0": "cond_embedding.0", "cond.2": "cond_embedding.2", "shortcut": "short_cut"}
+    for mine, theirs in names.items():
+        part = latent if not (mine.startswith(("blocks.", "time.", "cond.")) or mine == "shortcut") else "generator.denoiser"
+        owner = sampler if part == latent else "diffusion_mlp"
+        for t in ("weight", "bias"):
+            if f"{part}.{mine}.{t}" in ours:
+                out[f"{owner}.{theirs}.{t}"] = ours[f"{part}.{mine}.{t}"]
+    out["diffusion_mlp.time_embedding.timembedding.0.weight"] = ours["generator.denoiser.step_table"]
+    return {k: v.detach().numpy().copy() for k, v in out.items()}
+
+
+def test_dreamprvrs_official_names_read_back_rank_as_our_checkpoint(tmp_path):
+    """DreamPRVR's names: v2's blocks with their register input, the register generator's context
+    encoder, query-former, latent sampler and denoiser."""
+    cfg = resolve("dreamprvr", "sim-tiny", 0, ["train.epochs=1"])
+    run_one(cfg, tmp_path)
+    path = tmp_path / "runs" / "sim-tiny" / "dreamprvr" / "seed0.json"
+    weights = torch.load(tmp_path / "checkpoints" / "sim-tiny" / "dreamprvr" / "seed0" / "best.pt",
+                         weights_only=True)["model"]
+    npz = _write(tmp_path / "official.npz", _dreamprvr_as_official(weights, cfg.model.registers,
+                                                                   cfg.model.diffusion_layers))
+    ours, theirs = evaluate_runs([path], "val", parts=True), evaluate_runs([path], "val", parts=True, official=npz)
+    assert [r["metrics"] for r in theirs] == [r["metrics"] for r in ours]
+    run_one(resolve("dreamprvr", "sim-tiny", 0, ["train.epochs=1", "model.widths=[0.0, 1.0]"]), tmp_path, tag="w2")
+    with pytest.raises(UserError, match=r"the official DreamPRVR has the widths \[0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, "
+                                        r"16.0\]; this run's model has \[0.0, 1.0\]"):
+        evaluate_runs([tmp_path / "runs" / "sim-tiny" / "dreamprvr~w2" / "seed0.json"], "val", official=npz)

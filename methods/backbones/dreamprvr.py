@@ -42,9 +42,11 @@ from prvr.harness.base.batches import QueryBatch, VideoBatch
 from prvr.harness.base.checks import NON_NEGATIVE, PROBABILITY, ListOf, at_least, one_of, param, require
 from prvr.harness.base.contract import Encoded, OnDemand
 from prvr.harness.base.registry import BACKBONES
+from prvr.harness.base.io import UserError
 from prvr.methods.backbones.blocks import (PLAIN, CrossAttentionLayer, DynamicGMMBlock, GaussianBranches, GMMBlock,
                                            InputEmbedding, QueryEncoder, check_heads, full_mask, gaussian_attention,
-                                           gaussian_weights, init_weights, pack)
+                                           gaussian_weights, init_weights, official_branches, official_cross,
+                                           official_inputs_and_query, pack)
 from prvr.methods.backbones.gmmformer2 import GMMFormer2, GMMFormer2Config
 from prvr.methods.backbones.ral import GatedAttentionPool
 
@@ -390,12 +392,74 @@ class RegisterGenerator(nn.Module):
         return Denoising(predicted, noise)
 
 
+# ----------------------------------------------------------------------------- the reference's weights
+OFFICIAL_WIDTHS = [0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0]  # e_attns.0 .. 7: plain, then 2 ** i for i = -2 .. 4
+
+
+def _renamed(named: dict[str, torch.Tensor], pairs: list[tuple[str, str]], params: tuple[str, ...] = ("weight", "bias")
+             ) -> dict[str, torch.Tensor]:
+    """Modules the same on both sides under other names: (ours, theirs) -> each of their `params`."""
+    return {f"{mine}.{p}": named[f"{theirs}.{p}"] for mine, theirs in pairs for p in params}
+
+
+def from_official(named: dict[str, torch.Tensor], cfg: DreamPRVRConfig) -> dict[str, torch.Tensor]:
+    """The weights of the official DreamPRVR (lijun2005/CVPR26-DreamPRVR, DreamPRVR_Net's `state_dict`, which
+    its checkpoint keeps under `state_dict`) as this backbone's: the query encoder and input layers as every
+    MS-SL-family reference names them; the clip encoder `clip_encoder` and frame encoder `frame_encoder`,
+    each GMMFormer v2's layers `e_attns.0` .. `e_attns.7`, cross-attention `ca` and weight map `layer1`,
+    `layer2`, with the register input layer `noise_input_layer`; the register generator: the clip context
+    encoder `mean_clip_encoder`, the query-former `video_qformer` (its `query_tokens` our register tokens,
+    its `cross_attention` our reader), the latent sampler `video_probabilistic_variational_sampler` (the
+    GRU pooling `gpo`, the mean head `pie_net_video`, the variance head `uncertain_net_video`) and the
+    denoiser `diffusion_mlp` (its step table, time and condition embeddings, residual `layers` and
+    shortcut). Only a model of the reference's widths and diffusion depth reads them (one line otherwise)."""
+    if list(cfg.widths) != OFFICIAL_WIDTHS:
+        raise UserError(f"--official-weights: the official DreamPRVR has the widths {OFFICIAL_WIDTHS}; this run's "
+                        f"model has {list(cfg.widths)}, so its weights do not fit it")
+    out = official_inputs_and_query(named, ffn=True)
+    layers = [f"e_attns.{i}" for i in range(len(OFFICIAL_WIDTHS))]
+    for mine, theirs in (("clip_block", "clip_encoder"), ("frame_block", "frame_encoder")):
+        out.update(official_branches(named, f"{mine}.branches", [f"{theirs}.{a}" for a in layers], ffn=True))
+        out.update(official_cross(named, f"{mine}.cross", f"{theirs}.ca"))
+        out.update(_renamed(named, [(f"{mine}.layer1", f"{theirs}.layer1"), (f"{mine}.layer2", f"{theirs}.layer2"),
+                                    (f"{mine}.register_in.0", f"{theirs}.noise_input_layer.LayerNorm"),
+                                    (f"{mine}.register_in.2", f"{theirs}.noise_input_layer.net.1")]))
+    out.update(official_branches(named, "generator.context.branches", ["mean_clip_encoder"], ffn=True))
+    out.update(official_cross(named, "generator.reader", "video_qformer.cross_attention"))
+    out["register_tokens"] = named["video_qformer.query_tokens"].reshape(cfg.registers, cfg.hidden)
+    latent, sampler = "generator.latent", "video_probabilistic_variational_sampler"
+    gru = [f"{w}_{k}_l0{d}" for w in ("weight", "bias") for k in ("ih", "hh") for d in ("", "_reverse")]
+    out.update(_renamed(named, [(f"{latent}.pool.gru", f"{sampler}.gpo.gru")], tuple(gru)))
+    out.update(_renamed(named, [(f"{latent}.pool.score", f"{sampler}.gpo.linear"),
+                                (f"{latent}.mean_pool.w1", f"{sampler}.pie_net_video.attention.w_1"),
+                                (f"{latent}.mean_pool.w2", f"{sampler}.pie_net_video.attention.w_2"),
+                                (f"{latent}.var_pool.w1", f"{sampler}.uncertain_net_video.attention.w_1"),
+                                (f"{latent}.var_pool.w2", f"{sampler}.uncertain_net_video.attention.w_2")], ("weight",)))
+    out.update(_renamed(named, [(f"{latent}.mean_fc", f"{sampler}.pie_net_video.fc"),
+                                (f"{latent}.norm", f"{sampler}.pie_net_video.layer_norm"),
+                                (f"{latent}.var_fc", f"{sampler}.uncertain_net_video.fc"),
+                                (f"{latent}.var_pooled_fc", f"{sampler}.uncertain_net_video.fc2")]))
+    den, mlp = "generator.denoiser", "diffusion_mlp"
+    out[f"{den}.step_table"] = named[f"{mlp}.time_embedding.timembedding.0.weight"]
+    pairs = [(f"{den}.time.0", f"{mlp}.time_embedding.timembedding.1"),
+             (f"{den}.time.2", f"{mlp}.time_embedding.timembedding.3"),
+             (f"{den}.cond.0", f"{mlp}.cond_embedding.0"), (f"{den}.cond.2", f"{mlp}.cond_embedding.2"),
+             (f"{den}.shortcut", f"{mlp}.short_cut")]
+    for i in range(cfg.diffusion_layers):  # the reference's own spelling, `blcok`
+        block, layer = f"{den}.blocks.{i}", f"{mlp}.layers.{i}"
+        pairs += [(f"{block}.block_in.0", f"{layer}.blcok_in.0"), (f"{block}.block_in.2", f"{layer}.blcok_in.2"),
+                  (f"{block}.time.1", f"{layer}.temb_proj.1"), (f"{block}.cond.1", f"{layer}.cond_proj.1"),
+                  (f"{block}.block_out.0", f"{layer}.blcok_out.0"), (f"{block}.block_out.2", f"{layer}.blcok_out.3"),
+                  (f"{block}.shortcut", f"{layer}.short_cut")]
+    return {**out, **_renamed(named, pairs)}
+
+
 @BACKBONES.register("dreamprvr", "DreamPRVR: GMMFormer v2 blocks attending over diffusion-generated video registers")
 class DreamPRVR(GMMFormer2):
     """GMMFormer v2's query encoder and scores (inherited) with DreamPRVR's video encoders."""
 
     config_cls = DreamPRVRConfig
-    official = None  # no map of lijun2005/CVPR26-DreamPRVR's weights yet (GMMFormer v2's does not fit its encoders)
+    official = ("lijun2005/CVPR26-DreamPRVR", from_official)  # `evaluate --official-weights`: whose weights, their map
     cfg: DreamPRVRConfig
     provides: ClassVar[frozenset[str]] = GMMFormer2.provides | {"diffusion"}
 
