@@ -374,3 +374,62 @@ def test_dreamprvrs_official_names_read_back_rank_as_our_checkpoint(tmp_path):
     with pytest.raises(UserError, match=r"the official DreamPRVR has the widths \[0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, "
                                         r"16.0\]; this run's model has \[0.0, 1.0\]"):
         evaluate_runs([tmp_path / "runs" / "sim-tiny" / "dreamprvr~w2" / "seed0.json"], "val", official=npz)
+
+
+def _ral_as_official(ours: dict[str, torch.Tensor], attentions: list[str], token: torch.Tensor | None = None
+                     ) -> dict[str, np.ndarray]:
+    """Our ral state dict (the backbone under `base.`) under RAL-PRVR's names (zhanglong-ustc/RAL-PRVR
+    src/Models/RAL4gmmv2) or Holmes multisrc/'s, which agree: the backbone's, then the token encoder
+    `frame_branch_query_proj` / `frame_branch_query_encoder`, the gate `text_weight_fc` and, with MSRA, the
+    PIENet and uncertainty modules of each side."""
+    base = {k[len("base."):]: v for k, v in ours.items() if k.startswith("base.")}
+    out = {k: torch.from_numpy(v) for k, v in _dynamic_as_official(
+        base, attentions, base["weight_token"] if token is None else token).items()}
+    out.update({"frame_branch_query_proj.LayerNorm.weight": ours["tokens.in_norm.weight"],
+                "frame_branch_query_proj.LayerNorm.bias": ours["tokens.in_norm.bias"],
+                "frame_branch_query_proj.net.1.weight": ours["tokens.linear.weight"],
+                "frame_branch_query_proj.net.1.bias": ours["tokens.linear.bias"],
+                **_attention(ours, "tokens.layer.branches", ["frame_branch_query_encoder"], ffn=True),
+                **{f"text_weight_fc.{i}.{t}": ours[f"gate.net.{i}.{t}"] for i in (0, 2) for t in ("weight", "bias")}})
+    for head, side in (("text_head", "text"), ("video_head", "video")):
+        if f"{head}.mean_fc.weight" not in ours:
+            continue
+        for theirs, mine in ((f"pie_net_{side}.attention.w_1.weight", "mean_pool.w1.weight"),
+                             (f"pie_net_{side}.attention.w_2.weight", "mean_pool.w2.weight"),
+                             (f"uncertain_net_{side}.attention.w_1.weight", "sigma_pool.w1.weight"),
+                             (f"uncertain_net_{side}.attention.w_2.weight", "sigma_pool.w2.weight")):
+            out[theirs] = ours[f"{head}.{mine}"]
+        for theirs, mine in ((f"pie_net_{side}.fc", "mean_fc"), (f"pie_net_{side}.layer_norm", "norm"),
+                             (f"uncertain_net_{side}.fc", "sigma_fc"), (f"uncertain_net_{side}.fc2", "sigma_pooled_fc")):
+            for t in ("weight", "bias"):
+                out[f"{theirs}.{t}"] = ours[f"{head}.{mine}.{t}"]
+    return {k: v.detach().numpy().copy() for k, v in out.items()}
+
+
+@pytest.mark.parametrize("sets, run, attentions", [
+    (("backbone=holmes",), "ral@holmes", [f"e_attns.{i}" for i in range(8)]),  # Holmes' multisrc/: CSA, no MSRA
+    (("ral.heads=code",), "ral", [f"attn{i}" for i in range(8)]),  # RAL-PRVR: CSA and MSRA's heads as its code builds them
+])
+def test_rals_official_names_read_back_rank_as_our_checkpoint(sets, run, attentions, tmp_path):
+    cfg = resolve("ral", "sim-tiny", 0, ["train.epochs=1", *sets])
+    run_one(cfg, tmp_path)
+    path = tmp_path / "runs" / "sim-tiny" / run / "seed0.json"
+    weights = torch.load(tmp_path / "checkpoints" / "sim-tiny" / run / "seed0" / "best.pt", weights_only=True)["model"]
+    token = torch.zeros(1, 1, cfg.model.hidden) if cfg.backbone == "holmes" else None
+    npz = _write(tmp_path / "official.npz", _ral_as_official(weights, attentions, token))
+    ours, theirs = evaluate_runs([path], "val", parts=True), evaluate_runs([path], "val", parts=True, official=npz)
+    assert [r["metrics"] for r in theirs] == [r["metrics"] for r in ours]
+
+
+@pytest.mark.parametrize("sets, message", [
+    (("ral.heads=paper",), r"the reference's Gaussian heads are its PIENet and uncertainty modules \(ral.heads=code\)"),
+    (("ral.heads=code", "ral.share_positions=false"), r"ral.share_positions=false \(positions of its own\), which no "
+                                                      r"official checkpoint holds"),
+])
+def test_a_ral_model_no_official_checkpoint_holds_is_refused(sets, message, tmp_path):
+    run_one(resolve("ral", "sim-tiny", 0, ["train.epochs=1", *sets]), tmp_path)
+    weights = torch.load(tmp_path / "checkpoints" / "sim-tiny" / "ral" / "seed0" / "best.pt", weights_only=True)["model"]
+    code = {k: v for k, v in weights.items() if not k.startswith(("text_head", "video_head"))}
+    npz = _write(tmp_path / "official.npz", _ral_as_official(code, [f"attn{i}" for i in range(8)]))
+    with pytest.raises(UserError, match=message):
+        evaluate_runs([tmp_path / "runs" / "sim-tiny" / "ral" / "seed0.json"], "val", official=npz)

@@ -91,7 +91,7 @@ class StoredRun:
     def model(self, data) -> torch.nn.Module:
         model = build_model(self.cfg, data.video_dim, data.query_dim)
         if self.official is not None:
-            load_weights(model, official_weights(self.official, self.cfg.backbone, self.cfg.model), self.official,
+            load_weights(model, official_weights(self.official, self.cfg.backbone, self.cfg.model, model), self.official,
                          "convert the official checkpoint of this run's model and settings (docs/parity.md)")
             return model.to(self.device).eval()
         fix = f"re-run the run of {self.path} (`prvr-bench run` with the record's command) to write it again"
@@ -113,12 +113,13 @@ class _Read(dict):
         return super().__getitem__(key)
 
 
-def official_weights(path: Path, backbone: str, model_cfg: Any) -> dict[str, torch.Tensor]:
+def official_weights(path: Path, backbone: str, model_cfg: Any, model: Any = None) -> dict[str, torch.Tensor]:
     """An official code's weights (a .npz of its state dict, arrays by its parameter names; no
     pickle is read) as the state dict of `backbone` with the model config `model_cfg`, through the
-    backbone's `official` (its repository and its map, map(named, model_cfg)). One line for a
-    backbone without a map, a file that is not such an .npz, a name the map needs that the file
-    lacks, or one the map does not use."""
+    backbone's `official` (its repository and its map, map(named, model_cfg)); where the run's `model`
+    wraps the backbone with a method's parts (RAL), its `official_around(named, backbone weights)` gives
+    the whole model's. One line for a backbone without a map, a file that is not such an .npz, a name
+    the map needs that the file lacks, or one the map does not use."""
     cls = BACKBONES.get(backbone)
     official = getattr(cls, "official", None)
     if official is None:
@@ -132,8 +133,11 @@ def official_weights(path: Path, backbone: str, model_cfg: Any) -> dict[str, tor
     except (OSError, ValueError, zipfile.BadZipFile) as err:
         raise UserError(f"--official-weights {path}: not a readable .npz of arrays ({_first_line(err)}); write one "
                         "from the official checkpoint as docs/parity.md shows") from None
+    around = getattr(model, "official_around", None)
     try:
         weights = mapping(named, model_cfg)
+        if around is not None:
+            weights = around(named, weights)
     except KeyError as err:
         raise UserError(f"--official-weights {path} lacks {err.args[0]!r}, a weight of {repo}'s {backbone} model; "
                         "is it that code's checkpoint, converted whole?") from None

@@ -23,7 +23,8 @@ from prvr.harness.base import masks
 from prvr.harness.base.batches import QueryBatch, VideoBatch
 from prvr.harness.base.contract import Backbone, Encoded, OnDemand, Scores, StepExtras
 from prvr.harness.base.io import UserError
-from prvr.methods.backbones.blocks import PLAIN, UNIT, GMMBlock, PaddedFrames, init_weights, rowwise, unit
+from prvr.methods.backbones.blocks import (PLAIN, UNIT, GMMBlock, PaddedFrames, init_weights, official_branches,
+                                           rowwise, unit)
 
 Aggregation = Literal["both", "local", "global"]  # Table 4: g = LN(x^g + x^l), local only, global only
 AGGREGATIONS: tuple[Aggregation, ...] = get_args(Aggregation)
@@ -508,6 +509,47 @@ class RalModel(nn.Module):
             raise ValueError("the model has no MSRA (ral.msra=false), so no Gaussians")
         attend = torch.ones_like(token_mask) if self.settings.pool_padding == "code" else None
         return self.text_head(tokens, token_mask, attend)
+
+    # ------------------------------------------------------------------------- the reference's weights
+    def official_around(self, named: dict[str, torch.Tensor], base: dict[str, torch.Tensor]
+                        ) -> dict[str, torch.Tensor]:
+        """The official weights of RAL's parts around the backbone's (`base`, read by the backbone's own
+        map): zhanglong-ustc/RAL-PRVR (RAL on GMMFormer v2) and lijun2005/ICML26-Holmes `multisrc/` (CSA on
+        Holmes) name them alike. The token encoder: `frame_branch_query_proj` (a LinearLayer: LayerNorm,
+        `net.1`) and `frame_branch_query_encoder` (a BertAttention), on the query encoder's positions; the
+        word gate `text_weight_fc` (Linear, ReLU, Linear); MSRA's heads as the code builds them, a PIENet
+        and an uncertainty module per side (`pie_net_text`, `uncertain_net_text`, `pie_net_video`,
+        `uncertain_net_video`). A model the references have no weights for is refused in one line."""
+        s = self.settings
+        if self.tokens is not None and not s.share_positions:
+            raise UserError("--official-weights: the reference's token encoder reads the query encoder's positions; "
+                            "this run has ral.share_positions=false (positions of its own), which no official "
+                            "checkpoint holds")
+        if self.text_head is not None and s.heads != "code":
+            raise UserError("--official-weights: the reference's Gaussian heads are its PIENet and uncertainty "
+                            "modules (ral.heads=code); this run has ral.heads=paper, whose heads no official "
+                            "checkpoint holds")
+        out = {f"base.{k}": v for k, v in base.items()}
+        if self.tokens is not None:
+            proj = "frame_branch_query_proj"
+            out.update({"tokens.in_norm.weight": named[f"{proj}.LayerNorm.weight"],
+                        "tokens.in_norm.bias": named[f"{proj}.LayerNorm.bias"],
+                        "tokens.linear.weight": named[f"{proj}.net.1.weight"],
+                        "tokens.linear.bias": named[f"{proj}.net.1.bias"],
+                        **official_branches(named, "tokens.layer.branches", ["frame_branch_query_encoder"],
+                                            ffn=bool(getattr(self.base.cfg, "ffn_mult", 0)))})
+        if self.gate is not None:
+            out.update({f"gate.net.{i}.{t}": named[f"text_weight_fc.{i}.{t}"] for i in (0, 2) for t in ("weight", "bias")})
+        if self.text_head is not None:
+            for head, side in (("text_head", "text"), ("video_head", "video")):
+                pie, unc = f"pie_net_{side}", f"uncertain_net_{side}"
+                pairs = [("mean_pool.w1", f"{pie}.attention.w_1", False), ("mean_pool.w2", f"{pie}.attention.w_2", False),
+                         ("mean_fc", f"{pie}.fc", True), ("norm", f"{pie}.layer_norm", True),
+                         ("sigma_pool.w1", f"{unc}.attention.w_1", False), ("sigma_pool.w2", f"{unc}.attention.w_2", False),
+                         ("sigma_fc", f"{unc}.fc", True), ("sigma_pooled_fc", f"{unc}.fc2", True)]
+                for mine, theirs, bias in pairs:
+                    out.update({f"{head}.{mine}.{t}": named[f"{theirs}.{t}"] for t in (("weight", "bias") if bias else ("weight",))})
+        return out
 
     def clip_weight(self) -> float:
         w = self.settings.clip_weight
