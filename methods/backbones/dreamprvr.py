@@ -48,7 +48,7 @@ from prvr.methods.backbones.blocks import (PLAIN, CrossAttentionLayer, DynamicGM
                                            gaussian_weights, init_weights, official_branches, official_cross,
                                            official_inputs_and_query, pack)
 from prvr.methods.backbones.gmmformer2 import GMMFormer2, GMMFormer2Config
-from prvr.methods.backbones.ral import GatedAttentionPool
+from prvr.methods.backbones.ral import GatedAttentionPool, official_gaussian_head
 
 Schedule = Literal["cosine", "linear"]  # model.schedule: the betas of the diffusion
 # model.time_embedding: the denoiser's table of step embeddings before its MLP. frozen-random: what
@@ -430,15 +430,9 @@ def from_official(named: dict[str, torch.Tensor], cfg: DreamPRVRConfig) -> dict[
     latent, sampler = "generator.latent", "video_probabilistic_variational_sampler"
     gru = [f"{w}_{k}_l0{d}" for w in ("weight", "bias") for k in ("ih", "hh") for d in ("", "_reverse")]
     out.update(_renamed(named, [(f"{latent}.pool.gru", f"{sampler}.gpo.gru")], tuple(gru)))
-    out.update(_renamed(named, [(f"{latent}.pool.score", f"{sampler}.gpo.linear"),
-                                (f"{latent}.mean_pool.w1", f"{sampler}.pie_net_video.attention.w_1"),
-                                (f"{latent}.mean_pool.w2", f"{sampler}.pie_net_video.attention.w_2"),
-                                (f"{latent}.var_pool.w1", f"{sampler}.uncertain_net_video.attention.w_1"),
-                                (f"{latent}.var_pool.w2", f"{sampler}.uncertain_net_video.attention.w_2")], ("weight",)))
-    out.update(_renamed(named, [(f"{latent}.mean_fc", f"{sampler}.pie_net_video.fc"),
-                                (f"{latent}.norm", f"{sampler}.pie_net_video.layer_norm"),
-                                (f"{latent}.var_fc", f"{sampler}.uncertain_net_video.fc"),
-                                (f"{latent}.var_pooled_fc", f"{sampler}.uncertain_net_video.fc2")]))
+    out.update(_renamed(named, [(f"{latent}.pool.score", f"{sampler}.gpo.linear")], ("weight",)))
+    out.update(official_gaussian_head(named, latent, f"{sampler}.pie_net_video", f"{sampler}.uncertain_net_video",
+                                      sigma="var"))
     den, mlp = "generator.denoiser", "diffusion_mlp"
     out[f"{den}.step_table"] = named[f"{mlp}.time_embedding.timembedding.0.weight"]
     pairs = [(f"{den}.time.0", f"{mlp}.time_embedding.timembedding.1"),

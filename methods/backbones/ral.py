@@ -230,6 +230,20 @@ class CodeGaussianHead(nn.Module):
         return mu, log_sigma
 
 
+def official_gaussian_head(named: dict[str, torch.Tensor], ours: str, pie: str, uncertain: str,
+                           sigma: str = "sigma") -> dict[str, torch.Tensor]:
+    """A `CodeGaussianHead` at `ours` (or DreamPRVR's latent sampler, whose variance parts are named
+    `var`: `sigma`) from the reference's PIENet `pie` (its attention's `w_1`, `w_2`, `fc`, `layer_norm`)
+    and uncertainty module `uncertain` (its attention, `fc` on the attention, `fc2` on the pooled vector),
+    as RAL-PRVR and DreamPRVR name them."""
+    no_bias = [("mean_pool.w1", f"{pie}.attention.w_1"), ("mean_pool.w2", f"{pie}.attention.w_2"),
+               (f"{sigma}_pool.w1", f"{uncertain}.attention.w_1"), (f"{sigma}_pool.w2", f"{uncertain}.attention.w_2")]
+    with_bias = [("mean_fc", f"{pie}.fc"), ("norm", f"{pie}.layer_norm"), (f"{sigma}_fc", f"{uncertain}.fc"),
+                 (f"{sigma}_pooled_fc", f"{uncertain}.fc2")]
+    return {**{f"{ours}.{m}.weight": named[f"{t}.weight"] for m, t in no_bias},
+            **{f"{ours}.{m}.{p}": named[f"{t}.{p}"] for m, t in with_bias for p in ("weight", "bias")}}
+
+
 def gaussian_heads(hidden: int, heads: str, aggregation: str) -> tuple[nn.Module, nn.Module]:
     """(text head, video head) of `ral.heads`: the paper's Eq. 3-7 or the reference's form."""
     if heads not in HEADS:
@@ -539,16 +553,11 @@ class RalModel(nn.Module):
                         **official_branches(named, "tokens.layer.branches", ["frame_branch_query_encoder"],
                                             ffn=bool(getattr(self.base.cfg, "ffn_mult", 0)))})
         if self.gate is not None:
-            out.update({f"gate.net.{i}.{t}": named[f"text_weight_fc.{i}.{t}"] for i in (0, 2) for t in ("weight", "bias")})
+            out.update({f"gate.net.{i}.{t}": named[f"text_weight_fc.{i}.{t}"]
+                        for i in (0, 2) for t in ("weight", "bias")})
         if self.text_head is not None:
             for head, side in (("text_head", "text"), ("video_head", "video")):
-                pie, unc = f"pie_net_{side}", f"uncertain_net_{side}"
-                pairs = [("mean_pool.w1", f"{pie}.attention.w_1", False), ("mean_pool.w2", f"{pie}.attention.w_2", False),
-                         ("mean_fc", f"{pie}.fc", True), ("norm", f"{pie}.layer_norm", True),
-                         ("sigma_pool.w1", f"{unc}.attention.w_1", False), ("sigma_pool.w2", f"{unc}.attention.w_2", False),
-                         ("sigma_fc", f"{unc}.fc", True), ("sigma_pooled_fc", f"{unc}.fc2", True)]
-                for mine, theirs, bias in pairs:
-                    out.update({f"{head}.{mine}.{t}": named[f"{theirs}.{t}"] for t in (("weight", "bias") if bias else ("weight",))})
+                out.update(official_gaussian_head(named, head, f"pie_net_{side}", f"uncertain_net_{side}"))
         return out
 
     def clip_weight(self) -> float:
