@@ -53,8 +53,18 @@ def _embeddings(ours: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+def _arrays(out: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    """Tensors by official name as the .npz the conversion line of docs/parity.md writes."""
+    return {k: v.detach().numpy().copy() for k, v in out.items()}
+
+
 def _dynamic_as_official(ours: dict[str, torch.Tensor], attentions: list[str], token: torch.Tensor
                          ) -> dict[str, np.ndarray]:
+    return _arrays(_dynamic_tensors(ours, attentions, token))
+
+
+def _dynamic_tensors(ours: dict[str, torch.Tensor], attentions: list[str], token: torch.Tensor
+                     ) -> dict[str, torch.Tensor]:
     """Our gmmformer2 or holmes state dict under the official models' names (huangmozhi9527/GMMFormer_v2
     src/Models/gmmformerV2, lijun2005/ICML26-Holmes src/Models/holmes): DyGMMBlocks `clip_encoder`,
     `frame_encoder_1` of the attention layers `attentions`, a BertCrossAttention `ca` (its key and value
@@ -65,7 +75,7 @@ def _dynamic_as_official(ours: dict[str, torch.Tensor], attentions: list[str], t
         out.update(_fusion(ours, mine, theirs))
     out["modular_vector_mapping.weight"] = ours["query_encoder.pool.score.weight"]
     out["weight_token"] = token
-    return {k: v.detach().numpy().copy() for k, v in out.items()}
+    return out
 
 
 def _fusion(ours: dict[str, torch.Tensor], mine: str, theirs: str) -> dict[str, torch.Tensor]:
@@ -137,7 +147,7 @@ def _hlformer_as_official(ours: dict[str, torch.Tensor]) -> dict[str, np.ndarray
             for holder in ("self", "self.lorentz_multiattention", *(f"self.lorentz_multiattention.linear_{m}"
                                                                      for m in ("query", "keys", "values"))):
                 out[f"{block}.h_attns.{i}.{holder}.manifold.k"] = torch.tensor(1.0)
-    return {k: v.detach().numpy().copy() for k, v in out.items()}
+    return _arrays(out)
 
 
 def _gmmformer_as_official(ours: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
@@ -150,7 +160,7 @@ def _gmmformer_as_official(ours: dict[str, torch.Tensor]) -> dict[str, np.ndarra
         out.update(_attention(ours, f"frame_blocks.{i}.branches", [f"{frame}.{a}" for a in attns]))
     out["modular_vector_mapping.weight"] = ours["query_encoder.pool.score.weight"]
     out["modular_vector_mapping_2.weight"] = ours["frame_pool.score.weight"]
-    return {k: v.detach().numpy().copy() for k, v in out.items()}
+    return _arrays(out)
 
 
 def _as_official(ours: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
@@ -180,7 +190,7 @@ def _as_official(ours: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
     out["mapping_linear.0.weight"] = ours["key_map.weight"]
     out["mapping_linear.1.weight"] = ours["value_map.weight"]
     assert len(out) == len(ours) + 12  # each fused q/k/v weight and bias (three encoders) is three tensors there
-    return {k: v.detach().numpy().copy() for k, v in out.items()}
+    return _arrays(out)
 
 
 @pytest.fixture(scope="module")
@@ -355,7 +365,7 @@ def _dreamprvr_as_official(ours: dict[str, torch.Tensor], registers: int, diffus
             if f"{part}.{mine}.{t}" in ours:
                 out[f"{owner}.{theirs}.{t}"] = ours[f"{part}.{mine}.{t}"]
     out["diffusion_mlp.time_embedding.timembedding.0.weight"] = ours["generator.denoiser.step_table"]
-    return {k: v.detach().numpy().copy() for k, v in out.items()}
+    return _arrays(out)
 
 
 def test_dreamprvrs_official_names_read_back_rank_as_our_checkpoint(tmp_path):
@@ -383,8 +393,7 @@ def _ral_as_official(ours: dict[str, torch.Tensor], attentions: list[str], token
     `frame_branch_query_proj` / `frame_branch_query_encoder`, the gate `text_weight_fc` and, with MSRA, the
     PIENet and uncertainty modules of each side."""
     base = {k[len("base."):]: v for k, v in ours.items() if k.startswith("base.")}
-    out = {k: torch.from_numpy(v) for k, v in _dynamic_as_official(
-        base, attentions, base["weight_token"] if token is None else token).items()}
+    out = _dynamic_tensors(base, attentions, base["weight_token"] if token is None else token)
     out.update({"frame_branch_query_proj.LayerNorm.weight": ours["tokens.in_norm.weight"],
                 "frame_branch_query_proj.LayerNorm.bias": ours["tokens.in_norm.bias"],
                 "frame_branch_query_proj.net.1.weight": ours["tokens.linear.weight"],
@@ -403,7 +412,7 @@ def _ral_as_official(ours: dict[str, torch.Tensor], attentions: list[str], token
                              (f"uncertain_net_{side}.fc", "sigma_fc"), (f"uncertain_net_{side}.fc2", "sigma_pooled_fc")):
             for t in ("weight", "bias"):
                 out[f"{theirs}.{t}"] = ours[f"{head}.{mine}.{t}"]
-    return {k: v.detach().numpy().copy() for k, v in out.items()}
+    return _arrays(out)
 
 
 @pytest.mark.parametrize("sets, run, attentions", [

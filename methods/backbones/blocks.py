@@ -422,10 +422,15 @@ class QueryEncoder(nn.Module):
 # (TrainablePositionalEncoding); each attention layer `<att>.self.{query,key,value}`, `<att>.output.dense`,
 # `<att>.output.LayerNorm` (BertAttention). These read such weights into the modules here
 # (`evaluate --official-weights`); a name the file lacks is a KeyError naming it.
+def official_linear_layer(named: dict[str, torch.Tensor], ours: str, proj: str) -> dict[str, torch.Tensor]:
+    """Our `in_norm` and `linear` at `ours` from the official LinearLayer `proj` (its LayerNorm and `net.1`)."""
+    return {f"{ours}.in_norm.weight": named[f"{proj}.LayerNorm.weight"], f"{ours}.in_norm.bias": named[f"{proj}.LayerNorm.bias"],
+            f"{ours}.linear.weight": named[f"{proj}.net.1.weight"], f"{ours}.linear.bias": named[f"{proj}.net.1.bias"]}
+
+
 def official_input(named: dict[str, torch.Tensor], ours: str, proj: str, pos: str) -> dict[str, torch.Tensor]:
     """An `InputEmbedding` at `ours` from the official input layer `proj` and positions `pos`."""
-    return {f"{ours}.in_norm.weight": named[f"{proj}.LayerNorm.weight"], f"{ours}.in_norm.bias": named[f"{proj}.LayerNorm.bias"],
-            f"{ours}.linear.weight": named[f"{proj}.net.1.weight"], f"{ours}.linear.bias": named[f"{proj}.net.1.bias"],
+    return {**official_linear_layer(named, ours, proj),
             f"{ours}.positions.weight": named[f"{pos}.position_embeddings.weight"],
             f"{ours}.norm.weight": named[f"{pos}.LayerNorm.weight"], f"{ours}.norm.bias": named[f"{pos}.LayerNorm.bias"]}
 

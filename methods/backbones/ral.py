@@ -24,7 +24,7 @@ from prvr.harness.base.batches import QueryBatch, VideoBatch
 from prvr.harness.base.contract import Backbone, Encoded, OnDemand, Scores, StepExtras
 from prvr.harness.base.io import UserError
 from prvr.methods.backbones.blocks import (PLAIN, UNIT, GMMBlock, PaddedFrames, init_weights, official_branches,
-                                           rowwise, unit)
+                                           official_linear_layer, rowwise, unit)
 
 Aggregation = Literal["both", "local", "global"]  # Table 4: g = LN(x^g + x^l), local only, global only
 AGGREGATIONS: tuple[Aggregation, ...] = get_args(Aggregation)
@@ -545,13 +545,9 @@ class RalModel(nn.Module):
                             "checkpoint holds")
         out = {f"base.{k}": v for k, v in base.items()}
         if self.tokens is not None:
-            proj = "frame_branch_query_proj"
-            out.update({"tokens.in_norm.weight": named[f"{proj}.LayerNorm.weight"],
-                        "tokens.in_norm.bias": named[f"{proj}.LayerNorm.bias"],
-                        "tokens.linear.weight": named[f"{proj}.net.1.weight"],
-                        "tokens.linear.bias": named[f"{proj}.net.1.bias"],
+            out.update({**official_linear_layer(named, "tokens", "frame_branch_query_proj"),
                         **official_branches(named, "tokens.layer.branches", ["frame_branch_query_encoder"],
-                                            ffn=bool(getattr(self.base.cfg, "ffn_mult", 0)))})
+                                            ffn=self.tokens.layer.branches.ffn_mult > 0)})
         if self.gate is not None:
             out.update({f"gate.net.{i}.{t}": named[f"text_weight_fc.{i}.{t}"]
                         for i in (0, 2) for t in ("weight", "bias")})
