@@ -16,8 +16,9 @@ from prvr.harness.base import progress
 from prvr.harness.base.io import UserError, ensure_dir
 from prvr.harness.profiling import evaluator_speed as ev, rehearsal
 from prvr.harness.profiling.flops import flops_per_query
-from prvr.harness.profiling.report import (MethodProfile, Profile, ProfileProvenance, Settings, render_memory,
-                                          write_profile)
+from prvr.harness.profiling.report import (PROFILE_JSON, MethodProfile, Profile, ProfileProvenance, Settings,
+                                          render_memory, write_profile)
+from prvr.harness.profiling.stored import check_protocol, read_profile, updated
 from prvr.harness.profiling.reported import reported_for
 from prvr.harness.profiling.runtime import GRAPHS_MODES, estimate_memory, runtime_per_query
 from prvr.harness.profiling.subjects import TVR_DIMS, Subject, build_model, count_params, subjects
@@ -66,6 +67,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--skip-runtime", action="store_true", help="no inference runtime")
     p.add_argument("--skip-training", action="store_true", help="no training epoch")
     p.add_argument("--skip-evaluator", action="store_true", help="no evaluator speed test")
+    p.add_argument("--update", action="store_true",
+                   help="renew the rows of the --method methods in OUT/profile.{md,csv} and keep every other row "
+                        "and the evaluator speed (read from OUT/profile.json, which a whole profile writes); "
+                        "refused unless the settings are the stored profile's")
     p.add_argument("--quick", action="store_true",
                    help="tiny settings (sim-tiny, small collections, few repeats, small evaluator shape)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -113,6 +118,7 @@ def cmd_profile(args: argparse.Namespace) -> None:
         torch.set_num_threads(settings.threads)
     overrides = [*args.overrides, *([f"train.device={args.device}"] if args.device != "auto" else [])]
     subs = subjects(args.method, settings.model_dataset, overrides)
+    before = _stored_before(args, settings) if args.update and not args.estimate_memory else None
     if args.estimate_memory:
         size = max(settings.sizes)
         print(render_memory([estimate_memory(s, settings.dims, size, settings.unique, settings.query_batch)
@@ -120,17 +126,33 @@ def cmd_profile(args: argparse.Namespace) -> None:
         return
     results = [profile_subject(s, settings, device, args, overrides) for s in subs]
     evaluator = None
-    if not args.skip_evaluator:
+    if not args.skip_evaluator and before is None:  # an update keeps the stored evaluator speed
         progress.log(f"evaluator speed: {settings.eval_shape.describe()}")
         evaluator = ev.evaluator_speed(settings.eval_shape, device, settings.eval_repeats)
     prov = ProfileProvenance(**provenance(describe_device(device)), command=_command_line(), torch=torch.__version__,
                              wall_s=time.perf_counter() - start)
     profile = Profile(settings, results, reported_for(args.method), evaluator, prov)
+    if before is not None:
+        profile = updated(before, profile, Path(args.out) / PROFILE_JSON)
     paths = write_profile(args.out, profile)
     progress.log(f"profile: wrote {paths[1]} and {paths[0]} in {prov['wall_s']:.0f} s")
     failed = [f"{m.method} {fig}: {msg}" for m in results for fig, msg in m.errors.items()]
     if failed:
         raise UserError(f"the profile was written, but {len(failed)} measurement(s) failed: " + "; ".join(failed))
+
+
+def _stored_before(args: argparse.Namespace, settings: Settings) -> Profile:
+    """The stored profile an --update renews rows of; refused before anything is measured."""
+    if not args.method:
+        raise UserError("--update renews the rows of the methods named by --method: name them (e.g. --method "
+                        "hlformer dreamprvr), or profile every method without --update")
+    path = Path(args.out) / PROFILE_JSON
+    if not path.exists():
+        raise UserError(f"--update reads {path}, which is not there: a whole profile (prvr-bench profile without "
+                        f"--update) writes it beside profile.md; run one first")
+    before = read_profile(path)
+    check_protocol(before.settings, settings, path)
+    return before
 
 
 def profile_subject(subject: Subject, s: Settings, device: torch.device, args: argparse.Namespace,

@@ -3,12 +3,13 @@ protocol), both derived from one Profile and written atomically."""
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
-from prvr.harness.base.io import write_text
+from prvr.harness.base.io import check_target, write_text
 from prvr.harness.engine.record_types import Provenance
 from prvr.harness.profiling import evaluator_speed, flops, training
 from prvr.harness.profiling.evaluator_speed import EvaluatorSpeed
@@ -19,8 +20,18 @@ from prvr.harness.profiling.runtime import GraphsMode, MemoryEstimate, Runtime
 from prvr.harness.profiling.training import EpochProfile
 from prvr.harness.reports.table import code, csv_text, markdown_table
 
-CSV_COLUMNS = ("section", "method", "backbone", "source", "device", "quantity", "condition", "value", "unit")
+CSV_COLUMNS = ("section", "method", "backbone", "source", "device", "quantity", "condition", "value", "unit",
+               "revision")
 MEASURED = "measured"
+
+
+class Made(TypedDict):
+    """What made one method's row where it is not the profile's own run (`profile --update`)."""
+
+    command: str
+    created: str
+    git_revision: str
+    git_dirty: bool
 
 
 @dataclass
@@ -36,6 +47,7 @@ class MethodProfile:
     runtime_device: str = ""
     epoch: EpochProfile | None = None
     errors: dict[str, str] = field(default_factory=dict)  # figure -> error message
+    made: Made | None = None  # None: made by the profile's own run (its provenance)
 
 
 @dataclass
@@ -78,15 +90,21 @@ class Profile:
 
 # ------------------------------------------------------------------------------- CSV
 def csv_rows(p: Profile) -> list[dict[str, Any]]:
-    s = p.settings
+    """Every figure, each with the commit that measured it (`revision`; empty for the papers')."""
+    s, own = p.settings, _revision(p.provenance["git_revision"], p.provenance.get("git_dirty", False))
     rows: list[dict[str, Any]] = []
     for m in p.methods:
-        rows += _method_rows(m, s, p.provenance["device"])
+        made = own if m.made is None else _revision(m.made["git_revision"], m.made["git_dirty"])
+        rows += [{**r, "revision": made} for r in _method_rows(m, s, p.provenance["device"])]
     for r in p.reported:
-        rows += _reported_rows(r)
+        rows += [{**row, "revision": ""} for row in _reported_rows(r)]
     if p.evaluator is not None:
-        rows += _evaluator_rows(p.evaluator)
+        rows += [{**r, "revision": own} for r in _evaluator_rows(p.evaluator)]
     return rows
+
+
+def _revision(git: str, dirty: bool) -> str:
+    return f"{git[:12]}{'+uncommitted' if dirty else ''}"
 
 
 def _row(section: str, quantity: str, value: float | str, unit: str, condition: str = "", method: str = "",
@@ -192,7 +210,21 @@ def _header(p: Profile) -> str:
             f"{', uncommitted changes' if pv.get('git_dirty') else ''}; torch {pv['torch']}). Device: "
             f"{pv['device']}. Whole profile: {pv['wall_s']:.0f} s. Measured rows say `measured`; the papers' "
             f"figures are separate rows marked `reported` with their GPU and table. All figures also in "
-            f"profile.csv.\n{quick}")
+            f"profile.csv.\n{quick}{_renewed(p)}")
+
+
+def _renewed(p: Profile) -> str:
+    """The rows an update renewed, by the run that made them."""
+    runs: dict[tuple[str, str, str, bool], list[str]] = {}
+    for m in p.methods:
+        if m.made is not None:
+            key = (m.made["command"], m.made["created"], m.made["git_revision"], m.made["git_dirty"])
+            runs.setdefault(key, []).append(m.method if m.backbone == m.method else f"{m.method} ({m.backbone})")
+    lines = [f"- {', '.join(names)}: renewed by {code(command, in_table=False)} on {created} (git {git[:12]}"
+             f"{', uncommitted changes' if dirty else ''}), under the settings above."
+             for (command, created, git, dirty), names in runs.items()]
+    return "\nRows renewed since (`prvr-bench profile --update`; the rest are the whole profile's):\n\n" + \
+        "\n".join(lines) + "\n" if lines else ""
 
 
 def _ordered(p: Profile) -> list[tuple[MethodProfile | None, list[Reported]]]:
@@ -385,12 +417,35 @@ def _secs(v: float) -> str:
     return f"{v:.3g}"
 
 
+PROFILE_JSON = "profile.json"  # the typed figures, read back by `profile --update` (profiling/stored.py)
+STORED_FORMAT = 1
+
+
+def stored(p: Profile) -> dict[str, Any]:
+    """The profile as JSON data: NaN (not measured) as null; the reported rows are not stored
+    (they come from the code)."""
+    return _nulls({"format": STORED_FORMAT, "settings": asdict(p.settings), "methods": [asdict(m) for m in p.methods],
+                   "evaluator": None if p.evaluator is None else asdict(p.evaluator), "provenance": dict(p.provenance)})
+
+
+def _nulls(v: Any) -> Any:
+    if isinstance(v, float) and math.isnan(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _nulls(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_nulls(x) for x in v]
+    return v
+
+
 def write_profile(out: str | Path, p: Profile) -> tuple[Path, Path]:
-    """Write profile.csv and profile.md under `out`: both rendered first, then each written
-    atomically, so a failure leaves the previous pair in place."""
+    """Write profile.csv, profile.md and profile.json under `out`: all rendered first, then each
+    written atomically, so a failure leaves the previous files in place."""
     out = Path(out)
-    texts = render_csv(p), with_rehearsal(render_markdown(p), out)
-    paths = out / "profile.csv", out / "profile.md"
+    paths = out / "profile.csv", out / "profile.md", out / PROFILE_JSON
+    texts = render_csv(p), with_rehearsal(render_markdown(p), out), json.dumps(stored(p), indent=1) + "\n"
+    for path in paths:
+        check_target(path)
     for path, text in zip(paths, texts):
         write_text(path, text)
-    return paths
+    return paths[0], paths[1]
