@@ -1,4 +1,4 @@
-"""ARL: ambiguity-restrained representation learning (Cho et al., AAAI'25; shared/seeds/000_*).
+"""ARL: ambiguity-restrained representation learning (Cho et al., AAAI'25; docs/references.md).
 
 Recipe: backbone `arl` (two identical streamlined encoders theta and Phi, scores averaged,
 Eq. 1-3, 13) + detector `arl` (Eq. 4-7, cross-model hand-off) + the objective below:

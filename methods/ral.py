@@ -1,4 +1,4 @@
-"""RAL: robust alignment learning (Zhang et al.; shared/seeds/002_*) on MS-SL, GMMFormer and
+"""RAL: robust alignment learning (Zhang et al.; docs/references.md) on MS-SL, GMMFormer and
 GMMFormer v2: `--method ral --backbone msl|gmmformer|gmmformer2` (default gmmformer2, the one
 the public code covers).
 

@@ -1,4 +1,4 @@
-"""XML and the SBERT-PR conditions (Maeoki et al.; shared/seeds/004): the `xml` backbone trained
+"""XML and the SBERT-PR conditions (Maeoki et al.; docs/references.md): the `xml` backbone trained
 with the multi-level ranking loss and the start/end NLL (methods/objectives/xml.py).
 
     L = L_vr + lambda_tl L_tl + lambda_vcmr L_vcmr                                (Eq. 9)

@@ -321,7 +321,7 @@ def mv_fractions(fraction: np.ndarray) -> list[float]:
 
 
 def table_stats(rows: list[Annotation]) -> dict:
-    """The figures of shared/data/README.md's statistics table for a list of rows."""
+    """The statistics of the public annotation files (docs/references.md) for a list of rows."""
     videos = {r.video: r.duration for r in rows}
     with np.errstate(invalid="ignore", divide="ignore"):
         frac = np.array([(r.end - r.start) / r.duration for r in rows], dtype=np.float64)

@@ -5,7 +5,7 @@ A video is cut into 5-second segments (at most 6: annotation stopped at 30 s);
 segment that each of (usually) four annotators marked. The ground truth is a span that at
 least two annotators agree on: the span marked most often, and when two spans are marked
 equally often, the one an earlier annotator marked (the rule TVRetrieval's DiDeMo code
-follows; it reproduces shared/data/README.md's M/V figures). `agreed_spans` gives every
+follows; it reproduces the M/V figures of the public annotation files). `agreed_spans` gives every
 span with two or more votes, for metrics that accept any of them.
 
 Seconds: segment k covers [5k, 5(k+1)); the last segment ends at the video's end, which

@@ -1,8 +1,8 @@
 """The papers' own complexity figures, shown as separate "reported" rows.
 
-ARL paper (shared/seeds/000_*): Table 3 (FLOPs, params) and Table 4 (runtime per text
+ARL paper (docs/references.md): Table 3 (FLOPs, params) and Table 4 (runtime per text
 query, ms, collections of 1,000..2,500 videos), all "on Nvidia RTX 3090 GPU" (its
-Complexity Analysis paragraph). RAL paper (shared/seeds/002_*): Table 6 (FLOPs, params) and
+Complexity Analysis paragraph). RAL paper (docs/references.md): Table 6 (FLOPs, params) and
 Table 7 (runtime, ms, 500..2,500 videos, "a video subset from the TVR dataset"); its
 experiments run "on a single A800 GPU". Neither paper says which FLOP counter it used nor
 what one query's FLOPs include. Keys are our method names.

@@ -1,4 +1,4 @@
-"""RAL's modules (Zhang et al., RAL; shared/seeds/002_*): the Gaussian heads of MSRA
+"""RAL's modules (Zhang et al., RAL; docs/references.md): the Gaussian heads of MSRA
 (Eq. 3-7), the query support set (Eq. 5) and CSA's word-confidence gate (Eq. 12); `RalModel`
 gives a training step's Gaussians to the objective as a step output (`Gaussians`).
 

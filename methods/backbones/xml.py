@@ -1,5 +1,5 @@
 """XML, Cross-modal Moment Localization (Lei et al., ECCV 2020), video-only, as the SBERT-PR
-paper uses it (Maeoki et al.; shared/seeds/004, Section 3.2, Eq. 1-2, appendix A).
+paper uses it (Maeoki et al.; docs/references.md, Section 3.2, Eq. 1-2, appendix A).
 
 Query: tokens -> input layer and learned positions -> one BERT attention layer -> attention
 pooling into one vector q (XML's modular query of the video stream). Video: one feature row

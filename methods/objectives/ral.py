@@ -1,4 +1,4 @@
-"""RAL's losses and scores as pure functions (Zhang et al., RAL; shared/seeds/002_*, Eq. 8-12).
+"""RAL's losses and scores as pure functions (Zhang et al., RAL; docs/references.md, Eq. 8-12).
 
 Distributions are diagonal Gaussians given by (mu, log sigma), sigma = exp(log sigma) the
 standard deviation everywhere (sampling, both KL terms). The reference code reads

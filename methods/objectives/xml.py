@@ -1,5 +1,5 @@
 """The multi-level ranking loss with confidence and XML's start/end NLL (SBERT-PR paper,
-Maeoki et al.; shared/seeds/004, Eq. 9-18) as pure functions of score matrices, relation
+Maeoki et al.; docs/references.md, Eq. 9-18) as pure functions of score matrices, relation
 masks and weights, so that any detector's relations feed them.
 
 Notation. R [Q, B]: a relevance score of every batch query (row) against every batch video
