@@ -55,3 +55,19 @@ def test_edit_distance_counts_a_swap_of_neighbours_as_one_edit():
                                         ("abc", "abc")]] == [1, 2, 3, 3, 0]
     known = ["msl", "xml", "xml-sl"]
     assert "did you mean 'msl', 'xml', 'xml-sl'?" in unknown_message("method", "mls", known)
+
+
+@pytest.mark.parametrize("name, answer", [
+    ("ral@holmes", "'ral@holmes' names a run, not a method: give --method ral --backbone holmes;"),
+    ("baseline+sbert", "give --method baseline --set relations.name=sbert;"),
+    ("msl+oracle~ignore", "give --method msl --set relations.name=oracle, with the settings its tag 'ignore'"),
+])
+def test_a_run_name_given_for_a_method_says_which_options_make_that_run(name, answer):
+    with pytest.raises(RegistryError) as err:
+        METHODS.get(name)
+    assert answer in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_run_name_of_no_registered_method_is_an_unknown_method():
+    with pytest.raises(RegistryError, match="unknown method 'mls@holmes': did you mean"):
+        METHODS.get("mls@holmes")

@@ -82,8 +82,25 @@ class Registry(Generic[T]):
     def entry(self, name: str) -> Entry[T]:
         load_all()
         if not isinstance(name, str) or name not in self._entries:
-            raise RegistryError(unknown_message(self.kind, name, self.names()))
+            raise RegistryError(self._run_name_answer(name) or unknown_message(self.kind, name, self.names()))
         return self._entries[name]
+
+    def _run_name_answer(self, name: object) -> str:
+        """Where a run's name (method+detector@backbone~tag, e.g. ral@holmes) is given for a method's:
+        the options that make that run."""
+        if self.kind != "method" or not isinstance(name, str) or not any(c in name for c in RUN_NAME_SEPARATORS):
+            return ""
+        head, _, tag = name.partition("~")
+        head, _, backbone = head.partition("@")
+        method, _, detector = head.partition("+")
+        if method not in self._entries:
+            return ""
+        given = [f"--method {method}", *([f"--backbone {backbone}"] if backbone else []),
+                 *([f"--set relations.name={detector}"] if detector else [])]
+        tagged = (f", with the settings its tag {tag!r} stands for (the leaderboard's commands list each run's "
+                  f"whole command)") if tag else ""
+        return (f"{name!r} names a run, not a method: give {' '.join(given)}{tagged}; `prvr-bench sweep --method` "
+                f"takes run names as they are")
 
     def names(self) -> list[str]:
         load_all()
