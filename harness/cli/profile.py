@@ -67,7 +67,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--skip-runtime", action="store_true", help="no inference runtime")
     p.add_argument("--skip-training", action="store_true", help="no training epoch")
     p.add_argument("--skip-evaluator", action="store_true", help="no evaluator speed test")
-    p.add_argument("--update", action="store_true",
+    p.add_argument("--only-methods", action="store_true",
                    help="renew the rows of the --method methods in OUT/profile.{md,csv} and keep every other row "
                         "and the evaluator speed (read from OUT/profile.json, which a whole profile writes); "
                         "refused unless the settings are the stored profile's")
@@ -118,7 +118,7 @@ def cmd_profile(args: argparse.Namespace) -> None:
         torch.set_num_threads(settings.threads)
     overrides = [*args.overrides, *([f"train.device={args.device}"] if args.device != "auto" else [])]
     subs = subjects(args.method, settings.model_dataset, overrides)
-    before = _stored_before(args, settings) if args.update and not args.estimate_memory else None
+    before = _stored_before(args, settings) if args.only_methods and not args.estimate_memory else None
     if args.estimate_memory:
         size = max(settings.sizes)
         print(render_memory([estimate_memory(s, settings.dims, size, settings.unique, settings.query_batch)
@@ -142,14 +142,14 @@ def cmd_profile(args: argparse.Namespace) -> None:
 
 
 def _stored_before(args: argparse.Namespace, settings: Settings) -> Profile:
-    """The stored profile an --update renews rows of; refused before anything is measured."""
+    """The stored profile whose rows --only-methods renews; refused before anything is measured."""
     if not args.method:
-        raise UserError("--update renews the rows of the methods named by --method: name them (e.g. --method "
-                        "hlformer dreamprvr), or profile every method without --update")
+        raise UserError("--only-methods renews the rows of the methods named by --method: name them (e.g. "
+                        "--method hlformer dreamprvr), or profile every method without --only-methods")
     path = Path(args.out) / PROFILE_JSON
     if not path.exists():
-        raise UserError(f"--update reads {path}, which is not there: a whole profile (prvr-bench profile without "
-                        f"--update) writes it beside profile.md; run one first")
+        raise UserError(f"--only-methods reads {path}, which is not there: a whole profile (prvr-bench profile "
+                        f"without --only-methods) writes it beside profile.md; run one first")
     before = read_profile(path)
     check_protocol(before.settings, settings, path)
     return before

@@ -26,7 +26,7 @@ MEASURED = "measured"
 
 
 class Made(TypedDict):
-    """What made one method's row where it is not the profile's own run (`profile --update`)."""
+    """What made one method's row where it is not the profile's own run (`profile --only-methods`)."""
 
     command: str
     created: str
@@ -223,7 +223,7 @@ def _renewed(p: Profile) -> str:
     lines = [f"- {', '.join(names)}: renewed by {code(command, in_table=False)} on {created} (git {git[:12]}"
              f"{', uncommitted changes' if dirty else ''}), under the settings above."
              for (command, created, git, dirty), names in runs.items()]
-    return "\nRows renewed since (`prvr-bench profile --update`; the rest are the whole profile's):\n\n" + \
+    return "\nRows renewed since (`prvr-bench profile --only-methods`; the rest are the whole profile's):\n\n" + \
         "\n".join(lines) + "\n" if lines else ""
 
 
@@ -417,7 +417,7 @@ def _secs(v: float) -> str:
     return f"{v:.3g}"
 
 
-PROFILE_JSON = "profile.json"  # the typed figures, read back by `profile --update` (profiling/stored.py)
+PROFILE_JSON = "profile.json"  # the typed figures, read back by `profile --only-methods` (profiling/stored.py)
 STORED_FORMAT = 1
 
 

@@ -1,5 +1,5 @@
 """results/profile.json: the typed figures behind profile.md and profile.csv, so that
-`prvr-bench profile --method M ... --update` renews the rows of the methods it names and keeps
+`prvr-bench profile --method M ... --only-methods` renews the rows of the methods it names and keeps
 every other row (and the evaluator's) as it was measured.
 
 The file is untrusted input like every record the suite reads: parsed as JSON (no pickle, no
@@ -26,7 +26,7 @@ from prvr.harness.profiling.report import (STORED_FORMAT as FORMAT, Made, Method
                                           Settings)
 from prvr.harness.profiling.reported import reported_for
 
-FIX = "profile every method again (prvr-bench profile, without --update) or restore the file from version control"
+FIX = "profile every method again (prvr-bench profile, without --only-methods) or restore the file from version control"
 # settings an update may not change: every one but the evaluator's, which an update keeps
 EVALUATOR_SETTINGS = ("eval_shape", "eval_repeats")
 
@@ -71,7 +71,7 @@ def check_protocol(stored_settings: Settings, settings: Settings, where: str | P
         if before != now:
             raise UserError(f"{where} was profiled with {f.name} = {show(before)}, this update with {show(now)}: "
                             f"one table has one protocol; pass the flags that made it (its header names the "
-                            f"command) or profile every method again without --update")
+                            f"command) or profile every method again without --only-methods")
 
 
 def updated(old: Profile, new: Profile, where: str | Path) -> Profile:

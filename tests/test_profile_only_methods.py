@@ -1,4 +1,4 @@
-"""`prvr-bench profile --update`: the rows of the named methods renewed, every other row and the
+"""`prvr-bench profile --only-methods`: the rows of the named methods renewed, every other row and the
 evaluator speed kept as stored in profile.json, the stored file read as untrusted input."""
 
 import csv
@@ -38,7 +38,7 @@ def test_an_update_renews_the_named_rows_and_keeps_the_others(capsys, profiled):
     stored["methods"][1]["params"] = 1  # a figure the update must replace: msl's
     stored["methods"][0]["params"] = 2  # and one it must keep: baseline's
     (profiled / "profile.json").write_text(json.dumps(stored))
-    _profile(capsys, profiled, "--method", "msl", "arl", "--update")
+    _profile(capsys, profiled, "--method", "msl", "arl", "--only-methods")
     after = read_profile(profiled / "profile.json")
     assert [(m.method, m.params) for m in after.methods][:2] == [("baseline", 2), ("msl", msl_params)]
     assert after.methods[2].method == "arl" and after.methods[2].params > 1000  # added at the end
@@ -56,18 +56,18 @@ def test_an_update_renews_the_named_rows_and_keeps_the_others(capsys, profiled):
 @pytest.mark.parametrize("args, message", [
     (["--method", "msl", "--videos", "4", "8"], "was profiled with sizes = [4], this update with [4, 8]: one table has "
                                                 "one protocol"),
-    (["--update"], "--update renews the rows of the methods named by --method"),
+    (["--only-methods"], "--only-methods renews the rows of the methods named by --method"),
 ])
 def test_an_update_under_other_settings_is_refused_before_measuring(capsys, profiled, args, message):
     before = {p.name: p.read_bytes() for p in profiled.iterdir()}
-    code = main([*QUICK, "--out", str(profiled), "--update", *args])
+    code = main([*QUICK, "--out", str(profiled), "--only-methods", *args])
     err = capsys.readouterr().err
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
     assert {p.name: p.read_bytes() for p in profiled.iterdir()} == before
 
 
 def test_an_update_needs_a_stored_profile(capsys, tmp_path):
-    code = main([*QUICK, "--out", str(tmp_path), "--method", "msl", "--update"])
+    code = main([*QUICK, "--out", str(tmp_path), "--method", "msl", "--only-methods"])
     err = capsys.readouterr().err
     assert code == 2 and "profile.json, which is not there: a whole profile" in err
     assert not list(tmp_path.iterdir())
@@ -95,9 +95,9 @@ def test_a_bad_stored_profile_is_one_line_naming_the_key(capsys, profiled, edit,
         read_profile(path)
     text = str(err.value)
     assert message in text and str(path) in text and "\n" not in text
-    assert "without --update" in text  # the fix
+    assert "without --only-methods" in text  # the fix
     before = {p.name: p.read_bytes() for p in profiled.iterdir()}
-    assert main([*QUICK, "--out", str(profiled), "--method", "msl", "--update"]) == 2
+    assert main([*QUICK, "--out", str(profiled), "--method", "msl", "--only-methods"]) == 2
     assert message in capsys.readouterr().err
     assert {p.name: p.read_bytes() for p in profiled.iterdir()} == before  # nothing written
 
