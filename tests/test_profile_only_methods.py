@@ -85,6 +85,8 @@ def test_an_update_needs_a_stored_profile(capsys, tmp_path):
     (lambda d: d["methods"].append(d["methods"][0]), "method baseline on dual-branch is stored twice"),
     (lambda d: d["evaluator"].update(score_s="Infinity"), "key 'evaluator.score_s' must be a number"),
     (lambda d: d["provenance"].pop("command"), "key 'provenance.command' is missing"),
+    (lambda d: d["methods"][0].update(made={"command": "prvr-bench profile"}), "key 'methods[0].made.created' is "
+                                                                               "missing"),
 ])
 def test_a_bad_stored_profile_is_one_line_naming_the_key(capsys, profiled, edit, message):
     path = profiled / "profile.json"

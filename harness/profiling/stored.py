@@ -168,11 +168,10 @@ class _Reader:
                 raise UserError(f"{self.path}: unknown key {f'{key}.{name}'!r} (known: {', '.join(sorted(known))}); "
                                 f"{FIX}")
         out = {name: self.read(hints[name], v, f"{key}.{name}") for name, v in value.items()}
-        if not dataclass:
-            return out
-        required = [f.name for f in dataclasses.fields(tp) if f.init and f.default is dataclasses.MISSING
-                    and f.default_factory is dataclasses.MISSING]
+        required = sorted(tp.__required_keys__) if not dataclass else [
+            f.name for f in dataclasses.fields(tp)
+            if f.init and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
         missing = [n for n in required if n not in out]
         if missing:
             raise UserError(f"{self.path}: key {f'{key}.{missing[0]}'!r} is missing; {FIX}")
-        return tp(**out)
+        return tp(**out) if dataclass else out
