@@ -66,6 +66,17 @@ def test_an_update_under_other_settings_is_refused_before_measuring(capsys, prof
     assert {p.name: p.read_bytes() for p in profiled.iterdir()} == before
 
 
+def test_an_update_on_another_machine_is_refused(capsys, profiled):
+    path = profiled / "profile.json"
+    data = json.loads(path.read_text())
+    data["provenance"]["device"] = "cuda (NVIDIA H100 80GB HBM3)"
+    path.write_text(json.dumps(data))
+    code = main([*QUICK, "--out", str(profiled), "--method", "msl", "--only-methods"])
+    err = capsys.readouterr().err
+    assert code == 2 and "was profiled on cuda (NVIDIA H100 80GB HBM3), this run is on cpu" in err
+    assert json.loads(path.read_text()) == data
+
+
 def test_an_update_needs_a_stored_profile(capsys, tmp_path):
     code = main([*QUICK, "--out", str(tmp_path), "--method", "msl", "--only-methods"])
     err = capsys.readouterr().err

@@ -118,7 +118,8 @@ def cmd_profile(args: argparse.Namespace) -> None:
         torch.set_num_threads(settings.threads)
     overrides = [*args.overrides, *([f"train.device={args.device}"] if args.device != "auto" else [])]
     subs = subjects(args.method, settings.model_dataset, overrides)
-    before = _stored_before(args, settings) if args.only_methods and not args.estimate_memory else None
+    before = _stored_before(args, settings, describe_device(device)) \
+        if args.only_methods and not args.estimate_memory else None
     if args.estimate_memory:
         size = max(settings.sizes)
         print(render_memory([estimate_memory(s, settings.dims, size, settings.unique, settings.query_batch)
@@ -126,7 +127,7 @@ def cmd_profile(args: argparse.Namespace) -> None:
         return
     results = [profile_subject(s, settings, device, args, overrides) for s in subs]
     evaluator = None
-    if not args.skip_evaluator and before is None:  # an update keeps the stored evaluator speed
+    if not args.skip_evaluator and before is None:  # --only-methods keeps the stored evaluator speed
         progress.log(f"evaluator speed: {settings.eval_shape.describe()}")
         evaluator = ev.evaluator_speed(settings.eval_shape, device, settings.eval_repeats)
     prov = ProfileProvenance(**provenance(describe_device(device)), command=_command_line(), torch=torch.__version__,
@@ -141,7 +142,7 @@ def cmd_profile(args: argparse.Namespace) -> None:
         raise UserError(f"the profile was written, but {len(failed)} measurement(s) failed: " + "; ".join(failed))
 
 
-def _stored_before(args: argparse.Namespace, settings: Settings) -> Profile:
+def _stored_before(args: argparse.Namespace, settings: Settings, device: str) -> Profile:
     """The stored profile whose rows --only-methods renews; refused before anything is measured."""
     if not args.method:
         raise UserError("--only-methods renews the rows of the methods named by --method: name them (e.g. "
@@ -152,6 +153,10 @@ def _stored_before(args: argparse.Namespace, settings: Settings) -> Profile:
                         f"without --only-methods) writes it beside profile.md; run one first")
     before = read_profile(path)
     check_protocol(before.settings, settings, path)
+    if before.provenance["device"] != device:
+        raise UserError(f"{path} was profiled on {before.provenance['device']}, this run is on {device}: the rows "
+                        f"of one table come from one machine; profile every method here without --only-methods "
+                        f"(into another --out)")
     return before
 
 
