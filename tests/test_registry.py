@@ -71,3 +71,6 @@ def test_a_run_name_given_for_a_method_says_which_options_make_that_run(name, an
 def test_a_run_name_of_no_registered_method_is_an_unknown_method():
     with pytest.raises(RegistryError, match="unknown method 'mls@holmes': did you mean"):
         METHODS.get("mls@holmes")
+    with pytest.raises(RegistryError) as err:  # not printable: shown escaped, on one line
+        METHODS.get("ral@holmes\nx")
+    assert str(err.value).startswith("unknown method 'ral@holmes\\nx'") and "\n" not in str(err.value)

@@ -88,7 +88,8 @@ class Registry(Generic[T]):
     def _run_name_answer(self, name: object) -> str:
         """Where a run's name (method+detector@backbone~tag, e.g. ral@holmes) is given for a method's:
         the options that make that run."""
-        if self.kind != "method" or not isinstance(name, str) or not any(c in name for c in RUN_NAME_SEPARATORS):
+        if self.kind != "method" or not isinstance(name, str) or not any(c in name for c in RUN_NAME_SEPARATORS) \
+                or not name.isprintable() or len(name) > 64:  # a hostile name: the escaped unknown-name line
             return ""
         head, _, tag = name.partition("~")
         head, _, backbone = head.partition("@")
