@@ -107,3 +107,12 @@ def unknown_message(kind: str, name: Any, known: list[str]) -> str:
     # a name with newlines or of any length still gives one short line
     shown = f"'{name}'" if name.isprintable() and len(name) <= 40 else repr(name[:40]) + ("..." if len(name) > 40 else "")
     return f"unknown {kind} {shown}: {hint}known: {', '.join(known) or '(none)'}"
+
+
+def split_run_name(name: str) -> tuple[str, str, str, str]:
+    """A run's name as records.run_tag and the tags build it, method+detector@backbone~tag, in its
+    parts (method, detector, backbone, tag); a part the name lacks is ''."""
+    head, _, tag = name.partition("~")
+    head, _, backbone = head.partition("@")
+    method, _, detector = head.partition("+")
+    return method, detector, backbone, tag

@@ -12,7 +12,8 @@ import pkgutil
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, TypeVar
 
-from prvr.harness.base.names import RULE, edit_distance, name_problem, unknown_message  # noqa: F401 (edit_distance)
+from prvr.harness.base.names import (RULE, edit_distance, name_problem, split_run_name,  # noqa: F401 (edit_distance)
+                                     unknown_message)
 
 if TYPE_CHECKING:  # the registries' types (harness/base/contract.py imports torch, which the CLI loads late)
     from prvr.harness.base.contract import Backbone, DatasetEntry, MethodSpec, ObjectivePart, RelationDetector
@@ -91,9 +92,7 @@ class Registry(Generic[T]):
         if self.kind != "method" or not isinstance(name, str) or not any(c in name for c in RUN_NAME_SEPARATORS) \
                 or not name.isprintable() or len(name) > 64:  # a hostile name: the escaped unknown-name line
             return ""
-        head, _, tag = name.partition("~")
-        head, _, backbone = head.partition("@")
-        method, _, detector = head.partition("+")
+        method, detector, backbone, tag = split_run_name(name)
         if method not in self._entries:
             return ""
         given = [f"--method {method}", *([f"--backbone {backbone}"] if backbone else []),

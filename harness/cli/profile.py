@@ -134,7 +134,7 @@ def cmd_profile(args: argparse.Namespace) -> None:
                              wall_s=time.perf_counter() - start)
     profile = Profile(settings, results, reported_for(args.method), evaluator, prov)
     if before is not None:
-        profile = updated(before, profile, Path(args.out) / PROFILE_JSON)
+        profile = updated(before, profile)
     paths = write_profile(args.out, profile)
     progress.log(f"profile: wrote {paths[1]} and {paths[0]} in {prov['wall_s']:.0f} s")
     failed = [f"{m.method} {fig}: {msg}" for m in results for fig, msg in m.errors.items()]
@@ -152,11 +152,7 @@ def _stored_before(args: argparse.Namespace, settings: Settings, device: str) ->
         raise UserError(f"--only-methods reads {path}, which is not there: a whole profile (prvr-bench profile "
                         f"without --only-methods) writes it beside profile.md; run one first")
     before = read_profile(path)
-    check_protocol(before.settings, settings, path)
-    if before.provenance["device"] != device:
-        raise UserError(f"{path} was profiled on {before.provenance['device']}, this run is on {device}: the rows "
-                        f"of one table come from one machine; profile every method here without --only-methods "
-                        f"(into another --out)")
+    check_protocol(before, settings, device, path)
     return before
 
 

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
 
-from prvr.harness.base.io import check_target, write_text
+from prvr.harness.base.io import write_texts
 from prvr.harness.engine.record_types import Provenance
 from prvr.harness.profiling import evaluator_speed, flops, training
 from prvr.harness.profiling.evaluator_speed import EvaluatorSpeed
@@ -442,10 +442,7 @@ def write_profile(out: str | Path, p: Profile) -> tuple[Path, Path]:
     """Write profile.csv, profile.md and profile.json under `out`: all rendered first, then each
     written atomically, so a failure leaves the previous files in place."""
     out = Path(out)
-    paths = out / "profile.csv", out / "profile.md", out / PROFILE_JSON
-    texts = render_csv(p), with_rehearsal(render_markdown(p), out), json.dumps(stored(p), indent=1) + "\n"
-    for path in paths:
-        check_target(path)
-    for path, text in zip(paths, texts):
-        write_text(path, text)
-    return paths[0], paths[1]
+    csv_path, md_path = out / "profile.csv", out / "profile.md"
+    write_texts({csv_path: render_csv(p), md_path: with_rehearsal(render_markdown(p), out),
+                 out / PROFILE_JSON: json.dumps(stored(p), indent=1) + "\n"})
+    return csv_path, md_path

@@ -61,24 +61,27 @@ def read_profile(path: str | Path) -> Profile:
     return Profile(settings, methods, reported_for([m.method for m in methods]), evaluator, prov)
 
 
-def check_protocol(stored_settings: Settings, settings: Settings, where: str | Path) -> None:
-    """An update measures under the stored profile's settings, the evaluator's aside (it keeps
-    the stored evaluator speed)."""
+def check_protocol(stored: Profile, settings: Settings, device: str, where: str | Path) -> None:
+    """An update measures under the stored profile's settings (the evaluator's aside: it keeps the
+    stored evaluator speed) and on its device and CPU model: one table, one protocol, one machine."""
     for f in dataclasses.fields(Settings):
         if f.name in EVALUATOR_SETTINGS:
             continue
-        before, now = getattr(stored_settings, f.name), getattr(settings, f.name)
+        before, now = getattr(stored.settings, f.name), getattr(settings, f.name)
         if before != now:
             raise UserError(f"{where} was profiled with {f.name} = {show(before)}, this update with {show(now)}: "
                             f"one table has one protocol; pass the flags that made it (its header names the "
                             f"command) or profile every method again without --only-methods")
+    if stored.provenance["device"] != device:
+        raise UserError(f"{where} was profiled on {stored.provenance['device']}, this run is on {device}: the rows "
+                        f"of one table come from one machine; profile every method here without --only-methods "
+                        f"(into another --out)")
 
 
-def updated(old: Profile, new: Profile, where: str | Path) -> Profile:
+def updated(old: Profile, new: Profile) -> Profile:
     """`old` with the rows of `new`'s methods replaced (in place; methods it lacked are added
     at the end) and everything else kept: its settings, its evaluator speed, its provenance.
-    The renewed rows say what made them. Refused where the two were measured otherwise."""
-    check_protocol(old.settings, new.settings, where)
+    The renewed rows say what made them. `check_protocol` has held `new` to `old`'s protocol."""
     made: Made = {"command": new.provenance["command"], "created": new.provenance["created"],
                   "git_revision": new.provenance["git_revision"], "git_dirty": bool(new.provenance.get("git_dirty"))}
     fresh = {(m.method, m.backbone): dataclasses.replace(m, made=made) for m in new.methods}

@@ -30,7 +30,7 @@ import scipy.stats
 
 from prvr.harness.base import progress
 from prvr.harness.base.io import UserError, write_png, write_texts
-from prvr.harness.base.names import check_name, inside
+from prvr.harness.base.names import check_name, inside, split_run_name
 from prvr.harness.base.registry import DETECTORS, METHODS, home_method
 from prvr.harness.engine.records import load_record_at, record_path
 from prvr.harness.reports.stats import (BOTH_LEVELS, Comparison, GainChange, MetricDifference, Row, RoomShare,
@@ -113,11 +113,9 @@ def base_of(run: str) -> str | None:
     method -> that method (`ral@msl` -> `msl`); else none."""
     if "+oracle" in run:
         return run.replace("+oracle", "", 1)
-    head, _, tag = run.partition("~")
-    method, _, backbone = head.partition("@")
-    method, plus, detector = method.partition("+")
+    method, detector, backbone, tag = split_run_name(run)
     spec = METHODS.get(method) if method in METHODS else None
-    if plus and spec is not None and detector in DETECTORS:  # a matrix cell: its backbone's plain run
+    if detector and spec is not None and detector in DETECTORS:  # a matrix cell: its backbone's plain run
         plain = f"{method}@{backbone}" if backbone else method
         return f"{plain}~{spec.base_row}" if spec.base_row else plain
     if spec is None or tag:
