@@ -120,6 +120,66 @@ def test_a_run_stores_its_val_and_test_rankings_beside_its_record(stored_run):
             assert again[key] == record["metrics"][split][key], (split, key)
 
 
+def _arrays(ranking):
+    return ranking.top, ranking.top_rank, ranking.labelled_rank
+
+
+def _fresh_rankings(out, cfg_sets=("train.epochs=1",)):
+    """Each split ranked again from the run's best checkpoint (`rank_split`, the plain path)."""
+    from prvr.harness.engine.build import build_run
+    from prvr.harness.engine.config import resolve
+    from prvr.harness.engine.records import checkpoint_dir
+
+    cfg = resolve("baseline", "sim-tiny", 0, list(cfg_sets))
+    run = build_run(cfg)
+    trainer = run.trainer(checkpoint_dir(out, "sim-tiny", "baseline", 0))
+    trainer.load_model(checkpoint_dir(out, "sim-tiny", "baseline", 0) / "best.pt")
+    return {s: rk.rank_split(trainer.model, run.data[s], trainer.batchers[s], trainer.device, cfg.eval.chunk)
+            for s in ("val", "test")}
+
+
+def test_a_runs_stored_rankings_are_its_evaluations_ranks_without_a_second_scoring_pass(stored_run):
+    """CPU. The stored val ranks are those of the best epoch's val evaluation and the test ranks those
+    of the test evaluation (`RankingSink` fed by the evaluator's own scores); ranking the best
+    checkpoint again, the plain path, gives the same arrays."""
+    out, path, record = stored_run
+    assert "eval_rankings" not in record["timings"]  # nothing encoded or scored a second time
+    stored, _ = rk.load_rankings(rk.rankings_path(path))
+    fresh = _fresh_rankings(out)
+    for split in ("val", "test"):
+        for mine, plain in zip(_arrays(stored[split]), _arrays(fresh[split])):
+            np.testing.assert_array_equal(mine, plain)
+
+
+def test_a_resumed_run_whose_best_epoch_an_earlier_process_chose_ranks_val_again(tmp_path):
+    """CPU. A run resumed after its last epoch has no val ranks in memory: it ranks val from the best
+    checkpoint (timed as eval_rankings), and the stored ranks are the plain path's."""
+    from prvr.harness.engine.config import resolve
+
+    cfg = resolve("baseline", "sim-tiny", 0, ["train.epochs=1"])
+    run_one(cfg, tmp_path)
+    record = run_one(cfg, tmp_path, resume=True)
+    assert record["timings"]["eval_rankings"] > 0
+    stored, _ = rk.load_rankings(rk.rankings_path(record_path(tmp_path, "sim-tiny", "baseline", 0)))
+    fresh = _fresh_rankings(tmp_path)
+    for split in ("val", "test"):
+        for mine, plain in zip(_arrays(stored[split]), _arrays(fresh[split])):
+            np.testing.assert_array_equal(mine, plain)
+
+
+def test_a_ranking_sink_refuses_chunks_out_of_order_and_an_unfinished_split():
+    split, scores = FakeSplit(10, 120), tied_scores(10, 120)
+    sink = rk.RankingSink(split)
+    sink(0, scores[:4])
+    with pytest.raises(ValueError, match="the chunk of queries from 8 came where the one from 4 was due"):
+        sink(8, scores[8:])
+    with pytest.raises(ValueError, match="4 of 10 queries were scored"):
+        sink.ranking()
+    sink(4, scores[4:])
+    for mine, plain in zip(_arrays(sink.ranking()), _arrays(rk.ranking_of(lambda a, b: scores[a:b], split, chunk=3))):
+        np.testing.assert_array_equal(mine, plain)
+
+
 def world_file(tmp_path, thin=False):
     """The sim-tiny test split's ground truth as a relevance file; `thin`: every third query
     dropped and the others' relevant sets cut to the labelled video plus one more."""

@@ -43,6 +43,9 @@ KS = (1, 5, 10, 100)
 BUCKETS = {"short": (0.0, 0.2), "medium": (0.2, 0.4), "long": (0.4, 1.0)}
 
 ScoreFn = Callable[[int, int], torch.Tensor]
+# what else a scoring pass feeds: (first query, the chunk's fused scores [q, V]), in query order
+# (rankings.RankingSink keeps a split's stored rankings from the scores the evaluator ranks)
+ChunkSink = Callable[[int, torch.Tensor], None]
 
 
 def padded_targets(rel: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray]:
@@ -254,16 +257,18 @@ def encode_split(model: torch.nn.Module, split, batcher, device: torch.device) -
 
 @torch.no_grad()
 def evaluate_model(model: torch.nn.Module, split, batcher, device: torch.device, chunk: int,
-                   show: str | None = None, eval_cfg: EvalConfig | None = None, moments: bool = True) -> dict:
+                   show: str | None = None, eval_cfg: EvalConfig | None = None, moments: bool = True,
+                   sink: ChunkSink | None = None) -> dict:
     """The metrics block of `split` for `model`: encode once, score the fused score in chunks
-    of `chunk` queries, rank by counting. `show` names a progress bar. A backbone that
+    of `chunk` queries, rank by counting; each chunk's scores also go to `sink` where one is given
+    (a run's stored rankings, from the same scores). `show` names a progress bar. A backbone that
     localizes (provides span_logits) adds the moment metrics of harness/engine/vcmr.py (VCMR / SVMR
     R@K per tIoU, and oracle VCMR under `oracle`), with the `eval` section's vcmr_* settings
     (`eval_cfg`; None: their defaults); `moments=False` skips them (e.g. the noise curves,
     which keep the retrieval figures only)."""
     queries, videos = encode_split(model, split, batcher, device)
     watch = ScoreWatch(fused_scores(model, queries, videos))
-    ranks = _encoded_ranks(model, split, queries, videos, chunk, show, watch)
+    ranks = _encoded_ranks(model, split, queries, videos, chunk, show, watch if sink is None else teed(watch, sink))
     metrics = metrics_from_ranks(ranks, split.moment_fraction(), split.relevance)
     if watch.problem():  # ranks of scores that tell no video apart: marked (runner.py), never a plain figure
         metrics["degenerate_scores"] = watch.problem()
@@ -321,6 +326,17 @@ class ScoreWatch:
         if self.total > 1 and self.low == self.high:
             return f"every score is {self.low:g}"
         return ""
+
+
+def teed(score_fn: ScoreFn, sink: ChunkSink) -> ScoreFn:
+    """`score_fn` whose every chunk also goes to `sink`: one scoring pass for two consumers."""
+
+    def score(start: int, end: int) -> torch.Tensor:
+        scores = score_fn(start, end)
+        sink(start, scores)
+        return scores
+
+    return score
 
 
 def fused_scores(model: torch.nn.Module, queries: dict[str, torch.Tensor], videos: dict[str, torch.Tensor]) -> ScoreFn:

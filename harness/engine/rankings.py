@@ -1,15 +1,17 @@
 """Stored rankings: a run's val and test ranks kept beside its record, to score again later.
 
-At the end of a run (harness/engine/runner.py) the best checkpoint ranks each evaluated split once
-more, and `seed<S>.rank.npz` beside `seed<S>.json` keeps, per query: the top K videos
-(K = `TOP_K` = 100 by default, best first), each listed video's rank under the evaluator's
-rule (#{v : s_v >= s}: ties count against the model), and the labelled video's rank; plus
-the split's ids, query texts, labelled videos and M/V fractions, so that the file alone can
-be joined to a relevance file. `prvr-bench evaluate RECORD --relevance FILE`
-(harness/cli/reevaluate.py) then scores the run under new labels without its checkpoint: R@K,
-SumR, median and mean rank and the M/V buckets exactly (from the labelled ranks), and the
-oracle figures (R@K, SumR, dense R@K, the multi-relevant share, coverage) exactly for every
-K <= the stored K. What needs every video's score is not stored: `unlabelled_above` (None).
+A run (harness/engine/runner.py) keeps the ranks of the scores its evaluator ranked: val's at the
+best epoch (the evaluation that chose the checkpoint), test's from the test evaluation (`RankingSink`);
+only a resumed run, whose best epoch was evaluated by an earlier process, ranks val once more.
+`seed<S>.rank.npz` beside `seed<S>.json` keeps, per query: the top K videos (K = `TOP_K` = 100 by
+default, best first), each listed video's rank under the evaluator's rule (#{v : s_v >= s}: ties
+count against the model), and the labelled video's rank; plus the split's ids, query texts,
+labelled videos and M/V fractions, so that the file alone can be joined to a relevance file.
+`prvr-bench evaluate RECORD --relevance FILE` (harness/cli/reevaluate.py) then scores the run under
+new labels without its checkpoint: R@K, SumR, median and mean rank and the M/V buckets exactly
+(from the labelled ranks), and the oracle figures (R@K, SumR, dense R@K, the multi-relevant share,
+coverage) exactly for every K <= the stored K. What needs every video's score is not stored:
+`unlabelled_above` (None).
 
 A listed video tied with the first video past the list has a rank past K: its rank is
 stored as K + 1, which is all the metrics at K <= 100 need. The file is a compressed numpy
@@ -94,22 +96,47 @@ def rank_split(model: torch.nn.Module, split, batcher, device: torch.device, chu
 
 def ranking_of(score_fn: ScoreFn, split, chunk: int, top_k: int = TOP_K) -> SplitRanking:
     """The SplitRanking of chunked scores (`compute_ranks`' ScoreFn) of a split."""
-    if top_k < max(KS):
-        raise UserError(f"stored rankings keep at least the top {max(KS)} videos (R@{max(KS)}), got {top_k}")
-    lab_idx, lab_mask = padded_targets(split.labels())
-    tops, ranks, labelled = [], [], []
+    sink = RankingSink(split, top_k)
     for start in range(0, split.num_queries, chunk):
-        end = min(start + chunk, split.num_queries)
-        scores = worst_if_nonfinite(score_fn(start, end).float())
-        index, rank = top_ranks(scores, top_k)
-        tops.append(index.cpu().numpy())
-        ranks.append(rank.cpu().numpy())
-        li = torch.as_tensor(lab_idx[start:end], device=scores.device)
-        lm = torch.as_tensor(lab_mask[start:end], device=scores.device)
-        labelled.append(count_ranks(scores, li, lm).cpu().numpy())
-    k = min(top_k, split.num_videos)
-    return SplitRanking(_cat(tops, (0, k)), _cat(ranks, (0, k)), _cat(labelled, (0,)),
-                        np.asarray(split.moment_fraction(), dtype=np.float64), SplitKeys.of_split(split), top_k)
+        sink(start, score_fn(start, min(start + chunk, split.num_queries)))
+    return sink.ranking()
+
+
+class RankingSink:
+    """A split's SplitRanking made from its score chunks as a scoring pass hands them over (a
+    `evaluate.ChunkSink`): `evaluate_model(..., sink=RankingSink(split))` ranks the split and keeps
+    its rankings from the same scores, so that a run's stored rankings cost no second encoding or
+    scoring of the split (harness/engine/runner.py). Chunks come in query order, each once."""
+
+    def __init__(self, split, top_k: int = TOP_K) -> None:
+        if top_k < max(KS):
+            raise UserError(f"stored rankings keep at least the top {max(KS)} videos (R@{max(KS)}), got {top_k}")
+        self.split, self.top_k, self.next = split, top_k, 0
+        self.lab_idx, self.lab_mask = padded_targets(split.labels())
+        self.tops: list[np.ndarray] = []
+        self.ranks: list[np.ndarray] = []
+        self.labelled: list[np.ndarray] = []
+
+    def __call__(self, start: int, chunk_scores: torch.Tensor) -> None:
+        if start != self.next:  # a chunk missed or given twice would shift every later query's ranks
+            raise ValueError(f"rankings: the chunk of queries from {start} came where the one from {self.next} was due")
+        scores = worst_if_nonfinite(chunk_scores.float())
+        end = start + scores.shape[0]
+        index, rank = top_ranks(scores, self.top_k)
+        self.tops.append(index.cpu().numpy())
+        self.ranks.append(rank.cpu().numpy())
+        li = torch.as_tensor(self.lab_idx[start:end], device=scores.device)
+        lm = torch.as_tensor(self.lab_mask[start:end], device=scores.device)
+        self.labelled.append(count_ranks(scores, li, lm).cpu().numpy())
+        self.next = end
+
+    def ranking(self) -> SplitRanking:
+        if self.next != self.split.num_queries:
+            raise ValueError(f"rankings: {self.next} of {self.split.num_queries} queries were scored")
+        k = min(self.top_k, self.split.num_videos)
+        return SplitRanking(_cat(self.tops, (0, k)), _cat(self.ranks, (0, k)), _cat(self.labelled, (0,)),
+                            np.asarray(self.split.moment_fraction(), dtype=np.float64), SplitKeys.of_split(self.split),
+                            self.top_k)
 
 
 def _cat(parts: list[np.ndarray], empty: tuple[int, ...]) -> np.ndarray:

@@ -13,7 +13,7 @@ from prvr.harness.engine.checkpoints import RESUME_FREE_KEYS, flatten
 from prvr.harness.engine.config import from_dict
 from prvr.harness.base.io import UserError, claim
 from prvr.harness.base.names import check_name, check_tag
-from prvr.harness.engine.rankings import TOP_K, rank_split, rankings_path, save_rankings
+from prvr.harness.engine.rankings import TOP_K, RankingSink, rank_split, rankings_path, save_rankings
 from prvr.harness.engine.record_types import (MOMENT_METRIC_PREFIXES, SPLIT_METRIC_KEYS, DataFacts, RunMetrics, RunRecord,
                                        RunResources, SplitMetrics)
 from prvr.harness.engine.records import (checkpoint_dir, load_record_at, provenance, provenance_time, record_path,
@@ -23,8 +23,6 @@ from prvr.harness.engine.robustness import curve_line, noise_curve
 from prvr.harness.engine.sections import Config
 from prvr.harness.base.timing import Timings
 from prvr.harness.base.devices import device_name, lifetime_peak_kb, peak_memory_mb, reset_peak_rss, status_kb
-
-RANKED_SPLITS = ("val", "test")  # stored beside the record (harness/engine/rankings.py)
 
 
 def run_name(cfg: Config, tag: str = "") -> str:
@@ -100,17 +98,20 @@ def train_and_record(cfg: Config, out: str | Path, resume: bool = False, tag: st
     started = provenance(device_name(trainer.device))
     trainer.fit(resume=resume or force_resume, force_resume=force_resume)
     trainer.load_model(ckpt_dir / "best.pt")
+    test_ranking = RankingSink(data["test"])  # the stored test rankings, from the scores the test figures rank
     with timings("eval_test"):
-        test = trainer.evaluate("test", show=True)
+        test = trainer.evaluate("test", show=True, sink=test_ranking)
     noise = None
     if cfg.eval.noise_levels:  # robustness to an inserted segment (harness/engine/robustness.py), the same checkpoint
         with timings("eval_noise"):
             noise = noise_curve(trainer.model, data["test"], cfg.data, trainer.device, cfg.eval.chunk,
                                 cfg.eval.noise_levels, cfg.eval.noise_source, plain=test, show=True)
         progress.log(f"test SumR with inserted noise ({cfg.eval.noise_source}): {curve_line(noise)}")
-    with timings("eval_rankings"):  # the best checkpoint's ranks, to score again under other labels
-        ranked = {s: rank_split(trainer.model, data[s], trainer.batchers[s], trainer.device, cfg.eval.chunk)
-                  for s in RANKED_SPLITS if s in data.splits}
+    val_ranking = trainer.best_val_ranking  # the best checkpoint's ranks, as its val evaluation ranked them
+    if val_ranking is None:  # a resumed run's best epoch was evaluated by an earlier process: ranked again
+        with timings("eval_rankings"):
+            val_ranking = rank_split(trainer.model, data["val"], trainer.batchers["val"], trainer.device, cfg.eval.chunk)
+    ranked = {"val": val_ranking, "test": test_ranking.ranking()}
     val = trainer.best["metrics"]
     assert val is not None  # fit evaluates val at its last epoch at least
     metrics: RunMetrics = {"val": _keep(val), "test": _keep(test)}

@@ -44,7 +44,8 @@ from prvr.harness.base.contract import (DetectorState, LossOutput, MethodSpec, R
                                    StepOutputs, as_backbone)
 from prvr.harness.base.devices import pick_device
 from prvr.harness.engine.sections import ON_NONFINITE, SELECT_ON, Config
-from prvr.harness.engine.evaluate import evaluate_model
+from prvr.harness.engine.evaluate import ChunkSink, evaluate_model
+from prvr.harness.engine.rankings import RankingSink, SplitRanking
 from prvr.harness.base.io import UserError, atomic_path
 from prvr.harness.engine.optim import build_optimizer, lr_lambda
 from prvr.harness.engine.record_types import Degenerate, Nonfinite, Resume
@@ -106,6 +107,9 @@ class Trainer:
             progress.log(f"train.select_on is vcmr, but backbone {cfg.backbone!r} gives no moments: selecting "
                          f"on val {self.select_key} (the record's protocol says so)")
         self.best: Best = {"score": -math.inf, "epoch": -1, "metrics": None}
+        # the val ranks of the best epoch, as its evaluation ranked them (None: chosen by an earlier
+        # process of a resumed run); the run's stored val rankings (harness/engine/rankings.py)
+        self.best_val_ranking: SplitRanking | None = None
         self.bad_epochs = 0
         self.history: list[dict] = []
         self.finished = False
@@ -285,11 +289,13 @@ class Trainer:
         early-stop notice when training stops after this epoch."""
         stop_note = None
         if self.epoch % self.cfg.train.eval_every == 0 or self.epoch == self.cfg.train.epochs:
+            ranking = RankingSink(self.data["val"])  # kept if this epoch is the best: the stored val rankings
             with self.timings("eval_val"):
-                val = self.evaluate("val")
+                val = self.evaluate("val", sink=ranking)
             summary["val"] = {k: val[k] for k in ("R@1", "R@5", "R@10", "R@100", "SumR", SELECT_ON["vcmr"]) if k in val}
             if val[self.select_key] > self.best["score"]:
                 self.best = {"score": val[self.select_key], "epoch": self.epoch - 1, "metrics": val}
+                self.best_val_ranking = ranking.ranking()
                 self.bad_epochs = 0
                 self.save_model(self.ckpt_dir / "best.pt")
             else:
@@ -303,10 +309,12 @@ class Trainer:
         return stop_note
 
     # ---------------------------------------------------------------- evaluation
-    def evaluate(self, split_name: str, show: bool = False) -> dict:
-        """The suite's evaluator (harness/engine/evaluate.py `evaluate_model`) on one split."""
+    def evaluate(self, split_name: str, show: bool = False, sink: ChunkSink | None = None) -> dict:
+        """The suite's evaluator (harness/engine/evaluate.py `evaluate_model`) on one split; `sink` gets
+        each chunk of the scores it ranks (a `RankingSink`: the split's stored rankings)."""
         metrics = evaluate_model(self.model, self.data[split_name], self.batchers[split_name], self.device,
-                                 self.cfg.eval.chunk, f"eval {split_name}" if show else None, self.cfg.eval)
+                                 self.cfg.eval.chunk, f"eval {split_name}" if show else None, self.cfg.eval,
+                                 sink=sink)
         self.model.train()
         return metrics
 
