@@ -201,6 +201,30 @@ def test_a_run_with_noise_levels_stores_the_curve(noisy_run):
     assert "eval_noise" in stored["timings"]
 
 
+def test_the_curve_with_its_queries_encoded_once_equals_each_level_evaluated_whole(noisy_run, tmp_path):
+    """CPU. The noise curve encodes the queries once for every level (the noise is in the videos);
+    each level's figures equal those of that level's split evaluated on its own, queries and all."""
+    from prvr.datasets.loader import Batcher
+    from prvr.harness.engine.build import build_run
+    from prvr.harness.engine.evaluate import evaluate_model
+    from prvr.harness.engine.robustness import noise_curve
+    from prvr.harness.engine.config import resolve
+    from prvr.harness.engine.records import checkpoint_dir
+
+    out, _, record = noisy_run
+    cfg = resolve("baseline", "sim-tiny", 0, ["train.epochs=1"])
+    run = build_run(cfg)
+    trainer = run.trainer(tmp_path / "checkpoints")
+    trainer.load_model(checkpoint_dir(out, "sim-tiny", record["run_name"], 0) / "best.pt")  # the trained model
+    test = run.data["test"]
+    curve = noise_curve(trainer.model, test, cfg.data, trainer.device, cfg.eval.chunk, [0.25, 0.5], "other")
+    for p in (0.25, 0.5):
+        noisy = with_noise(test, p, "other")
+        whole = evaluate_model(trainer.model, noisy, Batcher(noisy, cfg.data), trainer.device, cfg.eval.chunk,
+                               moments=False)
+        assert curve["levels"][str(p)] == {k: float(whole[k]) for k in ("R@1", "R@5", "R@10", "R@100", "SumR")}
+
+
 def test_sim_events_move_with_the_inserted_rows(tiny_cfg):
     from prvr.harness.base.registry import DATASETS
 

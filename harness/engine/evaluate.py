@@ -244,29 +244,40 @@ def evaluate_scores(scores: torch.Tensor | np.ndarray, labels: sp.csr_matrix,
 
 
 @torch.no_grad()
-def encode_split(model: torch.nn.Module, split, batcher, device: torch.device) -> tuple[dict, dict]:
-    """(queries, videos) of a whole split, encoded in eval mode; the videos indexed."""
+def encode_split(model: torch.nn.Module, split, batcher, device: torch.device,
+                 queries: dict[str, torch.Tensor] | None = None) -> tuple[dict, dict]:
+    """(queries, videos) of a whole split, encoded in eval mode; the videos indexed. `queries`: the
+    split's queries as this model already encoded them (`encode_queries`), kept."""
     model.eval()
     pin = device.type == "cuda"  # the split's batches, made once (Batcher.in_order), go to the GPU asynchronously
     backbone = as_backbone(model)
     videos = index_videos(model, encode_batches(backbone.encode_videos, batcher.in_order("videos", VIDEO_BATCH, pin),
                                                 device))
-    queries = encode_batches(backbone.encode_queries, batcher.in_order("queries", QUERY_BATCH, pin), device)
-    return queries, videos
+    return (encode_queries(model, batcher, device) if queries is None else queries), videos
+
+
+@torch.no_grad()
+def encode_queries(model: torch.nn.Module, batcher, device: torch.device) -> dict[str, torch.Tensor]:
+    """Every query of a split, encoded in eval mode (what a split with other videos and the same queries,
+    such as the noise curve's levels, shares)."""
+    model.eval()
+    batches = batcher.in_order("queries", QUERY_BATCH, device.type == "cuda")
+    return encode_batches(as_backbone(model).encode_queries, batches, device)
 
 
 @torch.no_grad()
 def evaluate_model(model: torch.nn.Module, split, batcher, device: torch.device, chunk: int,
                    show: str | None = None, eval_cfg: EvalConfig | None = None, moments: bool = True,
-                   sink: ChunkSink | None = None) -> dict:
+                   sink: ChunkSink | None = None, queries: dict[str, torch.Tensor] | None = None) -> dict:
     """The metrics block of `split` for `model`: encode once, score the fused score in chunks
     of `chunk` queries, rank by counting; each chunk's scores also go to `sink` where one is given
-    (a run's stored rankings, from the same scores). `show` names a progress bar. A backbone that
+    (a run's stored rankings, from the same scores). `queries`: the split's queries as the model
+    encoded them (`encode_queries`), where several evaluations share them. `show` names a progress bar. A backbone that
     localizes (provides span_logits) adds the moment metrics of harness/engine/vcmr.py (VCMR / SVMR
     R@K per tIoU, and oracle VCMR under `oracle`), with the `eval` section's vcmr_* settings
     (`eval_cfg`; None: their defaults); `moments=False` skips them (e.g. the noise curves,
     which keep the retrieval figures only)."""
-    queries, videos = encode_split(model, split, batcher, device)
+    queries, videos = encode_split(model, split, batcher, device, queries)
     watch = ScoreWatch(fused_scores(model, queries, videos))
     ranks = _encoded_ranks(model, split, queries, videos, chunk, show, watch if sink is None else teed(watch, sink))
     metrics = metrics_from_ranks(ranks, split.moment_fraction(), split.relevance)
