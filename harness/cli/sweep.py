@@ -30,7 +30,7 @@ from pathlib import Path
 
 from prvr.harness.base import progress
 from prvr.harness.base.io import UserError, ensure_dir
-from prvr.harness.base.names import check_name
+from prvr.harness.base.names import check_name, split_run_name
 from prvr.harness.base.registry import DATASETS, DETECTORS, METHODS
 from prvr.harness.cli.args import add_jobs_argument, command, command_line, common_arguments, data_root_overrides, \
     run_args, run_line, set_threads
@@ -99,7 +99,7 @@ def plan_sweep(args: argparse.Namespace) -> tuple[Sweep, list[SweepRun]]:
             row, row_sets = variants[method]
             row = "~".join(t for t in (row, args.tag) if t)
             tag = "~".join(t for t in (row, at) if t)
-            cell = "+" in method.partition("~")[0]  # a matrix cell brings its own detector: no oracle beside it
+            cell = bool(split_run_name(method)[1])  # a matrix cell brings its own detector: no oracle beside it
             for oracle in ([False, True] if args.oracle and not cell and not reads_no_relations(method) else [False]):
                 extra = [*row_sets, *(f"{k}={v:g}" for k, v in zip(knobs, value)),
                          *(["relations.name=oracle"] if oracle else [])]
@@ -156,23 +156,22 @@ def train_planned(args: argparse.Namespace, planned: list[SweepRun]) -> None:
 
 
 def _method(name: str) -> str:
-    return name.partition("~")[0].partition("@")[0].partition("+")[0]
+    return split_run_name(name)[0]
 
 
 def _backbone_name(name: str) -> str:
-    return name.partition("~")[0].partition("@")[2]
+    return split_run_name(name)[2]
 
 
 def _variant(name: str, dataset: str) -> tuple[str, tuple[str, ...]]:
     """`METHOD~ROW`: the row's tag and its overrides, from the method's ablation tables (methods/recipes.py;
     `arl~base` is ARL's Table 5 row (a), its encoder without the ambiguity set); ("", ()) without one.
     `METHOD+DETECTOR~TREATMENT`: a cell of the matrix (_cell_variant)."""
-    method, _, tag = name.partition("~")
-    if "+" in method:
+    method, detector, _, tag = split_run_name(name)
+    if detector:
         return _cell_variant(name, dataset)
     if not tag:
         return "", ()
-    method = _method(method)
     rows = {r.tag: r for (m, _), t in sorted(TABLES.items()) if m == method for r in t.rows if r.tag}
     if tag not in rows:
         raise UserError(f"--method {name}: {method} has no ablation row tagged {tag!r}; its rows: "
@@ -184,9 +183,7 @@ def _cell_variant(name: str, dataset: str) -> tuple[str, tuple[str, ...]]:
     """`METHOD+DETECTOR~TREATMENT` (`baseline+holmes~soft`): the matrix's recipe for that detector and
     treatment on the method's backbone (harness/cli/matrix.py `recipe`), so a sweep's run of it is the run
     `prvr-bench matrix --set KNOB=V` makes of that cell; without `~TREATMENT` the detector's own mode."""
-    head, _, treatment = name.partition("~")
-    method, _, rest = head.partition("+")
-    detector, _, backbone = rest.partition("@")
+    method, detector, backbone, treatment = split_run_name(name)
     if detector == "oracle":
         raise UserError(f"--method {name}: the oracle rows come with --oracle (each method beside its oracle); "
                         f"give --method {method}{'@' + backbone if backbone else ''} --oracle")

@@ -318,9 +318,8 @@ def reads_no_relations(run: str) -> bool:
     """`METHOD~ROW` where ROW is the row the method names as its base (MethodSpec.base_row: `arl~base`, ARL
     without its ambiguity sets): it trains without any detector's pairs, so an oracle beside it would be the
     same run again (the oracle's room on ARL's encoder is the matrix cell `arl+oracle~ignore`)."""
-    head, _, tag = run.partition("~")
-    method = head.partition("@")[0]
-    return bool(tag) and "+" not in head and method in METHODS and tag == METHODS.get(method).base_row
+    method, detector, _, tag = split_run_name(run)
+    return bool(tag) and not detector and method in METHODS and tag == METHODS.get(method).base_row
 
 
 def oracle_of(run: str) -> str:
