@@ -3,6 +3,7 @@ knob, kept when they exist, then the world's figures at each value and each gain
 On sim-tiny, one epoch a run (CPU)."""
 
 import csv
+import json
 
 import numpy as np
 
@@ -13,7 +14,7 @@ from prvr.harness.engine.config import resolve
 from prvr.harness.base.io import UserError
 from prvr.harness.reports.stats import BOTH_LEVELS, Comparison, MetricDifference, RoomShare
 from prvr.harness.reports.sweeps import Answer, Cell, Sweep, WorldCheck, _answer_reads, base_of, knob_tag, oracle_of, \
-    point_tag
+    point_tag, room_of
 
 TINY = ["--dataset", "sim-tiny", "--set", "train.epochs=1", "--quiet"]
 
@@ -197,9 +198,30 @@ def test_a_methods_base_row_is_swept_beside_it(tmp_path, capsys):
     for run in ("arl~repeat_prob0.9", "arl~base~repeat_prob0.9", "arl+oracle~repeat_prob0.9"):
         assert f"  {run} " in out
     # the base row reads no relations: an oracle beside it would be the same run again (three such runs at
-    # 61% multi-relevant gave arl~base's SumR to the decimal), so --oracle adds none there
-    assert "arl+oracle~base" not in out
+    # 61% multi-relevant gave arl~base's SumR to the decimal), so --oracle trains the oracle's room on its
+    # encoder beside it instead, the matrix cell oracle x ignore
+    assert "arl+oracle~base" not in out and "  arl+oracle~ignore~repeat_prob0.9 " in out
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_room_beside_a_base_row_is_the_matrix_cell_and_the_answer_reads_it(tmp_path):
+    """CPU. `arl~base --oracle` trains `arl+oracle~ignore` at each value with the matrix's recipe for that cell
+    (the same run `prvr-bench matrix --set KNOB=V` makes), its gain is measured against `arl~base`, and the
+    answer table reads ARL's gain against that room, where it said only where the room is."""
+    argv = ["sweep", "--knob", "sim.repeat_prob", "--values", "0.9", "--method", "arl", "arl~base", "--oracle",
+            "--seeds", "0", "1", "--out", str(tmp_path), *TINY]
+    assert main(argv) == 0
+    room = json.loads((tmp_path / "runs" / "sim-tiny" / "arl+oracle~ignore~repeat_prob0.9" / "seed0.json").read_text())
+    assert (room["relations"], room["config"]["loss"]["treatment"], room["config"]["relations"]["oracle"]["mode"]) == \
+        ("oracle", "ignore", "ignore")
+    assert room["config"]["loss"]["variant"] != "base" and room["config"]["sim"]["repeat_prob"] == 0.9
+    rows = list(csv.DictReader((tmp_path / "sweeps" / "sim-tiny~repeat_prob.csv").open()))
+    [room_row] = [r for r in rows if r["run"] == "arl+oracle~ignore"]
+    assert room_row["base"] == "arl~base" and room_row["gain (SumR)"]
+    [arl] = [r for r in rows if r["run"] == "arl"]
+    assert arl["base"] == "arl~base" and arl["oracle's gain on the base"] == room_row["gain (SumR)"]
+    assert "reads no relations" not in arl["reads"] and "no arl+oracle~ignore run" not in arl["reads"]
+    assert base_of("arl+oracle~ignore") == "arl~base" and room_of("arl~base") == "arl+oracle~ignore"
 
 
 def test_a_matrix_cell_is_swept_by_its_run_name_and_a_tag_is_kept(tmp_path, capsys):
@@ -337,8 +359,8 @@ def test_a_run_that_replaces_a_record_of_other_settings_says_so(tmp_path, capsys
 
 
 def test_a_base_row_reads_no_relations_and_its_room_is_the_matrix_cell():
-    """ARL's base row trains without detected pairs, so an oracle run beside it is the same run; the
-    answer table sends the reader to the oracle cell on ARL's encoder instead of asking for that run."""
+    """ARL's base row trains without detected pairs, so an oracle run beside it is the same run; its room is
+    the oracle cell on ARL's encoder (test_the_room_beside_a_base_row_is_the_matrix_cell_and_the_answer_reads_it)."""
     from prvr.harness.reports.sweeps import reads_no_relations
 
     assert reads_no_relations("arl~base") and not reads_no_relations("arl") and not reads_no_relations("baseline")

@@ -35,7 +35,7 @@ from prvr.harness.base.registry import DATASETS, DETECTORS, METHODS
 from prvr.harness.cli.args import add_jobs_argument, command, command_line, common_arguments, data_root_overrides, \
     run_args, run_line, set_threads
 from prvr.harness.cli.fanout import launch_from_args, run_in_processes
-from prvr.harness.cli.matrix import TREATMENTS, is_untagged, recipe
+from prvr.harness.cli.matrix import TREATMENTS, Recipe, is_untagged, recipe
 from prvr.harness.cli.plan import (PROFILE_FILE, BenchRun, PlanRow, check_kept, estimate, expected_memory_mb, plan_table,
                                    profile_costs)
 from prvr.harness.engine.config import resolve
@@ -100,18 +100,27 @@ def plan_sweep(args: argparse.Namespace) -> tuple[Sweep, list[SweepRun]]:
             row = "~".join(t for t in (row, args.tag) if t)
             tag = "~".join(t for t in (row, at) if t)
             cell = bool(split_run_name(method)[1])  # a matrix cell brings its own detector: no oracle beside it
-            for oracle in ([False, True] if args.oracle and not cell and not reads_no_relations(method) else [False]):
-                extra = [*row_sets, *(f"{k}={v:g}" for k, v in zip(knobs, value)),
-                         *(["relations.name=oracle"] if oracle else [])]
+            knob_sets = [f"{k}={v:g}" for k, v in zip(knobs, value)]
+            beside = [(method, row, [*row_sets, *knob_sets])]  # (its method argument, row tag, --set items)
+            if args.oracle and not cell and not reads_no_relations(method):
+                beside.append((method, row, [*row_sets, *knob_sets, "relations.name=oracle"]))
+            elif args.oracle and reads_no_relations(method):  # the oracle's room on its encoder: a matrix cell
+                room = _room_recipe(method)
+                room_row = "~".join(t for t in (room.tag, args.tag) if t)
+                own = room.backbone == METHODS.get(room.method).backbone
+                beside.append((room.method if own else f"{room.method}@{room.backbone}", room_row,
+                               [*room.sets, *knob_sets]))
+            for argument, row, extra in beside:
+                tag = "~".join(t for t in (row, at) if t)
                 for seed in args.seeds:
-                    cfg = resolve(_method(method), args.dataset, seed, [*data_root_overrides(args), *args.overrides,
-                                                                         *_backbone(method), *extra], args.config)
+                    cfg = resolve(_method(argument), args.dataset, seed, [*data_root_overrides(args), *args.overrides,
+                                                                           *_backbone(argument), *extra], args.config)
                     name = run_name(cfg, tag)
                     names.setdefault(run_name(cfg, row), method)
                     one = copy.copy(args)
-                    one.tag, one.backbone = tag, _backbone_name(method) or args.backbone
+                    one.tag, one.backbone = tag, _backbone_name(argument) or args.backbone
                     planned = BenchRun(cfg, name, record_path(args.out, cfg.dataset, name, seed),
-                                       tuple(run_args(one, _method(method), args.dataset, seed,
+                                       tuple(run_args(one, _method(argument), args.dataset, seed,
                                                       [*args.overrides, *extra])))
                     runs.append(SweepRun(planned, tag))
     if args.name:
@@ -205,6 +214,18 @@ def _cell_variant(name: str, dataset: str) -> tuple[str, tuple[str, ...]]:
             f"{found.method}+{detector}" + (f"~{found.tag}" if found.tag else "")
         raise UserError(f"--method {name}: that cell of the matrix trains {same}; sweep it by that name")
     return found.tag, tuple(found.sets)
+
+
+def _room_recipe(name: str) -> Recipe:
+    """The oracle's room beside a row that reads no relations (`arl~base`): the matrix cell oracle x ignore on
+    its backbone (`arl+oracle~ignore`, the true false negatives left out of the negatives), whose gain over
+    that row is the room label noise leaves its encoder (harness/reports/sweeps.py `room_of`)."""
+    backbone = _backbone_name(name) or METHODS.get(_method(name)).backbone
+    found = recipe("oracle", TREATMENTS["ignore"], backbone)
+    if isinstance(found, str):  # every backbone with a method of its own fits it; said in one line if not
+        raise UserError(f"--method {name} --oracle: the oracle's room on backbone {backbone} (oracle x ignore) "
+                        f"cannot work: {found}")
+    return found
 
 
 def _backbone(name: str) -> list[str]:

@@ -107,14 +107,17 @@ def run_at(run: str, sweep: Sweep, value: Point) -> str:
 
 
 def base_of(run: str) -> str | None:
-    """The run a gain is measured against: `X+oracle` -> `X`; a matrix cell `M+DETECTOR~TREATMENT` -> the
+    """The run a gain is measured against: `room_of` a base row -> that row (`arl+oracle~ignore` -> `arl~base`);
+    `X+oracle` -> `X`; a matrix cell `M+DETECTOR~TREATMENT` -> the
     plain run of M's backbone (`baseline+holmes~soft` -> `baseline`, `arl+sbert~ignore` -> `arl~base`); a method with a base row (MethodSpec.base_row)
     -> that row (`arl` -> `arl~base`, its encoder without the ambiguity set); `M@B` where M extends B's own
     method -> that method (`ral@msl` -> `msl`); else none."""
-    if "+oracle" in run:
-        return run.replace("+oracle", "", 1)
     method, detector, backbone, tag = split_run_name(run)
     spec = METHODS.get(method) if method in METHODS else None
+    if detector == "oracle" and tag == ROOM_TAG and spec is not None and spec.base_row:  # `room_of` a base row
+        return f"{method}@{backbone}~{spec.base_row}" if backbone else f"{method}~{spec.base_row}"
+    if "+oracle" in run:
+        return run.replace("+oracle", "", 1)
     if detector and spec is not None and detector in DETECTORS:  # a matrix cell: its backbone's plain run
         plain = f"{method}@{backbone}" if backbone else method
         return f"{plain}~{spec.base_row}" if spec.base_row else plain
@@ -314,12 +317,23 @@ def _slope_reads(slope: Slope, cells: Sequence[Cell]) -> str:
     return trend
 
 
+ROOM_TAG = "ignore"  # the matrix's oracle x ignore cell: the oracle's room beside a row that reads no relations
+
+
 def reads_no_relations(run: str) -> bool:
     """`METHOD~ROW` where ROW is the row the method names as its base (MethodSpec.base_row: `arl~base`, ARL
     without its ambiguity sets): it trains without any detector's pairs, so an oracle beside it would be the
-    same run again (the oracle's room on ARL's encoder is the matrix cell `arl+oracle~ignore`)."""
+    same run again; the oracle's room on its encoder is the matrix cell `room_of` names, which `sweep --oracle`
+    trains beside it."""
     method, detector, _, tag = split_run_name(run)
     return bool(tag) and not detector and method in METHODS and tag == METHODS.get(method).base_row
+
+
+def room_of(run: str) -> str:
+    """The oracle's room beside a row that reads no relations: the matrix cell oracle x ignore on the row's
+    encoder, the true false negatives left out of its negatives (`arl~base` -> `arl+oracle~ignore`; docs/matrix.md)."""
+    method, _, backbone, _ = split_run_name(run)
+    return f"{method}+oracle{'@' + backbone if backbone else ''}~{ROOM_TAG}"
 
 
 def oracle_of(run: str) -> str:
@@ -351,14 +365,11 @@ def answers(sweep: Sweep, cells: list[Cell], rows: SweepRows, settings: Settings
         if "+oracle" in c.run:  # the room itself
             found.append(Answer(c, c, None))
             continue
-        room = at.get((c.value, oracle_of(c.base)))
-        if room is None and reads_no_relations(c.base):
-            own = c.base.partition("~")[0]
-            found.append(Answer(c, None, None, f"{c.base} reads no relations: the oracle's room on its encoder is the "
-                                               f"matrix cell {own}+oracle~ignore (docs/matrix.md)"))
-            continue
+        oracle_run = room_of(c.base) if reads_no_relations(c.base) else oracle_of(c.base)
+        room = at.get((c.value, oracle_run))
         if room is None or room.gain is None:
-            found.append(Answer(c, None, None, f"no {oracle_of(c.base)} run at this value"))
+            how = " (sweep --oracle trains it beside the base)" if reads_no_relations(c.base) else ""
+            found.append(Answer(c, None, None, f"no {oracle_run} run at this value{how}"))
             continue
         try:
             method, base, oracle = (rows(run_at(r, sweep, c.value)) for r in (c.run, c.base, room.run))
