@@ -178,3 +178,62 @@ def test_threads_bound_torch_and_numpys_blas_alike():
             assert blas and all(p["num_threads"] == 1 for p in blas)
         finally:
             torch.set_num_threads(before)
+
+
+class _Done:
+    """A started run that has already ended well (what jobs._start returns: a Popen's poll and returncode)."""
+
+    returncode = 0
+
+    def poll(self):
+        return 0
+
+
+def test_finish_by_starts_only_the_runs_expected_to_end_in_time(monkeypatch, tmp_path, capsys):
+    """A run starts only where its expected time ends by the deadline; one with none only before it; the
+    others are left, said in one line, and counted."""
+    import time
+
+    from prvr.harness.cli import jobs as jobs_module
+
+    started = []
+    monkeypatch.setattr(jobs_module, "_start", lambda job, gpu: started.append(job.label) or _Done())
+    monkeypatch.setattr(jobs_module, "report", lambda job, code, took: None)
+    monkeypatch.setattr(jobs_module, "POLL_S", 0.0)
+
+    def plan():
+        return [Job([], label, tmp_path / label / "seed0.json", tmp_path / f"{label}.log", seconds)
+                for label, seconds in (("short", 5.0), ("long", 1000.0), ("new", float("inf")))]
+
+    assert jobs_module.run_jobs(plan(), 2, "bench", deadline=time.monotonic() + 100) == 1
+    assert sorted(started) == ["new", "short"]
+    err = capsys.readouterr().err
+    assert "bench: 1 run not started, each expected to end past --finish-by (long); the same command again" in err
+    started.clear()
+    assert jobs_module.run_jobs(plan(), 2, "bench", deadline=time.monotonic() - 1) == 3 and started == []
+    assert jobs_module.run_jobs(plan(), 2, "bench") == 0 and len(started) == 3  # no deadline: every run
+
+
+def test_finish_by_is_checked_and_leaves_runs_for_the_same_command_again(capsys, tmp_path):
+    """CPU. --finish-by is a number of seconds above 0 (one line otherwise); a deadline already past leaves
+    the run a record says takes longer unstarted, keeps the made one, and exits 0 with the tables written."""
+    for bad in ("0", "-5", "soon", "nan"):
+        code, err = _bench(capsys, tmp_path / "bad", "--finish-by", bad)
+        assert code == 2 and f"--finish-by must be a number of seconds above 0, got '{bad}'" in err
+        assert err.count("\n") == 1
+    argv = ["bench", "--method", "baseline", "--dataset", "sim-tiny", "--out", str(tmp_path / "o"), "--set",
+            "train.epochs=1", "--threads", "1"]
+    assert main([*argv, "--seeds", "0"]) == 0  # seed 0's record: the expected time of the run's other seeds
+    capsys.readouterr()
+    code = main([*argv, "--seeds", "0", "1", "--skip-existing", "--finish-by", "0.000001"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "1 run not started, each expected to end past --finish-by (baseline on sim-tiny, seed 1)" in err
+    assert [p.name for p in (tmp_path / "o" / "runs" / "sim-tiny" / "baseline").glob("seed*.json")] == ["seed0.json"]
+
+
+def test_the_adaptive_rule_says_when_the_deadline_stopped_a_pair():
+    from prvr.harness.cli.resolve_seeds import Outcome
+
+    assert "--finish-by stopped it, unresolved" in Outcome("a", "b", 4, 1, False, True).sentence()
+    assert "the seed cap stopped it" in Outcome("a", "b", 10, 7, False).sentence()

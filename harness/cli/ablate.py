@@ -171,7 +171,7 @@ def cmd_ablate(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     if not args.report_only:
         todo = _to_train(plan, args.out, args.skip_existing)
-        if workers > 1 or launch.executor == "ray":
+        if launch.in_processes(workers):
             _train_in_processes(args, todo, workers, launch)
         else:
             _train_here(args, table, todo, len(plan))

@@ -10,9 +10,11 @@ imports the entry point back.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shlex
 import sys
+import time
 from typing import Callable
 
 from prvr.harness.base import progress
@@ -42,6 +44,7 @@ def run_parsed(args: argparse.Namespace) -> int:
     """Run a parsed command line's `func`: 0, or 2 with one line for a user's error, 130 on Ctrl-C."""
     if getattr(args, "quiet", False):
         progress.set_enabled(False)
+    args.started = time.monotonic()  # what --finish-by counts from
     try:
         args.func(args)
     except (UserError, RegistryError) as e:
@@ -112,6 +115,24 @@ def add_jobs_argument(p: argparse.ArgumentParser) -> None:
                         "(pip install prvr-bench[ray]; docs/cluster.md)")
     p.add_argument("--address", default=None, metavar="auto|HOST:PORT",
                    help="with --executor ray: the Ray cluster to join (default: start a local Ray)")
+    p.add_argument("--finish-by", default=None, metavar="SECONDS",
+                   help="start no run expected to end (by the earlier records of its device) later than SECONDS "
+                        "after the command began, nor, past then, one with no expected time; the runs started "
+                        "finish, the others are left for the same command again (a machine lent for a fixed time: "
+                        "docs/gpu.md). Each run then goes in its own process, as with --jobs")
+
+
+def finish_by_seconds(text: str | None) -> float | None:
+    """--finish-by: seconds, a finite number above 0 (None: not given); else one line."""
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise UserError(f"--finish-by must be a number of seconds above 0, got {text[:40]!r}")
+    return value
 
 
 def common_arguments(p: argparse.ArgumentParser) -> None:

@@ -56,7 +56,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     for p in kept:
         progress.log(f"keeping {p.record}")
-    if workers > 1 or launch.executor == "ray":
+    if launch.in_processes(workers):
         run_in_processes(args.out, [(p.cfg, p.name, list(p.args)) for p in todo], workers, args.threads, "bench",
                          launch)
     else:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
 from prvr.harness.base import progress
 from prvr.harness.base.io import UserError
 from prvr.harness.base.devices import pick_device
+from prvr.harness.cli.args import finish_by_seconds
 from prvr.harness.cli.executors import check_ready, run_on_ray
 from prvr.harness.cli.jobs import Job, Launch, expected_seconds, parse_jobs, run_device, run_jobs, threads_per_job, \
     visible_gpus, wants_cuda
@@ -25,17 +27,23 @@ def launch_from_args(args: argparse.Namespace, cfgs: list) -> tuple[int, "Launch
                         "go at once; leave --jobs out")
     if args.executor == "ray":
         check_ready(args.address)  # not installed, no cluster there: one line now, before any data is made
+    finish_by = finish_by_seconds(getattr(args, "finish_by", None))
+    if finish_by is not None and args.executor == "ray":
+        raise UserError("--finish-by leaves runs unstarted on this machine's processes; Ray schedules its tasks itself: "
+                        "leave --finish-by out with --executor ray")
     gpus = visible_gpus() if any(wants_cuda(c.train.device) for c in cfgs) else []
     jobs = "auto" if args.jobs is None and args.executor == "ray" else args.jobs
     workers = parse_jobs(jobs, len(gpus), args.runs_per_gpu)
-    return workers, Launch(args.executor, tuple(gpus), args.runs_per_gpu, args.address)
+    deadline = None if finish_by is None else getattr(args, "started", time.monotonic()) + finish_by
+    return workers, Launch(args.executor, tuple(gpus), args.runs_per_gpu, args.address, deadline)
 
 
 def run_in_processes(out, todo: list[tuple], workers: int, threads: int | None, command: str,
-                     launch: "Launch | None" = None) -> None:
+                     launch: "Launch | None" = None) -> int:
     """Planned runs (config, run name, `prvr-bench run` arguments), `workers` at a time, each in its own
     process with its output in OUT/logs/ (bench --jobs, ablate --jobs), or as Ray tasks; the
-    datasets are loaded here first, so each one's cache is built once."""
+    datasets are loaded here first, so each one's cache is built once. Returns how many runs
+    --finish-by left unstarted (`Launch.deadline`, jobs.run_jobs)."""
     launch = launch or Launch()
     threads = (threads or 1) if launch.address else threads_per_job(workers, threads)
     costs = profile_costs(Path(out) / PROFILE_FILE)
@@ -47,14 +55,14 @@ def run_in_processes(out, todo: list[tuple], workers: int, threads: int | None, 
                         log, expected, device=run_device(cfg.train.device), threads=threads,
                         memory_mb=expected_memory_mb(cfg, path, costs)))
     if not jobs:
-        return
+        return 0
     prepare_data([cfg for cfg, _, _ in todo])
     each = f"{threads} torch thread{'s' if threads > 1 else ''} each"
     if launch.executor == "ray":
         progress.log(f"{len(jobs)} run{'s' if len(jobs) > 1 else ''} as Ray tasks, {each}")
         run_on_ray(jobs, launch, workers, command)
-        return
+        return 0
     gpus = list(launch.gpus) if any(j.cuda for j in jobs) else []
     progress.log(f"{len(jobs)} runs, {min(workers, len(jobs))} at a time, {each}"
                  + (f", round-robin over GPU {', '.join(gpus)}" if gpus else ""))
-    run_jobs(jobs, workers, command, gpus)
+    return run_jobs(jobs, workers, command, gpus, launch.deadline)

@@ -22,6 +22,7 @@ which keeps the slowest run from starting last.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import signal
@@ -81,6 +82,12 @@ class Launch:
     gpus: tuple[str, ...] = ()
     runs_per_gpu: int = 1
     address: str | None = None
+    deadline: float | None = None  # --finish-by: time.monotonic() past which no run may be expected to end
+
+    def in_processes(self, workers: int) -> bool:
+        """Whether the runs go in processes of their own (the fan-out) rather than one after another in the
+        command's: several at once, on Ray, or under a deadline (a run the fan-out can leave unstarted)."""
+        return workers > 1 or self.executor == "ray" or self.deadline is not None
 
 
 def usable_cores() -> int:
@@ -257,10 +264,14 @@ def run_command(args: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", "prvr.harness.cli", "run", *args]
 
 
-def run_jobs(jobs: list[Job], workers: int, command: str, gpus: Sequence[str] = ()) -> None:
+def run_jobs(jobs: list[Job], workers: int, command: str, gpus: Sequence[str] = (), deadline: float | None = None) -> int:
     """Run every job, `workers` at a time, a job that trains on CUDA on one of `gpus`; raise UserError
     naming each failed run and its log (`command`: the prvr-bench command that planned them, for the
-    progress lines).
+    progress lines). Returns how many jobs were left unstarted (`deadline`, below).
+
+    With a `deadline` (`time.monotonic()`, from --finish-by) a run starts only where its expected time
+    (`Job.expected_s`) ends by then, and a run with none only before then; the others are left, said in
+    one line, for the same command again.
 
     A run starts only where its expected peak host memory (`Job.memory_mb`) fits beside the running
     runs' (`next_fitting`); otherwise it waits, said once, until one ends (a run alone always starts).
@@ -276,9 +287,14 @@ def run_jobs(jobs: list[Job], workers: int, command: str, gpus: Sequence[str] = 
     waiting: Job | None = None  # the job last said to wait for memory
     devices = GpuRoundRobin(gpus)
     start = time.perf_counter()
+    left: list[Job] = []
     with progress.task(f"{command} ({workers} jobs)", total=len(jobs)) as advance, _sigterm_interrupts():
         try:
             while pending or running:
+                if deadline is not None:
+                    late = [j for j in pending if not ends_by(j, deadline)]
+                    left += late
+                    pending = [j for j in pending if j not in late]
                 while pending and len(running) < workers:
                     job, room = next_fitting(pending, running)
                     if job is None:
@@ -301,8 +317,26 @@ def run_jobs(jobs: list[Job], workers: int, command: str, gpus: Sequence[str] = 
         except KeyboardInterrupt:
             _end(running)
             raise
-    progress.log(f"{command}: {len(jobs)} runs in {time.perf_counter() - start:.0f} s, {workers} at a time")
-    raise_failures(failed, len(jobs))
+    made = len(jobs) - len(left)
+    progress.log(f"{command}: {made} runs in {time.perf_counter() - start:.0f} s, {workers} at a time")
+    if left:
+        progress.warn(left_line(left, command))
+    raise_failures(failed, made)
+    return len(left)
+
+
+def ends_by(job: Job, deadline: float) -> bool:
+    """Whether `job`, started now, is expected to end by `deadline` (a run with no expected time: whether
+    now is before it)."""
+    now = time.monotonic()
+    return now < deadline if math.isinf(job.expected_s) else now + job.expected_s <= deadline
+
+
+def left_line(left: list[Job], command: str) -> str:
+    """The one line of the runs --finish-by left unstarted."""
+    named = ", ".join(j.label for j in left[:3]) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
+    return (f"{command}: {len(left)} run{'s' if len(left) != 1 else ''} not started, each expected to end past "
+            f"--finish-by ({named}); the same command again starts them (runs with a record are kept)")
 
 
 def _say_waiting(job: Job, room: float | None, running: int, said: Job | None) -> Job:

@@ -569,7 +569,7 @@ def _train(args: argparse.Namespace, planned: list[PlannedCell]) -> None:
     workers, launch = launch_from_args(args, [r.cfg for r in todo])
     ensure_dir(args.out)
     start = time.perf_counter()
-    if workers > 1 or launch.executor == "ray":
+    if launch.in_processes(workers):
         run_in_processes(args.out, [(r.cfg, r.name, list(r.args)) for r in todo], workers, args.threads, "matrix",
                          launch)
     else:

@@ -36,9 +36,12 @@ class Outcome:
     seeds: int
     added: int
     resolved: bool
+    out_of_time: bool = False  # --finish-by left its next seed's runs unstarted
 
     def sentence(self) -> str:
-        why = "its SumR interval excludes 0" if self.resolved else "the seed cap stopped it, unresolved"
+        why = "its SumR interval excludes 0" if self.resolved else \
+            "--finish-by stopped it, unresolved (the same command again goes on)" if self.out_of_time else \
+            "the seed cap stopped it, unresolved"
         return f"{self.row_a} - {self.row_b}: {self.seeds} seeds ({self.added} added); {why}"
 
 
@@ -57,6 +60,7 @@ def until_resolved(args: argparse.Namespace, pairs: list[tuple[str, str]], setti
         raise UserError("--until-resolved decides on the SumR interval; keep SumR among --metrics")
     table = compare_table(args.out, args.dataset, pairs, settings)
     start = {(c.row_a, c.row_b): len(c.seeds) for c in table.comparisons}
+    out_of_time = False
     while True:
         todo = [(c, max(c.seeds) + 1) for c in table.comparisons if not resolved(c) and len(c.seeds) < cap]
         runs = {(row, seed): next_run(args, row, seed) for c, seed in todo for row in (c.row_a, c.row_b)
@@ -64,10 +68,12 @@ def until_resolved(args: argparse.Namespace, pairs: list[tuple[str, str]], setti
         if not runs:  # every pair resolved or capped (or its next seed made, yet not shared: no loop on it)
             break
         progress.log(f"until resolved: {len(todo)} pair(s) unresolved, {len(runs)} run(s) to add")
-        _train(args, list(runs.values()))
+        out_of_time = _train(args, list(runs.values())) > 0
         table = compare_table(args.out, args.dataset, pairs, settings)
-    outcomes = [Outcome(c.row_a, c.row_b, len(c.seeds), len(c.seeds) - start[(c.row_a, c.row_b)], resolved(c))
-                for c in table.comparisons]
+        if out_of_time:  # the runs left would be planned again: the rule stops where the deadline left it
+            break
+    outcomes = [Outcome(c.row_a, c.row_b, len(c.seeds), len(c.seeds) - start[(c.row_a, c.row_b)], resolved(c),
+                        out_of_time and not resolved(c) and len(c.seeds) < cap) for c in table.comparisons]
     return table, outcomes
 
 
@@ -90,6 +96,7 @@ def next_run(args: argparse.Namespace, row: str, seed: int) -> tuple:
     return cfg, row, argv[1:]
 
 
-def _train(args: argparse.Namespace, runs: list[tuple]) -> None:
+def _train(args: argparse.Namespace, runs: list[tuple]) -> int:
+    """The runs of one round of the rule; returns how many --finish-by left unstarted."""
     workers, launch = launch_from_args(args, [cfg for cfg, _, _ in runs])
-    run_in_processes(args.out, runs, max(1, workers), args.threads, "compare --until-resolved", launch)
+    return run_in_processes(args.out, runs, max(1, workers), args.threads, "compare --until-resolved", launch)

@@ -154,7 +154,7 @@ def train_planned(args: argparse.Namespace, planned: list[SweepRun]) -> None:
         return
     ensure_dir(args.out)
     start = time.perf_counter()
-    if workers > 1 or launch.executor == "ray":
+    if launch.in_processes(workers):
         run_in_processes(args.out, [(p.run.cfg, p.run.name, list(p.run.args)) for p in todo], workers, args.threads,
                          "sweep", launch)
     else:
