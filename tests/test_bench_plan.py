@@ -331,7 +331,8 @@ def test_bench_hands_the_visible_gpus_to_its_runs(monkeypatch, tmp_path, device,
     monkeypatch.setattr(fanout, "visible_gpus", lambda: ["0", "1"])  # where the CLI looks them up
     monkeypatch.setattr(jobs, "usable_cores", lambda: 16)
     started = []
-    monkeypatch.setattr(fanout, "run_jobs", lambda runs, n, command, gpus, deadline=None: started.append((runs, n, tuple(gpus))))
+    monkeypatch.setattr(fanout, "run_jobs",
+                        lambda runs, n, command, gpus, deadline=None: started.append((runs, n, tuple(gpus))) or 0)
     monkeypatch.setattr(leaderboard, "rebuild", lambda out: None)
     assert main(["bench", "--method", "baseline", "--dataset", "sim-tiny", "--seeds", "0", "1", "--out", str(tmp_path),
                  "--jobs", "auto", "--runs-per-gpu", "2", "--set", f"train.device={device}", "--quiet"]) == 0

@@ -171,11 +171,12 @@ def cmd_ablate(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     if not args.report_only:
         todo = _to_train(plan, args.out, args.skip_existing)
+        left = 0  # runs --finish-by left unstarted
         if launch.in_processes(workers):
-            _train_in_processes(args, todo, workers, launch)
+            left = _train_in_processes(args, todo, workers, launch)
         else:
             _train_here(args, table, todo, len(plan))
-        progress.log(f"ablate: {len(plan)} runs planned, {len(todo)} made, in {time.perf_counter() - start:.0f} s")
+        progress.log(f"ablate: {len(plan)} runs planned, {len(todo) - left} made, in {time.perf_counter() - start:.0f} s")
     report(table, args.out, args.dataset, plan, args.tag, args.overrides)
 
 
@@ -207,10 +208,11 @@ def _run_args(args: argparse.Namespace, p: PlannedRun) -> list[str]:
                     p.method, args.dataset, p.cfg.seed, list(p.overrides))
 
 
-def _train_in_processes(args: argparse.Namespace, todo: list[PlannedRun], workers: int, launch) -> None:
-    """ablate --jobs N (or --executor ray): each run as the `prvr-bench run` that trains it alone."""
+def _train_in_processes(args: argparse.Namespace, todo: list[PlannedRun], workers: int, launch) -> int:
+    """ablate --jobs N (or --executor ray, or --finish-by): each run as the `prvr-bench run` that trains it
+    alone; returns how many runs --finish-by left unstarted."""
     runs = [(p.cfg, run_name(p.cfg, p.tag), _run_args(args, p)) for p in todo]
-    run_in_processes(args.out, runs, workers, args.threads, "ablate", launch)
+    return run_in_processes(args.out, runs, workers, args.threads, "ablate", launch)
 
 
 def _tag(row: AblationRow, extra: str) -> str:

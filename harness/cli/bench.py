@@ -56,12 +56,13 @@ def cmd_bench(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     for p in kept:
         progress.log(f"keeping {p.record}")
+    left = 0  # runs --finish-by left unstarted
     if launch.in_processes(workers):
-        run_in_processes(args.out, [(p.cfg, p.name, list(p.args)) for p in todo], workers, args.threads, "bench",
-                         launch)
+        left = run_in_processes(args.out, [(p.cfg, p.name, list(p.args)) for p in todo], workers, args.threads,
+                                "bench", launch)
     else:
         _bench_here(args, todo)
-    progress.log(f"bench: {len(plan)} runs planned, {len(todo)} made, in {time.perf_counter() - start:.0f} s")
+    progress.log(f"bench: {len(plan)} runs planned, {len(todo) - left} made, in {time.perf_counter() - start:.0f} s")
     if args.quick:
         print(quick_summary([p.record for p in plan]), end="")
     else:

@@ -569,12 +569,13 @@ def _train(args: argparse.Namespace, planned: list[PlannedCell]) -> None:
     workers, launch = launch_from_args(args, [r.cfg for r in todo])
     ensure_dir(args.out)
     start = time.perf_counter()
+    left = 0  # runs --finish-by left unstarted
     if launch.in_processes(workers):
-        run_in_processes(args.out, [(r.cfg, r.name, list(r.args)) for r in todo], workers, args.threads, "matrix",
-                         launch)
+        left = run_in_processes(args.out, [(r.cfg, r.name, list(r.args)) for r in todo], workers, args.threads,
+                                "matrix", launch)
     else:
         for i, r in enumerate(todo):
             progress.log(f"[{i + 1}/{len(todo)}] {r.name} on {r.cfg.dataset}, seed {r.cfg.seed}")
             run_one(r.cfg, args.out, resume=args.resume, tag=tags[r.name], command=run_line(r.args, args.threads),
                     force_resume=args.force_resume)
-    progress.log(f"matrix: {len(todo)} runs made in {time.perf_counter() - start:.0f} s")
+    progress.log(f"matrix: {len(todo) - left} runs made in {time.perf_counter() - start:.0f} s")

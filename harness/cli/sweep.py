@@ -154,14 +154,15 @@ def train_planned(args: argparse.Namespace, planned: list[SweepRun]) -> None:
         return
     ensure_dir(args.out)
     start = time.perf_counter()
+    left = 0  # runs --finish-by left unstarted
     if launch.in_processes(workers):
-        run_in_processes(args.out, [(p.run.cfg, p.run.name, list(p.run.args)) for p in todo], workers, args.threads,
-                         "sweep", launch)
+        left = run_in_processes(args.out, [(p.run.cfg, p.run.name, list(p.run.args)) for p in todo], workers,
+                                args.threads, "sweep", launch)
     else:
         for i, p in enumerate(todo):
             progress.log(f"[{i + 1}/{len(todo)}] {p.run.name} on {p.run.cfg.dataset}, seed {p.run.cfg.seed}")
             run_one(p.run.cfg, args.out, tag=p.tag, command=run_line(p.run.args, args.threads))
-    progress.log(f"sweep: {len(runs)} runs planned, {len(todo)} made, in {time.perf_counter() - start:.0f} s")
+    progress.log(f"sweep: {len(runs)} runs planned, {len(todo) - left} made, in {time.perf_counter() - start:.0f} s")
 
 
 def _method(name: str) -> str:
