@@ -113,9 +113,10 @@ class RankingSink:
             raise UserError(f"stored rankings keep at least the top {max(KS)} videos (R@{max(KS)}), got {top_k}")
         self.split, self.top_k, self.next = split, top_k, 0
         self.lab_idx, self.lab_mask = padded_targets(split.labels())
-        self.tops: list[np.ndarray] = []
-        self.ranks: list[np.ndarray] = []
-        self.labelled: list[np.ndarray] = []
+        # kept where the scores are (a GPU's chunks are not read back one by one: `ranking` reads them once)
+        self.tops: list[torch.Tensor] = []
+        self.ranks: list[torch.Tensor] = []
+        self.labelled: list[torch.Tensor] = []
 
     def __call__(self, start: int, chunk_scores: torch.Tensor) -> None:
         if start != self.next:  # a chunk missed or given twice would shift every later query's ranks
@@ -123,24 +124,25 @@ class RankingSink:
         scores = worst_if_nonfinite(chunk_scores.float())
         end = start + scores.shape[0]
         index, rank = top_ranks(scores, self.top_k)
-        self.tops.append(index.cpu().numpy())
-        self.ranks.append(rank.cpu().numpy())
+        self.tops.append(index)
+        self.ranks.append(rank)
         li = torch.as_tensor(self.lab_idx[start:end], device=scores.device)
         lm = torch.as_tensor(self.lab_mask[start:end], device=scores.device)
-        self.labelled.append(count_ranks(scores, li, lm).cpu().numpy())
+        self.labelled.append(count_ranks(scores, li, lm))
         self.next = end
 
     def ranking(self) -> SplitRanking:
         if self.next != self.split.num_queries:
             raise ValueError(f"rankings: {self.next} of {self.split.num_queries} queries were scored")
         k = min(self.top_k, self.split.num_videos)
-        return SplitRanking(_cat(self.tops, (0, k)), _cat(self.ranks, (0, k)), _cat(self.labelled, (0,)),
+        return SplitRanking(_host(self.tops, (0, k)), _host(self.ranks, (0, k)), _host(self.labelled, (0,)),
                             np.asarray(self.split.moment_fraction(), dtype=np.float64), SplitKeys.of_split(self.split),
                             self.top_k)
 
 
-def _cat(parts: list[np.ndarray], empty: tuple[int, ...]) -> np.ndarray:
-    return np.concatenate(parts).astype(np.int64) if parts else np.zeros(empty, dtype=np.int64)
+def _host(parts: list[torch.Tensor], empty: tuple[int, ...]) -> np.ndarray:
+    """Chunks kept on their device, read back at once as one int64 array (`empty`'s shape without any)."""
+    return torch.cat(parts).cpu().numpy().astype(np.int64) if parts else np.zeros(empty, dtype=np.int64)
 
 
 # ----------------------------------------------------------------------------- scoring again
