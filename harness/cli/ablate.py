@@ -176,7 +176,8 @@ def cmd_ablate(args: argparse.Namespace) -> None:
             left = _train_in_processes(args, todo, workers, launch)
         else:
             _train_here(args, table, todo, len(plan))
-        progress.log(f"ablate: {len(plan)} runs planned, {len(todo) - left} made, in {time.perf_counter() - start:.0f} s")
+        progress.log(f"ablate: {len(plan)} runs planned, {len(todo) - left} made, in "
+                     f"{time.perf_counter() - start:.0f} s")
     report(table, args.out, args.dataset, plan, args.tag, args.overrides)
 
 

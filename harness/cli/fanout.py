@@ -29,8 +29,8 @@ def launch_from_args(args: argparse.Namespace, cfgs: list) -> tuple[int, "Launch
         check_ready(args.address)  # not installed, no cluster there: one line now, before any data is made
     finish_by = finish_by_seconds(getattr(args, "finish_by", None))
     if finish_by is not None and args.executor == "ray":
-        raise UserError("--finish-by leaves runs unstarted on this machine's processes; Ray schedules its tasks itself: "
-                        "leave --finish-by out with --executor ray")
+        raise UserError("--finish-by leaves runs unstarted on this machine's processes; Ray schedules its tasks "
+                        "itself: leave --finish-by out with --executor ray")
     gpus = visible_gpus() if any(wants_cuda(c.train.device) for c in cfgs) else []
     jobs = "auto" if args.jobs is None and args.executor == "ray" else args.jobs
     workers = parse_jobs(jobs, len(gpus), args.runs_per_gpu)

@@ -264,7 +264,8 @@ def run_command(args: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", "prvr.harness.cli", "run", *args]
 
 
-def run_jobs(jobs: list[Job], workers: int, command: str, gpus: Sequence[str] = (), deadline: float | None = None) -> int:
+def run_jobs(jobs: list[Job], workers: int, command: str, gpus: Sequence[str] = (),
+             deadline: float | None = None) -> int:
     """Run every job, `workers` at a time, a job that trains on CUDA on one of `gpus`; raise UserError
     naming each failed run and its log (`command`: the prvr-bench command that planned them, for the
     progress lines). Returns how many jobs were left unstarted (`deadline`, below).

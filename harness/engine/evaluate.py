@@ -272,11 +272,11 @@ def evaluate_model(model: torch.nn.Module, split, batcher, device: torch.device,
     """The metrics block of `split` for `model`: encode once, score the fused score in chunks
     of `chunk` queries, rank by counting; each chunk's scores also go to `sink` where one is given
     (a run's stored rankings, from the same scores). `queries`: the split's queries as the model
-    encoded them (`encode_queries`), where several evaluations share them. `show` names a progress bar. A backbone that
-    localizes (provides span_logits) adds the moment metrics of harness/engine/vcmr.py (VCMR / SVMR
-    R@K per tIoU, and oracle VCMR under `oracle`), with the `eval` section's vcmr_* settings
-    (`eval_cfg`; None: their defaults); `moments=False` skips them (e.g. the noise curves,
-    which keep the retrieval figures only)."""
+    encoded them (`encode_queries`), where several evaluations share them. `show` names a progress
+    bar. A backbone that localizes (provides span_logits) adds the moment metrics of
+    harness/engine/vcmr.py (VCMR / SVMR R@K per tIoU, and oracle VCMR under `oracle`), with the `eval`
+    section's vcmr_* settings (`eval_cfg`; None: their defaults); `moments=False` skips them (e.g. the
+    noise curves, which keep the retrieval figures only)."""
     queries, videos = encode_split(model, split, batcher, device, queries)
     watch = ScoreWatch(fused_scores(model, queries, videos))
     ranks = _encoded_ranks(model, split, queries, videos, chunk, show, watch if sink is None else teed(watch, sink))

@@ -1,8 +1,8 @@
 """One model's noise robustness curve (RAL paper, Fig. 5): the test split ranked once per level
 with a segment of p x each video's length inserted at its start (datasets/noise.py), each level
-through the suite's evaluator; the queries, which the noise leaves as they are, encoded once. The engine's part: `prvr-bench run` records the curve of the
-run it trains (`metrics.noise`); the reports and the stored curves of `evaluate
---noise-levels` are harness/reports/noise.py's.
+through the suite's evaluator; the queries, which the noise leaves as they are, encoded once. The
+engine's part: `prvr-bench run` records the curve of the run it trains (`metrics.noise`); the
+reports and the stored curves of `evaluate --noise-levels` are harness/reports/noise.py's.
 """
 
 from __future__ import annotations

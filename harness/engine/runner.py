@@ -110,7 +110,8 @@ def train_and_record(cfg: Config, out: str | Path, resume: bool = False, tag: st
     val_ranking = trainer.best_val_ranking  # the best checkpoint's ranks, as its val evaluation ranked them
     if val_ranking is None:  # a resumed run's best epoch was evaluated by an earlier process: ranked again
         with timings("eval_rankings"):
-            val_ranking = rank_split(trainer.model, data["val"], trainer.batchers["val"], trainer.device, cfg.eval.chunk)
+            val_ranking = rank_split(trainer.model, data["val"], trainer.batchers["val"], trainer.device,
+                                     cfg.eval.chunk)
     ranked = {"val": val_ranking, "test": test_ranking.ranking()}
     val = trainer.best["metrics"]
     assert val is not None  # fit evaluates val at its last epoch at least
