@@ -293,9 +293,9 @@ def run_jobs(jobs: list[Job], workers: int, command: str, gpus: Sequence[str] = 
         try:
             while pending or running:
                 if deadline is not None:
-                    late = [j for j in pending if not ends_by(j, deadline)]
-                    left += late
-                    pending = [j for j in pending if j not in late]
+                    fits = [ends_by(j, deadline) for j in pending]
+                    left += [j for j, ok in zip(pending, fits) if not ok]
+                    pending = [j for j, ok in zip(pending, fits) if ok]
                 while pending and len(running) < workers:
                     job, room = next_fitting(pending, running)
                     if job is None:

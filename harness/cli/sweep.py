@@ -42,7 +42,7 @@ from prvr.harness.engine.config import resolve
 from prvr.harness.engine.records import record_path
 from prvr.harness.engine.runner import run_name, run_one
 from prvr.harness.engine.sections import Config
-from prvr.harness.reports.sweeps import Point, Sweep, point_tag, reads_no_relations, write_sweep
+from prvr.harness.reports.sweeps import ROOM_TAG, Point, Sweep, point_tag, reads_no_relations, write_sweep
 from prvr.methods.recipes import TABLES
 
 
@@ -222,7 +222,7 @@ def _room_recipe(name: str) -> Recipe:
     its backbone (`arl+oracle~ignore`, the true false negatives left out of the negatives), whose gain over
     that row is the room label noise leaves its encoder (harness/reports/sweeps.py `room_of`)."""
     backbone = _backbone_name(name) or METHODS.get(_method(name)).backbone
-    found = recipe("oracle", TREATMENTS["ignore"], backbone)
+    found = recipe("oracle", TREATMENTS[ROOM_TAG], backbone)
     if isinstance(found, str):  # every backbone with a method of its own fits it; said in one line if not
         raise UserError(f"--method {name} --oracle: the oracle's room on backbone {backbone} (oracle x ignore) "
                         f"cannot work: {found}")

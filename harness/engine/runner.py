@@ -107,8 +107,9 @@ def train_and_record(cfg: Config, out: str | Path, resume: bool = False, tag: st
             noise = noise_curve(trainer.model, data["test"], cfg.data, trainer.device, cfg.eval.chunk,
                                 cfg.eval.noise_levels, cfg.eval.noise_source, plain=test, show=True)
         progress.log(f"test SumR with inserted noise ({cfg.eval.noise_source}): {curve_line(noise)}")
-    val_ranking = trainer.best_val_ranking  # the best checkpoint's ranks, as its val evaluation ranked them
-    if val_ranking is None:  # a resumed run's best epoch was evaluated by an earlier process: ranked again
+    if trainer.best_val_ranks is not None:  # the best checkpoint's ranks, as its val evaluation ranked them
+        val_ranking = trainer.best_val_ranks.ranking()
+    else:  # a resumed run's best epoch was evaluated by an earlier process: ranked again
         with timings("eval_rankings"):
             val_ranking = rank_split(trainer.model, data["val"], trainer.batchers["val"], trainer.device,
                                      cfg.eval.chunk)

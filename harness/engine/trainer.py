@@ -45,7 +45,7 @@ from prvr.harness.base.contract import (DetectorState, LossOutput, MethodSpec, R
 from prvr.harness.base.devices import pick_device
 from prvr.harness.engine.sections import ON_NONFINITE, SELECT_ON, Config
 from prvr.harness.engine.evaluate import ChunkSink, evaluate_model
-from prvr.harness.engine.rankings import RankingSink, SplitRanking
+from prvr.harness.engine.rankings import RankingSink
 from prvr.harness.base.io import UserError, atomic_path
 from prvr.harness.engine.optim import build_optimizer, lr_lambda
 from prvr.harness.engine.record_types import Degenerate, Nonfinite, Resume
@@ -107,9 +107,9 @@ class Trainer:
             progress.log(f"train.select_on is vcmr, but backbone {cfg.backbone!r} gives no moments: selecting "
                          f"on val {self.select_key} (the record's protocol says so)")
         self.best: Best = {"score": -math.inf, "epoch": -1, "metrics": None}
-        # the val ranks of the best epoch, as its evaluation ranked them (None: chosen by an earlier
-        # process of a resumed run); the run's stored val rankings (harness/engine/rankings.py)
-        self.best_val_ranking: SplitRanking | None = None
+        # the val ranks of the best epoch, as its evaluation ranked them, read back once the run is
+        # done (None: chosen by an earlier process of a resumed run); harness/engine/rankings.py
+        self.best_val_ranks: RankingSink | None = None
         self.bad_epochs = 0
         self.history: list[dict] = []
         self.finished = False
@@ -295,7 +295,7 @@ class Trainer:
             summary["val"] = {k: val[k] for k in ("R@1", "R@5", "R@10", "R@100", "SumR", SELECT_ON["vcmr"]) if k in val}
             if val[self.select_key] > self.best["score"]:
                 self.best = {"score": val[self.select_key], "epoch": self.epoch - 1, "metrics": val}
-                self.best_val_ranking = ranking.ranking()
+                self.best_val_ranks = ranking
                 self.bad_epochs = 0
                 self.save_model(self.ckpt_dir / "best.pt")
             else:
