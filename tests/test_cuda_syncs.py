@@ -185,6 +185,25 @@ def test_the_largest_group_from_the_host_is_the_devices_answer(seed):
     assert masks.largest_group(mask, group_of, 0) == 0
 
 
+def test_a_host_made_constant_goes_to_its_device_once():
+    """masks.constant_on: a constant a model makes on the host (a Gaussian window, DreamPRVR's
+    position codes and register windows, MS-SL's proposal matrix) is made and moved once per
+    (make, args, device, dtype), in that dtype, equal to what `make` gives. The H200's check
+    (2026-11-29) found DreamPRVR moving two such constants at every step: 6 syncs in 2 steps."""
+    made = []
+
+    def make(n):
+        made.append(n)
+        return torch.arange(n, dtype=torch.float32)
+
+    cpu = torch.device("cpu")
+    first, again = (masks.constant_on(make, (4,), cpu, torch.float64) for _ in range(2))
+    other = masks.constant_on(make, (5,), cpu, torch.float64)
+    assert first is again and made == [4, 5]
+    assert first.dtype == torch.float64 and torch.equal(first, torch.arange(4, dtype=torch.float64))
+    assert torch.equal(other, torch.arange(5, dtype=torch.float64))
+
+
 # ----------------------------------------------------------------------------- the steps
 ATEN = torch.ops.aten
 ASKS = {ATEN._local_scalar_dense.default, ATEN.nonzero.default, ATEN.masked_select.default,

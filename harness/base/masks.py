@@ -13,6 +13,8 @@ an in-place change to it (its `_version` moves) drops them.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -120,6 +122,16 @@ def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
         host = host.pin_memory()
     moved = host.to(device, non_blocking=True)
     return describe_from_host(host, moved) if host.dtype == torch.bool else moved
+
+
+@functools.lru_cache(maxsize=1024)
+def constant_on(make: Callable[..., torch.Tensor], args: tuple, device: torch.device,
+                dtype: torch.dtype) -> torch.Tensor:
+    """`make(*args)`, a constant a model makes on the host (a window, position codes, a pooling
+    matrix), on `device` in `dtype`, copied there once per (make, args, device, dtype) and
+    without waiting for the GPU (`to_device`): made on the host and moved at every step, it
+    was a blocking copy a step. The result is shared: never write to it."""
+    return to_device(make(*args).to(dtype), device)
 
 
 def true_index(mask: torch.Tensor) -> torch.Tensor:

@@ -171,17 +171,6 @@ def windows(widths: tuple[float, ...], length: int, total: int | None,
 _windows = lru_cache(maxsize=64)(windows)  # on the CPU, once per (widths, length, total)
 
 
-@lru_cache(maxsize=512)
-def _windows_on(widths: tuple[float, ...], length: int, total: int | None, device: torch.device,
-                dtype: torch.dtype) -> torch.Tensor:
-    """`_windows` on a device, copied there once per length (a blocking copy from the host at
-    every step would be a host sync; to a GPU it goes from pinned memory, asynchronously)."""
-    window = _windows(widths, length, total)
-    if device.type == "cuda":
-        return window.pin_memory().to(device, dtype, non_blocking=True)
-    return window.to(device, dtype)
-
-
 def gaussian_attention(logits: torch.Tensor, window: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
     """Attention weights of GMMFormer: the window multiplies the scaled logits (it does not add
     to them), then padded keys are removed and the rows softmax-normalised.
@@ -241,7 +230,7 @@ class GaussianBranches(nn.Module):
         if torch.compiler.is_compiling():  # made in the graph and on the device: its length is a graph size
             window = windows(self.widths, length, self.window_len, x.device).to(x.dtype)
         else:
-            window = _windows_on(self.widths, length, self.window_len, x.device, x.dtype)
+            window = masks.constant_on(_windows, (self.widths, length, self.window_len), x.device, x.dtype)
         window = window[:, None, None]
         probs = gaussian_attention(logits, window, (mask if keys is None else keys)[None, :, None, None, :])
         return (self.attn_drop(probs) @ v).permute(0, 1, 3, 2, 4).reshape(n, b, length, d)

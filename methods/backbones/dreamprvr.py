@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from prvr.harness.base import masks
 from prvr.harness.base.batches import QueryBatch, VideoBatch
 from prvr.harness.base.checks import NON_NEGATIVE, PROBABILITY, ListOf, at_least, one_of, param, require
 from prvr.harness.base.contract import Encoded, OnDemand
@@ -248,7 +249,7 @@ class OrderPool(nn.Module):
              else nn.init.zeros_)(p)
 
     def rank_weights(self, length: int, like: torch.Tensor) -> torch.Tensor:
-        codes = position_codes(length, self.code_dim).to(like.device, like.dtype)[None]
+        codes = masks.constant_on(position_codes, (length, self.code_dim), like.device, like.dtype)[None]
         out = self.gru(codes)[0][0]  # [length, 2 hidden]
         half = out.shape[-1] // 2
         return (self.score((out[:, :half] + out[:, half:]) / 2).squeeze(-1) / self.temperature).softmax(-1)
@@ -311,8 +312,8 @@ class RegisterBranches(GaussianBranches):
         keys = torch.cat([mask, mask.new_ones(b, registers.shape[1])], 1)
         q, k, v = self.qkv(rows).view(b, length, n, 3, h, d // h).permute(3, 2, 0, 4, 1, 5)
         logits = q @ k.transpose(-1, -2) / math.sqrt(d // h)
-        window = register_windows(self.widths, x.shape[1], registers.shape[1], self.window_len)
-        window = window.to(rows.device, rows.dtype)[:, None, None]
+        window = masks.constant_on(register_windows, (self.widths, x.shape[1], registers.shape[1], self.window_len),
+                                   rows.device, rows.dtype)[:, None, None]
         probs = gaussian_attention(logits, window, keys[None, :, None, None, :])
         return (self.attn_drop(probs) @ v).permute(0, 1, 3, 2, 4).reshape(n, b, length, d)
 

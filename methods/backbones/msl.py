@@ -28,6 +28,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from prvr.harness.base import masks
 from prvr.harness.base.batches import QueryBatch, VideoBatch
 from prvr.harness.base.checks import DROPOUT, POSITIVE, PROBABILITY, at_least, param
 from prvr.harness.base.contract import Encoded, Scores
@@ -65,15 +66,10 @@ def proposal_matrix(num_clips: int) -> torch.Tensor:
     return inside.float() / width[:, None]
 
 
-@lru_cache(maxsize=16)
-def _proposal_matrix_on(num_clips: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    return proposal_matrix(num_clips).to(device, dtype)
-
-
 def proposal_matrix_like(clips: torch.Tensor) -> torch.Tensor:
     """The proposal matrix for `clips` [V, C, D], on their device and in their dtype, made once
     per (C, device, dtype): copying it to a GPU at every score was a blocking host copy a step."""
-    return _proposal_matrix_on(clips.shape[1], clips.device, clips.dtype)
+    return masks.constant_on(proposal_matrix, (clips.shape[1],), clips.device, clips.dtype)
 
 
 def proposal_norms(clips: torch.Tensor, pool: torch.Tensor) -> torch.Tensor:
