@@ -537,8 +537,9 @@ def _signed(d: MetricDifference) -> list[str]:
 def _share(share: RoomShare) -> list[str]:
     if not math.isfinite(share.share):
         return ["", ""]
-    interval = f"[{share.low:.0%}, {share.high:.0%}]" if math.isfinite(share.low) else "(no room to share)"
-    return [f"{share.share:.0%}", interval]
+    if not math.isfinite(share.low):  # the room's interval holds 0: a ratio to it means nothing
+        return ["", "(no room to share)"]
+    return [f"{share.share:.0%}", f"[{share.low:.0%}, {share.high:.0%}]"]
 
 
 def _answer_reads(a: Answer, gain: MetricDifference | None, room: MetricDifference | None) -> str:
