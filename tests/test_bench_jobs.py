@@ -214,6 +214,42 @@ def test_finish_by_starts_only_the_runs_expected_to_end_in_time(monkeypatch, tmp
     assert jobs_module.run_jobs(plan(), 2, "bench") == 0 and len(started) == 3  # no deadline: every run
 
 
+def test_finish_by_expects_a_new_run_to_take_what_its_recipe_took_here(monkeypatch, tmp_path, capsys):
+    """A run with no record of its own is expected to take what its recipe's runs made in the same
+    fan-out took (another world's tag, another seed): on a lent H200 (2026-11-29) a sweep under
+    --finish-by 150 started RAL runs at a world it had not made yet past 100 s, and lost them at the
+    limit, where its runs at the first world had taken 83 s. A recipe nothing has made yet still
+    starts before the deadline."""
+    import time
+
+    from prvr.harness.cli import jobs as jobs_module
+
+    took = {"ral@msl~w1": 150.0, "msl": 1.0}
+    started = []
+
+    def start(job, gpu):
+        started.append(job.label)
+        job.started = time.perf_counter() - took.get(job.label, 1.0)  # as if it had run that long
+        return _Done()
+
+    monkeypatch.setattr(jobs_module, "_start", start)
+    monkeypatch.setattr(jobs_module, "report", lambda job, code, seconds: None)
+    monkeypatch.setattr(jobs_module, "POLL_S", 0.0)
+    plan = [Job([], label, tmp_path / label / "seed0.json", tmp_path / f"{label}.log")
+            for label in ("ral@msl~w1", "ral@msl~w2", "msl")]
+    assert jobs_module.run_jobs(plan, 1, "sweep", deadline=time.monotonic() + 100) == 1
+    assert started == ["ral@msl~w1", "msl"]
+    assert plan[1].expected_s == pytest.approx(150.0, abs=1.0)
+    assert "1 run not started, each expected to end past --finish-by (ral@msl~w2)" in capsys.readouterr().err
+    seen = jobs_module.SeenTimes()  # its own run's seeds first, then its recipe's other runs
+    seen.add(plan[0], 150.0)
+    seen.add(Job([], "", tmp_path / "ral@msl~w2" / "seed0.json", tmp_path / "l"), 90.0)
+    assert seen.expect(Job([], "", tmp_path / "ral@msl~w2" / "seed1.json", tmp_path / "l")) == 90.0
+    assert seen.expect(Job([], "", tmp_path / "ral@msl~w3" / "seed0.json", tmp_path / "l")) == 120.0
+    assert seen.expect(Job([], "", tmp_path / "ral@gmmformer~w3" / "seed0.json", tmp_path / "l")) == float("inf")
+    assert seen.expect(Job([], "", tmp_path / "ral@msl~w3" / "seed0.json", tmp_path / "l", 7.0)) == 7.0
+
+
 def test_finish_by_is_checked_and_leaves_runs_for_the_same_command_again(capsys, tmp_path):
     """CPU. --finish-by is a number of seconds above 0 (one line otherwise); a deadline already past leaves
     the run a record says takes longer unstarted, keeps the made one, and exits 0 with the tables written."""

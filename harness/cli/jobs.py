@@ -30,6 +30,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,7 @@ from pathlib import Path
 from prvr.harness.base import progress
 from prvr.harness.base.devices import DEVICE_ENV, status_kb
 from prvr.harness.base.io import UserError, check_target, ensure_dir, read_json
+from prvr.harness.base.names import split_run_name
 
 POLL_S = 0.5
 # a run ended by one of these was stopped on purpose: the fan-out stops with it (SIGKILL, the
@@ -271,8 +273,8 @@ def run_jobs(jobs: list[Job], workers: int, command: str, gpus: Sequence[str] = 
     progress lines). Returns how many jobs were left unstarted (`deadline`, below).
 
     With a `deadline` (`time.monotonic()`, from --finish-by) a run starts only where its expected time
-    (`Job.expected_s`) ends by then, and a run with none only before then; the others are left, said in
-    one line, for the same command again.
+    (`Job.expected_s`, or what the runs made here say of it: `SeenTimes`) ends by then, and a run with
+    none only before then; the others are left, said in one line, for the same command again.
 
     A run starts only where its expected peak host memory (`Job.memory_mb`) fits beside the running
     runs' (`next_fitting`); otherwise it waits, said once, until one ends (a run alone always starts).
@@ -289,10 +291,13 @@ def run_jobs(jobs: list[Job], workers: int, command: str, gpus: Sequence[str] = 
     devices = GpuRoundRobin(gpus)
     start = time.perf_counter()
     left: list[Job] = []
+    seen = SeenTimes()
     with progress.task(f"{command} ({workers} jobs)", total=len(jobs)) as advance, _sigterm_interrupts():
         try:
             while pending or running:
                 if deadline is not None:
+                    for j in pending:
+                        j.expected_s = seen.expect(j)
                     fits = [ends_by(j, deadline) for j in pending]
                     left += [j for j, ok in zip(pending, fits) if not ok]
                     pending = [j for j, ok in zip(pending, fits) if ok]
@@ -308,8 +313,11 @@ def run_jobs(jobs: list[Job], workers: int, command: str, gpus: Sequence[str] = 
                 for proc, job, gpu in [r for r in running if r[0].poll() is not None]:
                     running.remove((proc, job, gpu))
                     devices.give(gpu)
-                    report(job, proc.returncode, time.perf_counter() - job.started)
+                    took = time.perf_counter() - job.started
+                    report(job, proc.returncode, took)
                     advance(1)
+                    if proc.returncode == 0:
+                        seen.add(job, took)
                     if -proc.returncode in STOP_SIGNALS:
                         _end(running)
                         raise UserError(stopped_line(job, -proc.returncode, len(running), len(pending), command))
@@ -324,6 +332,38 @@ def run_jobs(jobs: list[Job], workers: int, command: str, gpus: Sequence[str] = 
         progress.warn(left_line(left, command))
     raise_failures(failed, made)
     return len(left)
+
+
+class SeenTimes:
+    """The wall times of the runs this fan-out has made, by run (its folder: the same run at another
+    seed) and by recipe (the run's name before its first `~` tag on the same dataset: a world's or a
+    treatment's tag), each on its kind of device. A run with no earlier record of its own
+    (`expected_seconds`: infinity) is expected to take the mean of its own run's made seeds, else of
+    its recipe's made runs: under --finish-by it then starts only where that ends in time, where
+    before it started at any moment before the deadline (a lent GPU's sweep started runs it could not
+    finish that way, each a card's minute lost)."""
+
+    def __init__(self) -> None:
+        self.times: dict[tuple, list[float]] = defaultdict(list)
+
+    @staticmethod
+    def keys(job: Job) -> tuple[tuple, tuple]:
+        run = job.record.parent
+        method, detector, backbone, _ = split_run_name(run.name)
+        return (job.device, run), (job.device, run.parent, method, detector, backbone)
+
+    def add(self, job: Job, seconds: float) -> None:
+        for key in self.keys(job):
+            self.times[key].append(seconds)
+
+    def expect(self, job: Job) -> float:
+        """`job.expected_s` where it has one, else the mean seen time of its run, else of its recipe."""
+        if not math.isinf(job.expected_s):
+            return job.expected_s
+        for key in self.keys(job):
+            if self.times[key]:
+                return sum(self.times[key]) / len(self.times[key])
+        return job.expected_s
 
 
 def ends_by(job: Job, deadline: float) -> bool:
