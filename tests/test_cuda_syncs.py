@@ -229,14 +229,21 @@ ON_HOST = {"host_lookup": "the SBERT detector's and the oracle's lookups from th
                            "copy"}
 NOT_YET: dict[str, str] = {}  # function -> why its step still reads the device: each a fix left to do
 HOST_COPIES = ("numpy", "tolist", "cpu")  # Tensor methods that copy a device tensor to the host
+# A `.to(device)` in a step that is not `non_blocking`: on a GPU, of a host-made tensor, a blocking copy
+# from pageable memory (the H200 found DreamPRVR moving its position codes and register windows so at
+# every step, 2026-11-29); of a device tensor, nothing. The proxy cannot tell the two apart, so each
+# project line that moves what is already on the device says so here (the CUDA test checks it)
+ALREADY_THERE = {"methods/relations/sbert.py": "the batch's ground truth, moved with the batch: the detector's count "
+                                               "of true pairs (`xml-pr` passes the CUDA test)"}
 
 
 class DeviceReads(TorchDispatchMode):
     """The ops that read a device value on the host on a GPU, and the calls that copy a tensor
     to the host (`HOST_COPIES`), each with the project file, line and function that ran it
     ("backward" for the backward pass). Reads inside torch.optim are left out: the optimizers'
-    step counters live on the host on a GPU too. Host-to-device copies go unseen (on a CPU
-    there are none)."""
+    step counters live on the host on a GPU too. Host-to-device copies are not there to see on a
+    CPU; a blocking `.to(device)` the project's code calls is counted in their place
+    (`ALREADY_THERE`: the lines that move what is already on the device)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -247,6 +254,20 @@ class DeviceReads(TorchDispatchMode):
         for name in HOST_COPIES:
             self.saved[name] = real = getattr(torch.Tensor, name)
             setattr(torch.Tensor, name, self._counted(real))
+        self.saved["to"] = real_to = torch.Tensor.to
+
+        def to(t, *args, **kwargs):  # a blocking move to a named device, called from the project's code
+            device = kwargs.get("device", next((a for a in args if isinstance(a, (torch.device, str))), None))
+            blocking = not kwargs.get("non_blocking", len(args) > 1 and args[1] is True)
+            if device is not None and blocking:
+                frames = traceback.extract_stack()[:-1]
+                caller = frames[-1].filename
+                if "site-packages" not in caller and "/tests/" not in caller and not any(
+                        part in caller for part in ALREADY_THERE):
+                    self.where["to(device) " + _source(frames)] += 1
+            return real_to(t, *args, **kwargs)
+
+        torch.Tensor.to = to
         return super().__enter__()
 
     def __exit__(self, *exc):
