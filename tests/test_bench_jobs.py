@@ -241,13 +241,15 @@ def test_finish_by_expects_a_new_run_to_take_what_its_recipe_took_here(monkeypat
     assert started == ["ral@msl~w1", "msl"]
     assert plan[1].expected_s == pytest.approx(150.0, abs=1.0)
     assert "1 run not started, each expected to end past --finish-by (ral@msl~w2)" in capsys.readouterr().err
-    seen = jobs_module.SeenTimes()  # its own run's seeds first, then its recipe's other runs
+    seen, inf = jobs_module.SeenTimes(), float("inf")  # its own run's seeds first, then its recipe's other runs
+    seed1 = Job([], "", tmp_path / "ral@msl~w2" / "seed1.json", tmp_path / "l")
     seen.add(plan[0], 150.0)
+    assert seen.expect(seed1, inf) == 150.0
     seen.add(Job([], "", tmp_path / "ral@msl~w2" / "seed0.json", tmp_path / "l"), 90.0)
-    assert seen.expect(Job([], "", tmp_path / "ral@msl~w2" / "seed1.json", tmp_path / "l")) == 90.0
-    assert seen.expect(Job([], "", tmp_path / "ral@msl~w3" / "seed0.json", tmp_path / "l")) == 120.0
-    assert seen.expect(Job([], "", tmp_path / "ral@gmmformer~w3" / "seed0.json", tmp_path / "l")) == float("inf")
-    assert seen.expect(Job([], "", tmp_path / "ral@msl~w3" / "seed0.json", tmp_path / "l", 7.0)) == 7.0
+    assert seen.expect(seed1, inf) == 90.0  # asked again: its own run's seed now
+    assert seen.expect(Job([], "", tmp_path / "ral@msl~w3" / "seed0.json", tmp_path / "l"), inf) == 120.0
+    assert seen.expect(Job([], "", tmp_path / "ral@gmmformer~w3" / "seed0.json", tmp_path / "l"), inf) == inf
+    assert seen.expect(Job([], "", tmp_path / "ral@msl~w3" / "seed0.json", tmp_path / "l"), 7.0) == 7.0
 
 
 def test_finish_by_is_checked_and_leaves_runs_for_the_same_command_again(capsys, tmp_path):

@@ -291,13 +291,13 @@ def run_jobs(jobs: list[Job], workers: int, command: str, gpus: Sequence[str] = 
     devices = GpuRoundRobin(gpus)
     start = time.perf_counter()
     left: list[Job] = []
-    seen = SeenTimes()
+    seen, recorded = SeenTimes(), {id(j): j.expected_s for j in jobs}  # what its records expect of each run
     with progress.task(f"{command} ({workers} jobs)", total=len(jobs)) as advance, _sigterm_interrupts():
         try:
             while pending or running:
                 if deadline is not None:
                     for j in pending:
-                        j.expected_s = seen.expect(j)
+                        j.expected_s = seen.expect(j, recorded[id(j)])
                     fits = [ends_by(j, deadline) for j in pending]
                     left += [j for j, ok in zip(pending, fits) if not ok]
                     pending = [j for j, ok in zip(pending, fits) if ok]
@@ -356,14 +356,16 @@ class SeenTimes:
         for key in self.keys(job):
             self.times[key].append(seconds)
 
-    def expect(self, job: Job) -> float:
-        """`job.expected_s` where it has one, else the mean seen time of its run, else of its recipe."""
-        if not math.isinf(job.expected_s):
-            return job.expected_s
+    def expect(self, job: Job, recorded: float) -> float:
+        """`recorded` (what the run's own records expect) where finite, else the mean seen time of its
+        run, else of its recipe, else infinity: asked again as runs end, so a run's own seeds replace
+        its recipe's figure once one is made."""
+        if not math.isinf(recorded):
+            return recorded
         for key in self.keys(job):
             if self.times[key]:
                 return sum(self.times[key]) / len(self.times[key])
-        return job.expected_s
+        return recorded
 
 
 def ends_by(job: Job, deadline: float) -> bool:
