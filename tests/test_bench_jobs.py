@@ -189,13 +189,29 @@ class _Done:
         return 0
 
 
+class _Clock:
+    """jobs.py's `time` in the deadline tests: a clock that stands still, so they read no wall clock
+    (`run_jobs` reads `monotonic` and `perf_counter`, and sleeps between polls)."""
+
+    now = 1000.0
+
+    def monotonic(self):
+        return self.now
+
+    def perf_counter(self):
+        return self.now
+
+    def sleep(self, seconds):
+        pass
+
+
 def test_finish_by_starts_only_the_runs_expected_to_end_in_time(monkeypatch, tmp_path, capsys):
     """A run starts only where its expected time ends by the deadline; one with none only before it; the
     others are left, said in one line, and counted."""
-    import time
-
     from prvr.harness.cli import jobs as jobs_module
 
+    clock = _Clock()
+    monkeypatch.setattr(jobs_module, "time", clock)
     started = []
     monkeypatch.setattr(jobs_module, "_start", lambda job, gpu: started.append(job.label) or _Done())
     monkeypatch.setattr(jobs_module, "report", lambda job, code, took: None)
@@ -205,12 +221,12 @@ def test_finish_by_starts_only_the_runs_expected_to_end_in_time(monkeypatch, tmp
         return [Job([], label, tmp_path / label / "seed0.json", tmp_path / f"{label}.log", seconds)
                 for label, seconds in (("short", 5.0), ("long", 1000.0), ("new", float("inf")))]
 
-    assert jobs_module.run_jobs(plan(), 2, "bench", deadline=time.monotonic() + 100) == 1
+    assert jobs_module.run_jobs(plan(), 2, "bench", deadline=clock.now + 100) == 1
     assert sorted(started) == ["new", "short"]
     err = capsys.readouterr().err
     assert "bench: 1 run not started, each expected to end past --finish-by (long); the same command again" in err
     started.clear()
-    assert jobs_module.run_jobs(plan(), 2, "bench", deadline=time.monotonic() - 1) == 3 and started == []
+    assert jobs_module.run_jobs(plan(), 2, "bench", deadline=clock.now - 1) == 3 and started == []
     assert jobs_module.run_jobs(plan(), 2, "bench") == 0 and len(started) == 3  # no deadline: every run
 
 
@@ -220,16 +236,16 @@ def test_finish_by_expects_a_new_run_to_take_what_its_recipe_took_here(monkeypat
     --finish-by 150 started RAL runs at a world it had not made yet past 100 s, and lost them at the
     limit, where its runs at the first world had taken 83 s. A recipe nothing has made yet still
     starts before the deadline."""
-    import time
-
     from prvr.harness.cli import jobs as jobs_module
 
+    clock = _Clock()
+    monkeypatch.setattr(jobs_module, "time", clock)
     took = {"ral@msl~w1": 150.0, "msl": 1.0}
     started = []
 
     def start(job, gpu):
         started.append(job.label)
-        job.started = time.perf_counter() - took.get(job.label, 1.0)  # as if it had run that long
+        job.started = clock.now - took.get(job.label, 1.0)  # as if it had run that long
         return _Done()
 
     monkeypatch.setattr(jobs_module, "_start", start)
@@ -237,9 +253,9 @@ def test_finish_by_expects_a_new_run_to_take_what_its_recipe_took_here(monkeypat
     monkeypatch.setattr(jobs_module, "POLL_S", 0.0)
     plan = [Job([], label, tmp_path / label / "seed0.json", tmp_path / f"{label}.log")
             for label in ("ral@msl~w1", "ral@msl~w2", "msl")]
-    assert jobs_module.run_jobs(plan, 1, "sweep", deadline=time.monotonic() + 100) == 1
+    assert jobs_module.run_jobs(plan, 1, "sweep", deadline=clock.now + 100) == 1
     assert started == ["ral@msl~w1", "msl"]
-    assert plan[1].expected_s == pytest.approx(150.0, abs=1.0)
+    assert plan[1].expected_s == 150.0
     assert "1 run not started, each expected to end past --finish-by (ral@msl~w2)" in capsys.readouterr().err
     seen, inf = jobs_module.SeenTimes(), float("inf")  # its own run's seeds first, then its recipe's other runs
     seed1 = Job([], "", tmp_path / "ral@msl~w2" / "seed1.json", tmp_path / "l")
