@@ -13,6 +13,7 @@ from prvr.harness.cli import main
 from prvr.harness.engine.config import resolve
 from prvr.harness.base.io import UserError
 from prvr.harness.reports.stats import BOTH_LEVELS, Comparison, MetricDifference, RoomShare
+from prvr.harness.base.names import join_run_name, split_run_name
 from prvr.harness.reports.sweeps import Answer, Cell, Sweep, WorldCheck, _answer_reads, _share, base_of, knob_tag, \
     oracle_of, point_tag, room_of
 
@@ -55,6 +56,9 @@ def test_names_of_a_sweeps_runs_and_their_bases():
     assert base_of("arl+oracle~base") == "arl~base"
     assert oracle_of("msl") == "msl+oracle" and oracle_of("arl~base") == "arl+oracle~base"
     assert oracle_of("ral@msl~repeat_prob0") == "ral+oracle@msl~repeat_prob0"
+    assert base_of("ral+oracle@msl~repeat_prob1-repeat_copies12") == "ral@msl~repeat_prob1-repeat_copies12"
+    for name in ("msl", "arl~base", "ral+oracle@msl~repeat_prob0", "arl+sbert~ignore~b32", "ral@holmes"):
+        assert join_run_name(*split_run_name(name)) == name  # the one builder of run names undoes the splitter
     knobs = ("sim.repeat_prob", "sim.repeat_copies")
     assert point_tag(knobs, (1.0, 4.0), (0.35, 2.0)) == "repeat_prob1-repeat_copies4"
     assert point_tag(knobs, (0.0, 2.0), (0.35, 2.0)) == "repeat_prob0"  # one knob's own sweep names it alike

@@ -116,3 +116,9 @@ def split_run_name(name: str) -> tuple[str, str, str, str]:
     head, _, backbone = head.partition("@")
     method, _, detector = head.partition("+")
     return method, detector, backbone, tag
+
+
+def join_run_name(method: str, detector: str = "", backbone: str = "", tag: str = "") -> str:
+    """The name `split_run_name` splits: method, +detector, @backbone, ~tag, each where given."""
+    return method + (f"+{detector}" if detector else "") + (f"@{backbone}" if backbone else "") + \
+        (f"~{tag}" if tag else "")

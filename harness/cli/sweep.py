@@ -30,7 +30,7 @@ from pathlib import Path
 
 from prvr.harness.base import progress
 from prvr.harness.base.io import UserError, ensure_dir
-from prvr.harness.base.names import check_name, split_run_name
+from prvr.harness.base.names import check_name, join_run_name, split_run_name
 from prvr.harness.base.registry import DATASETS, DETECTORS, METHODS
 from prvr.harness.cli.args import add_jobs_argument, command, command_line, common_arguments, data_root_overrides, \
     run_args, run_line, set_threads
@@ -108,7 +108,7 @@ def plan_sweep(args: argparse.Namespace) -> tuple[Sweep, list[SweepRun]]:
                 room = _room_recipe(method)
                 room_row = "~".join(t for t in (room.tag, args.tag) if t)
                 own = room.backbone == METHODS.get(room.method).backbone
-                beside.append((room.method if own else f"{room.method}@{room.backbone}", room_row,
+                beside.append((join_run_name(room.method, backbone="" if own else room.backbone), room_row,
                                [*room.sets, *knob_sets]))
             for argument, row, extra in beside:
                 tag = "~".join(t for t in (row, at) if t)
@@ -196,7 +196,7 @@ def _cell_variant(name: str, dataset: str) -> tuple[str, tuple[str, ...]]:
     method, detector, backbone, treatment = split_run_name(name)
     if detector == "oracle":
         raise UserError(f"--method {name}: the oracle rows come with --oracle (each method beside its oracle); "
-                        f"give --method {method}{'@' + backbone if backbone else ''} --oracle")
+                        f"give --method {join_run_name(method, backbone=backbone)} --oracle")
     if method not in METHODS or detector not in DETECTORS:
         what = f"method {method!r}" if method not in METHODS else f"detector {detector!r}"
         raise UserError(f"--method {name}: no {what}; a matrix cell is METHOD+DETECTOR~TREATMENT "
@@ -212,7 +212,7 @@ def _cell_variant(name: str, dataset: str) -> tuple[str, tuple[str, ...]]:
         found = dataclasses.replace(found, tag="")  # the detector's own mode: its untagged run
     if found.method != method or found.tag != treatment or found.plain:
         same = "the backbone's plain run" if found.plain else \
-            f"{found.method}+{detector}" + (f"~{found.tag}" if found.tag else "")
+            join_run_name(found.method, detector, tag=found.tag)
         raise UserError(f"--method {name}: that cell of the matrix trains {same}; sweep it by that name")
     return found.tag, tuple(found.sets)
 

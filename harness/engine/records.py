@@ -23,7 +23,7 @@ from typing import Any, Iterable, Mapping, cast
 
 from prvr.harness.base.checks import show
 from prvr.harness.base.io import UserError, read_json, write_json
-from prvr.harness.base.names import check_name, inside
+from prvr.harness.base.names import check_name, inside, join_run_name
 from prvr.harness.engine.record_types import Budget, CpuFacts, Provenance, RunProtocol, RunRecord
 from prvr.harness.base.registry import DATASETS
 from prvr.harness.engine.sections import SELECT_ON, SETTLED_BEFORE, TrainConfig, dataset_preset
@@ -36,14 +36,8 @@ PACKAGES = ("prvr-bench", "torch", "numpy", "scipy", "pandas", "rich", "pyyaml",
 def run_tag(method: str, relations: str, default_relations: str, backbone: str, default_backbone: str,
             tag: str = "") -> str:
     """Folder / row name of a run: method, +detector and @backbone where not the default, ~tag."""
-    name = method
-    if relations != default_relations:
-        name += f"+{relations}"
-    if backbone != default_backbone:
-        name += f"@{backbone}"
-    if tag:
-        name += f"~{tag}"
-    return name
+    return join_run_name(method, relations if relations != default_relations else "",
+                         backbone if backbone != default_backbone else "", tag)
 
 
 SELECTION = "val SumR"  # the default selection rule: the epoch with the best validation (VR) SumR

@@ -28,7 +28,7 @@ import numpy as np
 
 from prvr.harness.base import progress
 from prvr.harness.base.io import write_text
-from prvr.harness.base.names import check_name, inside
+from prvr.harness.base.names import check_name, inside, join_run_name
 from prvr.harness.engine.record_types import DataFacts, RunRecord
 from prvr.harness.engine.records import budget_label
 from prvr.harness.base.registry import DATASETS
@@ -61,7 +61,7 @@ MET, NOT_MET, NO_RECORDS, NO_REFERENCE = "met", "not met", "no records", "no ref
 
 def oracle_run() -> str:
     """The baseline fed the simulated ground truth (run name method+detector)."""
-    return f"{baseline()}+oracle"
+    return join_run_name(baseline(), "oracle")
 
 
 @dataclass

@@ -30,7 +30,7 @@ import scipy.stats
 
 from prvr.harness.base import progress
 from prvr.harness.base.io import UserError, write_png, write_texts
-from prvr.harness.base.names import check_name, inside, split_run_name
+from prvr.harness.base.names import check_name, inside, join_run_name, split_run_name
 from prvr.harness.base.registry import DETECTORS, METHODS, home_method
 from prvr.harness.engine.records import load_record_at, record_path
 from prvr.harness.reports.stats import (BOTH_LEVELS, Comparison, GainChange, MetricDifference, Row, RoomShare,
@@ -115,12 +115,11 @@ def base_of(run: str) -> str | None:
     method, detector, backbone, tag = split_run_name(run)
     spec = METHODS.get(method) if method in METHODS else None
     if detector == "oracle" and tag == ROOM_TAG and spec is not None and spec.base_row:  # `room_of` a base row
-        return f"{method}@{backbone}~{spec.base_row}" if backbone else f"{method}~{spec.base_row}"
+        return join_run_name(method, backbone=backbone, tag=spec.base_row)
     if "+oracle" in run:
         return run.replace("+oracle", "", 1)
     if detector and spec is not None and detector in DETECTORS:  # a matrix cell: its backbone's plain run
-        plain = f"{method}@{backbone}" if backbone else method
-        return f"{plain}~{spec.base_row}" if spec.base_row else plain
+        return join_run_name(method, backbone=backbone, tag=spec.base_row)
     if spec is None or tag:
         return None
     if spec.base_row:
@@ -333,15 +332,14 @@ def room_of(run: str) -> str:
     """The oracle's room beside a row that reads no relations: the matrix cell oracle x ignore on the row's
     encoder, the true false negatives left out of its negatives (`arl~base` -> `arl+oracle~ignore`; docs/matrix.md)."""
     method, _, backbone, _ = split_run_name(run)
-    return f"{method}+oracle{'@' + backbone if backbone else ''}~{ROOM_TAG}"
+    return join_run_name(method, "oracle", backbone, ROOM_TAG)
 
 
 def oracle_of(run: str) -> str:
     """The run's name with the oracle detector: `msl` -> `msl+oracle`, `arl~base` -> `arl+oracle~base`
     (harness/engine/records.py `run_tag`: the detector before the backbone and the tag)."""
-    head, sep, tag = run.partition("~")
-    method, at, backbone = head.partition("@")
-    return f"{method}+oracle{at}{backbone}{sep}{tag}"
+    method, _, backbone, tag = split_run_name(run)
+    return join_run_name(method, "oracle", backbone, tag)
 
 
 @dataclass(frozen=True)
