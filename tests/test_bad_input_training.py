@@ -339,7 +339,7 @@ def test_early_stop_line_follows_its_epoch_line(tmp_path, monkeypatch):
     def evaluate(self, split, show=False, sink=None):  # one figure every epoch; the rankings from even scores
         if sink is not None:
             data = self.data[split]
-            sink(0, torch.zeros(data.num_queries, data.num_videos))
+            sink(0, torch.zeros(data.num_queries, data.num_videos), torch.full((data.num_queries,), data.num_videos))
         return dict(constant)
 
     monkeypatch.setattr(Trainer, "evaluate", evaluate)

@@ -14,6 +14,7 @@ from prvr.harness.engine import rankings as rk
 from prvr.harness.cli import main
 from prvr.harness.engine.evaluate import compute_ranks, metrics_from_ranks, reference_ranks
 from prvr.harness.base.io import UserError
+from prvr.harness.base.scores import worst_if_nonfinite
 from prvr.harness.engine.records import record_path
 from prvr.harness.cli.reevaluate import relevance_rows
 from prvr.harness.engine.runner import run_one
@@ -169,13 +170,15 @@ def test_a_resumed_run_whose_best_epoch_an_earlier_process_chose_ranks_val_again
 
 def test_a_ranking_sink_refuses_chunks_out_of_order_and_an_unfinished_split():
     split, scores = FakeSplit(10, 120), tied_scores(10, 120)
+    labelled = torch.as_tensor(compute_ranks(lambda a, b: scores[a:b], 10, split.labels())["labelled"])
+    clean = worst_if_nonfinite(scores)  # a sink is given the chunks as the evaluator ranks them
     sink = rk.RankingSink(split)
-    sink(0, scores[:4])
+    sink(0, clean[:4], labelled[:4])
     with pytest.raises(ValueError, match="the chunk of queries from 8 came where the one from 4 was due"):
-        sink(8, scores[8:])
+        sink(8, clean[8:], labelled[8:])
     with pytest.raises(ValueError, match="4 of 10 queries were scored"):
         sink.ranking()
-    sink(4, scores[4:])
+    sink(4, clean[4:], labelled[4:])
     for mine, plain in zip(_arrays(sink.ranking()), _arrays(rk.ranking_of(lambda a, b: scores[a:b], split, chunk=3))):
         np.testing.assert_array_equal(mine, plain)
 

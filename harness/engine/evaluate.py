@@ -43,9 +43,10 @@ KS = (1, 5, 10, 100)
 BUCKETS = {"short": (0.0, 0.2), "medium": (0.2, 0.4), "long": (0.4, 1.0)}
 
 ScoreFn = Callable[[int, int], torch.Tensor]
-# what else a scoring pass feeds: (first query, the chunk's fused scores [q, V]), in query order
-# (rankings.RankingSink keeps a split's stored rankings from the scores the evaluator ranks)
-ChunkSink = Callable[[int, torch.Tensor], None]
+# what else a scoring pass feeds: (first query, the chunk's fused scores [q, V] as ranked: float and
+# NaN-free, the chunk's labelled ranks [q]), in query order, both where the scores are (rankings.RankingSink
+# keeps a split's stored rankings from the scores and ranks the evaluator makes)
+ChunkSink = Callable[[int, torch.Tensor, torch.Tensor], None]
 
 
 def padded_targets(rel: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray]:
@@ -147,8 +148,9 @@ def bucket_of(fraction: np.ndarray) -> np.ndarray:
 
 def compute_ranks(score_fn: ScoreFn, num_queries: int, labels: sp.csr_matrix,
                   relevance: sp.csr_matrix | None = None, chunk: int = 1024,
-                  progress: Callable[[int], None] | None = None) -> dict[str, np.ndarray]:
-    """Ranks of every query from chunked scores (the counting path).
+                  progress: Callable[[int], None] | None = None, sink: ChunkSink | None = None) -> dict[str, np.ndarray]:
+    """Ranks of every query from chunked scores (the counting path); each chunk's scores and labelled
+    ranks also go to `sink` where one is given.
 
     Returns {'labelled': ranks, and where relevance is given: 'oracle': best rank among all
     truly relevant videos, 'above': relevant unlabelled videos scored >= the labelled one,
@@ -166,7 +168,10 @@ def compute_ranks(score_fn: ScoreFn, num_queries: int, labels: sp.csr_matrix,
         dev = scores.device
         li = torch.as_tensor(lab_idx[start:end], device=dev)
         lm = torch.as_tensor(lab_mask[start:end], device=dev)
-        out["labelled"].append(count_ranks(scores, li, lm).cpu().numpy())
+        labelled = count_ranks(scores, li, lm)
+        if sink is not None:
+            sink(start, scores, labelled)
+        out["labelled"].append(labelled.cpu().numpy())
         if relevance is not None:
             rm = torch.as_tensor(rel_mask[start:end], device=dev)
             each = listed_target_ranks(scores, rel_idx[start:end], rel_mask[start:end])
@@ -279,7 +284,7 @@ def evaluate_model(model: torch.nn.Module, split, batcher, device: torch.device,
     noise curves, which keep the retrieval figures only)."""
     queries, videos = encode_split(model, split, batcher, device, queries)
     watch = ScoreWatch(fused_scores(model, queries, videos))
-    ranks = _encoded_ranks(model, split, queries, videos, chunk, show, watch if sink is None else teed(watch, sink))
+    ranks = _encoded_ranks(model, split, queries, videos, chunk, show, watch, sink)
     metrics = metrics_from_ranks(ranks, split.moment_fraction(), split.relevance)
     if watch.problem():  # ranks of scores that tell no video apart: marked (runner.py), never a plain figure
         metrics["degenerate_scores"] = watch.problem()
@@ -300,11 +305,12 @@ def split_ranks(model: torch.nn.Module, split, batcher, device: torch.device, ch
 
 
 def _encoded_ranks(model: torch.nn.Module, split, queries: dict[str, torch.Tensor], videos: dict[str, torch.Tensor],
-                   chunk: int, show: str | None, score_fn: ScoreFn | None = None) -> dict[str, np.ndarray]:
+                   chunk: int, show: str | None, score_fn: ScoreFn | None = None,
+                   sink: ChunkSink | None = None) -> dict[str, np.ndarray]:
     """The `compute_ranks` dict of the fused score of a split the model has encoded."""
     with progress.task(show, total=split.num_queries) as advance:
         return compute_ranks(score_fn or fused_scores(model, queries, videos), split.num_queries, split.labels(),
-                             split.relevance, chunk=chunk, progress=advance)
+                             split.relevance, chunk=chunk, progress=advance, sink=sink)
 
 
 class ScoreWatch:
@@ -337,17 +343,6 @@ class ScoreWatch:
         if self.total > 1 and self.low == self.high:
             return f"every score is {self.low:g}"
         return ""
-
-
-def teed(score_fn: ScoreFn, sink: ChunkSink) -> ScoreFn:
-    """`score_fn` whose every chunk also goes to `sink`: one scoring pass for two consumers."""
-
-    def score(start: int, end: int) -> torch.Tensor:
-        scores = score_fn(start, end)
-        sink(start, scores)
-        return scores
-
-    return score
 
 
 def fused_scores(model: torch.nn.Module, queries: dict[str, torch.Tensor], videos: dict[str, torch.Tensor]) -> ScoreFn:

@@ -33,10 +33,9 @@ import scipy.sparse as sp
 import torch
 
 from prvr.datasets.real.relevance import SplitKeys
-from prvr.harness.engine.evaluate import (KS, ScoreFn, recall_table, count_ranks, encode_split, fused_scores, metrics_from_ranks,
-                                   padded_targets)
+from prvr.harness.engine.evaluate import (KS, ScoreFn, compute_ranks, encode_split, fused_scores, metrics_from_ranks,
+                                          recall_table)
 from prvr.harness.base.io import UserError, atomic_path
-from prvr.harness.base.scores import worst_if_nonfinite
 
 TOP_K = 100
 RECALLS = (*(f"R@{k}" for k in KS), "SumR")  # the figures a record states that its rankings give
@@ -97,8 +96,7 @@ def rank_split(model: torch.nn.Module, split, batcher, device: torch.device, chu
 def ranking_of(score_fn: ScoreFn, split, chunk: int, top_k: int = TOP_K) -> SplitRanking:
     """The SplitRanking of chunked scores (`compute_ranks`' ScoreFn) of a split."""
     sink = RankingSink(split, top_k)
-    for start in range(0, split.num_queries, chunk):
-        sink(start, score_fn(start, min(start + chunk, split.num_queries)))
+    compute_ranks(score_fn, split.num_queries, split.labels(), chunk=chunk, sink=sink)
     return sink.ranking()
 
 
@@ -112,24 +110,20 @@ class RankingSink:
         if top_k < max(KS):
             raise UserError(f"stored rankings keep at least the top {max(KS)} videos (R@{max(KS)}), got {top_k}")
         self.split, self.top_k, self.next = split, top_k, 0
-        self.lab_idx, self.lab_mask = padded_targets(split.labels())
         # kept where the scores are (a GPU's chunks are not read back one by one: `ranking` reads them once)
         self.tops: list[torch.Tensor] = []
         self.ranks: list[torch.Tensor] = []
         self.labelled: list[torch.Tensor] = []
 
-    def __call__(self, start: int, chunk_scores: torch.Tensor) -> None:
+    def __call__(self, start: int, scores: torch.Tensor, labelled: torch.Tensor) -> None:
+        """A chunk as `compute_ranks` ranks it: its NaN-free float scores and labelled ranks."""
         if start != self.next:  # a chunk missed or given twice would shift every later query's ranks
             raise ValueError(f"rankings: the chunk of queries from {start} came where the one from {self.next} was due")
-        scores = worst_if_nonfinite(chunk_scores.float())
-        end = start + scores.shape[0]
         index, rank = top_ranks(scores, self.top_k)
         self.tops.append(index)
         self.ranks.append(rank)
-        li = torch.as_tensor(self.lab_idx[start:end], device=scores.device)
-        lm = torch.as_tensor(self.lab_mask[start:end], device=scores.device)
-        self.labelled.append(count_ranks(scores, li, lm))
-        self.next = end
+        self.labelled.append(labelled)
+        self.next = start + scores.shape[0]
 
     def ranking(self) -> SplitRanking:
         if self.next != self.split.num_queries:
