@@ -17,6 +17,7 @@ import sys
 import time
 from typing import Callable
 
+from prvr.harness.base.allocator import malloc_choice
 from prvr.harness.base import progress
 from prvr.harness.base.io import UserError
 from prvr.harness.base.registry import Registry, RegistryError, import_modules
@@ -158,7 +159,10 @@ def set_threads(threads: int | None) -> None:
     """--threads: torch's CPU threads of this process, and numpy's BLAS threads with them (None: each
     library's own choice). numpy's BLAS otherwise takes every core for the data path's small products
     (the clip pooling of datasets/loader.py): with runs side by side on a 2-core machine that was 15 ms a
-    video against 0.13 ms on one thread (docs/profiling.md, "Evaluation at TVR's size")."""
+    video against 0.13 ms on one thread (docs/profiling.md, "Evaluation at TVR's size"). $PRVR_MALLOC, the
+    host allocator policy of the runs on the CPU (harness/base/allocator.py), is checked here too, before
+    any folder is made."""
+    malloc_choice()
     if threads is None:
         return
     if threads < 1:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from prvr.harness.base.allocator import keep_freed_memory
 from prvr.harness.cli.args import command
 from prvr.harness.base import progress
 from prvr.harness.base.io import UserError, ensure_dir
@@ -116,6 +117,8 @@ def cmd_profile(args: argparse.Namespace) -> None:
     settings = settings_from(args, device)
     if settings.threads:
         torch.set_num_threads(settings.threads)
+    if device.type == "cpu":
+        keep_freed_memory()  # as a run on the CPU allocates (harness/base/allocator.py), so its epochs time alike
     overrides = [*args.overrides, *([f"train.device={args.device}"] if args.device != "auto" else [])]
     subs = subjects(args.method, settings.model_dataset, overrides)
     before = _stored_before(args, settings, describe_device(device)) \
