@@ -473,3 +473,29 @@ def test_baseline_input_norm_standardises_inputs_without_new_parameters():
     first = normed.video_proj[0](x)
     assert torch.allclose(first.mean(-1), torch.zeros(3), atol=1e-4)
     assert torch.allclose(first.std(-1, unbiased=False), torch.ones(3), atol=1e-3)
+
+
+def test_msl_clip_scale_matches_a_plain_argmax_and_makes_raw_scores_alike_with_or_without_gradients():
+    """MS-SL's clip scale (CPU): the best proposals `best_proposals` finds in budget slices are a plain
+    argmax over every proposal's cosine and dot product; without gradients the raw dot products are
+    made when read, and equal those made at once with gradients."""
+    from prvr.methods.backbones.msl import VideoSide, best_proposals, clip_scale, proposal_matrix_like, proposal_norms
+
+    torch.manual_seed(0)
+    clips, query = torch.randn(5, 8, 16), torch.randn(7, 16, requires_grad=True)
+    pool = proposal_matrix_like(clips)
+    norms = proposal_norms(clips, pool)
+    clip_dots = torch.einsum("qd,vcd->qvc", query.detach(), clips)
+    dots = clip_dots @ pool.t()  # [Q, V, P]
+    for budget in (1, 5 * pool.shape[0] * 2, 1 << 20):  # one query a slice, two, all at once
+        assert torch.equal(best_proposals(clip_dots, pool, norms, budget, "cos"), (dots / norms).argmax(-1))
+        assert torch.equal(best_proposals(clip_dots, pool, norms, budget, "dot"), dots.argmax(-1))
+    v = {"clips": clips, "frame_values": torch.randn(5, 6, 16), "frame_keys": torch.randn(5, 6, 16),
+         "frame_mask": torch.ones(5, 6, dtype=torch.bool)}
+    side = VideoSide.of(v)
+    clip, raw, by_cos = clip_scale(query, side, 64)  # with gradients: made now
+    with torch.no_grad():
+        lazy_clip, lazy_raw, lazy_by = clip_scale(query, side, 64)
+    assert torch.equal(clip.detach(), lazy_clip) and torch.equal(by_cos, lazy_by)
+    assert torch.equal(raw().detach(), lazy_raw())
+    torch.testing.assert_close(lazy_raw(), (clip_dots * pool[dots.argmax(-1)]).sum(-1), rtol=0, atol=0)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 import torch
 from torch import nn
@@ -31,7 +31,7 @@ from torch import nn
 from prvr.harness.base import masks
 from prvr.harness.base.batches import QueryBatch, VideoBatch
 from prvr.harness.base.checks import DROPOUT, POSITIVE, PROBABILITY, at_least, param
-from prvr.harness.base.contract import Encoded, Scores
+from prvr.harness.base.contract import Encoded, OnDemand, Scores
 from prvr.harness.base.registry import BACKBONES
 from prvr.methods.backbones.blocks import (PLAIN, GMMBlock, InputEmbedding, QueryEncoder, check_heads, init_weights,
                                            official_branches, official_inputs_and_query, score_in_chunks)
@@ -112,17 +112,19 @@ class VideoSide:
 
 @torch.no_grad()
 def best_proposals(clip_dots: torch.Tensor, pool: torch.Tensor, norms: torch.Tensor,
-                   budget: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Index of the best proposal of each (query, video) by cosine and by raw dot product.
-    clip_dots [Q, V, C] = q . clip; norms [V, P]. Runs in query slices of `budget` elements."""
+                   budget: int, by: str = "cos") -> torch.Tensor:
+    """Index of the best proposal of each (query, video) [Q, V], by cosine (`by="cos"`) or by raw dot
+    product ("dot"). clip_dots [Q, V, C] = q . clip; norms [V, P]. Runs in query slices of `budget`
+    elements; `max`'s index is argmax's (the first best), in one pass instead of two."""
     q, v, _ = clip_dots.shape
     step = max(1, budget // max(1, v * pool.shape[0]))
-    by_cos, by_dot = [], []
+    best = []
     for s in range(0, q, step):
         dots = clip_dots[s : s + step] @ pool.t()  # [q, V, P]
-        by_dot.append(dots.argmax(-1))
-        by_cos.append((dots / norms).argmax(-1))  # |q| is constant along the proposals
-    return torch.cat(by_cos), torch.cat(by_dot)
+        if by == "cos":
+            dots.div_(norms)  # |q| is constant along the proposals
+        best.append(dots.max(-1).indices)
+    return torch.cat(best)
 
 
 def key_clip_guided(query: torch.Tensor, key_clip: torch.Tensor, side: VideoSide) -> tuple[torch.Tensor, torch.Tensor]:
@@ -155,15 +157,28 @@ def own_video_frames(query: torch.Tensor, v: dict[str, torch.Tensor], video_of_q
     return torch.einsum("qt,qtd->qd", att, v["frame_values"][video_of_query])
 
 
-def clip_scale(query: torch.Tensor, side: VideoSide, budget: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """MS-SL's clip scale for every (query, video): the best proposal's cosine, the best raw dot
-    product (each [Q, V]) and the index of the best proposal by cosine [Q, V]."""
+def clip_scale(query: torch.Tensor, side: VideoSide, budget: int) -> tuple[torch.Tensor, Callable[[], torch.Tensor],
+                                                                          torch.Tensor]:
+    """MS-SL's clip scale for every (query, video): the best proposal's cosine [Q, V], the best raw dot
+    product (a function giving [Q, V]) and the index of the best proposal by cosine [Q, V].
+
+    With gradients (training) the raw dot products are made now, from the same clip products, so that
+    both scores' gradients meet there as they always have; without (ranking, a detector's pass), only
+    when read, from the clip products made again (the same values): evaluation reads none."""
     clip_dots = torch.einsum("qd,vcd->qvc", query, side.clips)
-    by_cos, by_dot = best_proposals(clip_dots, side.pool, side.norms, budget)
+    by_cos = best_proposals(clip_dots, side.pool, side.norms, budget, "cos")
     video = torch.arange(side.clips.shape[0], device=query.device)[None]
     q_norm = query.norm(dim=-1).clamp_min(1e-12)[:, None]
     clip = (clip_dots * side.pool[by_cos]).sum(-1) / (q_norm * side.norms[video, by_cos])
-    return clip, (clip_dots * side.pool[by_dot]).sum(-1), by_cos
+
+    def raw(dots: torch.Tensor) -> torch.Tensor:
+        return (dots * side.pool[best_proposals(dots, side.pool, side.norms, budget, "dot")]).sum(-1)
+
+    if torch.is_grad_enabled():
+        made = raw(clip_dots)
+        return clip, lambda: made, by_cos
+    del clip_dots  # not kept while the scores wait to be read
+    return clip, lambda: raw(torch.einsum("qd,vcd->qvc", query, side.clips)), by_cos
 
 
 def msl_scores(query: torch.Tensor, side: VideoSide, budget: int, clip_weight: float) -> Scores:
@@ -172,14 +187,14 @@ def msl_scores(query: torch.Tensor, side: VideoSide, budget: int, clip_weight: f
     clip, clip_raw, by_cos = clip_scale(query, side, budget)
     frame, frame_raw = key_clip_guided(query, side.pool[by_cos], side)
     return Scores(clip_weight * clip + (1 - clip_weight) * frame, {"clip": clip, "frame": frame},
-                  {"clip": clip_raw, "frame": frame_raw})
+                  OnDemand({"clip": clip_raw, "frame": lambda: frame_raw}))
 
 
 def msl_clip_scores(query: torch.Tensor, side: VideoSide, budget: int) -> Scores:
     """The clip scale alone (fused = clip), without the key-clip guided frame attention: for a
     wrapper that scores the frame branch its own way (RAL)."""
     clip, clip_raw, _ = clip_scale(query, side, budget)
-    return Scores(clip, {"clip": clip}, {"clip": clip_raw})
+    return Scores(clip, {"clip": clip}, OnDemand({"clip": clip_raw}))
 
 
 def from_official(named: dict[str, torch.Tensor], cfg: "MSLConfig") -> dict[str, torch.Tensor]:
