@@ -151,6 +151,18 @@ def test_chunked_csa_equals_the_unchunked_reference(budget):
     assert torch.allclose(csa_scores(*args, budget=budget), csa_reference(*args), atol=1e-6)
 
 
+@pytest.mark.parametrize("budget", [1, 50, 1 << 24])
+def test_csa_without_gradients_scores_as_the_gradient_path_does(budget):
+    """Ranking takes the frames' maxima alone (amax), training `_BestFrame` (max and its index): the
+    same scores to the last digit, chunked or not."""
+    tokens, token_mask, weights, frames, frame_mask = _csa_inputs(seed=3)
+    with torch.no_grad():
+        ranked = csa_scores(tokens, token_mask, weights, frames, frame_mask, budget=budget)
+    trained = csa_scores(tokens.clone().requires_grad_(), token_mask, weights, frames, frame_mask, budget=budget)
+    assert trained.requires_grad and not ranked.requires_grad
+    assert torch.equal(ranked, trained.detach())
+
+
 def test_csa_ignores_padding():
     tokens, token_mask, weights, frames, frame_mask = _csa_inputs(seed=2)
     base = csa_scores(tokens, token_mask, weights, frames, frame_mask)
