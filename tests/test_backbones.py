@@ -488,8 +488,10 @@ def test_msl_clip_scale_matches_a_plain_argmax_and_makes_raw_scores_alike_with_o
     clip_dots = torch.einsum("qd,vcd->qvc", query.detach(), clips)
     dots = clip_dots @ pool.t()  # [Q, V, P]
     for budget in (1, 5 * pool.shape[0] * 2, 1 << 20):  # one query a slice, two, all at once
-        assert torch.equal(best_proposals(clip_dots, pool, norms, budget, "cos"), (dots / norms).argmax(-1))
-        assert torch.equal(best_proposals(clip_dots, pool, norms, budget, "dot"), dots.argmax(-1))
+        by_cos, by_dot = best_proposals(clip_dots, pool, norms, budget)
+        assert torch.equal(by_cos, (dots / norms).argmax(-1)) and torch.equal(by_dot, dots.argmax(-1))
+        assert torch.equal(best_proposals(clip_dots, pool, norms, budget, ("dot",))[0], by_dot)
+        assert torch.equal(best_proposals(clip_dots, pool, norms, budget, ("cos",))[0], by_cos)
     v = {"clips": clips, "frame_values": torch.randn(5, 6, 16), "frame_keys": torch.randn(5, 6, 16),
          "frame_mask": torch.ones(5, 6, dtype=torch.bool)}
     side = VideoSide.of(v)

@@ -111,20 +111,22 @@ class VideoSide:
 
 
 @torch.no_grad()
-def best_proposals(clip_dots: torch.Tensor, pool: torch.Tensor, norms: torch.Tensor,
-                   budget: int, by: str = "cos") -> torch.Tensor:
-    """Index of the best proposal of each (query, video) [Q, V], by cosine (`by="cos"`) or by raw dot
-    product ("dot"). clip_dots [Q, V, C] = q . clip; norms [V, P]. Runs in query slices of `budget`
-    elements; `max`'s index is argmax's (the first best), in one pass instead of two."""
+def best_proposals(clip_dots: torch.Tensor, pool: torch.Tensor, norms: torch.Tensor, budget: int,
+                   by: tuple[str, ...] = ("cos", "dot")) -> tuple[torch.Tensor, ...]:
+    """Index of the best proposal of each (query, video) [Q, V], by cosine ("cos") and by raw dot product
+    ("dot"), those `by` names, in its order. clip_dots [Q, V, C] = q . clip; norms [V, P]. Runs in query
+    slices of `budget` elements, each slice's products made once for both; `max`'s index is argmax's
+    (the first best)."""
     q, v, _ = clip_dots.shape
     step = max(1, budget // max(1, v * pool.shape[0]))
-    best = []
+    best: dict[str, list[torch.Tensor]] = {name: [] for name in by}
     for s in range(0, q, step):
         dots = clip_dots[s : s + step] @ pool.t()  # [q, V, P]
-        if by == "cos":
-            dots.div_(norms)  # |q| is constant along the proposals
-        best.append(dots.max(-1).indices)
-    return torch.cat(best)
+        if "dot" in best:
+            best["dot"].append(dots.max(-1).indices)
+        if "cos" in best:
+            best["cos"].append(dots.div_(norms).max(-1).indices)  # |q| is constant along the proposals
+    return tuple(torch.cat(best[name]) for name in by)
 
 
 def key_clip_guided(query: torch.Tensor, key_clip: torch.Tensor, side: VideoSide) -> tuple[torch.Tensor, torch.Tensor]:
@@ -162,23 +164,31 @@ def clip_scale(query: torch.Tensor, side: VideoSide, budget: int) -> tuple[torch
     """MS-SL's clip scale for every (query, video): the best proposal's cosine [Q, V], the best raw dot
     product (a function giving [Q, V]) and the index of the best proposal by cosine [Q, V].
 
-    With gradients (training) the raw dot products are made now, from the same clip products, so that
-    both scores' gradients meet there as they always have; without (ranking, a detector's pass), only
-    when read, from the clip products made again (the same values): evaluation reads none."""
+    With gradients (training) the raw dot products are made now, from the same clip products and
+    proposal search, so that both scores' gradients meet there as they always have; without (ranking,
+    a detector's pass), only when read, from the clip products made again (the same values):
+    evaluation reads none, and searches the proposals once."""
     clip_dots = torch.einsum("qd,vcd->qvc", query, side.clips)
-    by_cos = best_proposals(clip_dots, side.pool, side.norms, budget, "cos")
     video = torch.arange(side.clips.shape[0], device=query.device)[None]
     q_norm = query.norm(dim=-1).clamp_min(1e-12)[:, None]
-    clip = (clip_dots * side.pool[by_cos]).sum(-1) / (q_norm * side.norms[video, by_cos])
 
-    def raw(dots: torch.Tensor) -> torch.Tensor:
-        return (dots * side.pool[best_proposals(dots, side.pool, side.norms, budget, "dot")]).sum(-1)
+    def raw(dots: torch.Tensor, by_dot: torch.Tensor) -> torch.Tensor:
+        return (dots * side.pool[by_dot]).sum(-1)
 
     if torch.is_grad_enabled():
-        made = raw(clip_dots)
+        by_cos, by_dot = best_proposals(clip_dots, side.pool, side.norms, budget)
+        clip = (clip_dots * side.pool[by_cos]).sum(-1) / (q_norm * side.norms[video, by_cos])
+        made = raw(clip_dots, by_dot)
         return clip, lambda: made, by_cos
+    (by_cos,) = best_proposals(clip_dots, side.pool, side.norms, budget, ("cos",))
+    clip = (clip_dots * side.pool[by_cos]).sum(-1) / (q_norm * side.norms[video, by_cos])
     del clip_dots  # not kept while the scores wait to be read
-    return clip, lambda: raw(torch.einsum("qd,vcd->qvc", query, side.clips)), by_cos
+
+    def later() -> torch.Tensor:
+        dots = torch.einsum("qd,vcd->qvc", query, side.clips)
+        return raw(dots, best_proposals(dots, side.pool, side.norms, budget, ("dot",))[0])
+
+    return clip, later, by_cos
 
 
 def msl_scores(query: torch.Tensor, side: VideoSide, budget: int, clip_weight: float) -> Scores:
