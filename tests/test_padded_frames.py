@@ -15,6 +15,7 @@ import math
 import pytest
 import torch
 
+from prvr.harness.base import masks
 from prvr.harness.base.io import UserError
 from prvr.harness.cli import main
 from prvr.harness.engine.config import resolve
@@ -176,3 +177,19 @@ def test_the_padded_mask_carries_what_is_known_of_the_real_one(how):
     assert torch.equal(pack(rows, padded), rows[padded]) and torch.equal(rows[padded], x[mask])
     same, same_mask = pad_rows(x, mask, 5)  # nothing to pad: the tensors as they were, facts and all
     assert same is x and same_mask is mask
+
+
+@pytest.mark.parametrize("shape, keep_shape", [((4, 5, 6), (1, 5, 6)), ((3, 2, 5, 6), (1, 2, 1, 6)), ((7, 6), (7, 6))])
+def test_keep_where_is_masked_fill_in_values_and_gradients(shape, keep_shape):
+    """masks.keep_where, the padded rows' fill the scores use (CPU): the values and the gradient of
+    `x.masked_fill(~keep, -inf)`, with the mask broadcast as the callers broadcast it."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(shape, generator=gen)
+    keep = torch.rand(keep_shape, generator=gen) > 0.3
+    a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+    filled, plain = masks.keep_where(a, keep, float("-inf")), b.masked_fill(~keep, float("-inf"))
+    assert torch.equal(filled, plain)
+    weights = torch.randn(shape, generator=gen)
+    (filled.clamp_min(-5) * weights).sum().backward()
+    (plain.clamp_min(-5) * weights).sum().backward()
+    assert torch.equal(a.grad, b.grad)

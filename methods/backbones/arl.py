@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from prvr.harness.base import masks
 from prvr.harness.base.batches import QueryBatch, VideoBatch
 from prvr.harness.base.checks import DROPOUT, FLAG, Range, at_least, param
 from prvr.harness.base.contract import Encoded, Scores
@@ -119,7 +120,7 @@ def frame_similarity(query: torch.Tensor, frames: torch.Tensor, frames_unit: boo
 
 def retrieval_score(frame_sims: torch.Tensor, frame_mask: torch.Tensor) -> torch.Tensor:
     """ARL Eq. 3: s(q_i, V_j) = max over the video's real frames of s^f; [Q, B, T] -> [Q, B]."""
-    return frame_sims.masked_fill(~frame_mask[None], float("-inf")).amax(-1)
+    return masks.keep_where(frame_sims, frame_mask[None], float("-inf")).amax(-1)
 
 
 @BACKBONES.register("arl", "ARL's streamlined encoder: two identical branches, max-cosine over frames, scores averaged")

@@ -175,7 +175,7 @@ def gaussian_attention(logits: torch.Tensor, window: torch.Tensor, key_mask: tor
     """Attention weights of GMMFormer: the window multiplies the scaled logits (it does not add
     to them), then padded keys are removed and the rows softmax-normalised.
     logits [..., Lq, Lk]; window and key_mask broadcast against it."""
-    return (logits * window).masked_fill(~key_mask, float("-inf")).softmax(-1)
+    return masks.keep_where(logits * window, key_mask, float("-inf")).softmax(-1)
 
 
 class GaussianBranches(nn.Module):
@@ -281,8 +281,8 @@ class CrossAttentionLayer(nn.Module):
         s, d, h = rows.shape[0], rows.shape[-1], self.heads
         k, v = unpack(self.kv(rows), mask, dim=1).unflatten(-1, (2, h, d // h)).permute(3, 0, 1, 4, 2, 5)
         q = self.q(token).unflatten(-1, (h, 1, d // h))  # [h, 1, d/h] or [B, h, 1, d/h]
-        logits = (q @ k.transpose(-1, -2) / math.sqrt(d // h)).masked_fill(~mask[None, :, None, None, :],
-                                                                          float("-inf"))
+        logits = masks.keep_where(q @ k.transpose(-1, -2) / math.sqrt(d // h), mask[None, :, None, None, :],
+                                  float("-inf"))
         ctx = (self.attn_drop(logits.softmax(-1)) @ v).reshape(s, -1, d)  # [S, B, D]
         x = self.norm1(token + self.drop(ctx))
         return self.norm2(x + self.drop(self.ffn_out(self.drop(F.relu(self.ffn_in(x))))))
@@ -524,7 +524,7 @@ def max_similarity(query: torch.Tensor, items: torch.Tensor, mask: torch.Tensor 
         items = items if items_unit else F.normalize(items, dim=-1)
     sims = torch.einsum("qd,vnd->qvn", query, items)
     if mask is not None:
-        sims = sims.masked_fill(~mask[None], float("-inf"))
+        sims = masks.keep_where(sims, mask[None], float("-inf"))
     return sims.max(-1).values
 
 

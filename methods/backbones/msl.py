@@ -134,7 +134,7 @@ def key_clip_guided(query: torch.Tensor, key_clip: torch.Tensor, side: VideoSide
     (key_clip [Q, V, C], its pooling weights over the clips) attends over the frame keys
     (no scaling, padded frames excluded); returns (cosine, raw dot) of the query with the
     attended frame values, each [Q, V]."""
-    logits = torch.einsum("qvc,vct->qvt", key_clip, side.clip_keys).masked_fill(~side.mask[None], float("-inf"))
+    logits = masks.keep_where(torch.einsum("qvc,vct->qvt", key_clip, side.clip_keys), side.mask[None], float("-inf"))
     att = logits.softmax(-1)  # [Q, V, T]
     dots = (att * torch.einsum("qd,vtd->qvt", query, side.values)).sum(-1)
     sq_norm = (torch.einsum("qvt,vts->qvs", att, side.gram) * att).sum(-1)

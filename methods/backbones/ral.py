@@ -58,8 +58,8 @@ class _BestFrame(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tokens, frames, frame_mask):
-        sims = torch.einsum("qld,vtd->qvlt", tokens, frames)
-        sims.masked_fill_(~frame_mask[None, :, None, :], float("-inf"))
+        sims = masks.keep_where(torch.einsum("qld,vtd->qvlt", tokens, frames), frame_mask[None, :, None, :],
+                                float("-inf"))
         best, index = sims.max(-1)
         ctx.save_for_backward(tokens, frames, index)
         return best
@@ -87,8 +87,7 @@ class _BestFrame(torch.autograd.Function):
 def _best_frame_values(tokens: torch.Tensor, frames: torch.Tensor, frame_mask: torch.Tensor) -> torch.Tensor:
     """`_BestFrame`'s forward values, for scores no gradient will flow through: [Q, V, L]."""
     sims = torch.einsum("qld,vtd->qvlt", tokens, frames)
-    sims.masked_fill_(~frame_mask[None, :, None, :], float("-inf"))
-    return sims.amax(-1)
+    return masks.keep_where(sims, frame_mask[None, :, None, :], float("-inf")).amax(-1)
 
 
 def csa_scores(tokens: torch.Tensor, token_mask: torch.Tensor, weights: torch.Tensor, frames: torch.Tensor,

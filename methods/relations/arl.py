@@ -259,7 +259,7 @@ def positive_similarity(queries: torch.Tensor, frames: torch.Tensor,
     """Of aligned rows (queries [n, d], their videos' frames [n, T, d]): s(q_i, V_i) (Eq. 3,
     the best frame) and the mean s^f(q_i, v_ik) over the real frames."""
     sims = torch.einsum("nd,ntd->nt", F.normalize(queries, dim=-1), F.normalize(frames, dim=-1))
-    best = sims.masked_fill(~frame_mask, float("-inf")).amax(1)
+    best = masks.keep_where(sims, frame_mask, float("-inf")).amax(1)
     mean = (sims * frame_mask).sum(1) / frame_mask.sum(1).clamp(min=1)
     return best, mean
 
@@ -428,7 +428,7 @@ class ArlDetector(Detector):
         t = sims.shape[2]
         query_u = st.query_u[batch.queries.query_index]
         frame_u = st.frame_u[batch.videos.video_index][:, :t]
-        masked = sims.masked_fill(~mask[None], float("-inf"))
+        masked = masks.keep_where(sims, mask[None], float("-inf"))
         similarity, best = masked.max(-1)  # Eq. 3
         amb = ambiguous_pairs(similarity, pair_uncertainty(query_u, frame_u, best), st.tau_s, st.tau_u) & ~pos
         frame_amb = None
