@@ -45,7 +45,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("plumbing", ("prvr.harness", "prvr.harness.base", "prvr.harness.base.io", "prvr.harness.base.checks",
                   "prvr.harness.base.names", "prvr.harness.base.progress", "prvr.harness.base.timing",
                   "prvr.harness.base.masks", "prvr.harness.base.scores", "prvr.harness.base.devices",
-                  "prvr.harness.base.encoding")),
+                  "prvr.harness.base.encoding", "prvr.harness.base.allocator")),
     ("contract", ("prvr.harness.base.batches", "prvr.harness.base.contract", "prvr.harness.base.registry")),
     ("parts", ("prvr.datasets.*", "prvr.methods.*")),
     ("engine", ("prvr.harness.engine.*",)),
