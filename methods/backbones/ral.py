@@ -58,9 +58,7 @@ class _BestFrame(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tokens, frames, frame_mask):
-        sims = masks.keep_where(torch.einsum("qld,vtd->qvlt", tokens, frames), frame_mask[None, :, None, :],
-                                float("-inf"))
-        best, index = sims.max(-1)
+        best, index = _word_frame_sims(tokens, frames, frame_mask).max(-1)
         ctx.save_for_backward(tokens, frames, index)
         return best
 
@@ -84,10 +82,14 @@ class _BestFrame(torch.autograd.Function):
         return grad_tokens, grad_frames, None
 
 
+def _word_frame_sims(tokens: torch.Tensor, frames: torch.Tensor, frame_mask: torch.Tensor) -> torch.Tensor:
+    """<tokens[q, l], frames[v, t]> [Q, V, L, T], padded frames at -inf."""
+    return masks.keep_where(torch.einsum("qld,vtd->qvlt", tokens, frames), frame_mask[None, :, None, :], float("-inf"))
+
+
 def _best_frame_values(tokens: torch.Tensor, frames: torch.Tensor, frame_mask: torch.Tensor) -> torch.Tensor:
     """`_BestFrame`'s forward values, for scores no gradient will flow through: [Q, V, L]."""
-    sims = torch.einsum("qld,vtd->qvlt", tokens, frames)
-    return masks.keep_where(sims, frame_mask[None, :, None, :], float("-inf")).amax(-1)
+    return _word_frame_sims(tokens, frames, frame_mask).amax(-1)
 
 
 def csa_scores(tokens: torch.Tensor, token_mask: torch.Tensor, weights: torch.Tensor, frames: torch.Tensor,
