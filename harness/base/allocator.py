@@ -57,6 +57,8 @@ def keep_freed_memory() -> str:
         mallopt = ctypes.CDLL(None).mallopt
         mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
         # mallopt returns 1 on success; a refused parameter leaves glibc's own policy for it
-        ok = all(mallopt(p, v) == 1 for p, v in ((M_TRIM_THRESHOLD, KEPT_TOP), (M_TOP_PAD, TOP_PAD), (M_MMAP_MAX, 0)))
-        _done = "keep (freed memory reused: no mmap per block)" if ok else "system (mallopt refused a setting)"
+        refused = [name for name, p, v in (("M_TRIM_THRESHOLD", M_TRIM_THRESHOLD, KEPT_TOP), ("M_TOP_PAD", M_TOP_PAD, TOP_PAD),
+                                           ("M_MMAP_MAX", M_MMAP_MAX, 0)) if mallopt(p, v) != 1]
+        _done = "keep (freed memory reused: no mmap per block)" if not refused else \
+            f"partly kept (mallopt refused {', '.join(refused)}: glibc's own policy for it)"
     return _done

@@ -116,8 +116,8 @@ def base_of(run: str) -> str | None:
     spec = METHODS.get(method) if method in METHODS else None
     if detector == "oracle" and tag == ROOM_TAG and spec is not None and spec.base_row:  # `room_of` a base row
         return join_run_name(method, backbone=backbone, tag=spec.base_row)
-    if "+oracle" in run:
-        return run.replace("+oracle", "", 1)
+    if detector == "oracle":
+        return join_run_name(method, backbone=backbone, tag=tag)
     if detector and spec is not None and detector in DETECTORS:  # a matrix cell: its backbone's plain run
         return join_run_name(method, backbone=backbone, tag=spec.base_row)
     if spec is None or tag:

@@ -87,11 +87,6 @@ def _word_frame_sims(tokens: torch.Tensor, frames: torch.Tensor, frame_mask: tor
     return masks.keep_where(torch.einsum("qld,vtd->qvlt", tokens, frames), frame_mask[None, :, None, :], float("-inf"))
 
 
-def _best_frame_values(tokens: torch.Tensor, frames: torch.Tensor, frame_mask: torch.Tensor) -> torch.Tensor:
-    """`_BestFrame`'s forward values, for scores no gradient will flow through: [Q, V, L]."""
-    return _word_frame_sims(tokens, frames, frame_mask).amax(-1)
-
-
 def csa_scores(tokens: torch.Tensor, token_mask: torch.Tensor, weights: torch.Tensor, frames: torch.Tensor,
                frame_mask: torch.Tensor, budget: int = 1 << 24, cosine: bool = True,
                floor: torch.Tensor | None = None) -> torch.Tensor:
@@ -118,10 +113,10 @@ def csa_scores(tokens: torch.Tensor, token_mask: torch.Tensor, weights: torch.Te
         if graded:
             best = _BestFrame.apply(tokens, frames[s : s + step], frame_mask[s : s + step])  # [Q, chunk, L]
         else:  # ranking: the same maxima without their frames' indices (amax: one vectorised pass)
-            best = _best_frame_values(tokens, frames[s : s + step], frame_mask[s : s + step])
+            best = _word_frame_sims(tokens, frames[s : s + step], frame_mask[s : s + step]).amax(-1)
         if floor is not None:
             best = torch.where(floor[None, s : s + step, None], best.clamp_min(0.0), best)
-        best = best.masked_fill(~token_mask[:, None, :], 0.0)  # a video without frames never reaches here
+        best = masks.keep_where(best, token_mask[:, None, :], 0.0)  # a video without frames never reaches here
         parts.append((best * weights[:, None, :]).sum(-1))
     return torch.cat(parts, 1) if parts else tokens.new_zeros((q, 0))
 
