@@ -153,14 +153,37 @@ def test_chunked_csa_equals_the_unchunked_reference(budget):
 
 @pytest.mark.parametrize("budget", [1, 50, 1 << 24])
 def test_csa_without_gradients_scores_as_the_gradient_path_does(budget):
-    """Ranking takes the frames' maxima alone (amax), training `_BestFrame` (max and its index): the
-    same scores to the last digit, chunked or not."""
+    """Ranking takes the frames' maxima alone (amax), training `_BestFrame` (max and its index); on
+    the CPU ranking also cuts each chunk of videos at its longest, so its products have other shapes
+    and the scores agree to rounding (a float32 unit in the last place), chunked or not."""
     tokens, token_mask, weights, frames, frame_mask = _csa_inputs(seed=3)
     with torch.no_grad():
         ranked = csa_scores(tokens, token_mask, weights, frames, frame_mask, budget=budget)
     trained = csa_scores(tokens.clone().requires_grad_(), token_mask, weights, frames, frame_mask, budget=budget)
     assert trained.requires_grad and not ranked.requires_grad
-    assert torch.equal(ranked, trained.detach())
+    assert torch.allclose(ranked, trained.detach(), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("prefix", [True, False])
+@pytest.mark.parametrize("budget", [1, 200, 1 << 24])
+def test_csa_ranking_on_the_cpu_scores_the_definition(budget, prefix):
+    """The CPU's ranking path (real words only, videos sorted by their count of real frames, each chunk
+    cut at its longest) against the definition, over videos of many lengths and queries of many
+    words, with and without the zero-frame floor; with real frames that are not a video's first
+    (`prefix` False) no chunk is cut and the scores are still the definition's."""
+    gen = torch.Generator().manual_seed(11)
+    q, v, length, t, d = 6, 13, 7, 9, 16
+    tokens, frames = torch.randn(q, length, d, generator=gen), torch.randn(v, t, d, generator=gen)
+    token_mask = torch.arange(length)[None] < torch.randint(1, length + 1, (q, 1), generator=gen)
+    frame_mask = torch.arange(t)[None] < torch.randint(1, t + 1, (v, 1), generator=gen)
+    if not prefix:
+        frame_mask = frame_mask.flip(1)  # the real frames last
+    weights = word_confidences(torch.randn(q, length, generator=gen), token_mask)
+    for floor in (None, torch.rand(v, generator=gen) < 0.5):
+        with torch.no_grad():
+            got = csa_scores(tokens, token_mask, weights, frames, frame_mask, budget=budget, floor=floor)
+        want = csa_reference(tokens, token_mask, weights, frames, frame_mask, floor=floor)
+        assert torch.allclose(got, want, atol=1e-6)
 
 
 def test_csa_ignores_padding():

@@ -24,7 +24,7 @@ from prvr.harness.base.batches import QueryBatch, VideoBatch
 from prvr.harness.base.contract import Backbone, Encoded, OnDemand, Scores, StepExtras
 from prvr.harness.base.io import UserError
 from prvr.methods.backbones.blocks import (PLAIN, UNIT, GMMBlock, PaddedFrames, init_weights, official_branches,
-                                           official_linear_layer, rowwise, unit)
+                                           official_linear_layer, pack, rowwise, unit, unpack)
 
 Aggregation = Literal["both", "local", "global"]  # Table 4: g = LN(x^g + x^l), local only, global only
 AGGREGATIONS: tuple[Aggregation, ...] = get_args(Aggregation)
@@ -48,43 +48,62 @@ def word_confidences(logits: torch.Tensor, token_mask: torch.Tensor) -> torch.Te
 
 
 class _BestFrame(torch.autograd.Function):
-    """best[q, v, l] = max over the real frames t of video v of <tokens[q, l], frames[v, t]>:
-    tokens [Q, L, d], frames [V, T, d], frame_mask [V, T] -> [Q, V, L].
+    """best[n, v] = max over the real frames t of video v of <words[n], frames[v, t]>:
+    words [N, d] (a batch's real words, `pack`ed), frames [V, T, d], frame_mask [V, T] -> [N, V].
 
     The gradient is autograd's for a max (each word's gradient goes to its best frame), as two
-    products with the sparse [Q L, V T] matrix holding one entry per (query, word, video): Q V L d
-    multiply-adds, where autograd builds the dense [Q, V, L, T] gradient and runs two products
+    products with the sparse [N, V T] matrix holding one entry per (word, video): N V d
+    multiply-adds, where autograd builds the dense [N, V, T] gradient and runs two products
     over it (T times more). Only the best frames' indices are kept for the backward."""
 
     @staticmethod
-    def forward(ctx, tokens, frames, frame_mask):
-        best, index = _word_frame_sims(tokens, frames, frame_mask).max(-1)
-        ctx.save_for_backward(tokens, frames, index)
+    def forward(ctx, words, frames, frame_mask):
+        best, index = _word_frame_sims(words, frames, frame_mask).max(-1)
+        ctx.save_for_backward(words, frames, index)
         return best
 
     @staticmethod
     def backward(ctx, grad):
-        tokens, frames, index = ctx.saved_tensors
-        (q, length, d), (v, t) = tokens.shape, frames.shape[:2]
-        word = torch.arange(q * length, device=index.device).view(q, 1, length).expand(q, v, length)
-        best_row = index + (torch.arange(v, device=index.device) * t).view(1, v, 1)  # in frames viewed [V T, d]
+        words, frames, index = ctx.saved_tensors
+        (n, d), (v, t) = words.shape, frames.shape[:2]
+        word = torch.arange(n, device=index.device).view(n, 1).expand(n, v)
+        best_row = index + (torch.arange(v, device=index.device) * t).view(1, v)  # in frames viewed [V T, d]
         # The indices are valid by construction, so no invariant check. Torch 2.11 warns about
         # implicitly disabled checks even where check_invariants=False is passed; opting out through
         # the context as well silences it (tests/test_ral_objectives.py).
         with torch.sparse.check_sparse_tensor_invariants(enable=False):
             routes = torch.sparse_coo_tensor(torch.stack([word.reshape(-1), best_row.reshape(-1)]), grad.reshape(-1),
-                                             (q * length, v * t), check_invariants=False)
-            grad_tokens = grad_frames = None
+                                             (n, v * t), check_invariants=False)
+            grad_words = grad_frames = None
             if ctx.needs_input_grad[0]:
-                grad_tokens = torch.sparse.mm(routes, frames.reshape(v * t, d)).view_as(tokens)
+                grad_words = torch.sparse.mm(routes, frames.reshape(v * t, d))
             if ctx.needs_input_grad[1]:
-                grad_frames = torch.sparse.mm(routes.t(), tokens.reshape(q * length, d)).view_as(frames)
-        return grad_tokens, grad_frames, None
+                grad_frames = torch.sparse.mm(routes.t(), words).view_as(frames)
+        return grad_words, grad_frames, None
 
 
-def _word_frame_sims(tokens: torch.Tensor, frames: torch.Tensor, frame_mask: torch.Tensor) -> torch.Tensor:
-    """<tokens[q, l], frames[v, t]> [Q, V, L, T], padded frames at -inf."""
-    return masks.keep_where(torch.einsum("qld,vtd->qvlt", tokens, frames), frame_mask[None, :, None, :], float("-inf"))
+def _word_frame_sims(words: torch.Tensor, frames: torch.Tensor, frame_mask: torch.Tensor) -> torch.Tensor:
+    """<words[n], frames[v, t]> [N, V, T] for words [N, d], padded frames at -inf."""
+    v, t, d = frames.shape
+    sims = (words @ frames.reshape(v * t, d).t()).view(words.shape[0], v, t)
+    return masks.keep_where(sims, frame_mask[None], float("-inf"))
+
+
+def _weighted_sum(best: torch.Tensor, token_mask: torch.Tensor, weights: torch.Tensor, packed: bool) -> torch.Tensor:
+    """sum_i g_i best_i over each query's real words: best [N, V] for the real words (`packed`) or
+    [Q L, V] for every word -> [Q, V]. The words go back to [Q, V, L] (zero on padding) so that every
+    path sums them in the same order."""
+    q, length = token_mask.shape
+    if packed:
+        per_word = unpack(best, token_mask).transpose(1, 2)  # [Q, V, L], zero on padded words
+    else:
+        per_word = masks.keep_where(best.view(q, length, -1).transpose(1, 2), token_mask[:, None, :], 0.0)
+    return (per_word.contiguous() * weights[:, None, :]).sum(-1)
+
+
+def _floored(best: torch.Tensor, floor: torch.Tensor | None) -> torch.Tensor:
+    """Word maxima [words, V] of the videos of `floor` [V] at least 0 (`csa_scores`)."""
+    return best if floor is None else torch.where(floor[None], best.clamp_min(0.0), best)
 
 
 def csa_scores(tokens: torch.Tensor, token_mask: torch.Tensor, weights: torch.Tensor, frames: torch.Tensor,
@@ -97,7 +116,11 @@ def csa_scores(tokens: torch.Tensor, token_mask: torch.Tensor, weights: torch.Te
     reference's unnormalised score for NCE). Computed over chunks of videos so that the
     [Q, chunk, L, T] similarities stay within `budget` elements; with gradients each chunk keeps
     only the index of each word's best frame (`_BestFrame`), not the similarities, and the
-    backward costs Q V L d instead of 2 Q V L T d.
+    backward costs Q V L d instead of 2 Q V L T d. With gradients, and when ranking on the CPU,
+    only the real words are scored (`pack`: a third of a batch's words are padding); ranking on
+    the CPU also scores videos of like lengths together, each chunk cut at its longest video
+    (`_csa_ranked_cpu`). The paths' products have other shapes, so their scores agree to float
+    rounding, not always to the last digit (tests/test_ral_objectives.py).
 
     `floor` [V] bool: videos whose every word scores at least 0, as if a zero frame were among
     their frames (the reference pads each video's encoded frames to 128 with zero vectors, which
@@ -106,19 +129,51 @@ def csa_scores(tokens: torch.Tensor, token_mask: torch.Tensor, weights: torch.Te
         tokens, frames = F.normalize(tokens, dim=-1), F.normalize(frames, dim=-1)
     q, length = tokens.shape[:2]
     v, t = frames.shape[:2]
-    step = max(1, budget // max(1, q * length * t))
-    parts = []
     graded = torch.is_grad_enabled() and (tokens.requires_grad or frames.requires_grad)
+    if not graded and frames.device.type == "cpu":
+        return _csa_ranked_cpu(tokens, token_mask, weights, frames, frame_mask, budget, floor)
+    # with gradients the real words are read off the loader's description of the mask (no device sync);
+    # ranking on a GPU scores every word (an undescribed mask would be asked for its real words)
+    words = pack(tokens, token_mask) if graded else tokens.flatten(0, 1)
+    step = max(1, budget // max(1, q * length * t))  # the chunks do not depend on the packing: the
+    parts = []  # gradient of a word sums over them in the same order
     for s in range(0, v, step):
         if graded:
-            best = _BestFrame.apply(tokens, frames[s : s + step], frame_mask[s : s + step])  # [Q, chunk, L]
+            best = _BestFrame.apply(words, frames[s : s + step], frame_mask[s : s + step])  # [N, chunk]
         else:  # ranking: the same maxima without their frames' indices (amax: one vectorised pass)
-            best = _word_frame_sims(tokens, frames[s : s + step], frame_mask[s : s + step]).amax(-1)
-        if floor is not None:
-            best = torch.where(floor[None, s : s + step, None], best.clamp_min(0.0), best)
-        best = masks.keep_where(best, token_mask[:, None, :], 0.0)  # a video without frames never reaches here
-        parts.append((best * weights[:, None, :]).sum(-1))
+            best = _word_frame_sims(words, frames[s : s + step], frame_mask[s : s + step]).amax(-1)
+        floored = _floored(best, None if floor is None else floor[s : s + step])
+        parts.append(_weighted_sum(floored, token_mask, weights, packed=graded))
     return torch.cat(parts, 1) if parts else tokens.new_zeros((q, 0))
+
+
+def _csa_ranked_cpu(tokens: torch.Tensor, token_mask: torch.Tensor, weights: torch.Tensor, frames: torch.Tensor,
+                    frame_mask: torch.Tensor, budget: int, floor: torch.Tensor | None) -> torch.Tensor:
+    """`csa_scores` without gradients on the CPU, where every element scored costs time: the real
+    words only, the videos in chunks of like lengths (sorted by their count of real frames, a
+    chunk's frames cut at its longest video where every video's real frames are its first, as the
+    loader pads them), each chunk as large as `budget` allows at its real words x videos x frames."""
+    q, length = token_mask.shape
+    v = frames.shape[0]
+    words = pack(tokens, token_mask)
+    n = max(1, words.shape[0])
+    counts = frame_mask.sum(1)
+    order = torch.argsort(counts, stable=True)
+    prefix = bool((frame_mask == (torch.arange(frame_mask.shape[1]) < counts[:, None])).all())
+    extents = counts[order].tolist() if prefix else [frame_mask.shape[1]] * v  # else no chunk is cut
+    out = tokens.new_empty((q, v))
+    start = 0
+    while start < v:
+        end = start + 1
+        while end < v and n * (end + 1 - start) * max(1, extents[end]) <= budget:
+            end += 1
+        extent = max(1, extents[end - 1])
+        chunk = order[start:end]
+        best = _word_frame_sims(words, frames[chunk, :extent], frame_mask[chunk, :extent]).amax(-1)
+        floored = _floored(best, None if floor is None else floor[chunk])
+        out[:, chunk] = _weighted_sum(floored, token_mask, weights, packed=True)
+        start = end
+    return out
 
 
 def csa_reference(tokens: torch.Tensor, token_mask: torch.Tensor, weights: torch.Tensor, frames: torch.Tensor,
