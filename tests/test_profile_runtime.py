@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from prvr.harness.base import masks
 from prvr.harness.base.batches import QueryBatch
 from prvr.harness.cli import main
 from prvr.harness.cli.app import build_parser
@@ -69,13 +70,26 @@ class _Ops(TorchDispatchMode):
 @torch.no_grad()
 def test_a_run_asks_the_host_nothing(method):
     """After a warm-up run (which may learn a mask's layout once), a run reads no value back from
-    the device and no shape from the data: what CUDA graph capture needs, checked on the CPU."""
+    the device and no shape from the data: what CUDA graph capture needs, checked on the CPU taking
+    a GPU's path (`masks.as_on_a_device`: RAL ranks on the CPU by another path, which reads counts)."""
     subject, model, videos = _setup(method)
     run = retrieval(model, random_queries(2, subject.tokens, DIMS[1]), videos)
-    run()
-    with _Ops() as seen:
+    with masks.as_on_a_device():
         run()
+        with _Ops() as seen:
+            run()
     assert seen.ops and not seen.ops & HOST_OPS
+
+
+def test_the_device_proxy_is_scoped():
+    cpu = torch.zeros(2)
+    assert masks.host_holds(cpu)
+    with masks.as_on_a_device():
+        assert not masks.host_holds(cpu)
+        with masks.as_on_a_device():
+            assert not masks.host_holds(cpu)
+        assert not masks.host_holds(cpu)
+    assert masks.host_holds(cpu)
 
 
 def test_runs_on_a_cpu_are_eager_and_figures_are_per_query():

@@ -13,8 +13,9 @@ an in-place change to it (its `_version` moves) drops them.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,6 +36,28 @@ class Known:
     lengths: tuple[int, ...] | None = None  # 2-D bool mask: each row's count of True entries
     values: tuple[int, ...] | None = None  # 1-D integer tensor: its values
     host: torch.Tensor | None = None  # a device tensor: its copy on the host (`host_copy`)
+
+
+_AS_ON_A_DEVICE = [False]  # within `as_on_a_device`
+
+
+def host_holds(t: torch.Tensor) -> bool:
+    """Whether the host holds `t`'s values, so that reading them (a count, a sort order) costs no device
+    sync: a CPU tensor, except within `as_on_a_device`. Code with a path for each (RAL's CPU ranking,
+    methods/backbones/ral.py) asks this, not the device type."""
+    return t.device.type == "cpu" and not _AS_ON_A_DEVICE[0]
+
+
+@contextlib.contextmanager
+def as_on_a_device() -> Iterator[None]:
+    """Within, `host_holds` answers no for CPU tensors too: the tests' CPU proxy of a GPU run
+    (tests/test_profile_runtime.py) takes the path a GPU would take and counts what it reads back."""
+    before = _AS_ON_A_DEVICE[0]
+    _AS_ON_A_DEVICE[0] = True
+    try:
+        yield
+    finally:
+        _AS_ON_A_DEVICE[0] = before
 
 
 def known(t: torch.Tensor) -> Known:

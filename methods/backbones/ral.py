@@ -130,7 +130,7 @@ def csa_scores(tokens: torch.Tensor, token_mask: torch.Tensor, weights: torch.Te
     q, length = tokens.shape[:2]
     v, t = frames.shape[:2]
     graded = torch.is_grad_enabled() and (tokens.requires_grad or frames.requires_grad)
-    if not graded and frames.device.type == "cpu":
+    if not graded and masks.host_holds(frames):
         return _csa_ranked_cpu(tokens, token_mask, weights, frames, frame_mask, budget, floor)
     # with gradients the real words are read off the loader's description of the mask (no device sync);
     # ranking on a GPU scores every word (an undescribed mask would be asked for its real words)
