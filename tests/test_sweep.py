@@ -326,6 +326,19 @@ def test_what_the_noise_costs_and_the_share_a_run_recovers(tmp_path):
     assert len(cells) == 2 and costs(other, cells, rows, fast) == []
 
 
+@pytest.mark.parametrize("low, high, reads", [(2.0, 8.0, "recovers this share"), (-2.0, 8.0, "recovers no part"),
+                                               (-8.0, -2.0, "adds to its base's cost")])
+def test_a_run_below_its_base_under_the_noise_reads_as_adding_to_the_cost(low, high, reads):
+    """The cost table's reads: a gain over the base whose whole interval is below zero adds to what the
+    noise costs the base (RAL on MS-SL at 40% mislabelled pairs), not merely recovers none of it."""
+    from prvr.harness.reports.sweeps import Cost, _cost_reads
+
+    cell = Cell((0.4,), "m", (0, 1), (1.0, 1.0), (1.0, 1.0), "b", None, "")
+    cost = MetricDifference("SumR", 1.0, 2.0, 10.0, 5.0, 15.0, 0.01)
+    gain = MetricDifference("SumR", 1.0, 2.0, (low + high) / 2, low, high, 0.01)
+    assert _cost_reads(Cost(cell, cost, None), gain, cost).startswith(reads)
+
+
 def _plain_record(out, cfg):
     """A stored plain row of sim-tiny's baseline, seed 0 (its config is all a kept check reads)."""
     import json

@@ -449,6 +449,8 @@ def _cost_reads(k: Cost, gain: MetricDifference | None, base_cost: MetricDiffere
                 "no cost the interval can tell from zero")
     if base_cost is None or base_cost.low <= 0:
         return "its base pays no cost the interval can tell from zero: nothing to recover"
+    if gain.high < 0:
+        return "adds to its base's cost: below its base under this noise"
     if gain.low <= 0:
         return "recovers no part of its base's cost the interval can tell from none"
     return "recovers this share of what the noise costs its base"
