@@ -124,7 +124,7 @@ class InputEmbedding(nn.Module):
             raise ValueError(f"sequence of {length} rows but only {self.positions.num_embeddings} learned positions; "
                              "raise the backbone's max_frames / max_query_len or lower data.max_frames / "
                              "data.num_clips")
-        h = rowwise(lambda r: F.relu(self.linear(self.in_drop(self.in_norm(r)))), x, mask)
+        h = rowwise(lambda r: F.relu(self.linear(self.in_drop(self.in_norm(r))), inplace=True), x, mask)
         return self.drop(self.norm(h + self.positions.weight[:length]))
 
 
@@ -240,7 +240,7 @@ class GaussianBranches(nn.Module):
         if self.ffn_mult == 0:
             return self.norm(self.drop(self.dense(ctx)) + x)
         h = self.norm1(x + self.drop(ctx))
-        return self.norm2(h + self.drop(self.ffn_out(self.drop(F.relu(self.ffn_in(h))))))
+        return self.norm2(h + self.drop(self.ffn_out(self.drop(F.relu(self.ffn_in(h), inplace=True)))))
 
 
 class GMMBlock(nn.Module):
@@ -285,7 +285,7 @@ class CrossAttentionLayer(nn.Module):
                                   float("-inf"))
         ctx = (self.attn_drop(logits.softmax(-1)) @ v).reshape(s, -1, d)  # [S, B, D]
         x = self.norm1(token + self.drop(ctx))
-        return self.norm2(x + self.drop(self.ffn_out(self.drop(F.relu(self.ffn_in(x))))))
+        return self.norm2(x + self.drop(self.ffn_out(self.drop(F.relu(self.ffn_in(x), inplace=True)))))
 
 
 def pad_rows(x: torch.Tensor, mask: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -134,7 +134,7 @@ class LorentzBranches(GaussianBranches):
         row attending to those of `keys` (default: `mask`)."""
         n, heads, c = len(self.widths), self.heads, ATTENTION_CURVATURE
         scale = project_(self.log_scale, high=0.0).exp()[:, None, None]
-        tangent = F.relu(self.in_proj(self.in_drop(self.in_norm(rows.expand(n, -1, -1))))) * scale
+        tangent = F.relu(self.in_proj(self.in_drop(self.in_norm(rows.expand(n, -1, -1)))), inplace=True) * scale
         points = H.full(H.expmap0(tangent, c, H.ATTENTION_EXP_MAX), c)  # [n, N, point]
         raw = unpack(torch.bmm(self.point_drop(points), self.qkv_weight), mask, dim=1)  # [n, B, L, 3 point]
         b, length = mask.shape
@@ -147,7 +147,7 @@ class LorentzBranches(GaussianBranches):
         probs = gaussian_attention(logits, self.windows(length, rows)[:, None, None], key_mask[None, :, None, None, :])
         ctx = H.centroid(v, probs, c).permute(0, 1, 3, 2, 4).reshape(n, b, length, self.point)
         tangent = H.concatenated_logmap0(pack(ctx, mask, dim=1)) / scale  # [n, N, point - 1]
-        return F.relu(self.out_proj(self.out_drop(self.out_norm(tangent))))
+        return F.relu(self.out_proj(self.out_drop(self.out_norm(tangent))), inplace=True)
 
     def windows(self, length: int, like: torch.Tensor) -> torch.Tensor:
         """The branches' Gaussian windows [branches, length, length] on like's device and dtype."""

@@ -462,7 +462,7 @@ class TokenEncoder(nn.Module):
     def forward(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         pos = self._positions[0] if self._positions else self.own_positions
         assert pos is not None  # shared, or its own
-        h = rowwise(lambda r: F.relu(self.linear(self.in_drop(self.in_norm(r)))), tokens, mask)
+        h = rowwise(lambda r: F.relu(self.linear(self.in_drop(self.in_norm(r))), inplace=True), tokens, mask)
         h = pos.drop(pos.norm(h + pos.positions.weight[: tokens.shape[1]]))
         return self.layer(h, mask)
 
