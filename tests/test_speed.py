@@ -237,6 +237,34 @@ def test_parity_with_both_usages_measures_both_sides_alike(tmp_path):
     assert "- Ours: `prvr-bench measure` around the whole command" in text
 
 
+def test_parity_counts_the_official_test_command_where_measured(tmp_path):
+    """Our command tests its best checkpoint after the last epoch; the official code's test is a command of its
+    own, counted on its side with --official-test-usage (seconds added, the larger peak kept)."""
+    log, rec, official = _parity_inputs(tmp_path)
+    test = tmp_path / "official-test-usage.json"
+    test.write_text(json.dumps(_usage(wall_s=10.0, peak_rss_mb=1200.0)))
+    assert _parity(tmp_path, log, rec, "tested", "--official-usage", str(official),
+                   "--official-test-usage", str(test)) == 0
+    text = (tmp_path / "res" / "parity" / "tested.md").read_text()
+    assert "| seconds per epoch | 35.00 | 6.00 | 5.83 |" in text  # (60 + 10) s over 2 epochs
+    assert "| peak host memory (MB) | 1,200 | 500 | 2.40 |" in text
+    assert "with its test command (--official-test-usage: 10.0 wall s, peak host 1,200 MB) counted" in text
+    assert "its phases after the last epoch, eval_test, took 1.0 s of it" in text
+    side = read_sidecar(tmp_path / "res" / "parity" / "tested.json")
+    assert side["official"]["seconds_per_epoch"] == 35.0 and side["official"]["peak_host_mb"] == 1200.0
+    # without it the report says the official test is not counted
+    assert _parity(tmp_path, log, rec, "untested", "--official-usage", str(official)) == 0
+    assert "not counted (no --official-test-usage)" in (tmp_path / "res" / "parity" / "untested.md").read_text()
+
+
+def test_an_official_test_usage_alone_is_one_line_and_writes_nothing(tmp_path, capsys):
+    log, rec, official = _parity_inputs(tmp_path)
+    assert _parity(tmp_path, log, rec, "alone", "--official-test-usage", str(official)) == 2
+    err = capsys.readouterr().err
+    assert f"--official-test-usage {official}" in err and "--official-usage USAGE.json" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "res" / "parity").exists()
+
+
 def test_parity_without_usage_keeps_its_report_and_still_writes_the_sidecar(tmp_path):
     log, rec, _ = _parity_inputs(tmp_path, resources=False)  # a record made before resources
     assert _parity(tmp_path, log, rec, "plain") == 0

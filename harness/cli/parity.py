@@ -15,7 +15,9 @@ With `--official-usage USAGE.json` (the official command measured by `prvr-bench
 gains a "Speed and memory" block: each side's seconds per epoch, evaluation share where known, peak host
 memory and device peak, the ratio official / ours, and how each figure was measured. Our side is
 `--ours-usage USAGE.json` where given (our command measured the same way), else the record's `timings`
-and `resources`. Every report also writes a sidecar, `results/parity/NAME.json`
+and `resources`. Our command also tests the best checkpoint and stores its rankings after the last epoch;
+where the official code tests in a command of its own, `--official-test-usage USAGE.json` (that command
+measured) counts it on the official side too, so that both sides' seconds per epoch hold the same work. Every report also writes a sidecar, `results/parity/NAME.json`
 (harness/reports/speed.py `ParitySidecar`: these figures and the SumR verdict), from which
 `prvr-bench speed` builds `results/speed.{md,csv}`.
 
@@ -65,6 +67,7 @@ PARTS = ("clip", "frame", "fused")
 VR_KEYS = ("r1", "r5", "r10", "r100")
 VCMR_KEYS = tuple(f"{iou}-r{k}" for iou in ("0.5", "0.7") for k in (1, 10, 100))  # our VCMR SumR's terms
 VCMR = "VCMR SumR"
+AFTER_TRAINING = ("eval_test", "eval_noise", "eval_rankings")  # timed after the last epoch (harness/engine/runner.py)
 
 
 def read_official_log(path: str | Path) -> dict[str, Any]:
@@ -359,17 +362,27 @@ def _delta(ours: float | None, official: float | None) -> float | None:
 # ----------------------------------------------------------------------------- speed and memory
 
 
-def official_speed(official: dict[str, Any], usage: Usage | None) -> SideSpeed:
-    """The official side: `prvr-bench measure` around its command, per epoch of its log."""
+def official_speed(official: dict[str, Any], usage: Usage | None, test: Usage | None = None) -> SideSpeed:
+    """The official side: `prvr-bench measure` around its command, per epoch of its log; with `test`
+    (its test command measured the same way, `--official-test-usage`) that command's seconds are counted
+    too and the peaks are the larger of the two."""
     epochs = len(official["val"])
     if usage is None:
         return {"epochs": epochs, "seconds_per_epoch": None, "eval_share": None, "peak_host_mb": None,
                 "device_peak_mb": None, "device": "", "measured": "not measured (no --official-usage)"}
-    return {"epochs": epochs, "seconds_per_epoch": round(usage["wall_s"] / epochs, 3), "eval_share": None,
-            "peak_host_mb": usage["peak_rss_mb"], "device_peak_mb": usage["device_peak_mb"],
-            "device": usage_device(usage),
-            "measured": f"{measured_by(usage, f'{epochs} epochs in its log')}; evaluation share: not known (the "
-                        "log keeps no seconds per phase)"}
+    wall, peak, device_peak = usage["wall_s"], usage["peak_rss_mb"], usage["device_peak_mb"]
+    if test is None:
+        tested = "; its test command, if it has one, not counted (no --official-test-usage)"
+    else:
+        wall = wall + test["wall_s"]
+        peak, device_peak = _larger(peak, test["peak_rss_mb"]), _larger(device_peak, test["device_peak_mb"])
+        test_peak = "not measured" if test["peak_rss_mb"] is None else f"{test['peak_rss_mb']:,.0f} MB"
+        tested = (f"; with its test command (--official-test-usage: {test['wall_s']:,.1f} wall s, peak host "
+                  f"{test_peak}) counted, as ours counts its own test")
+    return {"epochs": epochs, "seconds_per_epoch": _per(wall, epochs), "eval_share": None,
+            "peak_host_mb": peak, "device_peak_mb": device_peak, "device": usage_device(usage),
+            "measured": f"{measured_by(usage, f'{epochs} epochs in its log')}{tested}; evaluation share: not known "
+                        "(the log keeps no seconds per phase)"}
 
 
 def our_speed(record: RunRecord, usage: Usage | None) -> SideSpeed:
@@ -381,16 +394,19 @@ def our_speed(record: RunRecord, usage: Usage | None) -> SideSpeed:
     evaluating = sum(v for k, v in timings.items() if k.startswith("eval")) if any(
         k.startswith("eval") for k in timings) else None
     device = str((record.get("provenance") or {}).get("device", ""))
+    after = [k for k in AFTER_TRAINING if k in timings]
+    tested = (f" (its phases after the last epoch, {', '.join(after)}, took {sum(timings[k] for k in after):,.1f} s "
+              "of it)" if after else "")
     if usage is not None:
         return {"epochs": epochs, "seconds_per_epoch": _per(usage["wall_s"], epochs),
                 "eval_share": _share(evaluating, usage["wall_s"]), "peak_host_mb": usage["peak_rss_mb"],
                 "device_peak_mb": usage["device_peak_mb"], "device": device,
-                "measured": f"{measured_by(usage, f'{epochs} epochs run')}; evaluation share: the record's eval_* "
-                            "phases over that wall time"}
+                "measured": f"{measured_by(usage, f'{epochs} epochs run')}{tested}; evaluation share: the record's "
+                            "eval_* phases over that wall time"}
     total = sum(timings.values()) if timings else None
     resources = record.get("resources")
     how = (f"the run record: its timed phases ({', '.join(timings) or 'none'}) summed, per {epochs} epochs run, "
-           "the process start not counted; evaluation share: its eval_* phases over that sum")
+           f"the process start not counted{tested}; evaluation share: its eval_* phases over that sum")
     if resources is None:
         how += "; peak memory: not in the record (made before records kept it)"
     else:
@@ -413,6 +429,11 @@ def usage_device(usage: Usage) -> str:
     host = usage["host"]
     gpus = f"; GPUs: {', '.join(host['gpus'])}" if host["gpus"] else ""
     return f"{host['cpu']} ({host['cores']} cores){gpus}"
+
+
+def _larger(a: float | None, b: float | None) -> float | None:
+    """The larger of two peaks, either of which may be unmeasured (None)."""
+    return b if a is None else a if b is None else max(a, b)
 
 
 def _per(seconds: float | None, epochs: int | None) -> float | None:
@@ -474,8 +495,12 @@ def cmd_parity(args: argparse.Namespace) -> None:
         official["test"] = read_official_test(args.official_test, official)
     ours = our_run(args.record)
     official_usage = read_usage(args.official_usage, "--official-usage") if args.official_usage else None
+    if args.official_test_usage and official_usage is None:
+        raise UserError(f"--official-test-usage {args.official_test_usage}: it adds the official test command's "
+                        "time to its training command's; give that one too (--official-usage USAGE.json)")
+    official_test = read_usage(args.official_test_usage, "--official-test-usage") if args.official_test_usage else None
     ours_usage = read_usage(args.ours_usage, "--ours-usage") if args.ours_usage else None
-    speed = official_speed(official, official_usage), our_speed(ours["record"], ours_usage)
+    speed = official_speed(official, official_usage, official_test), our_speed(ours["record"], ours_usage)
     text = report(official, ours, args.name, args.note, Path(args.official_log).name, args.tolerance,
                   speed if official_usage is not None else None)
     out = ensure_dir(Path(args.out) / "parity") / f"{args.name}.md"
@@ -502,6 +527,9 @@ def add_commands(sub) -> None:
     p.add_argument("--official-usage", default=None, metavar="USAGE.json",
                    help="the official command measured by `prvr-bench measure`: adds the report's speed and memory "
                         "block (seconds per epoch, peak memory, against ours)")
+    p.add_argument("--official-test-usage", default=None, metavar="USAGE.json",
+                   help="the official test command (its --eval or inference script) measured the same way: counted "
+                        "on the official side, as our command counts its own test (needs --official-usage)")
     p.add_argument("--ours-usage", default=None, metavar="USAGE.json",
                    help="our command measured the same way (default: our record's timings and resources)")
     p.add_argument("--out", default="results", help="results folder (default: results)")
