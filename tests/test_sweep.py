@@ -326,6 +326,42 @@ def test_what_the_noise_costs_and_the_share_a_run_recovers(tmp_path):
     assert len(cells) == 2 and costs(other, cells, rows, fast) == []
 
 
+@pytest.mark.parametrize("own_rank, taken, reads", [
+    (1, "+0.0", "leaves the room its base leaves, within the interval (it takes at most 0.0 of 200.0)"),
+    (6, "+200.0", "leaves less room than its base (100% of it)"),
+    (150, "+400.0", "leaves less room than its base (200% of it)"),  # the oracle hurts it: more than taken
+])
+def test_the_room_a_run_leaves_beside_the_room_on_its_base(tmp_path, own_rank, taken, reads):
+    """A run trained with the oracle detector too (`ral+oracle@msl`): the oracle's room on it against the room
+    on its base (`msl+oracle` - `msl`), and the room it takes, the difference (exact where every query moves
+    alike: MS-SL's room 0 -> 200 SumR; RAL at 200, its own oracle at 400, 200 or 0)."""
+    from test_stats import write_run
+
+    from prvr.harness.reports.stats import Settings
+    from prvr.harness.reports.sweeps import SweepRows, render, rooms_left, sweep_cells
+
+    q, fast = 60, Settings(resamples=500, permutations=500)
+    for seed in (0, 1):  # rank 150: SumR 0; rank 6: R@10 and R@100, 200; rank 1: 400
+        for run, rank in (("msl", 150), ("msl+oracle", 6), ("ral@msl", 6), ("ral+oracle@msl", own_rank)):
+            write_run(tmp_path, run, seed, np.full(q, rank), sim={"queries": q})
+    sweep = Sweep("sim-x", ("sim.mislabel_rate",), ((0.0,),), (0.0,), ("msl", "ral@msl", "msl+oracle",
+                                                                       "ral+oracle@msl"), (0, 1), "cmd")
+    rows = SweepRows(tmp_path, sweep)
+    cells, facts = sweep_cells(sweep, tmp_path, fast, rows)
+    (left,) = rooms_left(sweep, cells, rows, fast)  # only RAL has both its own oracle row and its base's
+    assert (left.cell.run, left.own.run, left.base_room.run) == ("ral@msl", "ral+oracle@msl", "msl+oracle")
+    assert (left.change.before, left.change.after) == (200.0, {1: 200.0, 6: 0.0, 150: -200.0}[own_rank])
+    md, table = render(sweep, cells, facts, (), (), (), (), [left])
+    assert "## The room a run leaves" in md
+    section = md.split("## The room a run leaves", 1)[1]
+    [line] = [line for line in section.splitlines() if line.startswith("| 0 |")]
+    assert f"| msl | +200.0 | {taken} | [{taken}, {taken}] | {reads}" in line
+    header, *lines = table.splitlines()
+    assert header.endswith("the oracle's room on the run,room the run takes,the taken room's 95% interval")
+    [ral] = [r for r in csv.DictReader([header, *lines]) if r["run"] == "ral@msl"]
+    assert ral["room the run takes"] == taken
+
+
 @pytest.mark.parametrize("low, high, reads", [(2.0, 8.0, "recovers this share"), (-2.0, 8.0, "recovers no part"),
                                                (-8.0, -2.0, "adds to its base's cost")])
 def test_a_run_below_its_base_under_the_noise_reads_as_adding_to_the_cost(low, high, reads):

@@ -378,6 +378,71 @@ def answers(sweep: Sweep, cells: list[Cell], rows: SweepRows, settings: Settings
 
 
 @dataclass(frozen=True)
+class RoomLeft:
+    """One run at one value beside its own oracle row (`oracle_of(run)`: `ral@msl` -> `ral+oracle@msl`) and
+    its base's: the room the oracle finds on the run, (run+oracle - run), against the room it finds on the
+    base, (base+oracle - base), on the same test queries (stats.gain_change: `before` the base's room, `after`
+    the run's). A method that handles label noise takes part of its base's room: less is left on it."""
+
+    cell: Cell
+    own: Cell  # the run with the oracle detector
+    base_room: Cell  # the base with the oracle detector (or the oracle's room beside a base without relations)
+    change: GainChange | None
+    note: str = ""
+
+
+def rooms_left(sweep: Sweep, cells: list[Cell], rows: SweepRows, settings: Settings) -> list[RoomLeft]:
+    """Per (value, run with a base) where the run's own oracle row and its base's were both trained."""
+    at = {(c.value, c.run): c for c in cells}
+    found = []
+    for c in cells:
+        if not c.base or "+oracle" in c.run:
+            continue
+        own = at.get((c.value, oracle_of(c.run)))
+        base_room = at.get((c.value, room_of(c.base) if reads_no_relations(c.base) else oracle_of(c.base)))
+        if own is None or base_room is None:
+            continue
+        try:
+            run_oracle, run, base_oracle, base = (rows(run_at(r, sweep, c.value))
+                                                  for r in (own.run, c.run, base_room.run, c.base))
+            found.append(RoomLeft(c, own, base_room, gain_change(run_oracle, run, base_oracle, base, settings)))
+        except UserError as e:
+            found.append(RoomLeft(c, own, base_room, None, str(e)[:120]))
+    return found
+
+
+ROOM_LEFT_HEAD = ["value", "multi-relevant share", "run", "the oracle's room on it", "base", "the room on the base",
+                  "room the run takes", "its 95% interval", "reads"]
+ROOM_LEFT_CSV = ["the oracle's room on the run", "room the run takes", "the taken room's 95% interval"]
+
+
+def room_left_rows(found: list[RoomLeft], facts: dict[Point, dict[str, Any]]) -> list[list[str]]:
+    out = []
+    for k in found:
+        c, g = k.cell, k.change
+        share = _fact(facts.get(c.value, {}).get(FACTS[0][2]))
+        if g is None:
+            out.append([show_point(c.value), share, c.run, "", c.base, "", "", "", k.note])
+            continue
+        # taken = base's room - the run's own room; its interval is the change's, negated (0.0 - x: no -0.0)
+        out.append([show_point(c.value), share, c.run, f"{g.after:+.1f}", c.base, f"{g.before:+.1f}",
+                    f"{0.0 - g.change:+.1f}", f"[{0.0 - g.high:+.1f}, {0.0 - g.low:+.1f}]", _room_left_reads(k, g)])
+    return out
+
+
+def _room_left_reads(k: RoomLeft, g: GainChange) -> str:
+    if g.high < 0:
+        taken = f" ({-g.change / g.before:.0%} of it)" if g.before > 0 else ""
+        return f"leaves less room than its base{taken}: it takes part of what the false negatives cost"
+    if g.low > 0:
+        return "leaves more room than its base: knowing the false negatives is worth more on it"
+    if k.base_room.gain is None or sumr_of(k.base_room.gain).low <= 0:
+        return "no room on its base the interval can tell from zero: nothing to take"
+    return (f"leaves the room its base leaves, within the interval (it takes at most {0.0 - g.low:.1f} of "
+            f"{g.before:.1f}): its gain is not from taking the false negatives' room")
+
+
+@dataclass(frozen=True)
 class Cost:
     """Where the knob moves only the training split (the test set the same at every value: mislabelled
     training pairs), one run at one value against the same run at the preset's value: what the noise costs
@@ -563,7 +628,8 @@ def _answer_reads(a: Answer, gain: MetricDifference | None, room: MetricDifferen
 
 def render(sweep: Sweep, cells: list[Cell], facts: dict[Point, dict[str, Any]],
            found: Sequence[Slope] = (), found_answers: Sequence[Answer] = (),
-           found_costs: Sequence[Cost] = (), found_changes: Sequence[Change] = ()) -> tuple[str, str]:
+           found_costs: Sequence[Cost] = (), found_changes: Sequence[Change] = (),
+           found_rooms: Sequence[RoomLeft] = ()) -> tuple[str, str]:
     """The report (markdown) and its CSV."""
     fact_head = ["value", *(label for _, _, label in FACTS)]
     axis = noise_axis(sweep, facts)[0]
@@ -586,6 +652,15 @@ def render(sweep: Sweep, cells: list[Cell], facts: dict[Point, dict[str, Any]],
           "where there is no room, is not a gain from handling label noise.", "",
           markdown_table(ANSWER_HEAD, answer_rows(list(found_answers), facts)) if found_answers
           else "(no run with a base and its oracle at one value yet)", ""]
+    if found_rooms:
+        md += ["## The room a run leaves", "",
+               "Per run at a value where the run was also trained with the oracle detector (`ral+oracle@msl` beside "
+               "`ral@msl`) and its base too: the oracle's room on the run itself (run+oracle - run) against the "
+               "room on its base (base+oracle - base), and the room the run takes, the base's room minus its "
+               "own, with the 95% interval of the two-level paired bootstrap over each query's difference of "
+               "differences (harness/reports/stats.py `gain_change`). A method that handles label noise leaves "
+               "less room on itself than its base leaves; one whose gain comes from elsewhere leaves the same.", "",
+               markdown_table(ROOM_LEFT_HEAD, room_left_rows(list(found_rooms), facts)), ""]
     by_run = {(k.cell.value, k.cell.run): k for k in found_costs}
     if found_costs:
         md += ["## What the noise costs, and how much of it each run recovers", "",
@@ -600,11 +675,14 @@ def render(sweep: Sweep, cells: list[Cell], facts: dict[Point, dict[str, Any]],
     answered = {(r[0], r[2]): r[6:] for r in answer_rows(list(found_answers), facts)}
     changed = {(r[0], r[1]): [r[3], *r[5:7]] for r in change_rows(list(found_changes))}
     costed = {(r[0], r[2]): [*r[3:5], *r[8:10]] for r in cost_rows(list(found_costs), facts, by_run)}
-    table = csv_text([*HEAD, *(label for _, _, label in FACTS), *ANSWER_HEAD[6:], *COST_CSV, *CHANGE_CSV],
+    left = {(r[0], r[2]): [r[3], *r[6:8]] for r in room_left_rows(list(found_rooms), facts)}
+    table = csv_text([*HEAD, *(label for _, _, label in FACTS), *ANSWER_HEAD[6:], *COST_CSV, *CHANGE_CSV,
+                      *ROOM_LEFT_CSV],
                      (row + [_fact(facts[cell.value].get(label)) for _, _, label in FACTS]
                       + answered.get((row[0], cell.run), [""] * len(ANSWER_HEAD[6:]))
                       + costed.get((row[0], cell.run), [""] * len(COST_CSV))
                       + changed.get((row[0], cell.run), [""] * len(CHANGE_CSV))
+                      + left.get((row[0], cell.run), [""] * len(ROOM_LEFT_CSV))
                       for cell, row in zip(cells, rows_of(cells))))
     return "\n".join(md), table
 
@@ -681,7 +759,7 @@ def write_sweep(sweep: Sweep, out: str | Path, settings: Settings = Settings()) 
     regime = noise_axis(sweep, facts)[0] is None
     md, table = render(sweep, cells, facts, [] if regime else slopes(sweep, cells, facts),
                        answers(sweep, cells, rows, settings), [] if regime else costs(sweep, cells, rows, settings),
-                       changes(sweep, cells, rows, settings) if regime else [])
+                       changes(sweep, cells, rows, settings) if regime else [], rooms_left(sweep, cells, rows, settings))
     name = sweep.name or f"{sweep.dataset}~{'-'.join(k.rpartition('.')[2] for k in sweep.knobs)}"
     stem = inside(Path(out) / "sweeps" / check_name(name, "--name", "give a plain file name"), out, "--name")
     write_texts({stem.with_suffix(".md"): md, stem.with_suffix(".csv"): table})
