@@ -87,3 +87,18 @@ def test_a_sweep_of_the_training_regime_shows_how_each_gain_moves(tmp_path):
     assert "How each gain moves with the training regime" in text
     assert "| 3000 | baseline+oracle | baseline | +3.1 | +20.5 | +17.4 | [-2.6, +50.7] |" in text
     assert "What the noise costs" not in text
+
+
+def test_a_sweep_with_runs_trained_with_the_oracle_shows_the_room_each_leaves(tmp_path):
+    from prvr.harness.reports.findings import ROOM_COLUMNS
+
+    header = [*SWEEP_COLUMNS, *(c for c in ROOM_COLUMNS if c not in SWEEP_COLUMNS)]
+    row = dict.fromkeys(header, "")
+    row.update({"value": "1,12", "run": "ral@msl", "base": "msl", "gain (SumR)": "+14.5",
+                "oracle's gain on the base": "+29.2", "the oracle's room on the run": "+25.8",
+                "room the run takes": "+3.4", "the taken room's 95% interval": "[-1.2, +8.5]"})
+    _write(tmp_path / "sweeps" / "w~msl.csv", header, [list(row.values())])
+    text = "\n".join(findings(tmp_path))
+    assert "The room a run leaves" in text
+    assert "| 1,12 | ral@msl | msl | +29.2 | +25.8 | +3.4 | [-1.2, +8.5] |" in text
+    assert "What the noise costs" not in text and "How each gain moves" not in text

@@ -35,6 +35,10 @@ COST_HEADER = ("value", "run", "cost of the noise", "its 95% interval", "base", 
 CHANGE_COLUMNS = ("value", "run", "base", "gain at the preset's value", "gain (SumR)", "change of the gain",
                   "the change's 95% interval")
 CHANGE_HEADER = ("value", "run", "base", "gain at the preset's value", "gain here", "change", "its 95% interval")
+ROOM_COLUMNS = ("value", "run", "base", "oracle's gain on the base", "the oracle's room on the run",
+                "room the run takes", "the taken room's 95% interval")
+ROOM_HEADER = ("value", "run", "base", "the room on the base", "the room on the run", "room the run takes",
+               "its 95% interval")
 MATRIX_COLUMNS = ("backbone", "detector", "treatment", "run", "plain run", "seeds", "SumR", "gain (SumR)",
                   "95% interval")
 MATRIX_HEADER = ("backbone", "detector", "treatment", "run", "plain run", "seeds", "SumR", "gain", "its 95% interval")
@@ -78,6 +82,12 @@ def sweep_lines(root: Path) -> list[str]:
                 lines += ["", "How each gain moves with the training regime (against the same gain at the preset's "
                           "value, same test queries):", "",
                           markdown_table(CHANGE_HEADER, changed.loc[:, list(CHANGE_COLUMNS)].itertuples(index=False))]
+        if all(c in frame.columns for c in ROOM_COLUMNS):  # runs trained with the oracle too: the room each leaves
+            left = frame[frame[ROOM_COLUMNS[5]] != ""]
+            if not left.empty:
+                lines += ["", "The room a run leaves (the oracle's room on the run against the room on its base, "
+                          "same test queries): a method that handles label noise takes part of its base's room:", "",
+                          markdown_table(ROOM_HEADER, left.loc[:, list(ROOM_COLUMNS)].itertuples(index=False))]
     return lines
 
 
