@@ -17,9 +17,9 @@ memory and device peak, the ratio official / ours, and how each figure was measu
 `--ours-usage USAGE.json` where given (our command measured the same way), else the record's `timings`
 and `resources`. Our command also tests the best checkpoint and stores its rankings after the last epoch;
 where the official code tests in a command of its own, `--official-test-usage USAGE.json` (that command
-measured) counts it on the official side too, so that both sides' seconds per epoch hold the same work. Every report also writes a sidecar, `results/parity/NAME.json`
-(harness/reports/speed.py `ParitySidecar`: these figures and the SumR verdict), from which
-`prvr-bench speed` builds `results/speed.{md,csv}`.
+measured) counts it on the official side too, so that both sides' seconds per epoch hold the same work.
+Every report also writes a sidecar, `results/parity/NAME.json` (harness/reports/speed.py `ParitySidecar`:
+these figures and the SumR verdict), from which `prvr-bench speed` builds `results/speed.{md,csv}`.
 
 The official log is read as text, line by line, with regular expressions (nothing in it is
 evaluated). Two formats:
