@@ -56,40 +56,6 @@ def test_a_freed_block_stays_in_the_heap_for_the_next_step():
     assert said.startswith("system") and int(mapped) >= block and int(free) < block  # glibc's own: mapped apart
 
 
-# a 256 MiB block made, touched and freed, then the free memory given back: the resident set (VmRSS, kB)
-# after the free and after release_freed, and whether it trimmed
-_RELEASE = """
-import numpy as np
-from prvr.harness.base.allocator import keep_freed_memory, release_freed
-
-def rss():
-    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmRSS:"))
-
-print(release_freed())  # before the policy is set: nothing to do
-print(keep_freed_memory())
-block = np.ones(64 << 20, dtype=np.float32)
-keep = np.ones(1 << 10, dtype=np.float32)  # a block after it, so that it is not the heap's top alone
-del block
-print(rss())
-print(release_freed())
-print(rss())
-"""
-
-
-@pytest.mark.skipif(not GLIBC, reason="the policy is glibc's mallopt")
-def test_freed_memory_is_given_back_between_phases():
-    """The trainer calls release_freed where it switches between training and evaluation: what the heap
-    keeps free leaves the resident set there (a 256 MiB block's pages), and under glibc's own policy, which
-    kept nothing, it does nothing."""
-    kept = _python(_RELEASE, None)
-    assert kept.returncode == 0, kept.stderr[-800:]
-    before_policy, said, freed, trimmed, after = kept.stdout.split("\n")[:5]
-    assert before_policy == "False" and said.startswith("keep") and trimmed == "True"
-    assert int(freed) - int(after) >= 200 << 10  # kB: most of the 256 MiB block's pages given back
-    system = _python(_RELEASE, "system")
-    assert system.stdout.split("\n")[3] == "False", system.stderr[-800:]
-
-
 def test_a_bad_policy_is_one_line_naming_the_variable_and_the_values(tmp_path):
     out = _python("", "fast\nplease", "-m", "prvr.harness.cli", "run", "--method", "baseline", "--dataset", "sim-tiny",
                   "--quiet", "--out", str(tmp_path / "out"))

@@ -10,10 +10,7 @@ a freed block stays in the heap and the next step's block of that size reuses it
 
 The arithmetic is the same (the same kernels on the same values; only where the bytes live
 changes), so the figures are too; the peak resident set can grow by what the heap keeps
-fragmented. Most of that is one phase's freed blocks (a training step's) kept resident while the next
-phase (an evaluation, whose blocks have other sizes) grows the heap beside them: `release_freed`, which
-the trainer calls where it switches between training and evaluation, gives the free pages back there
-(glibc's malloc_trim), so that the two phases' temporaries are not resident at once. `PRVR_MALLOC=system` leaves glibc's own policy. Elsewhere than glibc (musl, macOS)
+fragmented. `PRVR_MALLOC=system` leaves glibc's own policy. Elsewhere than glibc (musl, macOS)
 nothing is changed, and `keep_freed_memory` says so.
 """
 
@@ -65,16 +62,3 @@ def keep_freed_memory() -> str:
         _done = "keep (freed memory reused: no mmap per block)" if not refused else \
             f"partly kept (mallopt refused {', '.join(refused)}: glibc's own policy for it)"
     return _done
-
-
-def release_freed() -> bool:
-    """Give the free memory this process's heap keeps back to the system (glibc's malloc_trim(0): the heap's
-    free top and the whole free pages inside it), where a run switches between training and evaluation:
-    their temporaries differ in size, and the freed blocks of one, kept for reuse, would otherwise stay
-    resident beside the other's. The next phase faults in once what it reuses (one step's blocks), where
-    glibc's own policy faults them in every step. Only where `keep_freed_memory` set the policy (a run on
-    the CPU, glibc); returns whether it trimmed."""
-    if _done is None or not _done.startswith(("keep", "partly")):
-        return False
-    ctypes.CDLL(None).malloc_trim(0)
-    return True

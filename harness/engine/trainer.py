@@ -42,7 +42,6 @@ from prvr.harness.engine.checkpoints import (BEFORE_DEVICE, RESUME_FIX, RESUME_F
 # StepContext is importable from here too
 from prvr.harness.base.contract import (DetectorState, LossOutput, MethodSpec, RelationDetector, StepContext, StepExtras,
                                    StepOutputs, as_backbone)
-from prvr.harness.base.allocator import release_freed
 from prvr.harness.base.devices import pick_device
 from prvr.harness.engine.sections import ON_NONFINITE, SELECT_ON, Config
 from prvr.harness.engine.evaluate import ChunkSink, evaluate_model
@@ -313,11 +312,9 @@ class Trainer:
     def evaluate(self, split_name: str, show: bool = False, sink: ChunkSink | None = None) -> dict:
         """The suite's evaluator (harness/engine/evaluate.py `evaluate_model`) on one split; `sink` gets
         each chunk of the scores it ranks (a `RankingSink`: the split's stored rankings)."""
-        release_freed()  # training's freed blocks are not resident beside the evaluation's (harness/base/allocator.py)
         metrics = evaluate_model(self.model, self.data[split_name], self.batchers[split_name], self.device,
                                  self.cfg.eval.chunk, f"eval {split_name}" if show else None, self.cfg.eval,
                                  sink=sink)
-        release_freed()  # nor the evaluation's beside the next epoch's
         self.model.train()
         return metrics
 
