@@ -248,13 +248,14 @@ def test_parity_counts_the_official_test_command_where_measured(tmp_path):
     text = (tmp_path / "res" / "parity" / "tested.md").read_text()
     assert "| seconds per epoch | 35.00 | 6.00 | 5.83 |" in text  # (60 + 10) s over 2 epochs
     assert "| peak host memory (MB) | 1,200 | 500 | 2.40 |" in text
-    assert "with its test command (--official-test-usage: 10.0 wall s, peak host 1,200 MB) counted" in text
+    assert "with its test command counted as ours counts its own test (--official-test-usage: 10.0 wall s, " \
+        "peak host 1,200 MB)" in text
     assert "its phases after the last epoch, eval_test, took 1.0 s of it" in text
     side = read_sidecar(tmp_path / "res" / "parity" / "tested.json")
     assert side["official"]["seconds_per_epoch"] == 35.0 and side["official"]["peak_host_mb"] == 1200.0
     # without it the report says the official test is not counted
     assert _parity(tmp_path, log, rec, "untested", "--official-usage", str(official)) == 0
-    assert "not counted (no --official-test-usage)" in (tmp_path / "res" / "parity" / "untested.md").read_text()
+    assert "not counted: no --official-test-usage" in (tmp_path / "res" / "parity" / "untested.md").read_text()
 
 
 def test_an_official_test_usage_alone_is_one_line_and_writes_nothing(tmp_path, capsys):

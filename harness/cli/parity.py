@@ -372,16 +372,16 @@ def official_speed(official: dict[str, Any], usage: Usage | None, test: Usage | 
                 "device_peak_mb": None, "device": "", "measured": "not measured (no --official-usage)"}
     wall, peak, device_peak = usage["wall_s"], usage["peak_rss_mb"], usage["device_peak_mb"]
     if test is None:
-        tested = "; its test command, if it has one, not counted (no --official-test-usage)"
+        tested = " (its test command, if it has one, not counted: no --official-test-usage)"
     else:
         wall = wall + test["wall_s"]
         peak, device_peak = _larger(peak, test["peak_rss_mb"]), _larger(device_peak, test["device_peak_mb"])
         test_peak = "not measured" if test["peak_rss_mb"] is None else f"{test['peak_rss_mb']:,.0f} MB"
-        tested = (f"; with its test command (--official-test-usage: {test['wall_s']:,.1f} wall s, peak host "
-                  f"{test_peak}) counted, as ours counts its own test")
+        tested = (f", with its test command counted as ours counts its own test (--official-test-usage: "
+                  f"{test['wall_s']:,.1f} wall s, peak host {test_peak})")
     return {"epochs": epochs, "seconds_per_epoch": _per(wall, epochs), "eval_share": None,
             "peak_host_mb": peak, "device_peak_mb": device_peak, "device": usage_device(usage),
-            "measured": f"{measured_by(usage, f'{epochs} epochs in its log')}{tested}; evaluation share: not known "
+            "measured": f"{measured_by(usage, f'{epochs} epochs in its log{tested}')}; evaluation share: not known "
                         "(the log keeps no seconds per phase)"}
 
 
@@ -401,7 +401,7 @@ def our_speed(record: RunRecord, usage: Usage | None) -> SideSpeed:
         return {"epochs": epochs, "seconds_per_epoch": _per(usage["wall_s"], epochs),
                 "eval_share": _share(evaluating, usage["wall_s"]), "peak_host_mb": usage["peak_rss_mb"],
                 "device_peak_mb": usage["device_peak_mb"], "device": device,
-                "measured": f"{measured_by(usage, f'{epochs} epochs run')}{tested}; evaluation share: the record's "
+                "measured": f"{measured_by(usage, f'{epochs} epochs run{tested}')}; evaluation share: the record's "
                             "eval_* phases over that wall time"}
     total = sum(timings.values()) if timings else None
     resources = record.get("resources")
