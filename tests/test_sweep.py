@@ -327,7 +327,8 @@ def test_what_the_noise_costs_and_the_share_a_run_recovers(tmp_path):
 
 
 @pytest.mark.parametrize("own_rank, taken, reads", [
-    (1, "+0.0", "leaves the room its base leaves, within the interval (it takes at most 0.0 of 200.0)"),
+    (1, "+0.0", "no difference the interval can tell: it takes at most 0.0 of the base's 200.0, less than its "
+                "gain's lower bound (+200.0), so most of its gain is not the false negatives' room"),
     (6, "+200.0", "leaves less room than its base (100% of it)"),
     (150, "+400.0", "leaves less room than its base (200% of it)"),  # the oracle hurts it: more than taken
 ])
@@ -360,6 +361,22 @@ def test_the_room_a_run_leaves_beside_the_room_on_its_base(tmp_path, own_rank, t
     assert header.endswith("the oracle's room on the run,room the run takes,the taken room's 95% interval")
     [ral] = [r for r in csv.DictReader([header, *lines]) if r["run"] == "ral@msl"]
     assert ral["room the run takes"] == taken
+
+
+def test_a_room_taken_the_interval_cannot_bound_below_the_gain_says_only_its_range():
+    """Where the room taken holds 0 and reaches past the run's gain's lower bound, the reads give its range and
+    credit nothing either way."""
+    from prvr.harness.reports.stats import GainChange
+    from prvr.harness.reports.sweeps import RoomLeft, _room_left_reads
+
+    def cell(run, base, d):
+        return Cell((0.35,), run, (0, 1), (1, 1), (1, 1), base, _comparison(MetricDifference("SumR", 0, 0, *d, 0.01)))
+
+    left = RoomLeft(cell("ral@msl", "msl", (3.0, 1.0, 5.0)), cell("ral+oracle@msl", "ral@msl", (2.0, -1.0, 5.0)),
+                    cell("msl+oracle", "msl", (4.0, 1.0, 8.0)), None)
+    change = GainChange(4.0, 2.0, -2.0, -7.0, 3.0, (0, 1))
+    assert _room_left_reads(left, change) == ("no difference the interval can tell: it takes between -3.0 and 7.0 "
+                                              "of the base's 4.0")
 
 
 @pytest.mark.parametrize("low, high, reads", [(2.0, 8.0, "recovers this share"), (-2.0, 8.0, "recovers no part"),

@@ -438,8 +438,12 @@ def _room_left_reads(k: RoomLeft, g: GainChange) -> str:
         return "leaves more room than its base: knowing the false negatives is worth more on it"
     if k.base_room.gain is None or sumr_of(k.base_room.gain).low <= 0:
         return "no room on its base the interval can tell from zero: nothing to take"
-    return (f"leaves the room its base leaves, within the interval (it takes at most {0.0 - g.low:.1f} of "
-            f"{g.before:.1f}): its gain is not from taking the false negatives' room")
+    most, gain = 0.0 - g.low, sumr_of(k.cell.gain) if k.cell.gain is not None else None
+    if gain is not None and most < gain.low:
+        return (f"no difference the interval can tell: it takes at most {most:.1f} of the base's {g.before:.1f}, less "
+                f"than its gain's lower bound ({gain.low:+.1f}), so most of its gain is not the false negatives' room")
+    return (f"no difference the interval can tell: it takes between {0.0 - g.high:.1f} and {most:.1f} of the base's "
+            f"{g.before:.1f}")
 
 
 @dataclass(frozen=True)
