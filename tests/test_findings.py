@@ -61,15 +61,20 @@ def test_a_fifo_in_place_of_a_report_table_is_refused(tmp_path):
         findings(tmp_path)
 
 
+def _one_row_sweep(path, columns, cells):
+    """A sweep report's CSV of one row: the answer table's columns and `columns`, `cells` filled."""
+    header = [*SWEEP_COLUMNS, *(c for c in columns if c not in SWEEP_COLUMNS)]
+    row = {**dict.fromkeys(header, ""), **cells}
+    _write(path, header, [list(row.values())])
+
+
 def test_a_sweep_of_the_training_split_alone_shows_what_the_noise_costs(tmp_path):
     from prvr.harness.reports.findings import COST_COLUMNS
 
-    header = [*SWEEP_COLUMNS, *(c for c in COST_COLUMNS if c not in SWEEP_COLUMNS)]
-    row = dict.fromkeys(header, "")
-    row.update({"value": "0.2", "run": "baseline+oracle", "base": "baseline", "gain (SumR)": "+5.4",
-                "what the noise costs it": "+6.6", "the cost's 95% interval": "[-4.9, +16.3]",
-                "share of the base's cost recovered": "60%", "the recovered share's 95% interval": "[-8%, 137%]"})
-    _write(tmp_path / "sweeps" / "w~mislabel_rate.csv", header, [list(row.values())])
+    _one_row_sweep(tmp_path / "sweeps" / "w~mislabel_rate.csv", COST_COLUMNS, {
+        "value": "0.2", "run": "baseline+oracle", "base": "baseline", "gain (SumR)": "+5.4",
+        "what the noise costs it": "+6.6", "the cost's 95% interval": "[-4.9, +16.3]",
+        "share of the base's cost recovered": "60%", "the recovered share's 95% interval": "[-8%, 137%]"})
     text = "\n".join(findings(tmp_path))
     assert "| 0.2 | baseline+oracle | +6.6 | [-4.9, +16.3] | baseline | +5.4 | 60% | [-8%, 137%] |" in text
 
@@ -77,12 +82,9 @@ def test_a_sweep_of_the_training_split_alone_shows_what_the_noise_costs(tmp_path
 def test_a_sweep_of_the_training_regime_shows_how_each_gain_moves(tmp_path):
     from prvr.harness.reports.findings import CHANGE_COLUMNS
 
-    header = [*SWEEP_COLUMNS, *(c for c in CHANGE_COLUMNS if c not in SWEEP_COLUMNS)]
-    row = dict.fromkeys(header, "")
-    row.update({"value": "3000", "run": "baseline+oracle", "base": "baseline", "gain (SumR)": "+20.5",
-                "gain at the preset's value": "+3.1", "change of the gain": "+17.4",
-                "the change's 95% interval": "[-2.6, +50.7]"})
-    _write(tmp_path / "sweeps" / "w~train_videos.csv", header, [list(row.values())])
+    _one_row_sweep(tmp_path / "sweeps" / "w~train_videos.csv", CHANGE_COLUMNS, {
+        "value": "3000", "run": "baseline+oracle", "base": "baseline", "gain (SumR)": "+20.5",
+        "gain at the preset's value": "+3.1", "change of the gain": "+17.4", "the change's 95% interval": "[-2.6, +50.7]"})
     text = "\n".join(findings(tmp_path))
     assert "How each gain moves with the training regime" in text
     assert "| 3000 | baseline+oracle | baseline | +3.1 | +20.5 | +17.4 | [-2.6, +50.7] |" in text
@@ -92,12 +94,10 @@ def test_a_sweep_of_the_training_regime_shows_how_each_gain_moves(tmp_path):
 def test_a_sweep_with_runs_trained_with_the_oracle_shows_the_room_each_leaves(tmp_path):
     from prvr.harness.reports.findings import ROOM_COLUMNS
 
-    header = [*SWEEP_COLUMNS, *(c for c in ROOM_COLUMNS if c not in SWEEP_COLUMNS)]
-    row = dict.fromkeys(header, "")
-    row.update({"value": "1,12", "run": "ral@msl", "base": "msl", "gain (SumR)": "+14.5",
-                "oracle's gain on the base": "+29.2", "the oracle's room on the run": "+25.8",
-                "room the run takes": "+3.4", "the taken room's 95% interval": "[-1.2, +8.5]"})
-    _write(tmp_path / "sweeps" / "w~msl.csv", header, [list(row.values())])
+    _one_row_sweep(tmp_path / "sweeps" / "w~msl.csv", ROOM_COLUMNS, {
+        "value": "1,12", "run": "ral@msl", "base": "msl", "gain (SumR)": "+14.5", "oracle's gain on the base": "+29.2",
+        "the oracle's room on the run": "+25.8", "room the run takes": "+3.4",
+        "the taken room's 95% interval": "[-1.2, +8.5]"})
     text = "\n".join(findings(tmp_path))
     assert "The room a run leaves" in text
     assert "| 1,12 | ral@msl | msl | +29.2 | +25.8 | +3.4 | [-1.2, +8.5] |" in text

@@ -39,6 +39,16 @@ ROOM_COLUMNS = ("value", "run", "base", "oracle's gain on the base", "the oracle
                 "room the run takes", "the taken room's 95% interval")
 ROOM_HEADER = ("value", "run", "base", "the room on the base", "the room on the run", "room the run takes",
                "its 95% interval")
+# a sweep report's further tables: (its CSV columns, the header shown, the column a row of it fills, the caption)
+EXTRA_TABLES = (
+    (COST_COLUMNS, COST_HEADER, 2, "What the noise costs each run (itself at the preset's value, same test queries), "
+                                   "and the share of its base's cost a run recovers:"),  # a knob of the training split
+    (CHANGE_COLUMNS, CHANGE_HEADER, 5, "How each gain moves with the training regime (against the same gain at the "
+                                       "preset's value, same test queries):"),  # a knob of the training regime
+    (ROOM_COLUMNS, ROOM_HEADER, 5, "The room a run leaves (the oracle's room on the run against the room on its base, "
+                                   "same test queries): a method that handles label noise takes part of its base's "
+                                   "room:"),  # runs trained with the oracle too
+)
 MATRIX_COLUMNS = ("backbone", "detector", "treatment", "run", "plain run", "seeds", "SumR", "gain (SumR)",
                   "95% interval")
 MATRIX_HEADER = ("backbone", "detector", "treatment", "run", "plain run", "seeds", "SumR", "gain", "its 95% interval")
@@ -70,24 +80,11 @@ def sweep_lines(root: Path) -> list[str]:
             continue
         lines += ["", f"### [{path.stem}]({SWEEPS}/{path.with_suffix('.md').name})", "",
                   markdown_table(SWEEP_HEADER, gains.loc[:, list(SWEEP_COLUMNS)].itertuples(index=False))]
-        if all(c in frame.columns for c in COST_COLUMNS):  # a knob of the training split alone: the noise's cost
-            costed = frame[frame[COST_COLUMNS[2]] != ""]
-            if not costed.empty:
-                lines += ["", "What the noise costs each run (itself at the preset's value, same test queries), and "
-                          "the share of its base's cost a run recovers:", "",
-                          markdown_table(COST_HEADER, costed.loc[:, list(COST_COLUMNS)].itertuples(index=False))]
-        if all(c in frame.columns for c in CHANGE_COLUMNS):  # a knob of the training regime: how the gains move
-            changed = frame[frame[CHANGE_COLUMNS[5]] != ""]
-            if not changed.empty:
-                lines += ["", "How each gain moves with the training regime (against the same gain at the preset's "
-                          "value, same test queries):", "",
-                          markdown_table(CHANGE_HEADER, changed.loc[:, list(CHANGE_COLUMNS)].itertuples(index=False))]
-        if all(c in frame.columns for c in ROOM_COLUMNS):  # runs trained with the oracle too: the room each leaves
-            left = frame[frame[ROOM_COLUMNS[5]] != ""]
-            if not left.empty:
-                lines += ["", "The room a run leaves (the oracle's room on the run against the room on its base, "
-                          "same test queries): a method that handles label noise takes part of its base's room:", "",
-                          markdown_table(ROOM_HEADER, left.loc[:, list(ROOM_COLUMNS)].itertuples(index=False))]
+        for columns, header, filled, caption in EXTRA_TABLES:  # the tables only some reports have
+            if all(c in frame.columns for c in columns):
+                rows = frame[frame[columns[filled]] != ""]
+                if not rows.empty:
+                    lines += ["", caption, "", markdown_table(header, rows.loc[:, list(columns)].itertuples(index=False))]
     return lines
 
 
