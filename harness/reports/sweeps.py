@@ -342,6 +342,12 @@ def oracle_of(run: str) -> str:
     return join_run_name(method, "oracle", backbone, tag)
 
 
+def room_beside(base: str) -> str:
+    """The run that measures the oracle's room on `base`: its oracle row, or beside a row that reads no
+    relations the matrix cell `room_of` names."""
+    return room_of(base) if reads_no_relations(base) else oracle_of(base)
+
+
 @dataclass(frozen=True)
 class Answer:
     """One run at one value, read against the oracle's room on its base there."""
@@ -363,7 +369,7 @@ def answers(sweep: Sweep, cells: list[Cell], rows: SweepRows, settings: Settings
         if "+oracle" in c.run:  # the room itself
             found.append(Answer(c, c, None))
             continue
-        oracle_run = room_of(c.base) if reads_no_relations(c.base) else oracle_of(c.base)
+        oracle_run = room_beside(c.base)
         room = at.get((c.value, oracle_run))
         if room is None or room.gain is None:
             how = " (sweep --oracle trains it beside the base)" if reads_no_relations(c.base) else ""
@@ -399,7 +405,7 @@ def rooms_left(sweep: Sweep, cells: list[Cell], rows: SweepRows, settings: Setti
         if not c.base or "+oracle" in c.run:
             continue
         own = at.get((c.value, oracle_of(c.run)))
-        base_room = at.get((c.value, room_of(c.base) if reads_no_relations(c.base) else oracle_of(c.base)))
+        base_room = at.get((c.value, room_beside(c.base)))
         if own is None or base_room is None:
             continue
         try:
@@ -656,7 +662,8 @@ def render(sweep: Sweep, cells: list[Cell], facts: dict[Point, dict[str, Any]],
           "where there is no room, is not a gain from handling label noise.", "",
           markdown_table(ANSWER_HEAD, answer_rows(list(found_answers), facts)) if found_answers
           else "(no run with a base and its oracle at one value yet)", ""]
-    if found_rooms:
+    room_rows = room_left_rows(list(found_rooms), facts)
+    if room_rows:
         md += ["## The room a run leaves", "",
                "Per run at a value where the run was also trained with the oracle detector (`ral+oracle@msl` beside "
                "`ral@msl`) and its base too: the oracle's room on the run itself (run+oracle - run) against the "
@@ -664,7 +671,7 @@ def render(sweep: Sweep, cells: list[Cell], facts: dict[Point, dict[str, Any]],
                "own, with the 95% interval of the two-level paired bootstrap over each query's difference of "
                "differences (harness/reports/stats.py `gain_change`). A method that handles label noise leaves "
                "less room on itself than its base leaves; one whose gain comes from elsewhere leaves the same.", "",
-               markdown_table(ROOM_LEFT_HEAD, room_left_rows(list(found_rooms), facts)), ""]
+               markdown_table(ROOM_LEFT_HEAD, room_rows), ""]
     by_run = {(k.cell.value, k.cell.run): k for k in found_costs}
     if found_costs:
         md += ["## What the noise costs, and how much of it each run recovers", "",
@@ -679,7 +686,7 @@ def render(sweep: Sweep, cells: list[Cell], facts: dict[Point, dict[str, Any]],
     answered = {(r[0], r[2]): r[6:] for r in answer_rows(list(found_answers), facts)}
     changed = {(r[0], r[1]): [r[3], *r[5:7]] for r in change_rows(list(found_changes))}
     costed = {(r[0], r[2]): [*r[3:5], *r[8:10]] for r in cost_rows(list(found_costs), facts, by_run)}
-    left = {(r[0], r[2]): [r[3], *r[6:8]] for r in room_left_rows(list(found_rooms), facts)}
+    left = {(r[0], r[2]): [r[3], *r[6:8]] for r in room_rows}
     table = csv_text([*HEAD, *(label for _, _, label in FACTS), *ANSWER_HEAD[6:], *COST_CSV, *CHANGE_CSV,
                       *ROOM_LEFT_CSV],
                      (row + [_fact(facts[cell.value].get(label)) for _, _, label in FACTS]
