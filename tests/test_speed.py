@@ -284,6 +284,25 @@ def test_parity_with_a_bad_usage_file_is_one_line_and_writes_nothing(tmp_path, c
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "res" / "parity").exists()
 
 
+def test_our_side_names_the_processor_it_ran_on(tmp_path):
+    """Rows measured on different machines say so: our side's device carries the record's CPU model
+    where it ran on a CPU (a GPU run keeps its device as the record names it)."""
+    log, rec, official = _parity_inputs(tmp_path)
+    record = json.loads(rec.read_text())
+    record["provenance"]["cpu"] = {"machine": "x86_64", "capability": "AVX512", "model": "Test EPYC (family 25)"}
+    rec.write_text(json.dumps(record))
+    assert _parity(tmp_path, log, rec, "ral-cpu", "--official-usage", str(official)) == 0
+    sidecar = json.loads((tmp_path / "res" / "parity" / "ral-cpu.json").read_text())
+    assert sidecar["ours"]["device"] == "cpu (1 threads), Test EPYC (family 25)"
+    assert "| device | Test CPU (2 cores) | cpu (1 threads), Test EPYC (family 25) |" in \
+        (tmp_path / "res" / "parity" / "ral-cpu.md").read_text()
+    record["provenance"]["device"] = "cuda (NVIDIA H200)"
+    rec.write_text(json.dumps(record))
+    assert _parity(tmp_path, log, rec, "ral-gpu", "--official-usage", str(official)) == 0
+    assert json.loads((tmp_path / "res" / "parity" / "ral-gpu.json").read_text())["ours"]["device"] == \
+        "cuda (NVIDIA H200)"
+
+
 # ----------------------------------------------------------------------------- the speed table
 
 

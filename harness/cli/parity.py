@@ -393,7 +393,7 @@ def our_speed(record: RunRecord, usage: Usage | None) -> SideSpeed:
     timings = record.get("timings") or {}
     evaluating = sum(v for k, v in timings.items() if k.startswith("eval")) if any(
         k.startswith("eval") for k in timings) else None
-    device = str((record.get("provenance") or {}).get("device", ""))
+    device = our_device(record)
     after = [k for k in AFTER_TRAINING if k in timings]
     tested = (f" (its phases after the last epoch, {', '.join(after)}, took {sum(timings[k] for k in after):,.1f} s "
               "of it)" if after else "")
@@ -423,6 +423,15 @@ def measured_by(usage: Usage, per: str) -> str:
     exit_note = "" if usage["exit_status"] == 0 else f" (the command exited with status {usage['exit_status']})"
     return (f"`prvr-bench measure` around the whole command{exit_note}: its wall seconds per {per}; peak host "
             f"memory: {usage['peak_rss_measure']}; device peak: {usage['device_measure']}")
+
+
+def our_device(record: RunRecord) -> str:
+    """Where our side ran, as its record says: the device, and on a CPU the processor's model (the
+    record's provenance), so that rows measured on different machines say so."""
+    provenance = record.get("provenance") or {}
+    device = str(provenance.get("device", ""))
+    model = (provenance.get("cpu") or {}).get("model")
+    return f"{device}, {model}" if model and device.startswith("cpu") else device
 
 
 def usage_device(usage: Usage) -> str:
