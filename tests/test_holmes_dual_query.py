@@ -93,5 +93,9 @@ def test_ral_on_holmes_trains_past_the_warm_up_with_the_query_division():
     for part in ("evidential_frame", "evidential_clip", "evidential_combined", "intra_video"):
         assert torch.isfinite(out[part]) and float(out[part]) > 0, part
     assert "ral_pm" not in out and "ral_da" not in out  # no MSRA, as in multisrc
-    grads = [p.grad for p in run.model.gate.parameters()]
-    assert all(g is not None and g.abs().sum() > 0 for g in grads)  # the word gate learns
+    grads = dict(run.model.gate.named_parameters())
+    assert all(p.grad is not None for p in grads.values())
+    # the word gate learns; its last bias moves every word's logit alike, which the masked softmax over
+    # words cancels, so its gradient is zero up to rounding (exactly zero on some processors)
+    assert all(p.grad.abs().sum() > 0 for n, p in grads.items() if n != "net.2.bias")
+    assert float(grads["net.2.bias"].grad.abs().sum()) < 1e-5
