@@ -439,10 +439,9 @@ def room_left_rows(found: list[RoomLeft], facts: dict[Point, dict[str, Any]]) ->
 def _room_left_reads(k: RoomLeft, g: GainChange) -> str:
     base = sumr_of(k.base_room.gain) if k.base_room.gain is not None else None
     if base is not None and base.high < 0:  # the oracle costs the base: there is no room, only a cost to compare
-        than = ("less than" if g.low > 0 else "more than" if g.high < 0
-                else "as much as, as far as the interval can tell,")
-        return (f"knowing the false negatives costs its base ({g.before:+.1f}): no room to take; it costs the run "
-                f"{than} its base")
+        than = ("less than its base" if g.low > 0 else "more than its base" if g.high < 0
+                else "as much as its base, as far as the interval can tell")
+        return f"knowing the false negatives costs its base ({g.before:+.1f}): no room to take; it costs the run {than}"
     if g.high < 0:
         taken = f" ({-g.change / g.before:.0%} of it)" if g.before > 0 else ""
         return f"leaves less room than its base{taken}: it takes part of what the false negatives cost"
