@@ -363,17 +363,20 @@ def test_the_room_a_run_leaves_beside_the_room_on_its_base(tmp_path, own_rank, t
     assert ral["room the run takes"] == taken
 
 
+def _room_cell(run, base, d):
+    """One run's cell at one value, its SumR gain over `base` (mean, low, high) as given."""
+    return Cell((0.35,), run, (0, 1), (1, 1), (1, 1), base, _comparison(MetricDifference("SumR", 0, 0, *d, 0.01)))
+
+
 def test_a_room_taken_the_interval_cannot_bound_below_the_gain_says_only_its_range():
     """Where the room taken holds 0 and reaches past the run's gain's lower bound, the reads give its range and
     credit nothing either way."""
     from prvr.harness.reports.stats import GainChange
     from prvr.harness.reports.sweeps import RoomLeft, _room_left_reads
 
-    def cell(run, base, d):
-        return Cell((0.35,), run, (0, 1), (1, 1), (1, 1), base, _comparison(MetricDifference("SumR", 0, 0, *d, 0.01)))
-
-    left = RoomLeft(cell("ral@msl", "msl", (3.0, 1.0, 5.0)), cell("ral+oracle@msl", "ral@msl", (2.0, -1.0, 5.0)),
-                    cell("msl+oracle", "msl", (4.0, 1.0, 8.0)), None)
+    left = RoomLeft(_room_cell("ral@msl", "msl", (3.0, 1.0, 5.0)),
+                    _room_cell("ral+oracle@msl", "ral@msl", (2.0, -1.0, 5.0)),
+                    _room_cell("msl+oracle", "msl", (4.0, 1.0, 8.0)), None)
     change = GainChange(4.0, 2.0, -2.0, -7.0, 3.0, (0, 1))
     assert _room_left_reads(left, change) == ("no difference the interval can tell: it takes between -3.0 and 7.0 "
                                               "of the base's 4.0")
@@ -388,11 +391,9 @@ def test_a_base_the_oracle_costs_has_no_room_to_take(low, high, than):
     from prvr.harness.reports.stats import GainChange
     from prvr.harness.reports.sweeps import RoomLeft, _room_left_reads
 
-    def cell(run, base, d):
-        return Cell((0.7,), run, (0, 1), (1, 1), (1, 1), base, _comparison(MetricDifference("SumR", 0, 0, *d, 0.01)))
-
-    left = RoomLeft(cell("arl", "arl~base", (-3.0, -4.5, -1.5)), cell("arl+oracle", "arl", (-2.5, -4.4, -0.6)),
-                    cell("arl+oracle~ignore", "arl~base", (-6.2, -9.1, -3.1)), None)
+    left = RoomLeft(_room_cell("arl", "arl~base", (-3.0, -4.5, -1.5)),
+                    _room_cell("arl+oracle", "arl", (-2.5, -4.4, -0.6)),
+                    _room_cell("arl+oracle~ignore", "arl~base", (-6.2, -9.1, -3.1)), None)
     change = GainChange(-6.2, -2.5, 3.7, low, high, (0, 1))
     assert _room_left_reads(left, change) == (f"knowing the false negatives costs its base (-6.2): no room to take; "
                                               f"it costs the run {than}")

@@ -447,7 +447,7 @@ def _room_left_reads(k: RoomLeft, g: GainChange) -> str:
         return f"leaves less room than its base{taken}: it takes part of what the false negatives cost"
     if g.low > 0:
         return "leaves more room than its base: knowing the false negatives is worth more on it"
-    if k.base_room.gain is None or sumr_of(k.base_room.gain).low <= 0:
+    if base is None or base.low <= 0:
         return "no room on its base the interval can tell from zero: nothing to take"
     most, gain = 0.0 - g.low, sumr_of(k.cell.gain) if k.cell.gain is not None else None
     if gain is not None and most < gain.low:
@@ -649,6 +649,11 @@ def render(sweep: Sweep, cells: list[Cell], facts: dict[Point, dict[str, Any]],
     fact_head = ["value", *(label for _, _, label in FACTS)]
     axis = noise_axis(sweep, facts)[0]
     fact_rows = [[show_point(v), *(_fact(facts[v].get(label)) for _, _, label in FACTS)] for v in sweep.values if v in facts]
+    # each table's rows made once: the markdown shows them and the CSV reads its columns from them
+    run_rows, answer_table = rows_of(cells), answer_rows(list(found_answers), facts)
+    change_table, room_rows = change_rows(list(found_changes)), room_left_rows(list(found_rooms), facts)
+    by_run = {(k.cell.value, k.cell.run): k for k in found_costs}
+    cost_table = cost_rows(list(found_costs), facts, by_run)
     md = [f"# {sweep.dataset}: {sweep.knob} swept", "",
           f"Written by `{sweep.command}` (harness/reports/sweeps.py; the statistics: docs/statistics.md). "
           f"At {sweep.knob}={show_point(sweep.default)} (the preset's value) the runs are the dataset's plain rows. SumR: "
@@ -656,8 +661,8 @@ def render(sweep: Sweep, cells: list[Cell], facts: dict[Point, dict[str, Any]],
           "gain: the run's mean SumR minus its base's on the same world and seeds, with the 95% interval of the "
           "two-level (seeds, then test queries) paired bootstrap and the paired randomization test's p.", "",
           "## The world at each value", "", markdown_table(fact_head, fact_rows), "",
-          "## Runs", "", markdown_table(HEAD, rows_of(cells)), "",
-          *(_slope_section(axis, found, cells) if axis is not None else _regime_section(sweep, cells, found_changes)),
+          "## Runs", "", markdown_table(HEAD, run_rows), "",
+          *(_slope_section(axis, found, cells) if axis is not None else _regime_section(sweep, cells, change_table)),
           "## Is it the noise?", "",
           "Per run with a base and value: its gain over the base, the oracle's gain on the same base and world "
           "(the base trained with every false negative known: the room label noise leaves), and the share of "
@@ -665,9 +670,8 @@ def render(sweep: Sweep, cells: list[Cell], facts: dict[Point, dict[str, Any]],
           "two-level paired bootstrap drawn jointly for both differences (harness/reports/stats.py `room_share`; "
           "left out where the room's own interval is not above zero). A gain larger than the room, or a gain "
           "where there is no room, is not a gain from handling label noise.", "",
-          markdown_table(ANSWER_HEAD, answer_rows(list(found_answers), facts)) if found_answers
+          markdown_table(ANSWER_HEAD, answer_table) if answer_table
           else "(no run with a base and its oracle at one value yet)", ""]
-    room_rows = room_left_rows(list(found_rooms), facts)
     if room_rows:
         md += ["## The room a run leaves", "",
                "Per run at a value where the run was also trained with the oracle detector (`ral+oracle@msl` beside "
@@ -677,8 +681,7 @@ def render(sweep: Sweep, cells: list[Cell], facts: dict[Point, dict[str, Any]],
                "differences (harness/reports/stats.py `gain_change`). A method that handles label noise leaves "
                "less room on itself than its base leaves; one whose gain comes from elsewhere leaves the same.", "",
                markdown_table(ROOM_LEFT_HEAD, room_rows), ""]
-    by_run = {(k.cell.value, k.cell.run): k for k in found_costs}
-    if found_costs:
+    if cost_table:
         md += ["## What the noise costs, and how much of it each run recovers", "",
                "The knob moves only the training split (the test set is the same at every value), so each run at a "
                "value is compared with itself at the preset's value on the same test queries: what the noise costs "
@@ -687,10 +690,10 @@ def render(sweep: Sweep, cells: list[Cell], facts: dict[Point, dict[str, Any]],
                "with the ratio's interval over one joint bootstrap (`room_share`, the clean base in the oracle's "
                "place). The oracle knows every false negative but not which labelled pair is wrong, so its share "
                "is what knowing the false negatives recovers of a mislabelling's cost.", "",
-               markdown_table(COST_HEAD, cost_rows(list(found_costs), facts, by_run)), ""]
-    answered = {(r[0], r[2]): r[6:] for r in answer_rows(list(found_answers), facts)}
-    changed = {(r[0], r[1]): [r[3], *r[5:7]] for r in change_rows(list(found_changes))}
-    costed = {(r[0], r[2]): [*r[3:5], *r[8:10]] for r in cost_rows(list(found_costs), facts, by_run)}
+               markdown_table(COST_HEAD, cost_table), ""]
+    answered = {(r[0], r[2]): r[6:] for r in answer_table}
+    changed = {(r[0], r[1]): [r[3], *r[5:7]] for r in change_table}
+    costed = {(r[0], r[2]): [*r[3:5], *r[8:10]] for r in cost_table}
     left = {(r[0], r[2]): [r[3], *r[6:8]] for r in room_rows}
     table = csv_text([*HEAD, *(label for _, _, label in FACTS), *ANSWER_HEAD[6:], *COST_CSV, *CHANGE_CSV,
                       *ROOM_LEFT_CSV],
@@ -699,7 +702,7 @@ def render(sweep: Sweep, cells: list[Cell], facts: dict[Point, dict[str, Any]],
                       + costed.get((row[0], cell.run), [""] * len(COST_CSV))
                       + changed.get((row[0], cell.run), [""] * len(CHANGE_CSV))
                       + left.get((row[0], cell.run), [""] * len(ROOM_LEFT_CSV))
-                      for cell, row in zip(cells, rows_of(cells))))
+                      for cell, row in zip(cells, run_rows)))
     return "\n".join(md), table
 
 
@@ -715,7 +718,7 @@ def _slope_section(axis: str, found: Sequence[Slope], cells: list[Cell]) -> list
                            slope_rows(list(found), cells)) if found else "(no run with a base at two values yet)", ""]
 
 
-def _regime_section(sweep: Sweep, cells: list[Cell], found: Sequence[Change]) -> list[str]:
+def _regime_section(sweep: Sweep, cells: list[Cell], change_table: list[list[str]]) -> list[str]:
     return ["## Does the gain depend on the training regime?", "",
             f"{sweep.knob} moves no label noise the records show (the test split's multi-relevant share and the "
             "training split's mislabelled queries are the same at every value): it sets the training regime (how "
@@ -723,7 +726,7 @@ def _regime_section(sweep: Sweep, cells: list[Cell], found: Sequence[Change]) ->
             "the base there against its gain at the preset's value, on the same test queries, and the change with "
             "the 95% interval of the two-level paired bootstrap over each query's difference of differences "
             "(harness/reports/stats.py `gain_change`). Then the runs' order at each value.", "",
-            markdown_table(CHANGE_HEAD, change_rows(list(found))) if found
+            markdown_table(CHANGE_HEAD, change_table) if change_table
             else "(no run with a base at the preset's value and another yet)", "",
             markdown_table(["value", "runs by mean test SumR"], order_rows(sweep, cells)), ""]
 
