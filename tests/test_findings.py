@@ -102,3 +102,14 @@ def test_a_sweep_with_runs_trained_with_the_oracle_shows_the_room_each_leaves(tm
     assert "The room a run leaves" in text
     assert "| 1,12 | ral@msl | msl | +29.2 | +25.8 | +3.4 | [-1.2, +8.5] |" in text
     assert "What the noise costs" not in text and "How each gain moves" not in text
+
+
+def test_a_sweep_of_runs_that_localize_shows_their_vcmr_gains(tmp_path):
+    from prvr.harness.reports.findings import MOMENT_COLUMNS
+
+    _one_row_sweep(tmp_path / "sweeps" / "sim-charades-v~repeat_prob.csv", MOMENT_COLUMNS, {
+        "value": "0.45", "run": "xml-pr", "base": "xml", "gain (SumR)": "+4.2", "VCMR SumR": "141.9 ± 37.5",
+        "gain (VCMR SumR)": "+19.0", "VCMR gain's 95% interval": "[-0.1, +38.1]", "VCMR gain's p": "0.0507"})
+    text = "\n".join(findings(tmp_path))
+    assert "Moments: each localizing run's VCMR SumR" in text
+    assert "| 0.45 | xml-pr | xml | 141.9 ± 37.5 | +19.0 | [-0.1, +38.1] | 0.0507 |" in text

@@ -3,6 +3,7 @@ knob, kept when they exist, then the world's figures at each value and each gain
 On sim-tiny, one epoch a run (CPU)."""
 
 import csv
+import dataclasses
 import json
 
 import numpy as np
@@ -463,3 +464,42 @@ def test_a_base_row_reads_no_relations_and_its_room_is_the_matrix_cell():
 
     assert reads_no_relations("arl~base") and not reads_no_relations("arl") and not reads_no_relations("baseline")
     assert not reads_no_relations("arl+sbert~ignore") and not reads_no_relations("baseline~b32")
+
+
+def test_runs_that_localize_report_their_vcmr_gains_over_the_seeds():
+    """XML and its conditions localize: their records carry VCMR SumR, whose per-query ranks the evaluator does
+    not keep, so a sweep of them reports each VCMR gain over its base with the paired t-test's interval over the
+    seeds (scipy.stats.ttest_rel), a VCMR slope, and CSV columns; a sweep of runs without it keeps its tables.
+    `xml-pr`'s base is `xml`, the method whose objective it weighs otherwise."""
+    import scipy.stats
+
+    from prvr.harness.reports.sweeps import moment_gains, moment_rows, render, slopes
+
+    assert base_of("xml-pr") == "xml" and base_of("xml-sl-pr") == "xml" and base_of("xml") is None
+    assert base_of("xml-pr+oracle~repeat_prob0") == "xml-pr~repeat_prob0" and base_of("msl") is None
+    nan, seeds = float("nan"), (0, 1, 2)
+    base = {0.0: (100.0, 110.0, 90.0), 1.0: (100.0, 110.0, 90.0)}
+    pr = {0.0: (104.0, 113.0, 95.0), 1.0: (120.0, 130.0, 111.0)}
+    cells = [c for v in (0.0, 1.0) for c in (
+        Cell((v,), "xml", seeds, (150,) * 3, (190,) * 3, "", None, "", base[v]),
+        Cell((v,), "xml-pr", seeds, (155,) * 3, (195,) * 3, "xml", None, "", pr[v]))]
+    cells.append(Cell((1.0,), "xml-pr+oracle", seeds, (156,) * 3, (196,) * 3, "xml-pr", None, "", (nan, 1.0, nan)))
+    gains = moment_gains(cells)
+    assert [(g.cell.value, g.cell.run) for g in gains] == [((0.0,), "xml-pr"), ((1.0,), "xml-pr")]  # one seed: none
+    want = scipy.stats.ttest_rel(pr[0.0], base[0.0])
+    g = gains[0]
+    assert g.seeds == seeds and g.difference == pytest.approx(4.0) and g.p == pytest.approx(want.pvalue)
+    assert (g.low, g.high) == pytest.approx(tuple(want.confidence_interval(0.95)))
+    sweep = Sweep("sim-x", ("sim.repeat_prob",), ((0.0,), (1.0,)), (0.0,), ("xml", "xml-pr"), seeds, "cmd")
+    facts = {(0.0,): {"multi-relevant share (test)": 0.0}, (1.0,): {"multi-relevant share (test)": 0.5}}
+    (slope,) = slopes(sweep, cells, facts, "moments")  # gains (4, 3, 5) at 0 points of share, (20, 20, 21) at 50
+    assert (slope.run, slope.points, slope.per_10) == ("xml-pr", 6, pytest.approx(10 * (61 / 3 - 4) / 50))
+    md, table = render(sweep, cells, facts, (), (), (), (), (), gains, [slope])
+    assert "## Moments: VCMR SumR" in md and "VCMR slope per 10 pts of share" in md
+    assert f"| 0 | xml-pr | 0 1 2 | 104.0 ± 9.0 | xml | +4.0 | [{g.low:+.1f}, {g.high:+.1f}] | {g.p:.3g} |" in md
+    assert "| 1 | xml-pr+oracle | 1 | 1.0 | xml-pr |  |  |  |" in md  # the one seed with the figure, no gain
+    assert table.splitlines()[0].endswith("VCMR SumR,gain (VCMR SumR),VCMR gain's 95% interval,VCMR gain's p")
+    plain = [dataclasses.replace(c, moments=(nan,) * 3) for c in cells]
+    assert moment_rows(plain, ()) == [] and moment_gains(plain) == []
+    md, table = render(sweep, plain, facts)
+    assert "VCMR" not in md and "VCMR" not in table

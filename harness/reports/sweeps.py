@@ -33,9 +33,10 @@ from prvr.harness.base.io import UserError, write_png, write_texts
 from prvr.harness.base.names import check_name, inside, join_run_name, split_run_name
 from prvr.harness.base.registry import DETECTORS, METHODS, home_method
 from prvr.harness.engine.records import load_record_at, record_path
-from prvr.harness.reports.stats import (BOTH_LEVELS, Comparison, GainChange, MetricDifference, Row, RoomShare,
+from prvr.harness.reports.stats import (BOTH_LEVELS, LEVEL, Comparison, GainChange, MetricDifference, Row, RoomShare,
                                         Settings, compare_rows, gain_change, load_row, room_share)
-from prvr.harness.reports.table import csv_text, markdown_table, mean_std
+from prvr.harness.reports.rows import p_value
+from prvr.harness.reports.table import MOMENT_SUM, csv_text, markdown_table, mean_std
 
 # the world's figures shown at each value (provenance.data.<split>.<key>)
 FACTS = (("test", "multi_relevant_share", "multi-relevant share (test)"),
@@ -82,6 +83,7 @@ class Cell:
     base: str
     gain: Comparison | None
     note: str = ""
+    moments: tuple[float, ...] = ()  # each seed's test VCMR SumR where the run localizes (NaN where a record has none)
 
 
 def knob_tag(knob: str, value: float) -> str:
@@ -111,7 +113,8 @@ def base_of(run: str) -> str | None:
     `X+oracle` -> `X`; a matrix cell `M+DETECTOR~TREATMENT` -> the
     plain run of M's backbone (`baseline+holmes~soft` -> `baseline`, `arl+sbert~ignore` -> `arl~base`); a method with a base row (MethodSpec.base_row)
     -> that row (`arl` -> `arl~base`, its encoder without the ambiguity set); `M@B` where M extends B's own
-    method -> that method (`ral@msl` -> `msl`); else none."""
+    method -> that method (`ral@msl` -> `msl`); a condition of its backbone's home method, the same objective
+    under other weights or another detector's pairs -> that method (`xml-pr` -> `xml`); else none."""
     method, detector, backbone, tag = split_run_name(run)
     spec = METHODS.get(method) if method in METHODS else None
     if detector == "oracle" and tag == ROOM_TAG and spec is not None and spec.base_row:  # `room_of` a base row
@@ -124,6 +127,9 @@ def base_of(run: str) -> str | None:
         return None
     if spec.base_row:
         return f"{run}~{spec.base_row}"
+    home = home_method(spec.backbone)
+    if not backbone and home not in (None, method) and METHODS.get(home).objective is spec.objective:
+        return home  # a condition of its backbone's home method: its objective under other weights or pairs
     if backbone and spec.extends_backbone:
         return home_method(backbone)
     return None
@@ -165,7 +171,8 @@ def sweep_cells(sweep: Sweep, out: str | Path, settings: Settings,
                 gain, note = _gain(rows, name, run_at(base, sweep, value), settings)
             cells.append(Cell(value, run, tuple(s for s, _ in found),
                               tuple(float(r["metrics"]["test"]["SumR"]) for _, r in found),
-                              tuple(_oracle(r) for _, r in found), base or "", gain, note))
+                              tuple(_oracle(r) for _, r in found), base or "", gain, note,
+                              tuple(_moment(r) for _, r in found)))
     return cells, facts
 
 
@@ -220,6 +227,11 @@ def _oracle(record: Any) -> float:
     return float(value) if isinstance(value, (int, float)) else math.nan
 
 
+def _moment(record: Any) -> float:
+    value = record["metrics"]["test"].get(MOMENT_SUM.name)
+    return float(value) if isinstance(value, (int, float)) else math.nan
+
+
 def _finite(values: Sequence[float]) -> list[float]:
     """The finite values (a seed without an oracle figure is NaN: left out of its mean ± std)."""
     return [v for v in values if math.isfinite(v)]
@@ -235,6 +247,66 @@ def _gain_cells(cell: Cell) -> list[str]:
 
 def sumr_of(comparison: Comparison) -> MetricDifference:
     return next(m for m in comparison.metrics if m.metric == "SumR")
+
+
+@dataclass(frozen=True)
+class MomentGain:
+    """A localizing run's gain in test VCMR SumR over its base at one value: the difference of the means
+    over their shared seeds, with the 95% interval and p of the paired t-test over those seeds
+    (scipy.stats.ttest_rel). The evaluator keeps no per-query moment ranks, so the seeds are the only
+    level, as in the leaderboard's Δ VCMR SumR."""
+
+    cell: Cell
+    seeds: tuple[int, ...]
+    difference: float
+    low: float
+    high: float
+    p: float | None
+
+
+def moment_gains(cells: Sequence[Cell]) -> list[MomentGain]:
+    """Per cell whose base was made at its value, both with VCMR SumR on two shared seeds or more."""
+    at = {(c.value, c.run): c for c in cells}
+    found = []
+    for cell in cells:
+        base = at.get((cell.value, cell.base)) if cell.base else None
+        if base is None:
+            continue
+        mine, theirs = _by_seed(cell.seeds, cell.moments), _by_seed(base.seeds, base.moments)
+        shared = sorted(mine.keys() & theirs.keys())
+        if len(shared) < 2:
+            continue
+        a, b = [mine[s] for s in shared], [theirs[s] for s in shared]
+        diffs = np.subtract(a, b)
+        low = high = float(diffs.mean())
+        if not np.allclose(diffs, diffs[0]):  # equal differences: no spread, the interval is the point
+            ci = scipy.stats.ttest_rel(a, b).confidence_interval(LEVEL)
+            low, high = float(ci.low), float(ci.high)
+        found.append(MomentGain(cell, tuple(shared), float(diffs.mean()), low, high, p_value(mine, theirs)))
+    return found
+
+
+def _by_seed(seeds: Sequence[int], values: Sequence[float]) -> dict[int, float]:
+    return {s: v for s, v in zip(seeds, values) if math.isfinite(v)}
+
+
+MOMENT_HEAD = ["value", "run", "seeds", "VCMR SumR", "base", "gain (VCMR SumR)", "VCMR gain's 95% interval",
+               "VCMR gain's p"]
+
+
+def moment_rows(cells: Sequence[Cell], gains: Sequence[MomentGain]) -> list[list[str]]:
+    """A row per cell with VCMR SumR, its gain where `moment_gains` made one."""
+    by_cell = {(g.cell.value, g.cell.run): g for g in gains}
+    out = []
+    for c in cells:
+        found = _by_seed(c.seeds, c.moments)  # the seeds with the figure
+        if not found:
+            continue
+        g = by_cell.get((c.value, c.run))
+        out.append([show_point(c.value), c.run, " ".join(map(str, found)), mean_std(list(found.values())), c.base,
+                    *([f"{g.difference:+.1f}", f"[{g.low:+.1f}, {g.high:+.1f}]", "" if g.p is None else f"{g.p:.3g}"]
+                      if g is not None else ["", "", ""])])
+    return out
 
 
 HEAD = ["value", "run", "seeds", "SumR", "oracle SumR", "base", "gain (SumR)", "95% interval", "p", "note"]
@@ -279,10 +351,11 @@ def noise_axis(sweep: Sweep, facts: dict[Point, dict[str, Any]]) -> tuple[str | 
     return sweep.knobs[0], {v: 100 * v[0] for v in sweep.values}
 
 
-def slopes(sweep: Sweep, cells: list[Cell], facts: dict[Point, dict[str, Any]]) -> list[Slope]:
+def slopes(sweep: Sweep, cells: list[Cell], facts: dict[Point, dict[str, Any]], figure: str = "sumr") -> list[Slope]:
     """A slope per run whose base is swept with it, where two values or more have both, from the cells'
-    own per-seed SumR (the records were read once, by `sweep_cells`), against `noise_axis`."""
-    sumr = {(c.value, c.run): dict(zip(c.seeds, c.sumr)) for c in cells}
+    own per-seed figures (`figure`: "sumr", or "moments" for VCMR SumR; the records were read once, by
+    `sweep_cells`; a seed without the figure is left out), against `noise_axis`."""
+    sumr = {(c.value, c.run): {s: v for s, v in zip(c.seeds, getattr(c, figure)) if math.isfinite(v)} for c in cells}
     _, axis = noise_axis(sweep, facts)
     found = []
     for run, base in dict.fromkeys((c.run, c.base) for c in cells if c.base):
@@ -300,18 +373,25 @@ def slopes(sweep: Sweep, cells: list[Cell], facts: dict[Point, dict[str, Any]]) 
     return found
 
 
-def slope_rows(found: list[Slope], cells: Sequence[Cell] = ()) -> list[list[str]]:
-    return [[s.run, s.base, str(s.points), f"{s.per_10:+.2f}", f"[{s.low:+.2f}, {s.high:+.2f}]", _slope_reads(s, cells)]
-            for s in found]
+def slope_rows(found: list[Slope], cells: Sequence[Cell] = (),
+               lows: dict[str, list[float]] | None = None) -> list[list[str]]:
+    """The slope table's rows; `lows`: each run's gains' lower interval ends (default: its SumR gains')."""
+    if lows is None:
+        lows = {}
+        for c in cells:
+            if c.gain is not None:
+                lows.setdefault(c.run, []).append(sumr_of(c.gain).low)
+    return [[s.run, s.base, str(s.points), f"{s.per_10:+.2f}", f"[{s.low:+.2f}, {s.high:+.2f}]",
+             _slope_reads(s, lows.get(s.run, []))] for s in found]
 
 
-def _slope_reads(slope: Slope, cells: Sequence[Cell]) -> str:
-    """What the slope says, and what the run's gain is credited to when it does not grow with the noise."""
+def _slope_reads(slope: Slope, lows: Sequence[float]) -> str:
+    """What the slope says, and what the run's gain is credited to when it does not grow with the noise
+    (`lows`: the lower ends of the run's gains' intervals at the values it was made)."""
     if slope.low > 0:
         return "grows with the noise"
-    gains = [sumr_of(c.gain) for c in cells if c.run == slope.run and c.gain is not None]
     trend = "shrinks with the noise" if slope.high < 0 else "no trend the interval can tell from none"
-    if "+oracle" not in slope.run and any(d.low > 0 for d in gains):
+    if "+oracle" not in slope.run and any(low > 0 for low in lows):
         return f"{trend}: its gain is its encoder's or loss's, not a gain from handling label noise"
     return trend
 
@@ -644,8 +724,10 @@ def _answer_reads(a: Answer, gain: MetricDifference | None, room: MetricDifferen
 def render(sweep: Sweep, cells: list[Cell], facts: dict[Point, dict[str, Any]],
            found: Sequence[Slope] = (), found_answers: Sequence[Answer] = (),
            found_costs: Sequence[Cost] = (), found_changes: Sequence[Change] = (),
-           found_rooms: Sequence[RoomLeft] = ()) -> tuple[str, str]:
-    """The report (markdown) and its CSV."""
+           found_rooms: Sequence[RoomLeft] = (), found_moments: Sequence[MomentGain] = (),
+           moment_slopes: Sequence[Slope] = ()) -> tuple[str, str]:
+    """The report (markdown) and its CSV; runs that localize add their VCMR SumR and its gains (a section, and
+    columns of the CSV, that only such a sweep has)."""
     fact_head = ["value", *(label for _, _, label in FACTS)]
     axis = noise_axis(sweep, facts)[0]
     fact_rows = [[show_point(v), *(_fact(facts[v].get(label)) for _, _, label in FACTS)] for v in sweep.values if v in facts]
@@ -654,6 +736,7 @@ def render(sweep: Sweep, cells: list[Cell], facts: dict[Point, dict[str, Any]],
     change_table, room_rows = change_rows(list(found_changes)), room_left_rows(list(found_rooms), facts)
     by_run = {(k.cell.value, k.cell.run): k for k in found_costs}
     cost_table = cost_rows(list(found_costs), facts, by_run)
+    moment_table = moment_rows(cells, found_moments)
     md = [f"# {sweep.dataset}: {sweep.knob} swept", "",
           f"Written by `{sweep.command}` (harness/reports/sweeps.py; the statistics: docs/statistics.md). "
           f"At {sweep.knob}={show_point(sweep.default)} (the preset's value) the runs are the dataset's plain rows. SumR: "
@@ -681,6 +764,8 @@ def render(sweep: Sweep, cells: list[Cell], facts: dict[Point, dict[str, Any]],
                "differences (harness/reports/stats.py `gain_change`). A method that handles label noise leaves "
                "less room on itself than its base leaves; one whose gain comes from elsewhere leaves the same.", "",
                markdown_table(ROOM_LEFT_HEAD, room_rows), ""]
+    if moment_table:
+        md += _moment_section(axis, moment_table, list(found_moments), list(moment_slopes))
     if cost_table:
         md += ["## What the noise costs, and how much of it each run recovers", "",
                "The knob moves only the training split (the test set is the same at every value), so each run at a "
@@ -695,13 +780,16 @@ def render(sweep: Sweep, cells: list[Cell], facts: dict[Point, dict[str, Any]],
     changed = {(r[0], r[1]): [r[3], *r[5:7]] for r in change_table}
     costed = {(r[0], r[2]): [*r[3:5], *r[8:10]] for r in cost_table}
     left = {(r[0], r[2]): [r[3], *r[6:8]] for r in room_rows}
+    moment_csv = MOMENT_HEAD[3:4] + MOMENT_HEAD[5:] if moment_table else []  # only a sweep of runs that localize
+    located = {(r[0], r[1]): [r[3], *r[5:]] for r in moment_table}
     table = csv_text([*HEAD, *(label for _, _, label in FACTS), *ANSWER_HEAD[6:], *COST_CSV, *CHANGE_CSV,
-                      *ROOM_LEFT_CSV],
+                      *ROOM_LEFT_CSV, *moment_csv],
                      (row + [_fact(facts[cell.value].get(label)) for _, _, label in FACTS]
                       + answered.get((row[0], cell.run), [""] * len(ANSWER_HEAD[6:]))
                       + costed.get((row[0], cell.run), [""] * len(COST_CSV))
                       + changed.get((row[0], cell.run), [""] * len(CHANGE_CSV))
                       + left.get((row[0], cell.run), [""] * len(ROOM_LEFT_CSV))
+                      + (located.get((row[0], cell.run), [""] * len(moment_csv)) if moment_csv else [])
                       for cell, row in zip(cells, run_rows)))
     return "\n".join(md), table
 
@@ -716,6 +804,25 @@ def _slope_section(axis: str, found: Sequence[Slope], cells: list[Cell]) -> list
             "",
             markdown_table(["run", "base", "points", f"slope per 10 pts of {axis}", "95% interval", "reads"],
                            slope_rows(list(found), cells)) if found else "(no run with a base at two values yet)", ""]
+
+
+def _moment_section(axis: str | None, table: list[list[str]], gains: list[MomentGain],
+                    found: list[Slope]) -> list[str]:
+    lows: dict[str, list[float]] = {}
+    for g in gains:
+        lows.setdefault(g.cell.run, []).append(g.low)
+    md = ["## Moments: VCMR SumR", "",
+          "The runs localize (video corpus moment retrieval, harness/engine/vcmr.py): each run's test VCMR SumR "
+          "(mean ± sample std over seeds) and its gain over its base on the same world and seeds, with the 95% "
+          "interval and p of the paired t-test over the seeds (scipy.stats.ttest_rel). The evaluator keeps no "
+          "per-query moment ranks, so the seeds are the only level of these intervals (as in the leaderboard's "
+          "Δ VCMR SumR): with three seeds they are wide.", "", markdown_table(MOMENT_HEAD, table), ""]
+    if axis is not None:
+        md += ["Per run with a base: the slope of its per-seed VCMR gain against the same axis as above, fitted "
+               "the same way.", "",
+               markdown_table(["run", "base", "points", f"VCMR slope per 10 pts of {axis}", "95% interval", "reads"],
+                              slope_rows(found, lows=lows)) if found else "(no run with a base at two values yet)", ""]
+    return md
 
 
 def _regime_section(sweep: Sweep, cells: list[Cell], change_table: list[list[str]]) -> list[str]:
@@ -776,9 +883,12 @@ def write_sweep(sweep: Sweep, out: str | Path, settings: Settings = Settings()) 
         raise UserError(f"no records of the sweep under {Path(out) / 'runs' / sweep.dataset} yet; run it without "
                         "--report-only, or check --out")
     regime = noise_axis(sweep, facts)[0] is None
+    moments = moment_gains(cells)
     md, table = render(sweep, cells, facts, [] if regime else slopes(sweep, cells, facts),
                        answers(sweep, cells, rows, settings), [] if regime else costs(sweep, cells, rows, settings),
-                       changes(sweep, cells, rows, settings) if regime else [], rooms_left(sweep, cells, rows, settings))
+                       changes(sweep, cells, rows, settings) if regime else [],
+                       rooms_left(sweep, cells, rows, settings),
+                       moments, [] if regime or not moments else slopes(sweep, cells, facts, "moments"))
     name = sweep.name or f"{sweep.dataset}~{'-'.join(k.rpartition('.')[2] for k in sweep.knobs)}"
     stem = inside(Path(out) / "sweeps" / check_name(name, "--name", "give a plain file name"), out, "--name")
     write_texts({stem.with_suffix(".md"): md, stem.with_suffix(".csv"): table})
