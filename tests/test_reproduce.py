@@ -64,8 +64,28 @@ def test_the_run_command_of_a_record():
 def test_figures_are_set_beside_each_other():
     old = {"metrics": {"val": {"SumR": 100.0, "R@1": 10.0}, "test": {"SumR": 90.0, "oracle": {"SumR": 95.0}}}}
     new = {"metrics": {"val": {"SumR": 100.0, "R@1": 11.0}, "test": {"SumR": 90.0, "oracle": {"SumR": 94.0}}}}
+    old["metrics"]["test"]["VCMR SumR"], new["metrics"]["test"]["VCMR SumR"] = 40.0, 42.5  # a run that localizes
     got = {f.key: f.difference for f in compare_figures(old, new)}
-    assert got == {"val R@1": 1.0, "val SumR": 0.0, "test SumR": 0.0, "test oracle SumR": -1.0}
+    assert got == {"val R@1": 1.0, "val SumR": 0.0, "test SumR": 0.0, "test VCMR SumR": 2.5, "test oracle SumR": -1.0}
+
+
+def test_a_figure_that_moved_on_another_machine_says_where_each_was_made():
+    """A run retrained on another processor need not repeat its last digits (docs/records.md, "Retraining a
+    record"): the table's line names both machines, and the error line says so where the machines differ."""
+    from prvr.harness.cli.reproduce import Figure, _elsewhere, render
+    from prvr.harness.engine.records import made_on
+
+    record = {"method": "msl", "seed": 1, "provenance": {"device": "cpu (1 threads)",
+                                                        "cpu": {"model": "Intel Xeon (family 6, model 207)"}}}
+    then = made_on(record)
+    assert then == "cpu (1 threads), Intel Xeon (family 6, model 207)"
+    assert made_on({"provenance": {"device": "cuda (NVIDIA H200)", "cpu": {"model": "x"}}}) == "cuda (NVIDIA H200)"
+    here = "cpu (1 threads), AMD EPYC (family 25, model 17)"
+    text = render(Path("r.json"), record, "a" * 40, [Figure("test SumR", 250.0, 252.0)], 1e-6, here)
+    assert f"(the record made on {then}; made again on {here})" in text.splitlines()[0] and "| differs |" in text
+    says = _elsewhere(then, here)
+    assert f"made on {then} and this run on {here}" in says and "reproduce it where it was made" in says
+    assert _elsewhere(then, then) == "" and _elsewhere("", here) == ""
 
 
 @pytest.mark.slow

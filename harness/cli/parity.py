@@ -51,7 +51,7 @@ from prvr.harness.cli.args import command, command_line
 from prvr.harness.base.io import MAX_TEXT_BYTES, UserError, ensure_dir, read_text, write_texts
 from prvr.harness.cli.measure import Usage, read_usage
 from prvr.harness.engine.record_types import RunRecord
-from prvr.harness.engine.records import load_record_at
+from prvr.harness.engine.records import load_record_at, made_on
 from prvr.harness.reports.speed import (NAME, PARITY_VERSION, ParitySidecar, SideSpeed, SumRVerdict, ratios)
 from prvr.harness.reports.table import code, dataset_label, markdown_table
 
@@ -393,7 +393,7 @@ def our_speed(record: RunRecord, usage: Usage | None) -> SideSpeed:
     timings = record.get("timings") or {}
     evaluating = sum(v for k, v in timings.items() if k.startswith("eval")) if any(
         k.startswith("eval") for k in timings) else None
-    device = our_device(record)
+    device = made_on(record)  # rows measured on different machines say so
     after = [k for k in AFTER_TRAINING if k in timings]
     tested = (f" (its phases after the last epoch, {', '.join(after)}, took {sum(timings[k] for k in after):,.1f} s "
               "of it)" if after else "")
@@ -423,15 +423,6 @@ def measured_by(usage: Usage, per: str) -> str:
     exit_note = "" if usage["exit_status"] == 0 else f" (the command exited with status {usage['exit_status']})"
     return (f"`prvr-bench measure` around the whole command{exit_note}: its wall seconds per {per}; peak host "
             f"memory: {usage['peak_rss_measure']}; device peak: {usage['device_measure']}")
-
-
-def our_device(record: RunRecord) -> str:
-    """Where our side ran, as its record says: the device, and on a CPU the processor's model (the
-    record's provenance), so that rows measured on different machines say so."""
-    provenance = record.get("provenance") or {}
-    device = str(provenance.get("device", ""))
-    model = (provenance.get("cpu") or {}).get("model")
-    return f"{device}, {model}" if model and device.startswith("cpu") else device
 
 
 def usage_device(usage: Usage) -> str:

@@ -33,11 +33,11 @@ from prvr.harness.base.registry import DATASETS
 from prvr.harness.cli.args import command
 from prvr.harness.engine.config import from_dict
 from prvr.harness.engine.record_types import RunRecord
-from prvr.harness.engine.records import load_record_at, record_path
-from prvr.harness.reports.table import markdown_cell, markdown_table
+from prvr.harness.engine.records import load_record_at, made_on, record_path
+from prvr.harness.reports.table import MOMENT_SUM, markdown_cell, markdown_table
 
 PACKAGE_FOLDERS = ("harness", "methods", "datasets")  # prvr.<folder> (pyproject.toml package-dir)
-FIGURES = ("R@1", "R@5", "R@10", "R@100", "SumR")
+FIGURES = ("R@1", "R@5", "R@10", "R@100", "SumR", MOMENT_SUM.name)  # VCMR SumR where the run localizes
 
 
 @dataclass(frozen=True)
@@ -74,11 +74,20 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
         work = Path(args.work) if args.work else Path(tmp)
         new = run_at_commit(record, revision, work, args.threads)
     figures = compare_figures(record, new)
-    print(render(path, record, revision, figures, args.tolerance))
+    print(render(path, record, revision, figures, args.tolerance, made_on(new)))
     moved = [f for f in figures if not math.isclose(f.recorded, f.reproduced, abs_tol=args.tolerance)]
     if moved:
         raise UserError(f"{len(moved)} of {len(figures)} figures differ from the record by more than "
-                        f"{args.tolerance:g} (the table above)")
+                        f"{args.tolerance:g} (the table above){_elsewhere(made_on(record), made_on(new))}")
+
+
+def _elsewhere(then: str, now: str) -> str:
+    """What a difference may come from besides the code: another processor or device (docs/records.md,
+    "Retraining a record"); nothing where both records name the same machine, or either names none."""
+    if not then or not now or then == now:
+        return ""
+    return (f"; the record was made on {then} and this run on {now}: another machine rounds differently and "
+            "training carries it to the last figures, so reproduce it where it was made to expect every digit")
 
 
 def check_reproducible(path: Path, record: RunRecord) -> str:
@@ -201,9 +210,13 @@ def _block(record: Mapping[str, Any], split: str, prefix: str) -> Mapping[str, A
     return (block.get("oracle") or {}) if prefix else block
 
 
-def render(path: Path, record: RunRecord, revision: str, figures: list[Figure], tolerance: float) -> str:
+def render(path: Path, record: RunRecord, revision: str, figures: list[Figure], tolerance: float,
+           here: str = "") -> str:
+    """The figures side by side, under a line naming the run, the commit and where each side was made."""
     rows = [[f.key, f"{f.recorded:.4f}", f"{f.reproduced:.4f}", f"{f.difference:+.4f}",
              "" if math.isclose(f.recorded, f.reproduced, abs_tol=tolerance) else "differs"] for f in figures]
     head = ["figure", "record", "reproduced", "difference", ""]
     name = markdown_cell(f"{record.get('run_name', record['method'])} seed {record['seed']}")
-    return "\n".join([f"{path}: {name} made again at {revision[:10]}", "", markdown_table(head, rows)])
+    then = made_on(record) or "a machine the record does not name"
+    machines = markdown_cell(f"the record made on {then}; made again on {here or 'this machine'}")
+    return "\n".join([f"{path}: {name} made again at {revision[:10]} ({machines})", "", markdown_table(head, rows)])

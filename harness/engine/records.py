@@ -197,6 +197,15 @@ def cpu_facts(cpuinfo: str | Path = "/proc/cpuinfo") -> CpuFacts:
     return facts
 
 
+def made_on(record: Any) -> str:
+    """Where a record's run was made, as its provenance says: the device, and on a CPU the processor's
+    model (`cpu_facts`), the figure a run's last digits depend on beside the commit."""
+    provenance = record.get("provenance") or {}
+    device = str(provenance.get("device", ""))
+    model = (provenance.get("cpu") or {}).get("model")
+    return f"{device}, {model}" if model and device.startswith("cpu") else device
+
+
 def _git(*args: str) -> str:
     here = Path(__file__).resolve().parent
     try:
