@@ -503,3 +503,37 @@ def test_runs_that_localize_report_their_vcmr_gains_over_the_seeds():
     assert moment_rows(plain, ()) == [] and moment_gains(plain) == []
     md, table = render(sweep, plain, facts)
     assert "VCMR" not in md and "VCMR" not in table
+
+
+def test_a_gain_between_rows_made_on_two_machines_says_so(tmp_path):
+    """Another processor rounds differently and training carries it into the figures (XML seed 0 on
+    sim-charades-v moved by 2.1 SumR from an Intel Xeon to an AMD EPYC at one commit, docs/records.md): a gain
+    whose run and base seeds were made on different machines says so in the runs table and in its reads;
+    rows made on one machine say nothing of it."""
+    from test_stats import write_run
+
+    from prvr.harness.reports.stats import Settings
+    from prvr.harness.reports.sweeps import SweepRows, answers, machine_of, render, sweep_cells
+
+    intel, amd = "Intel Xeon (family 6, model 207)", "AMD EPYC (family 25, model 17)"
+    assert machine_of({"provenance": {"device": "cpu (1 threads)", "cpu": {"model": amd}}}) == amd
+    assert machine_of({"provenance": {"device": "cuda (NVIDIA H200)", "cpu": {"model": amd}}}) == "cuda (NVIDIA H200)"
+    q, fast = 60, Settings(resamples=200, permutations=200)
+    for run, model in (("b", intel), ("b+oracle", amd), ("c", intel), ("c+oracle", intel)):
+        for seed in (0, 1):
+            path = write_run(tmp_path, run, seed, np.full(q, 5 if "+" in run else 6), sim={"queries": q})
+            record = json.loads(path.read_text())
+            record["provenance"].update(device="cpu (1 threads)", cpu={"model": model})
+            path.write_text(json.dumps(record))
+    sweep = Sweep("sim-x", ("sim.repeat_prob",), ((0.35,),), (0.35,), ("b", "b+oracle", "c", "c+oracle"), (0, 1), "cmd")
+    rows = SweepRows(tmp_path, sweep)
+    cells, facts = sweep_cells(sweep, tmp_path, fast, rows)
+    drift = {c.run: c.drift for c in cells}
+    assert drift == {"b": "", "c": "", "c+oracle": "",
+                     "b+oracle": f"made on two machines (b+oracle on {amd}; b on {intel}): the gain holds their drift"}
+    md, _ = render(sweep, cells, facts, (), answers(sweep, cells, rows, fast))
+    line = next(x for x in md.splitlines() if x.startswith("| 0.35 | b+oracle | 0 1 |"))
+    assert line.endswith(f"| {drift['b+oracle']} |")
+    reads = [x for x in md.splitlines() if "| b+oracle | b |" in x]
+    assert reads and reads[0].endswith(f"; {drift['b+oracle']} |")
+    assert not any("two machines" in x for x in md.splitlines() if "| c+oracle |" in x)

@@ -32,7 +32,7 @@ from prvr.harness.base import progress
 from prvr.harness.base.io import UserError, write_png, write_texts
 from prvr.harness.base.names import check_name, inside, join_run_name, split_run_name
 from prvr.harness.base.registry import DETECTORS, METHODS, home_method
-from prvr.harness.engine.records import load_record_at, record_path
+from prvr.harness.engine.records import load_record_at, made_on, record_path
 from prvr.harness.reports.stats import (BOTH_LEVELS, LEVEL, Comparison, GainChange, MetricDifference, Row, RoomShare,
                                         Settings, compare_rows, gain_change, load_row, room_share)
 from prvr.harness.reports.rows import p_value
@@ -84,6 +84,8 @@ class Cell:
     gain: Comparison | None
     note: str = ""
     moments: tuple[float, ...] = ()  # each seed's test VCMR SumR where the run localizes (NaN where a record has none)
+    machines: tuple[str, ...] = ()  # where each seed was made (`machine_of`)
+    drift: str = ""  # where the run's and its base's seeds were made on different machines, says so (`two_machines`)
 
 
 def knob_tag(knob: str, value: float) -> str:
@@ -172,8 +174,27 @@ def sweep_cells(sweep: Sweep, out: str | Path, settings: Settings,
             cells.append(Cell(value, run, tuple(s for s, _ in found),
                               tuple(float(r["metrics"]["test"]["SumR"]) for _, r in found),
                               tuple(_oracle(r) for _, r in found), base or "", gain, note,
-                              tuple(_moment(r) for _, r in found)))
-    return cells, facts
+                              tuple(_moment(r) for _, r in found), tuple(machine_of(r) for _, r in found)))
+    at = {(c.value, c.run): c for c in cells}
+    return [dataclasses.replace(c, drift=two_machines(c, at[c.value, c.base])) if (c.value, c.base) in at else c
+            for c in cells], facts
+
+
+def machine_of(record: Any) -> str:
+    """Where a record was made, in a word or two: its device, or on a CPU the processor's model (`made_on`)."""
+    where = made_on(record)
+    return (where.partition(", ")[2] or where) if where.startswith("cpu") else where
+
+
+def two_machines(cell: Cell, base: Cell) -> str:
+    """A note where some seed of the run was made on another machine than the same seed of its base: another
+    processor rounds differently and training carries it into the figures (docs/records.md, "Retraining a
+    record"), so the gain holds that drift as well as the run's change; "" where every shared seed agrees."""
+    mine, theirs = dict(zip(cell.seeds, cell.machines)), dict(zip(base.seeds, base.machines))
+    if all(mine[s] == theirs[s] for s in mine.keys() & theirs.keys()):
+        return ""
+    return (f"made on two machines ({cell.run} on {' and '.join(dict.fromkeys(mine.values()))}; {base.run} on "
+            f"{' and '.join(dict.fromkeys(theirs.values()))}): the gain holds their drift")
 
 
 class WorldCheck:
@@ -241,8 +262,9 @@ def _gain_cells(cell: Cell) -> list[str]:
     if cell.gain is None:
         return ["", "", "", cell.note[:120] if cell.base else ""]
     d = sumr_of(cell.gain)
+    over = "" if cell.gain.interval_over == BOTH_LEVELS else str(cell.gain.interval_over)
     return [f"{d.difference:+.1f}", f"[{d.low:+.1f}, {d.high:+.1f}]", f"{d.p:.3g}",
-            "" if cell.gain.interval_over == BOTH_LEVELS else str(cell.gain.interval_over)]
+            "; ".join(n for n in (over, cell.drift) if n)]
 
 
 def sumr_of(comparison: Comparison) -> MetricDifference:
@@ -512,7 +534,8 @@ def room_left_rows(found: list[RoomLeft], facts: dict[Point, dict[str, Any]]) ->
             continue
         # taken = base's room - the run's own room; its interval is the change's, negated (0.0 - x: no -0.0)
         out.append([show_point(c.value), share, c.run, f"{g.after:+.1f}", c.base, f"{g.before:+.1f}",
-                    f"{0.0 - g.change:+.1f}", f"[{0.0 - g.high:+.1f}, {0.0 - g.low:+.1f}]", _room_left_reads(k, g)])
+                    f"{0.0 - g.change:+.1f}", f"[{0.0 - g.high:+.1f}, {0.0 - g.low:+.1f}]",
+                    _and_drifts(_room_left_reads(k, g), k.own, k.base_room)])
     return out
 
 
@@ -686,8 +709,17 @@ def answer_rows(found: list[Answer], facts: dict[Point, dict[str, Any]]) -> list
         share = a.share
         rows.append([show_point(c.value), _fact(facts.get(c.value, {}).get(FACTS[0][2])), c.run, c.base,
                      *(_signed(gain) if gain else ["", ""]), *(_signed(room) if room else ["", ""]),
-                     *(_share(share) if share else ["", ""]), _answer_reads(a, gain, room)])
+                     *(_share(share) if share else ["", ""]), _with_drift(_answer_reads(a, gain, room), a)])
     return rows
+
+
+def _with_drift(reads: str, a: Answer) -> str:
+    """The reads, and where the gain's or the room's rows were made on two machines, that they were."""
+    return _and_drifts(reads, a.cell, *([a.room] if a.room is not None and a.room is not a.cell else []))
+
+
+def _and_drifts(reads: str, *cells: Cell) -> str:
+    return "; ".join(n for n in (reads, *dict.fromkeys(c.drift for c in cells)) if n)
 
 
 def _signed(d: MetricDifference) -> list[str]:
