@@ -192,6 +192,31 @@ def test_the_report_reads_each_cell_and_its_gain_over_the_plain_cell(tmp_path, c
     assert "(seeds 0 of 0 1 2)" in md
 
 
+def test_a_gain_over_a_plain_cell_made_on_another_machine_says_so(tmp_path, capsys):
+    """A cell whose seeds were made on another processor than the plain cell's: its gain holds the machines'
+    drift as well as the cell's change (docs/records.md), so the grid marks it and lists why under the
+    backbone's table, and the CSV's note says so; a cell made where the plain cell was says nothing of it."""
+    import json
+
+    from prvr.harness.engine.records import record_path
+
+    fake_cells(tmp_path, ["baseline", "baseline+oracle"])
+    for run, model in (("baseline", "Intel Xeon (family 6, model 207)"), ("baseline+oracle", "AMD EPYC (family 25, "
+                                                                                             "model 17)")):
+        for seed in (0, 1, 2):
+            path = record_path(tmp_path, "sim-tiny", run, seed)
+            record = json.loads(path.read_text())
+            record["provenance"].update(device="cpu (1 threads)", cpu={"model": model})
+            path.write_text(json.dumps(record))
+    assert main(["matrix", *TINY, "--out", str(tmp_path), "--report-only", *ONE_TABLE]) == 0
+    rows = {(r["detector"], r["treatment"]): r for r in csv.DictReader((tmp_path / "matrix" / "sim-tiny.csv").open())}
+    note = ("made on two machines (baseline+oracle on AMD EPYC (family 25, model 17); baseline on Intel Xeon "
+            "(family 6, model 207)): the gain holds their drift")
+    assert rows[("oracle", "positive")]["reason or note"] == note and rows[("none", "positive")]["reason or note"] == ""
+    md = (tmp_path / "matrix" / "sim-tiny.md").read_text()
+    assert "; made on two machines (below)" in md and f"- {note}" in md
+
+
 def test_a_cell_not_run_gives_its_command(tmp_path):
     fake_cells(tmp_path, ["baseline"])
     assert main(["matrix", *TINY, "--out", str(tmp_path), "--report-only", *ONE_TABLE, "--name", "part"]) == 0

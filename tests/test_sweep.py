@@ -513,7 +513,8 @@ def test_a_gain_between_rows_made_on_two_machines_says_so(tmp_path):
     from test_stats import write_run
 
     from prvr.harness.reports.stats import Settings
-    from prvr.harness.reports.sweeps import SweepRows, answers, machine_of, render, sweep_cells
+    from prvr.harness.engine.records import drift_note, machine_of
+    from prvr.harness.reports.sweeps import SweepRows, answers, render, sweep_cells
 
     intel, amd = "Intel Xeon (family 6, model 207)", "AMD EPYC (family 25, model 17)"
     assert machine_of({"provenance": {"device": "cpu (1 threads)", "cpu": {"model": amd}}}) == amd
@@ -537,3 +538,4 @@ def test_a_gain_between_rows_made_on_two_machines_says_so(tmp_path):
     reads = [x for x in md.splitlines() if "| b+oracle | b |" in x]
     assert reads and reads[0].endswith(f"; {drift['b+oracle']} |")
     assert not any("two machines" in x for x in md.splitlines() if "| c+oracle |" in x)
+    assert drift_note("r", {0: amd, 1: ""}, "b", {0: amd, 1: intel}) == ""  # a seed naming no machine: not told

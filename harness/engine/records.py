@@ -206,6 +206,23 @@ def made_on(record: Any) -> str:
     return f"{device}, {model}" if model and device.startswith("cpu") else device
 
 
+def machine_of(record: Any) -> str:
+    """Where a record was made, in a word or two: its device, or on a CPU the processor's model (`made_on`)."""
+    where = made_on(record)
+    return (where.partition(", ")[2] or where) if where.startswith("cpu") else where
+
+
+def drift_note(run: str, mine: Mapping[int, str], base: str, theirs: Mapping[int, str]) -> str:
+    """A note where some seed of `run` was made on another machine (`machine_of`, by seed) than the same seed of
+    its `base`: another processor rounds differently and training carries it into the figures (docs/records.md,
+    "Retraining a record"), so a gain between them holds that drift as well as the run's change; "" where
+    every shared seed agrees, or names no machine on one side (a record older than `provenance.cpu`)."""
+    if all(mine[s] == theirs[s] for s in mine.keys() & theirs.keys() if mine[s] and theirs[s]):
+        return ""
+    return (f"made on two machines ({run} on {' and '.join(dict.fromkeys(mine.values()))}; {base} on "
+            f"{' and '.join(dict.fromkeys(theirs.values()))}): the gain holds their drift")
+
+
 def _git(*args: str) -> str:
     here = Path(__file__).resolve().parent
     try:

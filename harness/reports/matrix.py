@@ -23,7 +23,7 @@ from typing import Any, Sequence
 from prvr.harness.base import progress
 from prvr.harness.base.io import UserError, write_texts
 from prvr.harness.base.names import check_name, inside
-from prvr.harness.engine.records import load_record_at, record_path
+from prvr.harness.engine.records import drift_note, load_record_at, machine_of, record_path
 from prvr.harness.reports.stats import (BOTH_LEVELS, MetricDifference, Row, Settings, compare_rows, load_row,
                                         world_of)
 from prvr.harness.reports.table import Markdown, code, csv_text, markdown_cell, markdown_table, mean_std
@@ -77,6 +77,7 @@ class Filled:
     gain: MetricDifference | None = None  # SumR against the plain cell
     over: str = ""  # what the interval resamples
     note: str = ""  # why there is no gain (no plain run yet, too few shared seeds, no rankings)
+    drift: str = ""  # where the cell's and the plain cell's seeds were made on different machines (`drift_note`)
 
 
 def fill(matrix: Matrix, out: str | Path, settings: Settings) -> list[Filled]:
@@ -138,7 +139,9 @@ def _fill(matrix: Matrix, cell: MatrixCell, records: dict[tuple[str, int], Any],
         except UserError as e:  # too few shared seeds: said in the cell
             return Filled(cell, status, seeds, sumr, note=str(e))
         gain = next(m for m in comparison.metrics if m.metric == "SumR")
-        return Filled(cell, status, seeds, sumr, gain, comparison.interval_over)
+        drift = drift_note(cell.run, {s: machine_of(records[(cell.run, s)]) for s in seeds}, plain,
+                           {s: machine_of(records[(plain, s)]) for s in matrix.seeds if (plain, s) in records})
+        return Filled(cell, status, seeds, sumr, gain, comparison.interval_over, drift=drift)
     return Filled(cell, status, seeds, sumr, note=note)
 
 
@@ -172,7 +175,7 @@ def cell_text(f: Filled, seeds: Sequence[int]) -> Markdown:
     if c.plain:
         tail = "plain"
     elif f.gain is not None:
-        tail = f"gain {_gain_text(f)}"
+        tail = f"gain {_gain_text(f)}" + ("; made on two machines (below)" if f.drift else "")
     else:
         tail = f.note[:160]
     return Markdown(f"{code(c.run)}: {figure}{part}; {markdown_cell(tail)}")
@@ -194,8 +197,10 @@ def render(matrix: Matrix, filled: list[Filled]) -> tuple[str, str]:
     for b in matrix.backbones:
         plain = matrix.plain(b)
         table = [[d, *(cell_text(at[(b, d, t)], matrix.seeds) for t in names)] for d in matrix.detectors]
+        drifts = [f.drift for f in filled if f.cell.backbone == b and f.drift]
         md += [f"## Backbone {b}" + (f" (plain cell: {plain})" if plain else ""), "",
-               markdown_table(["detector", *names], table), ""]
+               markdown_table(["detector", *names], table), "",
+               *(f"- {markdown_cell(d)}" for d in dict.fromkeys(drifts)), *([""] if drifts else [])]
     md += ["## The cells' recipes", "",
            "What each cell resolves to: its run (several cells may share one: with no detector, no pair is "
            "treated, so the detector-none row is the plain cell wherever the treatment's objective fits the "
@@ -211,7 +216,7 @@ def render(matrix: Matrix, filled: list[Filled]) -> tuple[str, str]:
         lines.append([matrix.dataset, c.backbone, c.detector, c.treatment, f.status, c.run, matrix.plain(c.backbone),
                       _seeds(f.seeds), mean_std(list(f.sumr)), f"{d.difference:+.2f}" if d else "",
                       f"[{d.low:+.2f}, {d.high:+.2f}]" if d else "", f"{d.p:.3g}" if d else "", f.over if d else "",
-                      c.reason or f.note, c.recipe])
+                      "; ".join(n for n in (c.reason or f.note, f.drift) if n), c.recipe])
     return "\n".join(md), csv_text(head, lines)
 
 

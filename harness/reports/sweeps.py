@@ -32,7 +32,7 @@ from prvr.harness.base import progress
 from prvr.harness.base.io import UserError, write_png, write_texts
 from prvr.harness.base.names import check_name, inside, join_run_name, split_run_name
 from prvr.harness.base.registry import DETECTORS, METHODS, home_method
-from prvr.harness.engine.records import load_record_at, made_on, record_path
+from prvr.harness.engine.records import drift_note, load_record_at, machine_of, record_path
 from prvr.harness.reports.stats import (BOTH_LEVELS, LEVEL, Comparison, GainChange, MetricDifference, Row, RoomShare,
                                         Settings, compare_rows, gain_change, load_row, room_share)
 from prvr.harness.reports.rows import p_value
@@ -180,21 +180,9 @@ def sweep_cells(sweep: Sweep, out: str | Path, settings: Settings,
             for c in cells], facts
 
 
-def machine_of(record: Any) -> str:
-    """Where a record was made, in a word or two: its device, or on a CPU the processor's model (`made_on`)."""
-    where = made_on(record)
-    return (where.partition(", ")[2] or where) if where.startswith("cpu") else where
-
-
 def two_machines(cell: Cell, base: Cell) -> str:
-    """A note where some seed of the run was made on another machine than the same seed of its base: another
-    processor rounds differently and training carries it into the figures (docs/records.md, "Retraining a
-    record"), so the gain holds that drift as well as the run's change; "" where every shared seed agrees."""
-    mine, theirs = dict(zip(cell.seeds, cell.machines)), dict(zip(base.seeds, base.machines))
-    if all(mine[s] == theirs[s] for s in mine.keys() & theirs.keys()):
-        return ""
-    return (f"made on two machines ({cell.run} on {' and '.join(dict.fromkeys(mine.values()))}; {base.run} on "
-            f"{' and '.join(dict.fromkeys(theirs.values()))}): the gain holds their drift")
+    """`records.drift_note` of a cell and its base's cell at one value."""
+    return drift_note(cell.run, dict(zip(cell.seeds, cell.machines)), base.run, dict(zip(base.seeds, base.machines)))
 
 
 class WorldCheck:
