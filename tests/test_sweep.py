@@ -189,6 +189,18 @@ def test_what_a_gain_is_credited_to(gain, room, share, says):
     assert _answer_reads(answer, answer.cell.gain.metrics[0], answer.room.gain.metrics[0]).startswith(says)
 
 
+@pytest.mark.parametrize("room, says", [
+    ((+9, +4, +14), "knowing every false negative is worth this much here"),
+    ((+1, -2, +4), "no room the interval can tell from zero"),
+    ((-3, -5, -1), "knowing every false negative costs the base here: no room"),  # ARL's encoder at 0.2%
+])
+def test_what_an_oracle_row_reads(room, says):
+    cell = Cell((0.35,), "msl+oracle", (0, 1), (1, 1), (1, 1), "msl", _comparison(MetricDifference("SumR", 0, 0, *room,
+                                                                                                   0.01)))
+    d = cell.gain.metrics[0]
+    assert _answer_reads(Answer(cell, cell, None), d, d) == says
+
+
 def test_no_share_of_a_room_the_interval_cannot_tell_from_zero():
     """Where the oracle's room holds 0 in its interval the ratio gain / room means nothing (RAL's +19.4
     over a room of -0.2 read as 2942% on sim-tvr-v2 at 0.2% multi-relevant): neither figure is shown."""

@@ -729,6 +729,7 @@ def _answer_reads(a: Answer, gain: MetricDifference | None, room: MetricDifferen
         return ""
     if "+oracle" in a.cell.run:
         return ("knowing every false negative is worth this much here" if room.low > 0
+                else "knowing every false negative costs the base here: no room" if room.high < 0
                 else "no room the interval can tell from zero")
     if gain.high < 0:
         return "loses to its base"
