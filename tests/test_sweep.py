@@ -551,3 +551,5 @@ def test_a_gain_between_rows_made_on_two_machines_says_so(tmp_path):
     assert reads and reads[0].endswith(f"; {drift['b+oracle']} |")
     assert not any("two machines" in x for x in md.splitlines() if "| c+oracle |" in x)
     assert drift_note("r", {0: amd, 1: ""}, "b", {0: amd, 1: intel}) == ""  # a seed naming no machine: not told
+    assert drift_note("r", {0: amd, 1: ""}, "b", {0: intel, 1: intel}) == \
+        f"made on two machines (r on {amd}; b on {intel}): the gain holds their drift"  # the unnamed seed not listed

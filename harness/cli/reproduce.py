@@ -86,8 +86,9 @@ def _elsewhere(then: str, now: str) -> str:
     "Retraining a record"); nothing where both records name the same machine, or either names none."""
     if not then or not now or then == now:
         return ""
-    return (f"; the record was made on {then} and this run on {now}: another machine rounds differently and "
-            "training carries it to the last figures, so reproduce it where it was made to expect every digit")
+    return (f"; the record was made on {then} and this run on {now}: another processor, device or thread count "
+            "rounds differently and training carries it to the last figures, so reproduce it where it was made to "
+            "expect every digit")
 
 
 def check_reproducible(path: Path, record: RunRecord) -> str:

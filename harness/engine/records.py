@@ -197,19 +197,25 @@ def cpu_facts(cpuinfo: str | Path = "/proc/cpuinfo") -> CpuFacts:
     return facts
 
 
+def _device_and_model(record: Any) -> tuple[str, str]:
+    """A record's device and, where it ran on a CPU and names it, the processor's model ("" otherwise)."""
+    provenance = record.get("provenance") or {}
+    device = str(provenance.get("device", ""))
+    model = str((provenance.get("cpu") or {}).get("model") or "")
+    return device, model if device.startswith("cpu") else ""
+
+
 def made_on(record: Any) -> str:
     """Where a record's run was made, as its provenance says: the device, and on a CPU the processor's
     model (`cpu_facts`), the figure a run's last digits depend on beside the commit."""
-    provenance = record.get("provenance") or {}
-    device = str(provenance.get("device", ""))
-    model = (provenance.get("cpu") or {}).get("model")
-    return f"{device}, {model}" if model and device.startswith("cpu") else device
+    device, model = _device_and_model(record)
+    return f"{device}, {model}" if model else device
 
 
 def machine_of(record: Any) -> str:
-    """Where a record was made, in a word or two: its device, or on a CPU the processor's model (`made_on`)."""
-    where = made_on(record)
-    return (where.partition(", ")[2] or where) if where.startswith("cpu") else where
+    """Where a record was made, in a word or two: on a CPU the processor's model, else its device."""
+    device, model = _device_and_model(record)
+    return model or device
 
 
 def drift_note(run: str, mine: Mapping[int, str], base: str, theirs: Mapping[int, str]) -> str:
@@ -219,8 +225,11 @@ def drift_note(run: str, mine: Mapping[int, str], base: str, theirs: Mapping[int
     every shared seed agrees, or names no machine on one side (a record older than `provenance.cpu`)."""
     if all(mine[s] == theirs[s] for s in mine.keys() & theirs.keys() if mine[s] and theirs[s]):
         return ""
-    return (f"made on two machines ({run} on {' and '.join(dict.fromkeys(mine.values()))}; {base} on "
-            f"{' and '.join(dict.fromkeys(theirs.values()))}): the gain holds their drift")
+    return (f"made on two machines ({run} on {_named(mine)}; {base} on {_named(theirs)}): the gain holds their drift")
+
+
+def _named(machines: Mapping[int, str]) -> str:
+    return " and ".join(dict.fromkeys(m for m in machines.values() if m)) or "a machine its records do not name"
 
 
 def _git(*args: str) -> str:

@@ -232,12 +232,16 @@ def _facts(record: Any) -> dict[str, Any]:
 
 
 def _oracle(record: Any) -> float:
-    value = record["metrics"]["test"].get("oracle", {}).get("SumR")
-    return float(value) if isinstance(value, (int, float)) else math.nan
+    return _figure(record["metrics"]["test"].get("oracle", {}), "SumR")
 
 
 def _moment(record: Any) -> float:
-    value = record["metrics"]["test"].get(MOMENT_SUM.name)
+    return _figure(record["metrics"]["test"], MOMENT_SUM.name)
+
+
+def _figure(block: Any, key: str) -> float:
+    """A figure of a metrics block, NaN where the record has none."""
+    value = block.get(key)
     return float(value) if isinstance(value, (int, float)) else math.nan
 
 
@@ -365,7 +369,7 @@ def slopes(sweep: Sweep, cells: list[Cell], facts: dict[Point, dict[str, Any]], 
     """A slope per run whose base is swept with it, where two values or more have both, from the cells'
     own per-seed figures (`figure`: "sumr", or "moments" for VCMR SumR; the records were read once, by
     `sweep_cells`; a seed without the figure is left out), against `noise_axis`."""
-    sumr = {(c.value, c.run): {s: v for s, v in zip(c.seeds, getattr(c, figure)) if math.isfinite(v)} for c in cells}
+    sumr = {(c.value, c.run): _by_seed(c.seeds, getattr(c, figure)) for c in cells}
     _, axis = noise_axis(sweep, facts)
     found = []
     for run, base in dict.fromkeys((c.run, c.base) for c in cells if c.base):
