@@ -109,7 +109,7 @@ METHODS.add(
     MethodSpec("arl", backbone="arl", relations="arl", loss_cls=ArlConfig, objective=arl_objective,
                preset=PRESETS / "arl.yaml", detector_plan=arl_plan,
                needs=frozenset({"theta_phi", "frame_items", "frame_mask"}), objectives=("arl-video", "arl-frame"),
-               base_row="base"),
+               base_row="base", treatment_row="tv_only"),
     "ARL: ambiguity-restrained learning (uncertainty + similarity detection, cross-model, dual triplet)",
 )
 

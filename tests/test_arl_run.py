@@ -107,6 +107,26 @@ def test_objective_uses_ambiguous_sets_only_after_warm_up_and_lifts_them_to_fram
     after["loss"].backward()
 
 
+def test_the_matrix_start_row_under_ignore_with_no_pairs_is_the_base_row_draw_for_draw(tiny):
+    """The matrix's cells on ARL's backbone start from `tv_only` (MethodSpec.treatment_row): with no ambiguous pair
+    its ignore cell must train what the plain cell `arl~base` does, random stream included (the ignore path takes
+    and drops restrain's draw from the empty set), so the oracle's room at a world with nothing to know is 0."""
+    cfg, scores, rel, ctx = _objective_inputs(tiny)
+    cfg.loss.warmup_epochs, cfg.loss.hard_negative_epoch = 0, -1
+    none = Relations(rel.positive, torch.zeros_like(rel.ambiguous), rel.confidence)
+    out, states = {}, {}
+    for variant, treatment in (("base", "restrain"), ("tv_only", "ignore"), ("tv_only", "restrain")):
+        cfg.loss.variant, cfg.loss.treatment = variant, treatment
+        ctx.generator = torch.Generator().manual_seed(3)
+        out[variant, treatment] = arl_objective(cfg.loss, scores, none, ctx)["loss"].item()
+        states[variant, treatment] = ctx.generator.get_state()
+    assert out["tv_only", "ignore"] == out["base", "restrain"] == out["tv_only", "restrain"]
+    assert torch.equal(states["tv_only", "ignore"], states["base", "restrain"])
+    cfg.loss.variant, cfg.loss.treatment = "tv_only", "ignore"  # with pairs, ignore leaves them out: another loss
+    ctx.generator = torch.Generator().manual_seed(3)
+    assert rel.ambiguous.any() and arl_objective(cfg.loss, scores, rel, ctx)["loss"].item() != out["base", "restrain"]
+
+
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("treatment", ["restrain", "positive", "ignore"])
 def test_every_ablation_recipe_resolves_and_steps(tiny, variant, treatment):

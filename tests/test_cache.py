@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from prvr.datasets.sim import cache
+from prvr.datasets.sim import cache, generate
 from prvr.harness.engine.config import resolve
 from prvr.harness.base.registry import DATASETS
 
@@ -67,3 +67,36 @@ def test_key_changes_with_any_knob():
     b = cache.cache_key({"sim": {"repeat_prob": 0.41}})
     assert a != b and len(a) == 16
     assert json.dumps(sorted([a, b]))
+
+
+def _build_slowly(folder, builds, started):
+    """A process that wants the entry: its build counts itself and takes long enough for the other to arrive."""
+    import time
+
+    def build():
+        with builds.get_lock():
+            builds.value += 1
+        time.sleep(1.0)
+        return generate("sim-tiny", resolve("baseline", "sim-tiny", 0).sim)
+
+    started.wait()
+    data = cache.load_or_build(folder / "sim" / "sim-tiny-race", build, print)
+    assert len(data.splits["train"].query_ids) > 0
+
+
+def test_two_processes_wanting_one_new_entry_build_it_once(tmp_path):
+    """CPU. Two runs started at once on a new world (a sweep's two lanes): without turns both built it and the
+    second's store removed the first's entry while the first read it ("unreadable right after it was
+    written"). With the lock the second waits and loads the first's entry."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    builds, started = ctx.Value("i", 0), ctx.Event()
+    procs = [ctx.Process(target=_build_slowly, args=(tmp_path / "cache", builds, started)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    started.set()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0] and builds.value == 1
+    assert [p.name for p in (tmp_path / "cache" / "sim").iterdir()] == ["sim-tiny-race"]  # entries only

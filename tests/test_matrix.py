@@ -33,10 +33,13 @@ def test_a_cell_is_the_run_the_suite_already_names(tmp_path):
     assert names[("oracle", "positive", "dual-branch")] == "baseline+oracle"
     assert names[("oracle", "ignore", "dual-branch")] == "baseline+oracle~ignore"  # not the positive mode's run
     assert names[("none", "positive", "dual-branch")] == names[("none", "ignore", "dual-branch")] == "baseline"
-    assert names[("arl", "restrain", "arl")] == "arl" and names[("oracle", "restrain", "arl")] == "arl+oracle"
     assert names[("none", "restrain", "arl")] == "arl~base"  # ARL's own base row, Table 5 (a)
-    table6 = {r.overrides: r.tag for r in TABLES[("arl", "6")].rows}
-    assert names[("arl", "positive", "arl")] == f"arl~{table6[('loss.treatment=positive',)]}"  # as `ablate` names it
+    # ARL's cells start from its T-V row, Table 5 (b): under ARL's own detector and restrain, that row's run
+    table5 = {r.overrides: r.tag for r in TABLES[("arl", "5")].rows}
+    assert names[("arl", "restrain", "arl")] == f"arl~{table5[('loss.variant=tv_only',)]}" == "arl~tv_only"
+    assert names[("oracle", "restrain", "arl")] == "arl+oracle~tv_only"
+    assert names[("arl", "positive", "arl")] == "arl~tv_only-positive"  # not Table 6's `arl~positive` (full ARL)
+    assert names[("oracle", "ignore", "arl")] == "arl+oracle~tv_only-ignore"
     assert names[("sbert", "ignore", "msl")] == "msl+sbert" and names[("oracle", "positive", "msl")] == "msl+oracle"
     # the standard objectives' loss.treatment: restrain on their own backbone, positive from a detector without a mode
     assert names[("oracle", "restrain", "dual-branch")] == "baseline+oracle~restrain"
@@ -58,8 +61,9 @@ def test_a_cell_is_the_run_the_suite_already_names(tmp_path):
 def test_derived_settings_of_cells():
     oracle = recipe("oracle", TREATMENTS["positive"], "arl")  # ARL's loss treats the pairs; the oracle hands them over
     assert not isinstance(oracle, str)
-    assert (oracle.method, oracle.sets) == ("arl", ("relations.name=oracle", "loss.treatment=positive",
-                                                    "relations.oracle.mode=ignore"))
+    assert (oracle.method, oracle.sets) == ("arl", ("relations.name=oracle", "loss.variant=tv_only",
+                                                    "loss.treatment=positive", "relations.oracle.mode=ignore"))
+    assert oracle.tag == "tv_only-positive"  # from ARL's treatment row, by the treatment alone
     base = recipe("oracle", TREATMENTS["ignore"], "dual-branch")
     assert not isinstance(base, str) and base.sets == ("relations.name=oracle", "relations.oracle.mode=ignore")
     # the standard objectives: restrain is the backbone's own method with loss.treatment=restrain

@@ -224,29 +224,46 @@ def test_a_methods_base_row_is_swept_beside_it(tmp_path, capsys):
         assert f"  {run} " in out
     # the base row reads no relations: an oracle beside it would be the same run again (three such runs at
     # 61% multi-relevant gave arl~base's SumR to the decimal), so --oracle trains the oracle's room on its
-    # encoder beside it instead, the matrix cell oracle x ignore
-    assert "arl+oracle~base" not in out and "  arl+oracle~ignore~repeat_prob0.9 " in out
+    # encoder beside it instead, the matrix cell oracle x ignore (from ARL's treatment row, tv_only)
+    assert "arl+oracle~base" not in out and "  arl+oracle~tv_only-ignore~repeat_prob0.9 " in out
     assert not (tmp_path / "runs").exists()
 
 
 def test_the_room_beside_a_base_row_is_the_matrix_cell_and_the_answer_reads_it(tmp_path):
-    """CPU. `arl~base --oracle` trains `arl+oracle~ignore` at each value with the matrix's recipe for that cell
+    """CPU. `arl~base --oracle` trains `arl+oracle~tv_only-ignore` at each value with the matrix's recipe for that cell
     (the same run `prvr-bench matrix --set KNOB=V` makes), its gain is measured against `arl~base`, and the
     answer table reads ARL's gain against that room, where it said only where the room is."""
     argv = ["sweep", "--knob", "sim.repeat_prob", "--values", "0.9", "--method", "arl", "arl~base", "--oracle",
             "--seeds", "0", "1", "--out", str(tmp_path), *TINY]
     assert main(argv) == 0
-    room = json.loads((tmp_path / "runs" / "sim-tiny" / "arl+oracle~ignore~repeat_prob0.9" / "seed0.json").read_text())
+    room = json.loads((tmp_path / "runs" / "sim-tiny" / "arl+oracle~tv_only-ignore~repeat_prob0.9" / "seed0.json")
+                      .read_text())
     assert (room["relations"], room["config"]["loss"]["treatment"], room["config"]["relations"]["oracle"]["mode"]) == \
         ("oracle", "ignore", "ignore")
-    assert room["config"]["loss"]["variant"] != "base" and room["config"]["sim"]["repeat_prob"] == 0.9
+    # ARL's T-V row, whose only difference from `arl~base` is the oracle's pairs left out of the negatives
+    assert room["config"]["loss"]["variant"] == "tv_only" and room["config"]["sim"]["repeat_prob"] == 0.9
     rows = list(csv.DictReader((tmp_path / "sweeps" / "sim-tiny~repeat_prob.csv").open()))
-    [room_row] = [r for r in rows if r["run"] == "arl+oracle~ignore"]
+    [room_row] = [r for r in rows if r["run"] == "arl+oracle~tv_only-ignore"]
     assert room_row["base"] == "arl~base" and room_row["gain (SumR)"]
     [arl] = [r for r in rows if r["run"] == "arl"]
     assert arl["base"] == "arl~base" and arl["oracle's gain on the base"] == room_row["gain (SumR)"]
-    assert "reads no relations" not in arl["reads"] and "no arl+oracle~ignore run" not in arl["reads"]
-    assert base_of("arl+oracle~ignore") == "arl~base" and room_of("arl~base") == "arl+oracle~ignore"
+    assert "reads no relations" not in arl["reads"] and "no arl+oracle~tv_only-ignore run" not in arl["reads"]
+    assert base_of("arl+oracle~tv_only-ignore") == "arl~base" and room_of("arl~base") == "arl+oracle~tv_only-ignore"
+    assert base_of("arl+oracle~ignore") == "arl~ignore"  # the records of the earlier recipe: not read as the room
+
+
+def test_a_cell_on_arls_backbone_is_swept_by_the_name_of_its_start_row(tmp_path, capsys):
+    """ARL's cells start from its treatment row (tv_only): `arl+arl~ignore` names the cell the matrix trains as
+    `arl~tv_only-ignore`, so the sweep says that name in one line; by that name (or `~tv_only` for restrain) it
+    plans the matrix's run."""
+    plan = ["sweep", "--knob", "sim.repeat_prob", "--values", "0.9", "--seeds", "0", "--out", str(tmp_path), "--plan",
+            *TINY, "--method"]
+    assert main([*plan, "arl+arl~ignore"]) == 2
+    assert capsys.readouterr().err.strip() == "prvr-bench: error: --method arl+arl~ignore: that cell of the matrix " \
+        "trains arl+arl~tv_only-ignore; sweep it by that name"
+    assert main([*plan, "arl+arl~tv_only-ignore", "arl+arl~tv_only"]) == 0
+    out = capsys.readouterr().out
+    assert "  arl~tv_only-ignore~repeat_prob0.9 " in out and "  arl~tv_only~repeat_prob0.9 " in out
 
 
 def test_a_matrix_cell_is_swept_by_its_run_name_and_a_tag_is_kept(tmp_path, capsys):
@@ -406,7 +423,7 @@ def test_a_base_the_oracle_costs_has_no_room_to_take(low, high, than):
 
     left = RoomLeft(_room_cell("arl", "arl~base", (-3.0, -4.5, -1.5)),
                     _room_cell("arl+oracle", "arl", (-2.5, -4.4, -0.6)),
-                    _room_cell("arl+oracle~ignore", "arl~base", (-6.2, -9.1, -3.1)), None)
+                    _room_cell("arl+oracle~tv_only-ignore", "arl~base", (-6.2, -9.1, -3.1)), None)
     change = GainChange(-6.2, -2.5, 3.7, low, high, (0, 1))
     assert _room_left_reads(left, change) == (f"knowing the false negatives costs its base (-6.2): no room to take; "
                                               f"it costs the run {than}")

@@ -2,7 +2,9 @@
 
 An entry is a folder of .npy arrays (memory-mapped on load) plus `manifest.json`, written
 last, that lists every file with its size and SHA-256 digest. The folder is built under a
-temporary name and renamed into place, so a crash never leaves a half entry. On load the
+temporary name and renamed into place, so a crash never leaves a half entry; processes that want one
+entry take turns on a lock file (`.locks/` in the cache folder), so a second waits for the first's entry rather than building
+and replacing it under the first's reads. On load the
 folder must hold exactly the files its manifest lists, each with its size and digest, and
 only listed files are read; an entry that fails (a file missing, changed or added) is
 reported, removed and regenerated, never trusted.
@@ -19,8 +21,15 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: entries are built without the lock
+    fcntl = None  # type: ignore[assignment]
 
 import numpy as np
 import scipy.sparse as sp
@@ -61,7 +70,38 @@ def cache_key(payload: dict[str, Any]) -> str:
 
 
 def load_or_build(folder: Path, build: Callable[[], PRVRData], warn: Callable[[str], None]) -> PRVRData:
-    """Load a valid cache entry, or build the data, store it and load it back."""
+    """Load a valid cache entry, or build the data, store it and load it back; processes that want the same
+    entry take turns (`_one_at_a_time`)."""
+    with _one_at_a_time(folder):
+        return _load_or_build(folder, build, warn)
+
+
+@contextmanager
+def _one_at_a_time(folder: Path) -> Iterator[None]:
+    """An advisory lock (`flock`) on `.locks/<kind>-<entry>.lock` in the cache folder (outside the kind's folder
+    of entries, which holds entries only), held while the entry is loaded or built:
+    two runs started at once on a new world (a sweep's lanes, `--jobs`) would otherwise both build it, and the
+    second's store would remove the first's entry while the first reads it. The second waits, then loads what
+    the first stored. Where no lock can be made (no `fcntl`, a cache folder this user cannot write) the entry is
+    loaded as before; the lock file stays, empty."""
+    lock = folder.parent.parent / ".locks" / f"{folder.parent.name}-{folder.name}.lock"
+    try:
+        ensure_dir(lock.parent, "move the cache: --set data.cache_dir=DIR or PRVR_CACHE=DIR")
+        handle = open(lock, "a")  # noqa: SIM115 (held across the yield)
+    except (OSError, UserError):
+        handle = None
+    if handle is None or fcntl is None:
+        yield
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _load_or_build(folder: Path, build: Callable[[], PRVRData], warn: Callable[[str], None]) -> PRVRData:
     if folder.exists():
         try:
             return load(folder)

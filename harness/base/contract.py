@@ -24,7 +24,7 @@ The registries of harness/base/registry.py are typed with these (`Registry[Metho
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Protocol, TypedDict, TypeVar, cast, runtime_checkable
@@ -367,6 +367,34 @@ class MethodSpec:
     # mechanism, its encoder and loss alone (ARL: "base", Table 5 row (a)): a sweep measures the method's
     # gain against that row (harness/reports/sweeps.py `base_of`); "": against its home method, if any
     base_row: str = ""
+    # the tag of the ablation row a matrix cell on the method's backbone starts from when it trains a detector's
+    # pairs with the method's own objective (ARL: "tv_only", Table 5 row (b), the text-video sets alone, without
+    # the frame loss and cross-model hand-off that `base_row` lacks too), so that such a cell differs from the
+    # plain cell (`base_row`) by the detector and the treatment alone; "": the method as registered
+    treatment_row: str = ""
+
+    def treated_tag(self, treatment: str) -> str:
+        """The tag of a matrix cell training `treatment` from `treatment_row`: the row's own where the treatment is
+        the loss's default (ARL's restrain: `arl~tv_only`, the ablation row's run), else `ROW-TREATMENT`
+        (`arl+oracle~tv_only-ignore`); "" without a treatment row."""
+        if not self.treatment_row:
+            return ""
+        return self.treatment_row if treatment == self._default_treatment() else f"{self.treatment_row}-{treatment}"
+
+    def treatment_of(self, tag: str) -> str:
+        """The treatment a cell tag of `treated_tag` names (`tv_only-ignore` -> `ignore`, `tv_only` -> the loss's
+        default); `tag` itself where the method has no treatment row or the tag is not one of its cells'."""
+        if not self.treatment_row:
+            return tag
+        if tag == self.treatment_row:
+            return self._default_treatment() or tag
+        head, sep, treatment = tag.partition("-")
+        return treatment if sep and head == self.treatment_row else tag
+
+    def _default_treatment(self) -> str:
+        """The default of the loss's `treatment` field ("" where it has none)."""
+        found = [f.default for f in fields(self.loss_cls) if f.name == "treatment"] if is_dataclass(self.loss_cls) else []
+        return str(found[0]) if found and found[0] is not MISSING else ""
 
 
 class DatasetEntry(Protocol):

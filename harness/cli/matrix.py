@@ -15,6 +15,10 @@ A cell (detector D, treatment T, backbone B) is an ordinary `prvr-bench run`: a 
   ignore) and D has that mode; else T as the detector's `relations.D.mode` where D has one (the oracle);
   else `ignore` is what every objective does with ambiguous pairs (they leave `Relations.negative`), and
   `positive` cannot work;
+- on the backbone of a method that names a treatment row (`MethodSpec.treatment_row`: ARL's `tv_only`), a
+  cell of that method's own objective starts from the row's settings, so it differs from the backbone's plain
+  cell (the method's base row, `arl~base`) by D and T alone; its tag is the row's, joined to T where T is not
+  the loss's default (`arl+oracle~tv_only-ignore`, `arl~tv_only` for ARL's own detector under restrain);
 - with D = none no pair is detected, so every treatment whose objective fits B trains B's plain cell:
   B's own method on the labels, or the row it names as its base (`MethodSpec.base_row`: `arl~base`);
 - `soft` reads the detector's confidence in the labelled pairs (Holmes' soft targets): B's own method with
@@ -284,7 +288,10 @@ def recipe(detector: str, treatment: Treatment, backbone: str) -> Recipe | str:
     if not treatment.confidence and not found.finds_pairs and method != TREATMENTS["soft"].method:
         # no pair to treat and a confidence the objective reads only under soft: the labels, as detector none
         return _plain(backbone)
-    sets = [f"relations.name={detector}"]
+    start = _start_sets(method, home)
+    if isinstance(start, str):
+        return start
+    sets = [f"relations.name={detector}", *start]
     modes = _choices(DETECTORS.get(detector).config_cls, "mode")
     # a loss whose `treatment` T trains what the detector's mode T gives (the standard objectives' positive and
     # ignore) keeps the detector's mode where it has one: the run the suite has (`baseline+oracle`)
@@ -308,7 +315,22 @@ def recipe(detector: str, treatment: Treatment, backbone: str) -> Recipe | str:
         if wants not in modes:
             return f"detector {detector} has no relations.{detector}.mode={wants} (its modes: {', '.join(modes)})"
         sets.append(f"relations.{detector}.mode={wants}")
-    return Recipe(method, backbone, tuple(sets), _row_tag(method, sets) or treatment.name)
+    tag = spec.treated_tag(treatment.name) if start else _row_tag(method, sets)
+    return Recipe(method, backbone, tuple(sets), tag or treatment.name)
+
+
+def _start_sets(method: str, home: str | None) -> tuple[str, ...] | str:
+    """The --set items of the row a cell of the backbone's own method starts from (`MethodSpec.treatment_row`:
+    ARL's `tv_only`, so a treated cell differs from the plain `arl~base` by its detector and treatment alone);
+    () for other methods, or the reason the named row is missing."""
+    row = METHODS.get(method).treatment_row if method == home else ""
+    return _row_overrides(method, row, "treatment row") if row else ()
+
+
+def _row_overrides(method: str, tag: str, what: str) -> tuple[str, ...] | str:
+    """The --set items of the method's ablation row `tag`, or why it has none."""
+    rows = [r for (m, _), t in sorted(TABLES.items()) if m == method for r in t.rows if r.tag == tag]
+    return rows[0].overrides if rows else f"method {method} names {what} {tag!r}, which none of its ablation tables holds"
 
 
 def _no_confidence_seam(home: str | None, treatment: Treatment) -> str:
@@ -339,10 +361,8 @@ def _plain(backbone: str) -> Recipe | str:
         return f"backbone {backbone} has no method of its own to train it"
     spec = METHODS.get(home)
     if spec.base_row:
-        rows = [r for (m, _), t in sorted(TABLES.items()) if m == home for r in t.rows if r.tag == spec.base_row]
-        if not rows:
-            return f"method {home} names base row {spec.base_row!r}, which none of its ablation tables holds"
-        return Recipe(home, backbone, rows[0].overrides, spec.base_row, plain=True)
+        base = _row_overrides(home, spec.base_row, "base row")
+        return base if isinstance(base, str) else Recipe(home, backbone, base, spec.base_row, plain=True)
     sets = () if spec.relations == NO_DETECTOR else (f"relations.name={NO_DETECTOR}",)
     return Recipe(home, backbone, sets, plain=True)
 
@@ -461,6 +481,12 @@ def _notes(backbones: list[str]) -> tuple[str, ...]:
         if spec is not None and spec.base_row:
             notes.append(f"on backbone {b} the plain cell is {home}~{spec.base_row}, the row {home} names as its "
                          f"base (its encoder and loss without its label-noise mechanism)")
+        if spec is not None and spec.treatment_row:
+            notes.append(f"on backbone {b} the cells of {home}'s own objective start from its row "
+                         f"{home}~{spec.treatment_row} (`MethodSpec.treatment_row`) and set only the detector and "
+                         f"loss.treatment on it, so each differs from the plain cell by what it does with the "
+                         f"detected pairs (run {home}+DETECTOR~{spec.treated_tag('ignore')}; under the loss's own "
+                         f"treatment, {home}+DETECTOR~{spec.treatment_row})")
     notes.append("detector holmes hands over no pair of its own (its relations are the labels, a smoothed query's "
                  "labelled pair with confidence 1 - smooth_beta), which only soft reads: under the other treatments "
                  "the standard objectives train as with detector none (the plain cell); any other detector trusts "

@@ -42,7 +42,7 @@ from prvr.harness.engine.config import resolve
 from prvr.harness.engine.records import record_path
 from prvr.harness.engine.runner import run_name, run_one
 from prvr.harness.engine.sections import Config
-from prvr.harness.reports.sweeps import ROOM_TAG, Point, Sweep, point_tag, reads_no_relations, write_sweep
+from prvr.harness.reports.sweeps import ROOM_TREATMENT, Point, Sweep, point_tag, reads_no_relations, write_sweep
 from prvr.methods.recipes import TABLES
 
 
@@ -203,6 +203,7 @@ def _cell_variant(name: str, dataset: str) -> tuple[str, tuple[str, ...]]:
                         f"(methods: `prvr-bench list`; detectors: {', '.join(DETECTORS.names())})")
     if not treatment:
         return "", (f"relations.name={detector}",)
+    tag, treatment = treatment, METHODS.get(method).treatment_of(treatment)  # `tv_only-ignore` -> ignore
     if treatment not in TREATMENTS:
         raise UserError(f"--method {name}: no treatment {treatment!r} (treatments: {', '.join(TREATMENTS)})")
     found = recipe(detector, TREATMENTS[treatment], backbone or METHODS.get(method).backbone)
@@ -210,7 +211,7 @@ def _cell_variant(name: str, dataset: str) -> tuple[str, tuple[str, ...]]:
         raise UserError(f"--method {name}: this matrix cell cannot work: {found}")
     if not found.plain and found.method == method and is_untagged(found, lambda sets: resolve(method, dataset, 0, sets)):
         found = dataclasses.replace(found, tag="")  # the detector's own mode: its untagged run
-    if found.method != method or found.tag != treatment or found.plain:
+    if found.method != method or found.tag != tag or found.plain:
         same = "the backbone's plain run" if found.plain else \
             join_run_name(found.method, detector, tag=found.tag)
         raise UserError(f"--method {name}: that cell of the matrix trains {same}; sweep it by that name")
@@ -219,10 +220,11 @@ def _cell_variant(name: str, dataset: str) -> tuple[str, tuple[str, ...]]:
 
 def _room_recipe(name: str) -> Recipe:
     """The oracle's room beside a row that reads no relations (`arl~base`): the matrix cell oracle x ignore on
-    its backbone (`arl+oracle~ignore`, the true false negatives left out of the negatives), whose gain over
-    that row is the room label noise leaves its encoder (harness/reports/sweeps.py `room_of`)."""
+    its backbone (`arl+oracle~tv_only-ignore`, the true false negatives left out of the negatives of the row the
+    backbone's cells start from), whose gain over that row is the room label noise leaves its encoder
+    (harness/reports/sweeps.py `room_of`)."""
     backbone = _backbone_name(name) or METHODS.get(_method(name)).backbone
-    found = recipe("oracle", TREATMENTS[ROOM_TAG], backbone)
+    found = recipe("oracle", TREATMENTS[ROOM_TREATMENT], backbone)
     if isinstance(found, str):  # every backbone with a method of its own fits it; said in one line if not
         raise UserError(f"--method {name} --oracle: the oracle's room on backbone {backbone} (oracle x ignore) "
                         f"cannot work: {found}")

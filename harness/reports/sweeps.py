@@ -23,7 +23,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import scipy.stats
@@ -37,6 +37,9 @@ from prvr.harness.reports.stats import (BOTH_LEVELS, LEVEL, Comparison, GainChan
                                         Settings, compare_rows, gain_change, load_row, room_share)
 from prvr.harness.reports.rows import p_value
 from prvr.harness.reports.table import MOMENT_SUM, csv_text, markdown_table, mean_std
+
+if TYPE_CHECKING:  # harness/base/contract.py imports torch, which a report does not need
+    from prvr.harness.base.contract import MethodSpec
 
 # the world's figures shown at each value (provenance.data.<split>.<key>)
 FACTS = (("test", "multi_relevant_share", "multi-relevant share (test)"),
@@ -111,15 +114,16 @@ def run_at(run: str, sweep: Sweep, value: Point) -> str:
 
 
 def base_of(run: str) -> str | None:
-    """The run a gain is measured against: `room_of` a base row -> that row (`arl+oracle~ignore` -> `arl~base`);
-    `X+oracle` -> `X`; a matrix cell `M+DETECTOR~TREATMENT` -> the
-    plain run of M's backbone (`baseline+holmes~soft` -> `baseline`, `arl+sbert~ignore` -> `arl~base`); a method with a base row (MethodSpec.base_row)
-    -> that row (`arl` -> `arl~base`, its encoder without the ambiguity set); `M@B` where M extends B's own
-    method -> that method (`ral@msl` -> `msl`); a condition of its backbone's home method, the same objective
-    under other weights or another detector's pairs -> that method (`xml-pr` -> `xml`); else none."""
+    """The run a gain is measured against: `room_of` a base row -> that row (`arl+oracle~tv_only-ignore` ->
+    `arl~base`); `X+oracle` -> `X`; a matrix cell `M+DETECTOR~TREATMENT` -> the plain run of M's backbone
+    (`baseline+holmes~soft` -> `baseline`, `arl+sbert~tv_only-ignore` -> `arl~base`); a method with a base row
+    (MethodSpec.base_row) -> that row (`arl` -> `arl~base`, its encoder without the ambiguity set); `M@B` where M
+    extends B's own method -> that method (`ral@msl` -> `msl`); a condition of its backbone's home method, the
+    same objective under other weights or another detector's pairs -> that method (`xml-pr` -> `xml`); else
+    none."""
     method, detector, backbone, tag = split_run_name(run)
     spec = METHODS.get(method) if method in METHODS else None
-    if detector == "oracle" and tag == ROOM_TAG and spec is not None and spec.base_row:  # `room_of` a base row
+    if detector == "oracle" and spec is not None and spec.base_row and tag == _room_tag(spec):  # `room_of` a base row
         return join_run_name(method, backbone=backbone, tag=spec.base_row)
     if detector == "oracle":
         return join_run_name(method, backbone=backbone, tag=tag)
@@ -410,7 +414,13 @@ def _slope_reads(slope: Slope, lows: Sequence[float]) -> str:
     return trend
 
 
-ROOM_TAG = "ignore"  # the matrix's oracle x ignore cell: the oracle's room beside a row that reads no relations
+ROOM_TREATMENT = "ignore"  # the matrix's oracle x ignore cell: the oracle's room beside a row that reads no relations
+
+
+def _room_tag(spec: MethodSpec) -> str:
+    """The tag of the oracle x ignore cell on the method's backbone (`tv_only-ignore` for ARL, whose cells start
+    from its treatment row; `ignore` elsewhere)."""
+    return spec.treated_tag(ROOM_TREATMENT) or ROOM_TREATMENT
 
 
 def reads_no_relations(run: str) -> bool:
@@ -424,9 +434,10 @@ def reads_no_relations(run: str) -> bool:
 
 def room_of(run: str) -> str:
     """The oracle's room beside a row that reads no relations: the matrix cell oracle x ignore on the row's
-    encoder, the true false negatives left out of its negatives (`arl~base` -> `arl+oracle~ignore`; docs/matrix.md)."""
+    encoder, the true false negatives left out of its negatives (`arl~base` -> `arl+oracle~tv_only-ignore`, from
+    the row ARL's cells start from; docs/matrix.md)."""
     method, _, backbone, _ = split_run_name(run)
-    return join_run_name(method, "oracle", backbone, ROOM_TAG)
+    return join_run_name(method, "oracle", backbone, _room_tag(METHODS.get(method)))
 
 
 def oracle_of(run: str) -> str:

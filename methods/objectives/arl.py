@@ -11,7 +11,8 @@ How a row treats A (paper Table 6):
   keep A below the anchor by the small margin m_a (Eq. 11) and N by m (Eq. 12).
 - positive: A joins the positives (supervised contrastive, Khosla et al.: each positive
   its own term, averaged), and ambiguous pairs become triplet anchors with margin m.
-- ignore: A is masked out of every loss.
+- ignore: A is masked out of every loss (the draw restrain makes from A is taken and dropped, so an
+  ignore run and a restrain run share one random stream).
 
 The standard objectives (baseline, MS-SL, GMMFormer) take the same words as their
 `loss.treatment` (end of this file): ignore (their default, as they always were), positive (A
@@ -31,7 +32,7 @@ from prvr.harness.base import masks
 from prvr.harness.base.checks import require
 from prvr.harness.base.io import UserError
 from prvr.harness.base.registry import OBJECTIVES
-from prvr.methods.objectives.ranking import sample_negatives
+from prvr.methods.objectives.ranking import sample_negatives, skip_draw
 
 Treatment = Literal["restrain", "positive", "ignore"]  # how a row treats its ambiguous set (Table 6)
 TREATMENTS: tuple[Treatment, ...] = get_args(Treatment)
@@ -157,6 +158,8 @@ def ambiguity_restrained_loss(t2x: Rows, x2t: Rows, w: LossWeights, treatment: s
             trip_a = trip_a + triplet_rows(rows, rows.ambiguous, w.margin_a, w.hard_pool, generator).mean()
         elif treatment == "positive":  # ambiguous pairs as extra anchors against the negatives
             trip_n = trip_n + _ambiguous_as_anchors(rows, w.margin, w.hard_pool, generator)
+        else:  # ignore: restrain's draw from A taken and dropped, so the two share one random stream
+            skip_draw(rows.scores, generator)
     return {"nce": nce, "trip_a": trip_a, "trip_n": trip_n, "loss": w.lambda_nce * nce + trip_a + trip_n}
 
 

@@ -59,6 +59,13 @@ def draw_one(weights: torch.Tensor, generator: torch.Generator | None = None) ->
     return (weights / q).argmax(-1)
 
 
+def skip_draw(weights_like: torch.Tensor, generator: torch.Generator | None = None) -> None:
+    """Advance the random stream as `draw_one` over weights shaped like `weights_like` does, keeping no draw:
+    a loss that leaves out a term another treatment samples still takes its random numbers, so the two runs share
+    one stream (common random numbers) and differ by the treatment alone."""
+    torch.empty_like(weights_like, dtype=torch.float).exponential_(1, generator=generator)
+
+
 def sample_negatives(scores: torch.Tensor, negative: torch.Tensor, hard_pool: int | None,
                      generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One negative per row: uniform among the row's negatives, or, with `hard_pool` = k,
