@@ -3,8 +3,8 @@
 An entry is a folder of .npy arrays (memory-mapped on load) plus `manifest.json`, written
 last, that lists every file with its size and SHA-256 digest. The folder is built under a
 temporary name and renamed into place, so a crash never leaves a half entry; processes that want one
-entry take turns on a lock file (`.locks/` in the cache folder), so a second waits for the first's entry rather than building
-and replacing it under the first's reads. On load the
+entry take turns on a lock file (`.locks/` in the cache folder), so a second waits for the first's
+entry rather than building and replacing it under the first's reads. On load the
 folder must hold exactly the files its manifest lists, each with its size and digest, and
 only listed files are read; an entry that fails (a file missing, changed or added) is
 reported, removed and regenerated, never trusted.

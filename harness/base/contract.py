@@ -393,7 +393,9 @@ class MethodSpec:
 
     def _default_treatment(self) -> str:
         """The default of the loss's `treatment` field ("" where it has none)."""
-        found = [f.default for f in fields(self.loss_cls) if f.name == "treatment"] if is_dataclass(self.loss_cls) else []
+        if not is_dataclass(self.loss_cls):
+            return ""
+        found = [f.default for f in fields(self.loss_cls) if f.name == "treatment"]
         return str(found[0]) if found and found[0] is not MISSING else ""
 
 

@@ -330,7 +330,9 @@ def _start_sets(method: str, home: str | None) -> tuple[str, ...] | str:
 def _row_overrides(method: str, tag: str, what: str) -> tuple[str, ...] | str:
     """The --set items of the method's ablation row `tag`, or why it has none."""
     rows = [r for (m, _), t in sorted(TABLES.items()) if m == method for r in t.rows if r.tag == tag]
-    return rows[0].overrides if rows else f"method {method} names {what} {tag!r}, which none of its ablation tables holds"
+    if not rows:
+        return f"method {method} names {what} {tag!r}, which none of its ablation tables holds"
+    return rows[0].overrides
 
 
 def _no_confidence_seam(home: str | None, treatment: Treatment) -> str:
