@@ -42,7 +42,7 @@ from prvr.datasets.real.xml import XMLLayout
 from prvr.datasets.sim.cache import CorruptCache, cache_key, cache_root, describe_files, read_manifest, verify_files
 from prvr.datasets.types import PRVRData, Ragged, Split
 from prvr.harness.base import progress
-from prvr.harness.base.io import ensure_dir, temporary_beside, write_json
+from prvr.harness.base.io import ensure_dir, one_at_a_time, temporary_beside, write_json
 
 FORMAT = 2  # 2: files listed with their digests, feature.bin by its absolute path
 MANIFEST = "manifest.json"
@@ -79,9 +79,10 @@ def load_real(name: str, cfg) -> PRVRData:
     """The dataset from its layout under data.data_root (validated, cached, memory-mapped)."""
     layout = make_layout(name, cfg)
     folder = entry_folder(name, cfg, layout)
-    if not folder.exists():
-        progress.log(f"{name}: checking the {cfg.data.layout} layout at {layout.collection} (first load only)")
-        _build_entry(layout, folder)
+    with one_at_a_time(folder):  # a second run started at once waits for the first's entry, not builds its own
+        if not folder.exists():
+            progress.log(f"{name}: checking the {cfg.data.layout} layout at {layout.collection} (first load only)")
+            _build_entry(layout, folder)
     data = read_entry(folder)
     return preload(data) if cfg.data.preload else data
 

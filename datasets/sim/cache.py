@@ -21,21 +21,14 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
-
-try:
-    import fcntl
-except ImportError:  # not POSIX: entries are built without the lock
-    fcntl = None  # type: ignore[assignment]
 
 import numpy as np
 import scipy.sparse as sp
 
 from prvr.datasets.types import PRVRData, Ragged, Split
-from prvr.harness.base.io import NAME_MAX, UserError, ensure_dir, temporary_beside, write_json
+from prvr.harness.base.io import NAME_MAX, UserError, ensure_dir, one_at_a_time, temporary_beside, write_json
 
 if TYPE_CHECKING:
     from _hashlib import _HashObject  # typeshed's hash object: what hashlib.file_digest makes
@@ -71,34 +64,9 @@ def cache_key(payload: dict[str, Any]) -> str:
 
 def load_or_build(folder: Path, build: Callable[[], PRVRData], warn: Callable[[str], None]) -> PRVRData:
     """Load a valid cache entry, or build the data, store it and load it back; processes that want the same
-    entry take turns (`_one_at_a_time`)."""
-    with _one_at_a_time(folder):
+    entry take turns (`io.one_at_a_time`; the load too: a corrupt entry is removed and built again)."""
+    with one_at_a_time(folder):
         return _load_or_build(folder, build, warn)
-
-
-@contextmanager
-def _one_at_a_time(folder: Path) -> Iterator[None]:
-    """An advisory lock (`flock`) on `.locks/<kind>-<entry>.lock` in the cache folder (outside the kind's folder
-    of entries, which holds entries only), held while the entry is loaded or built:
-    two runs started at once on a new world (a sweep's lanes, `--jobs`) would otherwise both build it, and the
-    second's store would remove the first's entry while the first reads it. The second waits, then loads what
-    the first stored. Where no lock can be made (no `fcntl`, a cache folder this user cannot write) the entry is
-    loaded as before; the lock file stays, empty."""
-    lock = folder.parent.parent / ".locks" / f"{folder.parent.name}-{folder.name}.lock"
-    try:
-        ensure_dir(lock.parent, "move the cache: --set data.cache_dir=DIR or PRVR_CACHE=DIR")
-        handle = open(lock, "a")  # noqa: SIM115 (held across the yield)
-    except (OSError, UserError):
-        handle = None
-    if handle is None or fcntl is None:
-        yield
-        return
-    with handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _load_or_build(folder: Path, build: Callable[[], PRVRData], warn: Callable[[str], None]) -> PRVRData:

@@ -30,6 +30,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: cache entries are built without the lock
+    fcntl = None  # type: ignore[assignment]
+
 HOST = re.sub(r"[^A-Za-z0-9_]", "_", socket.gethostname())[:40] or "host"
 TEMPORARY = re.compile(r"\.(?P<name>.+)\.(?P<host>\w+)-(?P<pid>\d+)\.[0-9a-f]{8}\.tmp")
 STALE_AFTER_S = 60.0  # a dead writer's temporary is removed only once untouched this long
@@ -144,6 +149,30 @@ def _alive(pid: int) -> bool:
     except (PermissionError, OverflowError):
         return True  # exists (another user's), or not a pid this system can have
     return True
+
+
+@contextmanager
+def one_at_a_time(entry: Path) -> Iterator[None]:
+    """Processes that want one cache entry take turns: an advisory lock (`flock`, waited for) on
+    `.locks/<kind>-<entry>.lock` in the cache folder (outside the kind's folder, which holds entries only). Two runs
+    started at once on a new world or layout (a sweep's lanes, `--jobs`) would otherwise both build it, and a
+    store that replaces the entry would remove it under the other's reads. Where no lock can be made (no
+    `fcntl`, a cache folder this user cannot write) the block runs without it; the lock file stays, empty."""
+    lock = entry.parent.parent / ".locks" / f"{entry.parent.name}-{entry.name}.lock"
+    try:
+        ensure_dir(lock.parent, "move the cache: --set data.cache_dir=DIR or PRVR_CACHE=DIR")
+        handle = open(lock, "a")  # noqa: SIM115 (held across the yield)
+    except (OSError, UserError):
+        handle = None
+    if handle is None or fcntl is None:
+        yield
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 @contextmanager
