@@ -496,9 +496,11 @@ def test_a_base_row_reads_no_relations_and_its_room_is_the_matrix_cell():
 
 
 def test_runs_that_localize_report_their_vcmr_gains_over_the_seeds():
-    """XML and its conditions localize: their records carry VCMR SumR, whose per-query ranks the evaluator does
-    not keep, so a sweep of them reports each VCMR gain over its base with the paired t-test's interval over the
-    seeds (scipy.stats.ttest_rel), a VCMR slope, and CSV columns; a sweep of runs without it keeps its tables.
+    """XML and its conditions localize: their records carry VCMR SumR; where no stored rankings hold their
+    per-query moment ranks (these hand-made cells, records made before the ranks were kept), a sweep of them
+    reports each VCMR gain over its base with the paired t-test's interval over the seeds
+    (scipy.stats.ttest_rel), a VCMR slope, and CSV columns; a sweep of runs without it keeps its tables
+    (the stored-rank case: tests/test_moment_rankings.py).
     `xml-pr`'s base is `xml`, the method whose objective it weighs otherwise."""
     import scipy.stats
 
@@ -525,9 +527,11 @@ def test_runs_that_localize_report_their_vcmr_gains_over_the_seeds():
     assert (slope.run, slope.points, slope.per_10) == ("xml-pr", 6, pytest.approx(10 * (61 / 3 - 4) / 50))
     md, table = render(sweep, cells, facts, (), (), (), (), (), gains, [slope])
     assert "## Moments: VCMR SumR" in md and "VCMR slope per 10 pts of share" in md
-    assert f"| 0 | xml-pr | 0 1 2 | 104.0 ± 9.0 | xml | +4.0 | [{g.low:+.1f}, {g.high:+.1f}] | {g.p:.3g} |" in md
-    assert "| 1 | xml-pr+oracle | 1 | 1.0 | xml-pr |  |  |  |" in md  # the one seed with the figure, no gain
-    assert table.splitlines()[0].endswith("VCMR SumR,gain (VCMR SumR),VCMR gain's 95% interval,VCMR gain's p")
+    assert (f"| 0 | xml-pr | 0 1 2 | 104.0 ± 9.0 | xml | +4.0 | [{g.low:+.1f}, {g.high:+.1f}] | {g.p:.3g} | "
+            "seeds (t-test) |") in md  # no stored rankings here: the seeds are the only level
+    assert "| 1 | xml-pr+oracle | 1 | 1.0 | xml-pr |  |  |  |  |" in md  # the one seed with the figure, no gain
+    assert table.splitlines()[0].endswith("VCMR SumR,gain (VCMR SumR),VCMR gain's 95% interval,VCMR gain's p,"
+                                          "VCMR interval over")
     plain = [dataclasses.replace(c, moments=(nan,) * 3) for c in cells]
     assert moment_rows(plain, ()) == [] and moment_gains(plain) == []
     md, table = render(sweep, plain, facts)

@@ -207,7 +207,8 @@ def reference_candidates(start, end, vr, n_rows, row_seconds, n_min, n_max, alph
     return out
 
 
-def reference_recall(cands, truth_video, truth_span, ks, tiou):
+def reference_best(cands, truth_video, truth_span, tiou):
+    """Per query, the rank of its best hit among every candidate (inf where none hits)."""
     hits = []
     for cs, tv, (ts, te) in zip(cands, truth_video, truth_span):
         scores = np.array([c[0] for c in cs])
@@ -216,7 +217,12 @@ def reference_recall(cands, truth_video, truth_span, ks, tiou):
             if v == tv and temporal_iou(st, ed, ts, te) >= tiou:
                 best = min(best, int((scores >= sc).sum()))
         hits.append(best)
-    return {k: 100.0 * float(np.mean(np.array(hits) <= k)) for k in ks}
+    return np.array(hits)
+
+
+def reference_recall(cands, truth_video, truth_span, ks, tiou):
+    hits = reference_best(cands, truth_video, truth_span, tiou)
+    return {k: 100.0 * float(np.mean(hits <= k)) for k in ks}
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -241,6 +247,14 @@ def test_vcmr_and_svmr_equal_the_brute_force_reference_with_ties_and_cuts(seed):
     cands = reference_candidates(start, end, vr, n_rows, row_seconds, *args, setting["top_videos"])
     for tiou in (0.3, 0.5, 0.7):
         assert recall_at(pred, truth, (1, 2, 5), tiou) == reference_recall(cands, labelled, spans, (1, 2, 5), tiou)
+    # the per-query ranks a run stores (`best_hit_ranks`): the reference's where it ranks within the kept
+    # moments, past every kept rank where it does not (a hit tied at the cut: N + 1; none kept: NO_HIT)
+    best = vcmr.best_hit_ranks(pred, truth, (0.3, 0.5, 0.7))
+    for j, tiou in enumerate((0.3, 0.5, 0.7)):
+        ref = reference_best(cands, labelled, spans, tiou)
+        kept = ref <= setting["top_moments"]
+        np.testing.assert_array_equal(best[kept, j], ref[kept])
+        assert (best[~kept, j] > setting["top_moments"]).all()
     # SVMR against the reference on each query's labelled video alone (s_vr left out: constant in a video)
     for i in range(q):
         u = labelled[i]

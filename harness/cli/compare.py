@@ -19,7 +19,7 @@ from prvr.harness.base.names import check_name, from_here, inside
 from prvr.harness.cli.args import add_jobs_argument, command
 from prvr.harness.cli.resolve_seeds import DEFAULT_CAP, Outcome, until_resolved
 from prvr.harness.reports.table import markdown_cell
-from prvr.harness.reports.stats import METRICS, PERMUTATIONS, RESAMPLES, SEED, CompareTable, Settings, \
+from prvr.harness.reports.stats import ALL_METRICS, METRICS, PERMUTATIONS, RESAMPLES, SEED, CompareTable, Settings, \
     compare_table, to_csv, to_markdown
 
 
@@ -31,7 +31,8 @@ def add_commands(sub) -> None:
     p.add_argument("--rows", nargs="+", required=True, metavar="A:B",
                    help="pairs of run names, A minus B, e.g. ral@msl:msl baseline+oracle:baseline")
     p.add_argument("--out", default="results", help="the results folder (reads runs/, writes compare/)")
-    p.add_argument("--metrics", nargs="+", default=list(METRICS), help=f"of {' '.join(METRICS)} (default: all)")
+    p.add_argument("--metrics", nargs="+", default=list(METRICS),
+                   help=f"of {' '.join(ALL_METRICS)} (default: {' '.join(METRICS)}; 'VCMR SumR': rows that localize)")
     p.add_argument("--resamples", type=int, default=RESAMPLES, help="bootstrap resamples")
     p.add_argument("--permutations", type=int, default=PERMUTATIONS, help="randomization-test permutations")
     p.add_argument("--seed", type=int, default=SEED, help="the random seed of the bootstrap and the test")

@@ -289,8 +289,9 @@ def evaluate_model(model: torch.nn.Module, split, batcher, device: torch.device,
     if watch.problem():  # ranks of scores that tell no video apart: marked (runner.py), never a plain figure
         metrics["degenerate_scores"] = watch.problem()
     if moments and vcmr.localizes(model):
+        keep = getattr(sink, "keep_moments", None)  # a RankingSink keeps the per-query moment ranks too
         metrics = vcmr.merge(metrics, vcmr.evaluate_moments(model, split, batcher, queries, videos, chunk, eval_cfg,
-                                                            show))
+                                                            show, keep))
     return metrics
 
 

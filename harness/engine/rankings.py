@@ -6,7 +6,10 @@ only a resumed run, whose best epoch was evaluated by an earlier process, ranks 
 `seed<S>.rank.npz` beside `seed<S>.json` keeps, per query: the top K videos (K = `TOP_K` = 100 by
 default, best first), each listed video's rank under the evaluator's rule (#{v : s_v >= s}: ties
 count against the model), and the labelled video's rank; plus the split's ids, query texts,
-labelled videos and M/V fractions, so that the file alone can be joined to a relevance file.
+labelled videos and M/V fractions, so that the file alone can be joined to a relevance file; and for a
+backbone that localizes, each query's best VCMR hit rank per tIoU threshold (harness/engine/vcmr.py
+`best_hit_ranks`, `RankingSink.keep_moments`), from which the record's VCMR figures follow exactly
+(`moment_sumr`) and the statistics pair VCMR SumR by query (`moment_query_scores`).
 `prvr-bench evaluate RECORD --relevance FILE` (harness/cli/reevaluate.py) then scores the run under
 new labels without its checkpoint: R@K, SumR, median and mean rank and the M/V buckets exactly
 (from the labelled ranks), and the oracle figures (R@K, SumR, dense R@K, the multi-relevant share,
@@ -36,9 +39,11 @@ from prvr.datasets.real.relevance import SplitKeys
 from prvr.harness.engine.evaluate import (KS, ScoreFn, compute_ranks, encode_split, fused_scores, metrics_from_ranks,
                                           recall_table)
 from prvr.harness.base.io import UserError, atomic_path
+from prvr.harness.engine.vcmr import NO_MOMENT, VCMR_KS, recalls_of_ranks
 
 TOP_K = 100
 RECALLS = (*(f"R@{k}" for k in KS), "SumR")  # the figures a record states that its rankings give
+MOMENT_SUM = "VCMR SumR"  # ... and, where they hold moment ranks, this one
 FORMAT = 1
 SUFFIX = ".rank.npz"
 
@@ -53,6 +58,10 @@ class SplitRanking:
     moment_fraction: np.ndarray  # [Q] moment length / video length, NaN where unknown
     keys: SplitKeys
     top_k: int
+    # a localizing run's labelled VCMR per query: its best hit's rank per threshold (harness/engine/vcmr.py
+    # `best_hit_ranks`: NO_HIT, NO_MOMENT), [Q, T]; None where the run does not localize or predates them
+    vcmr_best: np.ndarray | None = None
+    vcmr_tious: tuple[float, ...] = ()
 
     @property
     def num_queries(self) -> int:
@@ -62,6 +71,25 @@ class SplitRanking:
         q = np.arange(self.num_queries)
         return sp.csr_matrix((np.ones(len(q), dtype=bool), (q, self.keys.query_video)),
                              shape=(self.num_queries, len(self.keys.video_ids)))
+
+
+def moment_query_scores(ranking: SplitRanking) -> np.ndarray | None:
+    """[Q] per-query VCMR SumR (the sum over thresholds and k of 100 where the best hit ranks <= k),
+    scaled by Q / (queries with a moment) and 0 for a query without one, so that the mean over all
+    the split's queries is the record's VCMR SumR (which counts only queries with a moment); None
+    where the rankings hold no moment ranks."""
+    best = ranking.vcmr_best
+    if best is None:
+        return None
+    known = best[:, 0] != NO_MOMENT
+    hits = 100.0 * (best[:, :, None] <= np.asarray(VCMR_KS)[None, None, :]).sum((1, 2))
+    return np.where(known, hits * len(best) / max(int(known.sum()), 1), 0.0)
+
+
+def moment_sumr(ranking: SplitRanking) -> float:
+    """The split's VCMR SumR from its stored moment ranks (as the record states it)."""
+    assert ranking.vcmr_best is not None
+    return float(sum(recalls_of_ranks(ranking.vcmr_best, "VCMR", VCMR_KS, ranking.vcmr_tious).values()))
 
 
 def rankings_path(record: str | Path) -> Path:
@@ -114,6 +142,14 @@ class RankingSink:
         self.tops: list[torch.Tensor] = []
         self.ranks: list[torch.Tensor] = []
         self.labelled: list[torch.Tensor] = []
+        self.vcmr_best: np.ndarray | None = None
+        self.vcmr_tious: tuple[float, ...] = ()
+
+    def keep_moments(self, best: np.ndarray, tious: tuple[float, ...]) -> None:
+        """The split's per-query VCMR best-hit ranks, as the moment pass counts them (`vcmr.MomentSink`)."""
+        if len(best) != self.split.num_queries:
+            raise ValueError(f"rankings: moment ranks of {len(best)} queries for a split of {self.split.num_queries}")
+        self.vcmr_best, self.vcmr_tious = np.asarray(best, dtype=np.int64), tuple(float(t) for t in tious)
 
     def __call__(self, start: int, scores: torch.Tensor, labelled: torch.Tensor) -> None:
         """A chunk as `compute_ranks` ranks it: its NaN-free float scores and labelled ranks."""
@@ -131,7 +167,7 @@ class RankingSink:
         k = min(self.top_k, self.split.num_videos)
         return SplitRanking(_host(self.tops, (0, k)), _host(self.ranks, (0, k)), _host(self.labelled, (0,)),
                             np.asarray(self.split.moment_fraction(), dtype=np.float64), SplitKeys.of_split(self.split),
-                            self.top_k)
+                            self.top_k, self.vcmr_best, self.vcmr_tious)
 
 
 def _host(parts: list[torch.Tensor], empty: tuple[int, ...]) -> np.ndarray:
@@ -175,8 +211,12 @@ def save_rankings(path: str | Path, rankings: dict[str, SplitRanking], meta: dic
         arrays[f"{name}.labelled_rank"] = r.labelled_rank.astype(np.int32)
         arrays[f"{name}.moment_fraction"] = r.moment_fraction
         arrays[f"{name}.query_video"] = r.keys.query_video.astype(np.int32)
-        arrays[f"{name}.text"] = _json_bytes({"video_ids": r.keys.video_ids, "query_ids": r.keys.query_ids,
-                                              "query_text": r.keys.query_text, "top_k": r.top_k})
+        text: dict[str, Any] = {"video_ids": r.keys.video_ids, "query_ids": r.keys.query_ids,
+                                "query_text": r.keys.query_text, "top_k": r.top_k}
+        if r.vcmr_best is not None:
+            arrays[f"{name}.vcmr_best"] = r.vcmr_best.astype(np.int32)
+            text["vcmr_tious"] = list(r.vcmr_tious)
+        arrays[f"{name}.text"] = _json_bytes(text)
     path = Path(path)
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         # numpy's stub lets a **dict of arrays fill its allow_pickle: bool; no key here is named so
@@ -237,6 +277,18 @@ def split_problem(r: SplitRanking) -> str | None:
     frac = np.asarray(r.moment_fraction, dtype=float)
     if np.any(np.isinf(frac)) or np.any((frac < 0) | (frac > 1)):
         return "moment fractions outside [0, 1]"
+    return None if r.vcmr_best is None else _moment_problem(r.vcmr_best, r.vcmr_tious, q)
+
+
+def _moment_problem(best: np.ndarray, tious: tuple[float, ...], q: int) -> str | None:
+    """What makes stored VCMR ranks impossible (`vcmr.best_hit_ranks`), in words; None when sound."""
+    if best.ndim != 2 or best.shape != (q, len(tious)) or not tious:
+        return f"VCMR ranks are {best.shape} for {q} queries and {len(tious)} tIoU thresholds"
+    if not all(isinstance(t, float) and 0 < t <= 1 for t in tious):
+        return f"VCMR tIoU thresholds {list(tious)} outside (0, 1]"
+    none = best == NO_MOMENT
+    if np.any(none.any(1) != none.all(1)) or np.any(~none & (best < 1)):
+        return "VCMR ranks below 1, or a query without a moment at some thresholds only"
     return None
 
 
@@ -252,6 +304,12 @@ def check_of_record(stored: Path, record_file: Path, record: Mapping[str, Any], 
                             f"of {value!r}: the rankings do not belong to the record; re-run that run")
     for split, ranking in rankings.items():
         stated = record.get("metrics", {}).get(split, {})
+        if ranking.vcmr_best is not None and MOMENT_SUM in stated:
+            moments = moment_sumr(ranking)
+            if not math.isclose(moments, float(stated[MOMENT_SUM]), rel_tol=1e-9, abs_tol=1e-9):
+                raise UserError(f"stored rankings {stored} give {split} {MOMENT_SUM} {moments:.4f}, but run record "
+                                f"{record_file} says {float(stated[MOMENT_SUM]):.4f}: the rankings do not belong to "
+                                "the record; re-run that run")
         again = recall_table(ranking.labelled_rank)
         for key in RECALLS:
             if key in stated and not math.isclose(again[key], float(stated[key]), rel_tol=1e-9, abs_tol=1e-9):
@@ -277,8 +335,10 @@ def _split_of(z, name: str) -> SplitRanking:
     top = z[f"{name}.top"].astype(np.int64)
     top_rank = z[f"{name}.ties"].astype(np.int64) + np.arange(1, top.shape[1] + 1)
     keys = SplitKeys(text["video_ids"], text["query_ids"], text["query_text"], z[f"{name}.query_video"].astype(np.int64))
+    best = z[f"{name}.vcmr_best"].astype(np.int64) if f"{name}.vcmr_best" in z.files else None
+    tious = tuple(float(t) if isinstance(t, (int, float)) else math.nan for t in text.get("vcmr_tious", []))
     return SplitRanking(top, top_rank, z[f"{name}.labelled_rank"].astype(np.int64), z[f"{name}.moment_fraction"],
-                        keys, int(text["top_k"]))
+                        keys, int(text["top_k"]), best, tious)
 
 
 def _json_bytes(obj: Any) -> np.ndarray:

@@ -43,7 +43,7 @@ Metrics are functions of ranked predictions (`RankedMoments`) and explicit groun
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import torch
@@ -54,6 +54,9 @@ from prvr.harness.base.scores import worst_if_nonfinite
 from prvr.harness.engine.sections import EvalConfig
 
 VCMR_KS = (1, 10, 100)
+# what else the moment pass feeds: the labelled VCMR's best-hit ranks [Q, T] and the T thresholds
+# (rankings.RankingSink keeps them with a run's stored rankings)
+MomentSink = Callable[[np.ndarray, tuple[float, ...]], None]
 SVMR_KS = (1, 5)
 SPAN_OUTPUT = "span_logits"  # the backbone output this pass reads (methods/backbones/api.py)
 ELEMENT_BUDGET = 1 << 24  # span scores held at once (memory only: the results do not depend on it)
@@ -180,24 +183,51 @@ def moment_hits(pred: RankedMoments, truth: MomentTruth, tiou: float, chunk: int
     return out
 
 
+NO_HIT = np.iinfo(np.int32).max  # a query's best-hit rank where no kept prediction hits
+NO_MOMENT = -1  # ... where the query has no true moment (no recall counts it)
+
+
+def best_hit_ranks(pred: RankedMoments, truth: MomentTruth, tious: Iterable[float]) -> np.ndarray:
+    """[Q, len(tious)] int64: per query and threshold, the rank (`moment_ranks`) of its best-ranked
+    hit; `NO_HIT` where no kept prediction hits, `NO_MOMENT` where the query has no true moment.
+    R@k at a threshold is the share of the queries with a moment whose rank is <= k; a run's stored
+    rankings keep these columns (harness/engine/rankings.py), so the moment figures pair by query."""
+    if truth.num_queries != len(pred.video):
+        raise ValueError(f"{truth.num_queries} queries of ground truth for {len(pred.video)} of predictions")
+    tious = tuple(tious)
+    ranks = moment_ranks(pred)
+    out = np.empty((len(pred.video), len(tious)), dtype=np.int64)
+    for j, t in enumerate(tious):
+        out[:, j] = np.where(moment_hits(pred, truth, t), ranks, NO_HIT).min(1, initial=NO_HIT)
+    out[~truth.known()] = NO_MOMENT
+    return out
+
+
+def recalls_of_ranks(best: np.ndarray, task: str, ks: Iterable[int], tious: Iterable[float]) -> dict[str, float]:
+    """{"<task>-<tIoU> R@<k>": percent} from `best_hit_ranks`' columns (one per threshold, in order):
+    the share of queries with a true moment whose best hit ranks <= k (NaN when no query has one)."""
+    known = best[:, 0] != NO_MOMENT if best.shape[1] else np.zeros(len(best), dtype=bool)
+    out: dict[str, float] = {}
+    for j, t in enumerate(tious):
+        for k in ks:
+            column = best[known, j]
+            out[metric_name(task, t, k)] = float(100.0 * np.mean(column <= k)) if len(column) else float("nan")
+    return out
+
+
 def recall_at(pred: RankedMoments, truth: MomentTruth, ks: Iterable[int], tiou: float) -> dict[int, float]:
     """{k: R@k in percent}: the share of queries with a true moment whose best-ranked hit has
     rank <= k (NaN when no query has one)."""
-    if truth.num_queries != len(pred.video):
-        raise ValueError(f"{truth.num_queries} queries of ground truth for {len(pred.video)} of predictions")
-    ranks = np.where(moment_hits(pred, truth, tiou), moment_ranks(pred), np.iinfo(np.int64).max)
-    best = ranks.min(1, initial=np.iinfo(np.int64).max)[truth.known()]
-    return {k: float(100.0 * np.mean(best <= k)) if len(best) else float("nan") for k in ks}
+    ks = tuple(ks)
+    found = recalls_of_ranks(best_hit_ranks(pred, truth, (tiou,)), "", ks, (tiou,))
+    return {k: found[metric_name("", tiou, k)] for k in ks}
 
 
 def moment_metrics(pred: RankedMoments, truth: MomentTruth, task: str, ks: Iterable[int],
                    tious: Iterable[float]) -> dict[str, float]:
     """{"<task>-<tIoU> R@<k>": percent} for every threshold and k, e.g. "VCMR-0.5 R@1"."""
-    out: dict[str, float] = {}
-    for t in tious:
-        for k, r in recall_at(pred, truth, ks, t).items():
-            out[metric_name(task, t, k)] = r
-    return out
+    tious = tuple(tious)
+    return recalls_of_ranks(best_hit_ranks(pred, truth, tious), task, ks, tious)
 
 
 def metric_name(task: str, tiou: float, k: int) -> str:
@@ -339,11 +369,13 @@ def localize(model: Any, queries: dict[str, torch.Tensor], videos: dict[str, tor
 
 @torch.no_grad()
 def evaluate_moments(model: Any, split, batcher, queries: dict[str, torch.Tensor], videos: dict[str, torch.Tensor],
-                     chunk: int, eval_cfg: EvalConfig | None = None, show: str | None = None) -> dict[str, Any]:
+                     chunk: int, eval_cfg: EvalConfig | None = None, show: str | None = None,
+                     keep: MomentSink | None = None) -> dict[str, Any]:
     """The moment metrics of a split whose queries and videos the model has encoded (and
     indexed): {"VCMR-<t> R@<k>": ..., "VCMR SumR", "VCMR n", "SVMR-<t> R@<k>": ..., "oracle":
     {"VCMR-<t> R@<k>": ...} (empty without simulated ground truth)}. Settings: the `eval`
-    section's vcmr_* fields (`eval_cfg`; None: their defaults)."""
+    section's vcmr_* fields (`eval_cfg`; None: their defaults). `keep` gets the per-query VCMR
+    ranks the figures count (`moment_block`), e.g. a run's stored rankings."""
     setting = MomentSettings.of(eval_cfg)
     n_rows, row_seconds = rows_and_seconds(split, batcher.cfg.max_frames)
     device = next(iter(videos.values())).device
@@ -362,14 +394,19 @@ def evaluate_moments(model: Any, split, batcher, queries: dict[str, torch.Tensor
             advance(hi - lo)
     vcmr = RankedMoments.cat([p[0] for p in parts])
     svmr = RankedMoments.cat([p[1] for p in parts])
-    return moment_block(vcmr, svmr, split, setting.tious)
+    return moment_block(vcmr, svmr, split, setting.tious, keep)
 
 
-def moment_block(vcmr: RankedMoments, svmr: RankedMoments, split, tious: Iterable[float]) -> dict[str, Any]:
-    """The metrics of `evaluate_moments` from its predictions and the split's ground truth."""
+def moment_block(vcmr: RankedMoments, svmr: RankedMoments, split, tious: Iterable[float],
+                 keep: MomentSink | None = None) -> dict[str, Any]:
+    """The metrics of `evaluate_moments` from its predictions and the split's ground truth; `keep`
+    gets the labelled VCMR's per-query best-hit ranks (`best_hit_ranks`) and the thresholds."""
     tious = tuple(tious)
     truth = MomentTruth.labelled(split.query_video, split.moments)
-    out: dict[str, Any] = moment_metrics(vcmr, truth, "VCMR", VCMR_KS, tious)
+    best = best_hit_ranks(vcmr, truth, tious)
+    if keep is not None:
+        keep(best, tious)
+    out: dict[str, Any] = recalls_of_ranks(best, "VCMR", VCMR_KS, tious)
     out["VCMR SumR"] = float(sum(out.values()))
     out["VCMR n"] = int(truth.known().sum())
     out.update(moment_metrics(svmr, truth, "SVMR", SVMR_KS, tious))

@@ -35,6 +35,7 @@ the reports it rebuilds.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -324,17 +325,19 @@ def judge(rows: list[dict[str, Any]], root: str | Path | None = None,
         scores = {s: loaded[k] for s, k in zip(seeds, keys)}
         return stats.Row(row["dataset"], row["run"], stats.world_of(by_record[keys[0]]), scores)
 
-    def sumr(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    def sumr(a: dict[str, Any], b: dict[str, Any], metric: str = "SumR") -> dict[str, Any]:
         shared = sorted(set(a["seeds"]) & set(b["seeds"]))
         ra, rb = stored(a, shared), stored(b, shared)
         if ra is not None and rb is not None and ra.world != rb.world:
-            return {**seed_test(a, b, "SumR"), "why": OTHER_WORLD}
+            return {**seed_test(a, b, metric), "why": OTHER_WORLD}
         if ra is not None and rb is not None and len(shared) >= max(2, settings.min_seeds):
-            (d,) = stats.compare_rows(ra, rb, settings).metrics
+            if not (stats.has_metric(ra, metric, shared) and stats.has_metric(rb, metric, shared)):
+                return {**seed_test(a, b, metric), "why": NOT_RANKED}  # VCMR SumR of runs without moment ranks
+            (d,) = stats.compare_rows(ra, rb, dataclasses.replace(settings, metrics=(metric,))).metrics
             return {"delta": d.difference, "low": d.low, "high": d.high, "p": d.p, "test": RANDOMIZATION,
                     "seeds": shared, "why": None}
         why = FEW_SEEDS if len(shared) < 2 else NO_RANKINGS
-        return {**seed_test(a, b, "SumR"), "why": why}
+        return {**seed_test(a, b, metric), "why": why}
 
     base = baseline_rows(rows)
     moment = {r["dataset"]: r for r in rows
@@ -349,7 +352,7 @@ def judge(rows: list[dict[str, Any]], root: str | Path | None = None,
             r["delta"], r["p"] = r["comparison"]["delta"], r["comparison"]["p"]
         m = moment.get(r["dataset"])
         if r.get("vcmr_delta") is not None and m is not None:
-            r["vcmr_comparison"] = {**seed_test(r, m, MOMENT_SUM.name), "why": NOT_RANKED, "against": m["run"]}
+            r["vcmr_comparison"] = {**sumr(r, m, MOMENT_SUM.name), "against": m["run"]}
         for kind, c in (("reference", r["comparison"]), ("moment", r["vcmr_comparison"])):
             if c:
                 c["family"] = (kind, r["dataset"])
@@ -705,9 +708,10 @@ def moment_table(rows: list[dict[str, Any]]) -> list[str]:
             "\"Moment retrieval\"): test split, percent, mean ± sample std over seeds, two decimals. VR R@K are the "
             "video ranks of the table above; VCMR SumR sums the VCMR R@K over k and tIoU (the SBERT-PR paper picks "
             f"its conditions by this sum). Δ: difference of mean VCMR SumR to the `{moment_baseline()}` row of the "
-            "same dataset; the stored rankings hold no VCMR figures, so its p is always the fallback, the paired "
-            "t-test over shared seeds (`t-test p`), Holm-corrected over the dataset's Δ VCMR SumR (* Holm p "
-            "< 0.05). An empty cell: a figure that not every "
+            "same dataset, with the 95% interval of the two-level paired bootstrap and the randomization test's p "
+            "where both rows' stored rankings hold per-query moment ranks (runs made since the rankings keep them), "
+            "else the fallback, the paired t-test over shared seeds (`t-test p`); Holm-corrected over the dataset's "
+            "Δ VCMR SumR (* Holm p < 0.05). An empty cell: a figure that not every "
             "seed of the row has (a backbone that does not localize has no VCMR / SVMR).", "",
             markdown_table(head, body)]
 

@@ -38,13 +38,15 @@ import numpy as np
 from prvr.harness.base.io import UserError
 from prvr.harness.base.names import check_name, inside
 from prvr.harness.engine.evaluate import KS
-from prvr.harness.engine.rankings import rankings_of_record
+from prvr.harness.engine.rankings import MOMENT_SUM, moment_query_scores, rankings_of_record
 from prvr.harness.engine.record_types import RunRecord
 from prvr.harness.engine.records import RECORD_FILE, load_record_at
 from prvr.harness.reports.rows import dataset_label
 from prvr.harness.reports.table import csv_text, markdown_cell, markdown_table, spreadsheet_safe, world_digest  # noqa: F401
 
 METRICS: tuple[str, ...] = (*(f"R@{k}" for k in KS), "SumR")
+# every metric a comparison can take: the default ones, and VCMR SumR where the rankings hold moment ranks
+ALL_METRICS: tuple[str, ...] = (*METRICS, MOMENT_SUM)
 RESAMPLES = 10_000  # bootstrap resamples
 PERMUTATIONS = 10_000  # randomization-test resamples
 SEED = 0
@@ -66,8 +68,8 @@ class SeedScores:
     record: Path
     query_ids: list[str]
     labelled_videos: list[str]
-    scores: np.ndarray  # [Q, len(METRICS)] in percent; the column means are the record's figures
-    figures: dict[str, float]  # the record's stored test figures (METRICS)
+    scores: np.ndarray  # [Q, len(ALL_METRICS)] in percent; the column means are the record's figures (NaN: none)
+    figures: dict[str, float]  # the record's stored test figures (ALL_METRICS; NaN where it states none)
 
 
 @dataclass(frozen=True)
@@ -128,10 +130,14 @@ def seed_scores(path: Path, record: RunRecord) -> SeedScores:
                         "re-run that run to compare it")
     ranking = rankings[SPLIT]
     block: Mapping[str, Any] = record["metrics"][SPLIT]
-    figures = {m: float(block.get(m, math.nan)) for m in METRICS}
+    figures = {m: float(block.get(m, math.nan)) for m in ALL_METRICS}
     keys = ranking.keys
+    moments = moment_query_scores(ranking)
+    if moments is None or MOMENT_SUM not in block:  # no moment ranks: the column is NaN, and refused by name
+        moments = np.full(len(ranking.labelled_rank), math.nan)
+    scores = np.concatenate([query_scores(ranking.labelled_rank), moments[:, None]], axis=1)
     return SeedScores(record["seed"], path, list(keys.query_ids), [keys.video_ids[i] for i in keys.query_video],
-                      query_scores(ranking.labelled_rank), figures)
+                      scores, figures)
 
 
 # ----------------------------------------------------------------------------- the statistics
@@ -288,7 +294,9 @@ def compare_rows(a: Row, b: Row, settings: Settings = Settings()) -> Comparison:
                         "least 2; run the missing seeds, or pass --min-seeds 1 for a queries-only interval (marked so)")
     for s in shared:
         check_queries(a, b, s)
-    columns = [METRICS.index(m) for m in settings.metrics]
+    for metric in settings.metrics:
+        check_metric(metric, [(row, row.seeds[s]) for row in (a, b) for s in shared])
+    columns = [ALL_METRICS.index(m) for m in settings.metrics]
     sa = [a.seeds[s].scores[:, columns] for s in shared]
     sb = [b.seeds[s].scores[:, columns] for s in shared]
     replicates = bootstrap_differences([x - y for x, y in zip(sa, sb)], settings.resamples, settings.seed)
@@ -383,6 +391,23 @@ def gain_change(run: Row, base: Row, run_ref: Row, base_ref: Row, settings: Sett
     return GainChange(before, after, after - before, float(low), float(high), tuple(shared))
 
 
+def check_metric(metric: str, seeds: Sequence[tuple[Row, SeedScores]]) -> None:
+    """Every (row, seed) has per-query scores of `metric`: VCMR SumR needs the moment ranks that runs of
+    a localizing backbone store since they were added to the rankings (harness/engine/rankings.py)."""
+    j = ALL_METRICS.index(metric)
+    for row, seed in seeds:
+        if np.isnan(seed.scores[:, j]).any():
+            raise UserError(f"row {row.run!r} seed {seed.seed}: its stored rankings ({seed.record.name}) hold no "
+                            f"per-query {metric} (a run that does not localize, or one made before the rankings "
+                            f"kept moment ranks); leave {metric} out of --metrics, or re-run that run")
+
+
+def has_metric(row: Row, metric: str, seeds: Sequence[int]) -> bool:
+    """Does every one of `seeds` of `row` have per-query scores of `metric`?"""
+    j = ALL_METRICS.index(metric)
+    return all(s in row.seeds and not np.isnan(row.seeds[s].scores[:, j]).any() for s in seeds)
+
+
 def check_pair(a: Row, b: Row) -> None:
     if a.dataset != b.dataset or a.world != b.world:
         raise UserError(f"rows {a.run!r} ({a.dataset}: {_world(a.world)}) and {b.run!r} ({b.dataset}: "
@@ -415,9 +440,10 @@ class CompareTable:
 def compare_table(out: str | Path, dataset: str, pairs: Sequence[tuple[str, str]],
                   settings: Settings = Settings()) -> CompareTable:
     """Each (A, B) of `pairs` on `dataset` under `out`, and Holm's adjusted p over every p of the table."""
-    unknown = [m for m in settings.metrics if m not in METRICS]
+    unknown = [m for m in settings.metrics if m not in ALL_METRICS]
     if unknown or not settings.metrics:
-        raise UserError(f"--metrics {' '.join(unknown) or '(none)'}: pick from {' '.join(METRICS)}")
+        raise UserError(f"--metrics {' '.join(unknown) or '(none)'}: pick from {' '.join(ALL_METRICS)} (VCMR SumR: "
+                        "runs that localize)")
     if settings.resamples < 1 or settings.permutations < 1 or settings.seed < 0:
         raise UserError(f"--resamples {settings.resamples}, --permutations {settings.permutations}, --seed "
                         f"{settings.seed}: the counts must be at least 1 and the seed at least 0")

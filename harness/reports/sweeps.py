@@ -34,7 +34,7 @@ from prvr.harness.base.names import check_name, inside, join_run_name, split_run
 from prvr.harness.base.registry import DETECTORS, METHODS, home_method
 from prvr.harness.engine.records import drift_note, load_record_at, machine_of, record_path
 from prvr.harness.reports.stats import (BOTH_LEVELS, LEVEL, Comparison, GainChange, MetricDifference, Row, RoomShare,
-                                        Settings, compare_rows, gain_change, load_row, room_share)
+                                        Settings, compare_rows, gain_change, has_metric, load_row, room_share)
 from prvr.harness.reports.rows import p_value
 from prvr.harness.reports.table import MOMENT_SUM, csv_text, markdown_table, mean_std
 
@@ -267,12 +267,17 @@ def sumr_of(comparison: Comparison) -> MetricDifference:
     return next(m for m in comparison.metrics if m.metric == "SumR")
 
 
+SEEDS_ONLY = "seeds (t-test)"  # a moment gain's interval where the rankings hold no moment ranks
+
+
 @dataclass(frozen=True)
 class MomentGain:
     """A localizing run's gain in test VCMR SumR over its base at one value: the difference of the means
-    over their shared seeds, with the 95% interval and p of the paired t-test over those seeds
-    (scipy.stats.ttest_rel). The evaluator keeps no per-query moment ranks, so the seeds are the only
-    level, as in the leaderboard's Δ VCMR SumR."""
+    over their shared seeds, with its 95% interval and p. Where both rows' stored rankings hold per-query
+    moment ranks on every shared seed, these are `stats.compare_rows`'s (two-level paired bootstrap,
+    paired randomization test), as for SumR; otherwise the paired t-test over the seeds
+    (scipy.stats.ttest_rel), the seeds the only level, as in the leaderboard's Δ VCMR SumR (`over`
+    says which)."""
 
     cell: Cell
     seeds: tuple[int, ...]
@@ -280,10 +285,13 @@ class MomentGain:
     low: float
     high: float
     p: float | None
+    over: str = SEEDS_ONLY
 
 
-def moment_gains(cells: Sequence[Cell]) -> list[MomentGain]:
-    """Per cell whose base was made at its value, both with VCMR SumR on two shared seeds or more."""
+def moment_gains(cells: Sequence[Cell], sweep: Sweep | None = None, rows: SweepRows | None = None,
+                 settings: Settings = Settings()) -> list[MomentGain]:
+    """Per cell whose base was made at its value, both with VCMR SumR on two shared seeds or more; from the
+    stored moment ranks where `sweep` and `rows` are given and the ranks are there."""
     at = {(c.value, c.run): c for c in cells}
     found = []
     for cell in cells:
@@ -293,6 +301,11 @@ def moment_gains(cells: Sequence[Cell]) -> list[MomentGain]:
         mine, theirs = _by_seed(cell.seeds, cell.moments), _by_seed(base.seeds, base.moments)
         shared = sorted(mine.keys() & theirs.keys())
         if len(shared) < 2:
+            continue
+        ranked = (_ranked_moment_gain(cell, base, shared, sweep, rows, settings)
+                  if sweep is not None and rows is not None else None)
+        if ranked is not None:
+            found.append(ranked)
             continue
         a, b = [mine[s] for s in shared], [theirs[s] for s in shared]
         diffs = np.subtract(a, b)
@@ -304,12 +317,26 @@ def moment_gains(cells: Sequence[Cell]) -> list[MomentGain]:
     return found
 
 
+def _ranked_moment_gain(cell: Cell, base: Cell, shared: list[int], sweep: Sweep, rows: SweepRows,
+                        settings: Settings) -> MomentGain | None:
+    """The gain from both rows' stored moment ranks on `shared`, or None where a seed has none."""
+    try:
+        a, b = rows(run_at(cell.run, sweep, cell.value)), rows(run_at(base.run, sweep, base.value))
+    except UserError:
+        return None
+    if not (has_metric(a, MOMENT_SUM.name, shared) and has_metric(b, MOMENT_SUM.name, shared)):
+        return None
+    pick = dataclasses.replace(settings, metrics=(MOMENT_SUM.name,))
+    (d,) = compare_rows(only_seeds(a, shared), only_seeds(b, shared), pick).metrics
+    return MomentGain(cell, tuple(shared), d.difference, d.low, d.high, d.p, BOTH_LEVELS)
+
+
 def _by_seed(seeds: Sequence[int], values: Sequence[float]) -> dict[int, float]:
     return {s: v for s, v in zip(seeds, values) if math.isfinite(v)}
 
 
 MOMENT_HEAD = ["value", "run", "seeds", "VCMR SumR", "base", "gain (VCMR SumR)", "VCMR gain's 95% interval",
-               "VCMR gain's p"]
+               "VCMR gain's p", "VCMR interval over"]
 
 
 def moment_rows(cells: Sequence[Cell], gains: Sequence[MomentGain]) -> list[list[str]]:
@@ -322,8 +349,8 @@ def moment_rows(cells: Sequence[Cell], gains: Sequence[MomentGain]) -> list[list
             continue
         g = by_cell.get((c.value, c.run))
         out.append([show_point(c.value), c.run, " ".join(map(str, found)), mean_std(list(found.values())), c.base,
-                    *([f"{g.difference:+.1f}", f"[{g.low:+.1f}, {g.high:+.1f}]", "" if g.p is None else f"{g.p:.3g}"]
-                      if g is not None else ["", "", ""])])
+                    *([f"{g.difference:+.1f}", f"[{g.low:+.1f}, {g.high:+.1f}]", "" if g.p is None else f"{g.p:.3g}",
+                       g.over] if g is not None else ["", "", "", ""])])
     return out
 
 
@@ -849,10 +876,12 @@ def _moment_section(axis: str | None, table: list[list[str]], gains: list[Moment
         lows.setdefault(g.cell.run, []).append(g.low)
     md = ["## Moments: VCMR SumR", "",
           "The runs localize (video corpus moment retrieval, harness/engine/vcmr.py): each run's test VCMR SumR "
-          "(mean ± sample std over seeds) and its gain over its base on the same world and seeds, with the 95% "
-          "interval and p of the paired t-test over the seeds (scipy.stats.ttest_rel). The evaluator keeps no "
-          "per-query moment ranks, so the seeds are the only level of these intervals (as in the leaderboard's "
-          "Δ VCMR SumR): with three seeds they are wide.", "", markdown_table(MOMENT_HEAD, table), ""]
+          "(mean ± sample std over seeds) and its gain over its base on the same world and seeds, with its 95% "
+          "interval and p. Where both runs' stored rankings hold per-query moment ranks (runs made since the "
+          "rankings keep them), the interval is the two-level paired bootstrap's and p the paired randomization "
+          f"test's, as for SumR (\"{BOTH_LEVELS}\"); otherwise they are the paired t-test's over the seeds "
+          f"(scipy.stats.ttest_rel, \"{SEEDS_ONLY}\"; as in the leaderboard's Δ VCMR SumR): with three seeds "
+          "that interval is wide.", "", markdown_table(MOMENT_HEAD, table), ""]
     if axis is not None:
         md += ["Per run with a base: the slope of its per-seed VCMR gain against the same axis as above, fitted "
                "the same way.", "",
@@ -919,7 +948,7 @@ def write_sweep(sweep: Sweep, out: str | Path, settings: Settings = Settings()) 
         raise UserError(f"no records of the sweep under {Path(out) / 'runs' / sweep.dataset} yet; run it without "
                         "--report-only, or check --out")
     regime = noise_axis(sweep, facts)[0] is None
-    moments = moment_gains(cells)
+    moments = moment_gains(cells, sweep, rows, settings)
     md, table = render(sweep, cells, facts, [] if regime else slopes(sweep, cells, facts),
                        answers(sweep, cells, rows, settings), [] if regime else costs(sweep, cells, rows, settings),
                        changes(sweep, cells, rows, settings) if regime else [],
