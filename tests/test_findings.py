@@ -109,7 +109,8 @@ def test_a_sweep_of_runs_that_localize_shows_their_vcmr_gains(tmp_path):
 
     _one_row_sweep(tmp_path / "sweeps" / "sim-charades-v~repeat_prob.csv", MOMENT_COLUMNS, {
         "value": "0.45", "run": "xml-pr", "base": "xml", "gain (SumR)": "+4.2", "VCMR SumR": "141.9 ± 37.5",
-        "gain (VCMR SumR)": "+19.0", "VCMR gain's 95% interval": "[-0.1, +38.1]", "VCMR gain's p": "0.0507"})
+        "gain (VCMR SumR)": "+19.0", "VCMR gain's 95% interval": "[-0.1, +38.1]", "VCMR gain's p": "0.0507",
+        "VCMR interval over": "seeds (t-test)"})
     text = "\n".join(findings(tmp_path))
     assert "Moments: each localizing run's VCMR SumR" in text
-    assert "| 0.45 | xml-pr | xml | 141.9 ± 37.5 | +19.0 | [-0.1, +38.1] | 0.0507 |" in text
+    assert "| 0.45 | xml-pr | xml | 141.9 ± 37.5 | +19.0 | [-0.1, +38.1] | 0.0507 | seeds (t-test) |" in text
