@@ -325,7 +325,7 @@ def judge(rows: list[dict[str, Any]], root: str | Path | None = None,
         scores = {s: loaded[k] for s, k in zip(seeds, keys)}
         return stats.Row(row["dataset"], row["run"], stats.world_of(by_record[keys[0]]), scores)
 
-    def sumr(a: dict[str, Any], b: dict[str, Any], metric: str = "SumR") -> dict[str, Any]:
+    def compared(a: dict[str, Any], b: dict[str, Any], metric: str = "SumR") -> dict[str, Any]:
         shared = sorted(set(a["seeds"]) & set(b["seeds"]))
         ra, rb = stored(a, shared), stored(b, shared)
         if ra is not None and rb is not None and ra.world != rb.world:
@@ -347,12 +347,12 @@ def judge(rows: list[dict[str, Any]], root: str | Path | None = None,
         r["comparison"] = r["vcmr_comparison"] = r["backbone_comparison"] = None
         b = reference_row(r, base)
         if r.get("delta") is not None and b is not None:
-            r["comparison"] = sumr(r, b)
+            r["comparison"] = compared(r, b)
             r["comparison"]["against"] = b["run"]
             r["delta"], r["p"] = r["comparison"]["delta"], r["comparison"]["p"]
         m = moment.get(r["dataset"])
         if r.get("vcmr_delta") is not None and m is not None:
-            r["vcmr_comparison"] = {**sumr(r, m, MOMENT_SUM.name), "against": m["run"]}
+            r["vcmr_comparison"] = {**compared(r, m, MOMENT_SUM.name), "against": m["run"]}
         for kind, c in (("reference", r["comparison"]), ("moment", r["vcmr_comparison"])):
             if c:
                 c["family"] = (kind, r["dataset"])
@@ -360,7 +360,7 @@ def judge(rows: list[dict[str, Any]], root: str | Path | None = None,
     for r, b in _backbone_pairs(rows):
         a_by, b_by = dict(zip(r["seeds"], r["SumR"])), dict(zip(b["seeds"], b["SumR"]))
         shared = sorted(set(a_by) & set(b_by))
-        delta = {**sumr(r, b), "against": b["run"]}
+        delta = {**compared(r, b), "against": b["run"]}
         oracle = ({**seed_test(r, b, ORACLE_SUMR), "why": NOT_RANKED, "against": b["run"]}
                   if r.get(ORACLE_SUMR) and b.get(ORACLE_SUMR) else None)
         r["backbone_comparison"] = {

@@ -394,9 +394,8 @@ def gain_change(run: Row, base: Row, run_ref: Row, base_ref: Row, settings: Sett
 def check_metric(metric: str, seeds: Sequence[tuple[Row, SeedScores]]) -> None:
     """Every (row, seed) has per-query scores of `metric`: VCMR SumR needs the moment ranks that runs of
     a localizing backbone store since they were added to the rankings (harness/engine/rankings.py)."""
-    j = ALL_METRICS.index(metric)
     for row, seed in seeds:
-        if np.isnan(seed.scores[:, j]).any():
+        if not _scored(seed, metric):
             raise UserError(f"row {row.run!r} seed {seed.seed}: its stored rankings ({seed.record.name}) hold no "
                             f"per-query {metric} (a run that does not localize, or one made before the rankings "
                             f"kept moment ranks); leave {metric} out of --metrics, or re-run that run")
@@ -404,8 +403,11 @@ def check_metric(metric: str, seeds: Sequence[tuple[Row, SeedScores]]) -> None:
 
 def has_metric(row: Row, metric: str, seeds: Sequence[int]) -> bool:
     """Does every one of `seeds` of `row` have per-query scores of `metric`?"""
-    j = ALL_METRICS.index(metric)
-    return all(s in row.seeds and not np.isnan(row.seeds[s].scores[:, j]).any() for s in seeds)
+    return all(s in row.seeds and _scored(row.seeds[s], metric) for s in seeds)
+
+
+def _scored(seed: SeedScores, metric: str) -> bool:
+    return not np.isnan(seed.scores[:, ALL_METRICS.index(metric)]).any()
 
 
 def check_pair(a: Row, b: Row) -> None:
