@@ -301,7 +301,7 @@ def test_piped_leaderboard_shows_every_figure_whole(tmp_path, capsys):
     assert "…" not in out
     lines = out.splitlines()
     (row,) = [ln for ln in lines if "baseline+oracle@gmmformer2~a-rather-long-tag-name" in ln]
-    for figure in ("170.2 ± 1.0", "17.0 ± 0.1", "+18.2 (t-test p="):
+    for figure in ("170.2 ± 1.0", "17.0 ± 0.1", "+18.2 [+15.8, +20.7] (t-test p="):
         assert figure in row, (figure, row)
     assert len(row) > 80  # one line however wide, never wrapped
 

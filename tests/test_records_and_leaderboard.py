@@ -228,8 +228,12 @@ def test_plug_in_rows_are_compared_with_their_backbones_row(tmp_path):
     from prvr.harness.reports.stats import fmt_p, holm
     _, oracle_holm = holm([comp["p"], comp["oracle_p"]])
     assert comp["oracle_comparison"]["p_holm"] == pytest.approx(oracle_holm)
-    assert f"| +12.0 (t-test p={fmt_p(comp['oracle_p'])}, Holm {fmt_p(oracle_holm)})" in md
-    assert comp["comparison"]["test"] == "t-test" and comp["comparison"]["low"] is None
+    # ... with the paired t-test's interval (the seeds its only level)
+    ci = stats.ttest_rel([280, 284, 281], [270, 271, 268]).confidence_interval(0.95)
+    assert (comp["oracle_comparison"]["low"], comp["oracle_comparison"]["high"]) == pytest.approx((ci.low, ci.high))
+    want = f"| +12.0 [{ci.low:+.1f}, {ci.high:+.1f}] (t-test p={fmt_p(comp['oracle_p'])}, Holm {fmt_p(oracle_holm)})"
+    assert want in md
+    assert comp["comparison"]["test"] == "t-test" and comp["comparison"]["low"] is not None
     assert leaderboard.backbone_row_name({"method": "ral", "backbone": "msl", "relations": "oracle",
                                           "run": "ral@msl+oracle"}) == "msl+oracle"
     assert leaderboard.backbone_row_name({"method": "xml-pr", "backbone": "xml", "relations": "sbert",

@@ -83,7 +83,9 @@ def test_a_dataset_whose_runs_localize_gets_the_moment_table(tmp_path):
               "VR R@100 | VCMR SumR | Δ VCMR SumR vs xml |")
     assert header in moment
     cells = " | ".join(["3.00 ± 1.00"] * 10 + ["16.00 ± 0.00", "32.00 ± 0.00", "48.00 ± 0.00", "64.00 ± 0.00"])
-    assert f"| sim-y | xml-pr | 12 ep / stop 5 | 3 | {cells} | 18.00 ± 6.00 | +6.00 (t-test p=0.225, Holm 0.225) |" in moment
+    # its interval: 6 +- t(0.975, 2) x 6 / sqrt 3 = 6 +- 4.303 x 3.464 = [-8.90, +20.90]
+    assert (f"| sim-y | xml-pr | 12 ep / stop 5 | 3 | {cells} | 18.00 ± 6.00 | +6.00 [-8.90, +20.90] (t-test p=0.225, "
+            "Holm 0.225) |") in moment
     assert "| sim-y | xml | 12 ep / stop 5 | 3 | 2.00 ± 1.00 |" in moment and "sim-x" not in moment
     # the PRVR table above still holds every row, sim-x's as before
     assert "| sim-x | baseline | 12 ep / stop 5 | dual-branch | none | 3 |" in md

@@ -418,3 +418,23 @@ def test_a_leaderboard_delta_cell_carries_compare_rows_interval_and_p(tmp_path):
     assert "(no test) |" in md and "fewer than 2 shared seeds: sim-x arl~one vs baseline" in md
     csv_rows = {r["run"]: r for r in csv.DictReader(io.StringIO((tmp_path / "leaderboard.csv").read_text()))}
     assert (csv_rows["arl"]["low"], csv_rows["arl"]["test"]) == (f"{d.low:.3f}", "randomization")
+
+
+def test_the_seed_level_fallback_gives_its_tests_interval():
+    """rows.seed_interval: the paired t-test's interval over shared seeds (the difference then over them), Welch's
+    where fewer than two are shared, the point where the paired differences are equal, nothing with one seed."""
+    import scipy.stats
+
+    from prvr.harness.reports.rows import seed_interval
+
+    a, b = {0: 250.0, 1: 253.0, 2: 249.0, 3: 260.0}, {0: 240.0, 1: 241.0, 2: 238.0}
+    delta, low, high, p = seed_interval(a, b)
+    ci = scipy.stats.ttest_rel([250, 253, 249], [240, 241, 238]).confidence_interval(0.95)
+    assert delta == pytest.approx(11.0) and (low, high) == pytest.approx((ci.low, ci.high))
+    assert p == pytest.approx(scipy.stats.ttest_rel([250, 253, 249], [240, 241, 238]).pvalue)
+    delta, low, high, p = seed_interval({0: 1.0, 1: 2.0}, {2: 0.0, 3: 0.5})
+    welch = scipy.stats.ttest_ind([1.0, 2.0], [0.0, 0.5], equal_var=False)
+    assert delta == pytest.approx(1.25) and (low, high) == pytest.approx(tuple(welch.confidence_interval(0.95)))
+    assert p == pytest.approx(welch.pvalue)
+    assert seed_interval({0: 3.0, 1: 4.0}, {0: 1.0, 1: 2.0}) == (2.0, 2.0, 2.0, 0.0)
+    assert seed_interval({0: 3.0}, {1: 1.0}) == (2.0, None, None, None)

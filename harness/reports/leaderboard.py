@@ -57,7 +57,7 @@ from prvr.harness.base.registry import BACKBONES, DETECTORS, METHODS, Registry
 # kept importable from here, where callers and tests have always found them.
 from prvr.harness.reports.rows import (COLUMNS, MOMENT_DECIMALS, MOMENT_DEFAULTS, MOMENT_SUM,  # noqa: F401
                                MOMENT_TIOUS, ORACLE_SUMR, PRVR_KEYS, RELEVANCE_COLUMNS, build_rows, carries_moments,
-                               compare, dataset_label, diverged, is_metric_key, moment_columns,
+                               compare, dataset_label, seed_interval, diverged, is_metric_key, moment_columns,
                                moment_baseline, near_cap, reference_row, baseline_rows, same_tag_or_plain, same_world)
 from prvr.harness.reports.findings import findings
 from prvr.harness.reports import stats
@@ -303,10 +303,10 @@ def judge(rows: list[dict[str, Any]], root: str | Path | None = None,
     plug-in row against its backbone (`backbone_comparison`). A SumR Δ between rows whose records under
     `root` have stored rankings for two or more shared seeds is `stats.compare_rows`'s (difference over
     the shared seeds, 95% two-level paired bootstrap interval, paired randomization test); any other is
-    the fallback over the seeds' figures (`rows.compare`: paired t-test, Welch's test, or no test),
-    marked so. Holm's correction runs over the p-values of one table's comparisons (`p_holm`): a dataset's Δ
-    SumR against its baseline (its headline table and its variants), its Δ VCMR SumR, and its plug-in rows
-    against their backbones, each a family of its own."""
+    the fallback over the seeds' figures (`rows.seed_interval`: the paired t-test or Welch's, with its 95%
+    interval, or no test), marked so. Holm's correction runs over the p-values of one table's comparisons
+    (`p_holm`): a dataset's Δ SumR against its baseline (its headline table and its variants), its Δ VCMR
+    SumR, and its plug-in rows against their backbones, each a family of its own."""
     files = {(dataset_label(r), r.get("run_name", r["method"]), r["seed"]):
              record_path(root, r["dataset"], r.get("run_name", r["method"]), r["seed"])
              for r in records or []} if root is not None else {}
@@ -397,12 +397,13 @@ def judged(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def seed_test(a: dict[str, Any], b: dict[str, Any], key: str) -> dict[str, Any]:
-    """The fallback comparison over the seeds' figures (`rows.compare`): the paired t-test over two or more
-    shared seeds, Welch's test where fewer are shared and each row has two or more seeds, else no test."""
-    delta, p = compare(a, b, key)
+    """The fallback comparison over the seeds' figures (`rows.seed_interval`): the mean paired difference
+    over two or more shared seeds with the paired t-test's 95% interval and p, Welch's where fewer are shared
+    and each row has two or more seeds, else the difference of the means with no test."""
+    delta, low, high, p = seed_interval(dict(zip(a["seeds"], a[key])), dict(zip(b["seeds"], b[key])))
     shared = sorted(set(a["seeds"]) & set(b["seeds"]))
     test = None if p is None else T_TEST if len(shared) >= 2 else WELCH
-    return {"delta": delta, "low": None, "high": None, "p": p, "test": test, "seeds": shared}
+    return {"delta": delta, "low": low, "high": high, "p": p, "test": test, "seeds": shared}
 
 
 def fallbacks(rows: list[dict[str, Any]]) -> list[str]:
@@ -569,7 +570,9 @@ STATISTICS_NOTE = (
     "shared seeds) and `p`, the two-sided paired randomization test over the (seed, query) pairs "
     f"({SETTINGS.permutations} permutations; harness/reports/stats.py, as `prvr-bench compare` draws them, random "
     f"seed {SETTINGS.seed}). Elsewhere the fallback over the seeds' figures, marked: `t-test p` (paired t-test over "
-    "the shared seeds), `Welch p` (Welch's test, fewer than two shared seeds), or `(no test)`; no interval. `Holm`: "
+    "the shared seeds, the difference then over them), `Welch p` (Welch's test, fewer than two shared seeds), each "
+    "with its test's 95% interval (scipy.stats: seeds are its only level, so with three it is wide), or "
+    "`(no test)`. `Holm`: "
     "Holm's step-down adjusted p over the family of the table's comparisons (a dataset's Δ SumR against its "
     "baseline, headline and variant rows together; a dataset's backbone comparisons' Δ SumR, and their Δ oracle "
     "SumR; a dataset's moment comparisons), of either test; * Holm p < 0.05 and, where the cell has an interval, "
@@ -667,7 +670,7 @@ def to_markdown(rows: list[dict[str, Any]], reported: list[dict[str, Any]] | Non
     lines += notes(rows, left_out, skipped)
     fallen = fallbacks(rows)
     if fallen:
-        lines += ["", "Δ with the fallback test over seeds (`t-test p` or `Welch p`, no interval): "
+        lines += ["", "Δ with the fallback test over seeds (`t-test p` or `Welch p`, its interval the test's): "
                   + "; ".join(map(markdown_cell, fallen)) + "."]
     lines += backbone_table(rows)
     lines += relevance_table(rows)

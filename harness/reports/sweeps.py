@@ -35,7 +35,7 @@ from prvr.harness.base.registry import DETECTORS, METHODS, home_method
 from prvr.harness.engine.records import drift_note, load_record_at, machine_of, record_path
 from prvr.harness.reports.stats import (BOTH_LEVELS, LEVEL, Comparison, GainChange, MetricDifference, Row, RoomShare,
                                         Settings, compare_rows, gain_change, has_metric, load_row, room_share)
-from prvr.harness.reports.rows import p_value
+from prvr.harness.reports.rows import seed_interval
 from prvr.harness.reports.table import MOMENT_SUM, csv_text, markdown_table, mean_std
 
 if TYPE_CHECKING:  # harness/base/contract.py imports torch, which a report does not need
@@ -307,13 +307,9 @@ def moment_gains(cells: Sequence[Cell], sweep: Sweep | None = None, rows: SweepR
         if ranked is not None:
             found.append(ranked)
             continue
-        a, b = [mine[s] for s in shared], [theirs[s] for s in shared]
-        diffs = np.subtract(a, b)
-        low = high = float(diffs.mean())
-        if not np.allclose(diffs, diffs[0]):  # equal differences: no spread, the interval is the point
-            ci = scipy.stats.ttest_rel(a, b).confidence_interval(LEVEL)
-            low, high = float(ci.low), float(ci.high)
-        found.append(MomentGain(cell, tuple(shared), float(diffs.mean()), low, high, p_value(mine, theirs)))
+        delta, low, high, p = seed_interval({s: mine[s] for s in shared}, {s: theirs[s] for s in shared}, LEVEL)
+        assert low is not None and high is not None  # two shared seeds or more: the paired t-test's interval
+        found.append(MomentGain(cell, tuple(shared), delta, low, high, p))
     return found
 
 
