@@ -209,8 +209,8 @@ def recalls_of_ranks(best: np.ndarray, task: str, ks: Iterable[int], tious: Iter
     known = best[:, 0] != NO_MOMENT if best.shape[1] else np.zeros(len(best), dtype=bool)
     out: dict[str, float] = {}
     for j, t in enumerate(tious):
+        column = best[known, j]
         for k in ks:
-            column = best[known, j]
             out[metric_name(task, t, k)] = float(100.0 * np.mean(column <= k)) if len(column) else float("nan")
     return out
 

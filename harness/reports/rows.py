@@ -150,34 +150,29 @@ def _add_moment_significance(rows: list[dict[str, Any]]) -> None:
 def seed_interval(a: dict[int, float], b: dict[int, float],
                   level: float = 0.95) -> tuple[float, float | None, float | None, float | None]:
     """(difference, low, high, p) of two rows' figures by seed, the interval and p of one test: over two or
-    more shared seeds, the mean paired difference with the paired t-test's interval (scipy.stats.ttest_rel;
-    equal differences: the point); else, each row with two or more seeds, the difference of the means with
-    Welch's (ttest_ind, equal_var=False); else the difference of the means, with no interval or p."""
+    more shared seeds, the mean paired difference with the paired t-test's interval and p
+    (scipy.stats.ttest_rel; equal differences: the point, p 0, or 1 where they are 0); else, each row with
+    two or more seeds, the difference of the means with Welch's (ttest_ind, equal_var=False); else the
+    difference of the means, with no interval or p."""
     shared = sorted(set(a) & set(b))
-    p = p_value(a, b)
     if len(shared) >= 2:
         x, y = [a[s] for s in shared], [b[s] for s in shared]
         diffs = np.subtract(x, y)
+        mean = float(diffs.mean())
         if np.allclose(diffs, diffs[0]):
-            return float(diffs.mean()), float(diffs.mean()), float(diffs.mean()), p
-        ci = stats.ttest_rel(x, y).confidence_interval(level)
-        return float(diffs.mean()), float(ci.low), float(ci.high), p
+            return mean, mean, mean, 0.0 if diffs[0] != 0 else 1.0
+        paired = stats.ttest_rel(x, y)
+        ci = paired.confidence_interval(level)
+        return mean, float(ci.low), float(ci.high), float(paired.pvalue)
     delta = float(np.mean(list(a.values())) - np.mean(list(b.values())))
-    if p is None:
+    if len(a) < 2 or len(b) < 2:
         return delta, None, None, None
-    ci = stats.ttest_ind(list(a.values()), list(b.values()), equal_var=False).confidence_interval(level)
-    return delta, float(ci.low), float(ci.high), p
+    welch = stats.ttest_ind(list(a.values()), list(b.values()), equal_var=False)
+    ci = welch.confidence_interval(level)
+    return delta, float(ci.low), float(ci.high), float(welch.pvalue)
 
 
 def p_value(a: dict[int, float], b: dict[int, float]) -> float | None:
-    """p of the difference of two rows' figures by seed: the paired t-test over the shared seeds
-    (two or more), else Welch's test where each has two or more, else None."""
-    shared = sorted(set(a) & set(b))
-    if len(shared) >= 2:
-        diffs = [a[s] - b[s] for s in shared]
-        if np.allclose(diffs, diffs[0]):
-            return 0.0 if diffs[0] != 0 else 1.0
-        return float(stats.ttest_rel([a[s] for s in shared], [b[s] for s in shared]).pvalue)
-    if len(a) >= 2 and len(b) >= 2:
-        return float(stats.ttest_ind(list(a.values()), list(b.values()), equal_var=False).pvalue)
-    return None
+    """p of the difference of two rows' figures by seed (`seed_interval`'s test): the paired t-test over
+    the shared seeds (two or more), else Welch's test where each has two or more, else None."""
+    return seed_interval(a, b)[3]
