@@ -224,31 +224,54 @@ def test_a_methods_base_row_is_swept_beside_it(tmp_path, capsys):
         assert f"  {run} " in out
     # the base row reads no relations: an oracle beside it would be the same run again (three such runs at
     # 61% multi-relevant gave arl~base's SumR to the decimal), so --oracle trains the oracle's room on its
-    # encoder beside it instead, the matrix cell oracle x ignore (from ARL's treatment row, tv_only)
-    assert "arl+oracle~base" not in out and "  arl+oracle~tv_only-ignore~repeat_prob0.9 " in out
+    # encoder beside it instead, the matrix cell oracle x positive (from ARL's treatment row, tv_only): the true
+    # pairs as positives, as the oracle rows of the methods that read relations train them
+    assert "arl+oracle~base" not in out and "  arl+oracle~tv_only-positive~repeat_prob0.9 " in out
+    assert "tv_only-ignore" not in out
+    # --room chooses the room's treatment, or several
+    assert main([*argv, "--room", "ignore"]) == 0
+    out = capsys.readouterr().out
+    assert "  arl+oracle~tv_only-ignore~repeat_prob0.9 " in out and "tv_only-positive" not in out
+    assert main([*argv, "--room", "positive", "ignore"]) == 0
+    out = capsys.readouterr().out
+    assert "  arl+oracle~tv_only-ignore~repeat_prob0.9 " in out and "  arl+oracle~tv_only-positive~repeat_prob0.9 " in out
+    # where no row beside the oracle reads no relations, a room's treatment means nothing: one line
+    for bad in ([a for a in argv if a != "arl~base"], [a for a in argv if a != "--oracle"]):
+        assert main([*bad, "--room", "ignore"]) == 2
+        assert capsys.readouterr().err.strip() == "prvr-bench: error: --room ignore: the room's treatment is chosen " \
+            "only beside a row that reads no relations, with --oracle (e.g. --method arl~base --oracle); other " \
+            "oracle rows train the true pairs as positives"
     assert not (tmp_path / "runs").exists()
 
 
 def test_the_room_beside_a_base_row_is_the_matrix_cell_and_the_answer_reads_it(tmp_path):
-    """CPU. `arl~base --oracle` trains `arl+oracle~tv_only-ignore` at each value with the matrix's recipe for that cell
-    (the same run `prvr-bench matrix --set KNOB=V` makes), its gain is measured against `arl~base`, and the
-    answer table reads ARL's gain against that room, where it said only where the room is."""
+    """CPU. `arl~base --oracle --room ignore positive` trains `arl+oracle~tv_only-ignore` and `~tv_only-positive`
+    at each value with the matrix's recipes for those cells (the runs `prvr-bench matrix --set KNOB=V` makes),
+    each gain is measured against `arl~base`, and the answer table reads ARL's gain against the first room."""
     argv = ["sweep", "--knob", "sim.repeat_prob", "--values", "0.9", "--method", "arl", "arl~base", "--oracle",
-            "--seeds", "0", "1", "--out", str(tmp_path), *TINY]
+            "--room", "ignore", "positive", "--seeds", "0", "1", "--out", str(tmp_path), *TINY]
     assert main(argv) == 0
-    room = json.loads((tmp_path / "runs" / "sim-tiny" / "arl+oracle~tv_only-ignore~repeat_prob0.9" / "seed0.json")
-                      .read_text())
-    assert (room["relations"], room["config"]["loss"]["treatment"], room["config"]["relations"]["oracle"]["mode"]) == \
-        ("oracle", "ignore", "ignore")
-    # ARL's T-V row, whose only difference from `arl~base` is the oracle's pairs left out of the negatives
-    assert room["config"]["loss"]["variant"] == "tv_only" and room["config"]["sim"]["repeat_prob"] == 0.9
+    runs = tmp_path / "runs" / "sim-tiny"
+    for treatment in ("ignore", "positive"):
+        room = json.loads((runs / f"arl+oracle~tv_only-{treatment}~repeat_prob0.9" / "seed0.json").read_text())
+        assert (room["relations"], room["config"]["loss"]["treatment"], room["config"]["relations"]["oracle"]["mode"]) \
+            == ("oracle", treatment, "ignore")
+        # ARL's T-V row, whose only difference from `arl~base` is the oracle's pairs, left out of the negatives or
+        # trained as positives
+        assert room["config"]["loss"]["variant"] == "tv_only" and room["config"]["sim"]["repeat_prob"] == 0.9
     rows = list(csv.DictReader((tmp_path / "sweeps" / "sim-tiny~repeat_prob.csv").open()))
     [room_row] = [r for r in rows if r["run"] == "arl+oracle~tv_only-ignore"]
-    assert room_row["base"] == "arl~base" and room_row["gain (SumR)"]
+    [positive] = [r for r in rows if r["run"] == "arl+oracle~tv_only-positive"]
+    assert room_row["base"] == positive["base"] == "arl~base" and room_row["gain (SumR)"] and positive["gain (SumR)"]
     [arl] = [r for r in rows if r["run"] == "arl"]
     assert arl["base"] == "arl~base" and arl["oracle's gain on the base"] == room_row["gain (SumR)"]
     assert "reads no relations" not in arl["reads"] and "no arl+oracle~tv_only-ignore run" not in arl["reads"]
-    assert base_of("arl+oracle~tv_only-ignore") == "arl~base" and room_of("arl~base") == "arl+oracle~tv_only-ignore"
+    report = (tmp_path / "sweeps" / "sim-tiny~repeat_prob.md").read_text()
+    assert "the room is the matrix cell oracle x ignore (arl+oracle~tv_only-ignore; " in report
+    assert "the room under positive (arl+oracle~tv_only-positive) is a row of the runs table" in report
+    assert base_of("arl+oracle~tv_only-ignore") == base_of("arl+oracle~tv_only-positive") == "arl~base"
+    assert room_of("arl~base") == "arl+oracle~tv_only-positive"
+    assert room_of("arl~base", "ignore") == "arl+oracle~tv_only-ignore"
     assert base_of("arl+oracle~ignore") == "arl~ignore"  # the records of the earlier recipe: not read as the room
 
 

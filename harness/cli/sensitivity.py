@@ -22,7 +22,7 @@ from prvr.harness.cli.compare import parse_pair
 from prvr.harness.cli.sweep import SweepRun, plan_sweep, train_planned
 from prvr.harness.engine.sections import dataset_preset
 from prvr.harness.reports import sensitivity
-from prvr.harness.reports.sweeps import Sweep
+from prvr.harness.reports.sweeps import ROOM_TREATMENTS, Sweep
 
 
 @command("sensitivity", "gains at the preset and with each other world knob moved alone, beside the papers' gains")
@@ -58,7 +58,7 @@ def plan(args: argparse.Namespace) -> tuple[list[Sweep], list[SweepRun]]:
     sweeps, runs, seen = [], [], set()
     for knob, values in knobs:
         one = copy.copy(args)
-        one.knob, one.method, one.oracle, one.name = [knob], methods, False, ""
+        one.knob, one.method, one.oracle, one.name, one.room = [knob], methods, False, "", [ROOM_TREATMENTS[0]]
         one.values = values
         sweep, planned = plan_sweep(one)
         if sweep.default not in sweep.values:  # the preset's own value: the plain runs every knob shares

@@ -9,7 +9,9 @@ tagged `<knob>V` (`baseline~repeat_prob0.6`). Several knobs move together when `
 each value gives one number per knob, `--knob sim.repeat_prob sim.repeat_copies --values 0,2 1,2 1,4`
 (a path through the worlds past where one knob ends: repeat_prob stops at 1); a run's tag names the knobs
 away from the preset's values (`baseline~repeat_prob1-repeat_copies4`). `METHOD@BACKBONE` trains a method on another backbone
-(`ral@msl`); `--oracle` adds each method fed the simulated ground truth (`baseline+oracle`);
+(`ral@msl`); `--oracle` adds each method fed the simulated ground truth (`baseline+oracle`), and beside a
+row that trains no detector's pairs (`arl~base`) the oracle's room on its encoder, the matrix cell oracle x
+positive (`--room ignore` for the pairs left out of its negatives instead, or both);
 `METHOD+DETECTOR~TREATMENT` is a cell of the matrix (`baseline+holmes~soft`, its recipe and run name
 from harness/cli/matrix.py). A run whose
 record exists is kept, so an interrupted sweep resumes where it stopped and makes no run twice. Every
@@ -42,7 +44,7 @@ from prvr.harness.engine.config import resolve
 from prvr.harness.engine.records import record_path
 from prvr.harness.engine.runner import run_name, run_one
 from prvr.harness.engine.sections import Config
-from prvr.harness.reports.sweeps import ROOM_TREATMENT, Point, Sweep, point_tag, reads_no_relations, write_sweep
+from prvr.harness.reports.sweeps import ROOM_TREATMENTS, Point, Sweep, point_tag, reads_no_relations, write_sweep
 from prvr.methods.recipes import TABLES
 
 
@@ -67,6 +69,10 @@ def add_commands(sub) -> None:
                    help="methods, METHOD@BACKBONE (ral@msl), METHOD~ROW, a row of its ablation tables (arl~base), or "
                         "METHOD+DETECTOR~TREATMENT, a cell of the matrix (baseline+holmes~soft)")
     p.add_argument("--oracle", action="store_true", help="also each method with the oracle detector")
+    p.add_argument("--room", nargs="+", choices=ROOM_TREATMENTS, default=[ROOM_TREATMENTS[0]], metavar="TREATMENT",
+                   help="with --oracle, beside a row that reads no relations (arl~base): the treatment of the oracle's "
+                        "pairs in the room's matrix cell, positive (default, as every other oracle row trains them) "
+                        "or ignore (left out of the negatives); several train each, the answer table reads the first")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--out", default="results")
     p.add_argument("--plan", action="store_true", help="print the planned runs and their expected time, and stop")
@@ -89,6 +95,11 @@ def plan_sweep(args: argparse.Namespace) -> tuple[Sweep, list[SweepRun]]:
     if len(set(values)) != len(values):
         raise UserError(f"--values {' '.join(args.values)}: a value given twice; give each once")
     variants = {m: _variant(m, args.dataset) for m in args.method}
+    rooms = tuple(dict.fromkeys(args.room))
+    if rooms != (ROOM_TREATMENTS[0],) and not (args.oracle and any(reads_no_relations(m) for m in args.method)):
+        raise UserError(f"--room {' '.join(args.room)}: the room's treatment is chosen only beside a row that reads "
+                        "no relations, with --oracle (e.g. --method arl~base --oracle); other oracle rows train the "
+                        "true pairs as positives")
     preset = resolve(_method(args.method[0]), args.dataset, 0, [*data_root_overrides(args), *args.overrides])
     default = tuple(_knob_value(preset, k) for k in knobs)
     runs: list[SweepRun] = []
@@ -105,11 +116,12 @@ def plan_sweep(args: argparse.Namespace) -> tuple[Sweep, list[SweepRun]]:
             if args.oracle and not cell and not reads_no_relations(method):
                 beside.append((method, row, [*row_sets, *knob_sets, "relations.name=oracle"]))
             elif args.oracle and reads_no_relations(method):  # the oracle's room on its encoder: a matrix cell
-                room = _room_recipe(method)
-                room_row = "~".join(t for t in (room.tag, args.tag) if t)
-                own = room.backbone == METHODS.get(room.method).backbone
-                beside.append((join_run_name(room.method, backbone="" if own else room.backbone), room_row,
-                               [*room.sets, *knob_sets]))
+                for treatment in rooms:
+                    room = _room_recipe(method, treatment)
+                    room_row = "~".join(t for t in (room.tag, args.tag) if t)
+                    own = room.backbone == METHODS.get(room.method).backbone
+                    beside.append((join_run_name(room.method, backbone="" if own else room.backbone), room_row,
+                                   [*room.sets, *knob_sets]))
             for argument, row, extra in beside:
                 tag = "~".join(t for t in (row, at) if t)
                 for seed in args.seeds:
@@ -126,7 +138,7 @@ def plan_sweep(args: argparse.Namespace) -> tuple[Sweep, list[SweepRun]]:
     if args.name:
         check_name(args.name, "--name", "give a plain file name, e.g. sim-tvr-v2~repeat_prob-ral")
     sweep = Sweep(args.dataset, knobs, values, default, tuple(names), tuple(args.seeds),
-                  command_line(), args.name)
+                  command_line(), args.name, rooms)
     return sweep, runs
 
 
@@ -218,16 +230,16 @@ def _cell_variant(name: str, dataset: str) -> tuple[str, tuple[str, ...]]:
     return found.tag, tuple(found.sets)
 
 
-def _room_recipe(name: str) -> Recipe:
-    """The oracle's room beside a row that reads no relations (`arl~base`): the matrix cell oracle x ignore on
-    its backbone (`arl+oracle~tv_only-ignore`, the true false negatives left out of the negatives of the row the
-    backbone's cells start from), whose gain over that row is the room label noise leaves its encoder
-    (harness/reports/sweeps.py `room_of`)."""
+def _room_recipe(name: str, treatment: str) -> Recipe:
+    """The oracle's room beside a row that reads no relations (`arl~base`): the matrix cell oracle x `treatment`
+    on its backbone (`arl+oracle~tv_only-positive`, the true false negatives trained as positives from the row
+    the backbone's cells start from; `~tv_only-ignore`, left out of its negatives), whose gain over that row is
+    the room label noise leaves its encoder (harness/reports/sweeps.py `room_of`)."""
     backbone = _backbone_name(name) or METHODS.get(_method(name)).backbone
-    found = recipe("oracle", TREATMENTS[ROOM_TREATMENT], backbone)
+    found = recipe("oracle", TREATMENTS[treatment], backbone)
     if isinstance(found, str):  # every backbone with a method of its own fits it; said in one line if not
-        raise UserError(f"--method {name} --oracle: the oracle's room on backbone {backbone} (oracle x ignore) "
-                        f"cannot work: {found}")
+        raise UserError(f"--method {name} --oracle --room {treatment}: the oracle's room on backbone {backbone} "
+                        f"(oracle x {treatment}) cannot work: {found}")
     return found
 
 

@@ -52,6 +52,11 @@ Point = tuple[float, ...]  # one value per swept knob
 
 
 # knobs that move the world's relevance: their curves are drawn against the multi-relevant share
+# the treatments `sweep --room` measures the oracle's room with beside a row that reads no relations (`arl~base`); the
+# first is the default: the pairs as positives, as `relations.oracle.mode=positive` trains every other oracle row
+ROOM_TREATMENTS = ("positive", "ignore")
+ROOM_READS = {"positive": "trained as positives, as every other oracle row trains them",
+              "ignore": "left out of its negatives, not trained"}
 RELEVANCE_KNOBS = {"sim.repeat_prob", "sim.repeat_copies", "sim.vague_prob"}
 
 
@@ -68,6 +73,9 @@ class Sweep:
     seeds: tuple[int, ...]
     command: str
     name: str = ""  # the report's file name under OUT/sweeps/ (default <dataset>~<knob>)
+    # the treatments of the oracle's room beside a row that reads no relations (`sweep --room`): the first is the
+    # room the answer table reads, the others are trained and reported as rows of their own
+    rooms: tuple[str, ...] = (ROOM_TREATMENTS[0],)
 
     @property
     def knob(self) -> str:
@@ -114,16 +122,17 @@ def run_at(run: str, sweep: Sweep, value: Point) -> str:
 
 
 def base_of(run: str) -> str | None:
-    """The run a gain is measured against: `room_of` a base row -> that row (`arl+oracle~tv_only-ignore` ->
-    `arl~base`); `X+oracle` -> `X`; a matrix cell `M+DETECTOR~TREATMENT` -> the plain run of M's backbone
-    (`baseline+holmes~soft` -> `baseline`, `arl+sbert~tv_only-ignore` -> `arl~base`); a method with a base row
-    (MethodSpec.base_row) -> that row (`arl` -> `arl~base`, its encoder without the ambiguity set); `M@B` where M
-    extends B's own method -> that method (`ral@msl` -> `msl`); a condition of its backbone's home method, the
-    same objective under other weights or another detector's pairs -> that method (`xml-pr` -> `xml`); else
-    none."""
+    """The run a gain is measured against: `room_of` a base row -> that row (`arl+oracle~tv_only-positive` and
+    `arl+oracle~tv_only-ignore` -> `arl~base`); `X+oracle` -> `X`; a matrix cell `M+DETECTOR~TREATMENT` -> the
+    plain run of M's backbone (`baseline+holmes~soft` -> `baseline`, `arl+sbert~tv_only-ignore` -> `arl~base`); a
+    method with a base row (MethodSpec.base_row) -> that row (`arl` -> `arl~base`, its encoder without the
+    ambiguity set); `M@B` where M extends B's own method -> that method (`ral@msl` -> `msl`); a condition of its
+    backbone's home method, the same objective under other weights or another detector's pairs -> that method
+    (`xml-pr` -> `xml`); else none."""
     method, detector, backbone, tag = split_run_name(run)
     spec = METHODS.get(method) if method in METHODS else None
-    if detector == "oracle" and spec is not None and spec.base_row and tag == _room_tag(spec):  # `room_of` a base row
+    rooms = {_room_tag(spec, t) for t in ROOM_TREATMENTS} if spec is not None and spec.base_row else set()
+    if detector == "oracle" and spec is not None and tag in rooms:  # `room_of` a base row, under either treatment
         return join_run_name(method, backbone=backbone, tag=spec.base_row)
     if detector == "oracle":
         return join_run_name(method, backbone=backbone, tag=tag)
@@ -437,13 +446,10 @@ def _slope_reads(slope: Slope, lows: Sequence[float]) -> str:
     return trend
 
 
-ROOM_TREATMENT = "ignore"  # the matrix's oracle x ignore cell: the oracle's room beside a row that reads no relations
-
-
-def _room_tag(spec: MethodSpec) -> str:
-    """The tag of the oracle x ignore cell on the method's backbone (`tv_only-ignore` for ARL, whose cells start
-    from its treatment row; `ignore` elsewhere)."""
-    return spec.treated_tag(ROOM_TREATMENT) or ROOM_TREATMENT
+def _room_tag(spec: MethodSpec, treatment: str) -> str:
+    """The tag of the oracle x `treatment` cell on the method's backbone (`tv_only-positive` for ARL, whose cells
+    start from its treatment row; the treatment's name elsewhere)."""
+    return spec.treated_tag(treatment) or treatment
 
 
 def reads_no_relations(run: str) -> bool:
@@ -455,12 +461,14 @@ def reads_no_relations(run: str) -> bool:
     return bool(tag) and not detector and method in METHODS and tag == METHODS.get(method).base_row
 
 
-def room_of(run: str) -> str:
-    """The oracle's room beside a row that reads no relations: the matrix cell oracle x ignore on the row's
-    encoder, the true false negatives left out of its negatives (`arl~base` -> `arl+oracle~tv_only-ignore`, from
-    the row ARL's cells start from; docs/matrix.md)."""
+def room_of(run: str, treatment: str = ROOM_TREATMENTS[0]) -> str:
+    """The oracle's room beside a row that reads no relations: the matrix cell oracle x `treatment` on the row's
+    encoder, from the row its cells start from (docs/matrix.md): `positive`, the true false negatives trained as
+    positives, as the oracle rows of the methods that read relations are (`relations.oracle.mode=positive`;
+    `arl~base` -> `arl+oracle~tv_only-positive`); `ignore`, only left out of its negatives
+    (`arl+oracle~tv_only-ignore`)."""
     method, _, backbone, _ = split_run_name(run)
-    return join_run_name(method, "oracle", backbone, _room_tag(METHODS.get(method)))
+    return join_run_name(method, "oracle", backbone, _room_tag(METHODS.get(method), treatment))
 
 
 def oracle_of(run: str) -> str:
@@ -470,10 +478,10 @@ def oracle_of(run: str) -> str:
     return join_run_name(method, "oracle", backbone, tag)
 
 
-def room_beside(base: str) -> str:
+def room_beside(base: str, treatment: str = ROOM_TREATMENTS[0]) -> str:
     """The run that measures the oracle's room on `base`: its oracle row, or beside a row that reads no
-    relations the matrix cell `room_of` names."""
-    return room_of(base) if reads_no_relations(base) else oracle_of(base)
+    relations the matrix cell `room_of` names under `treatment`."""
+    return room_of(base, treatment) if reads_no_relations(base) else oracle_of(base)
 
 
 @dataclass(frozen=True)
@@ -497,7 +505,7 @@ def answers(sweep: Sweep, cells: list[Cell], rows: SweepRows, settings: Settings
         if "+oracle" in c.run:  # the room itself
             found.append(Answer(c, c, None))
             continue
-        oracle_run = room_beside(c.base)
+        oracle_run = room_beside(c.base, sweep.rooms[0])
         room = at.get((c.value, oracle_run))
         if room is None or room.gain is None:
             how = " (sweep --oracle trains it beside the base)" if reads_no_relations(c.base) else ""
@@ -533,7 +541,7 @@ def rooms_left(sweep: Sweep, cells: list[Cell], rows: SweepRows, settings: Setti
         if not c.base or "+oracle" in c.run:
             continue
         own = at.get((c.value, oracle_of(c.run)))
-        base_room = at.get((c.value, room_beside(c.base)))
+        base_room = at.get((c.value, room_beside(c.base, sweep.rooms[0])))
         if own is None or base_room is None:
             continue
         try:
@@ -812,6 +820,7 @@ def render(sweep: Sweep, cells: list[Cell], facts: dict[Point, dict[str, Any]],
           "two-level paired bootstrap drawn jointly for both differences (harness/reports/stats.py `room_share`; "
           "left out where the room's own interval is not above zero). A gain larger than the room, or a gain "
           "where there is no room, is not a gain from handling label noise.", "",
+          *_room_treatment_note(sweep, cells),
           markdown_table(ANSWER_HEAD, answer_table) if answer_table
           else "(no run with a base and its oracle at one value yet)", ""]
     if room_rows:
@@ -851,6 +860,19 @@ def render(sweep: Sweep, cells: list[Cell], facts: dict[Point, dict[str, Any]],
                       + (located.get((row[0], cell.run), [""] * len(moment_csv)) if moment_csv else [])
                       for cell, row in zip(cells, run_rows)))
     return "\n".join(md), table
+
+
+def _room_treatment_note(sweep: Sweep, cells: Sequence[Cell]) -> list[str]:
+    """Where a base reads no relations (`arl~base`), which matrix cell the answer table reads as its room."""
+    bases = sorted({c.base for c in cells if c.base and reads_no_relations(c.base)})
+    if not bases:
+        return []
+    read, *other = sweep.rooms
+    also = f"; the room under {', '.join(other)} ({', '.join(room_of(b, t) for b in bases for t in other)}) is " \
+           "a row of the runs table" if other else ""
+    return [f"Beside {', '.join(bases)}, which trains no detector's pairs, the room is the matrix cell oracle x {read} "
+            f"({', '.join(room_of(b, read) for b in bases)}; `sweep --room`, docs/matrix.md): the true false "
+            f"negatives {ROOM_READS[read]}{also}.", ""]
 
 
 def _slope_section(axis: str, found: Sequence[Slope], cells: list[Cell]) -> list[str]:
