@@ -100,7 +100,7 @@ def test_vcmr_sumr_differences_get_the_two_level_bootstrap(runs):
                                         r"VCMR SumR") as e:
         stats.compare_table(runs, "sim-tiny", [("baseline", "xml")], settings)
     assert "\n" not in str(e.value)
-    with pytest.raises(UserError, match="pick from R@1 R@5 R@10 R@100 SumR VCMR SumR"):
+    with pytest.raises(UserError, match="pick from R@1 R@5 R@10 R@100 SumR VCMR SumR oracle SumR"):
         stats.compare_table(runs, "sim-tiny", [("xml-sl", "xml")], stats.Settings(metrics=("VCMR R@1",)))
 
 

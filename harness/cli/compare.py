@@ -32,7 +32,8 @@ def add_commands(sub) -> None:
                    help="pairs of run names, A minus B, e.g. ral@msl:msl baseline+oracle:baseline")
     p.add_argument("--out", default="results", help="the results folder (reads runs/, writes compare/)")
     p.add_argument("--metrics", nargs="+", default=list(METRICS),
-                   help=f"of {' '.join(ALL_METRICS)} (default: {' '.join(METRICS)}; 'VCMR SumR': rows that localize)")
+                   help=f"of {' '.join(ALL_METRICS)} (default: {' '.join(METRICS)}; 'VCMR SumR': rows that localize; "
+                        "'oracle SumR': rows of a simulated world)")
     p.add_argument("--resamples", type=int, default=RESAMPLES, help="bootstrap resamples")
     p.add_argument("--permutations", type=int, default=PERMUTATIONS, help="randomization-test permutations")
     p.add_argument("--seed", type=int, default=SEED, help="the random seed of the bootstrap and the test")

@@ -266,8 +266,8 @@ def backbone_row_name(row: dict[str, Any]) -> str | None:
 def backbone_comparisons(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each on-protocol plug-in row against its backbone's row (`backbone_row_name`) on the same
     dataset and budget: mean SumR of both, Δ SumR with its interval and test (`judge`), the difference
-    per shared seed, and Δ oracle SumR (the t-test over seeds: the stored rankings hold no oracle
-    ranks); no row where the backbone has no run."""
+    per shared seed, and Δ oracle SumR (from the stored rankings and the simulated world's relevance where
+    both rows have them, as Δ SumR; else the t-test over seeds); no row where the backbone has no run."""
     judged(rows)
     return [r["backbone_comparison"] for r in rows if r.get("backbone_comparison")]
 
@@ -313,26 +313,28 @@ def judge(rows: list[dict[str, Any]], root: str | Path | None = None,
     by_record = {key: r for r in records or [] for key in
                  [(dataset_label(r), r.get("run_name", r["method"]), r["seed"])]}
 
-    loaded: dict[tuple[str, str, int], stats.SeedScores] = {}  # each record's rankings read once
+    # each record's rankings read once, and once more with the oracle's column where an oracle Δ asks for it
+    loaded: dict[tuple[str, str, int, bool], stats.SeedScores] = {}
 
-    def stored(row: dict[str, Any], seeds: list[int]) -> stats.Row | None:
+    def stored(row: dict[str, Any], seeds: list[int], oracle: bool = False) -> stats.Row | None:
         keys = [(row["dataset"], row["run"], s) for s in seeds]
         if not keys or any(k not in files or not rankings_path(files[k]).is_file() for k in keys):
             return None
         for k in keys:
-            if k not in loaded:
-                loaded[k] = stats.seed_scores(files[k], by_record[k])
-        scores = {s: loaded[k] for s, k in zip(seeds, keys)}
+            if (*k, oracle) not in loaded:
+                loaded[(*k, oracle)] = stats.seed_scores(files[k], by_record[k], oracle)
+        scores = {s: loaded[(*k, oracle)] for s, k in zip(seeds, keys)}
         return stats.Row(row["dataset"], row["run"], stats.world_of(by_record[keys[0]]), scores)
 
     def compared(a: dict[str, Any], b: dict[str, Any], metric: str = "SumR") -> dict[str, Any]:
         shared = sorted(set(a["seeds"]) & set(b["seeds"]))
-        ra, rb = stored(a, shared), stored(b, shared)
+        ra, rb = stored(a, shared, metric == ORACLE_SUMR), stored(b, shared, metric == ORACLE_SUMR)
         if ra is not None and rb is not None and ra.world != rb.world:
             return {**seed_test(a, b, metric), "why": OTHER_WORLD}
         if ra is not None and rb is not None and len(shared) >= max(2, settings.min_seeds):
             if not (stats.has_metric(ra, metric, shared) and stats.has_metric(rb, metric, shared)):
-                return {**seed_test(a, b, metric), "why": NOT_RANKED}  # VCMR SumR of runs without moment ranks
+                return {**seed_test(a, b, metric), "why": NOT_RANKED}  # VCMR SumR without moment ranks, oracle SumR
+                # of a world not rebuilt
             (d,) = stats.compare_rows(ra, rb, dataclasses.replace(settings, metrics=(metric,))).metrics
             return {"delta": d.difference, "low": d.low, "high": d.high, "p": d.p, "test": RANDOMIZATION,
                     "seeds": shared, "why": None}
@@ -361,7 +363,7 @@ def judge(rows: list[dict[str, Any]], root: str | Path | None = None,
         a_by, b_by = dict(zip(r["seeds"], r["SumR"])), dict(zip(b["seeds"], b["SumR"]))
         shared = sorted(set(a_by) & set(b_by))
         delta = {**compared(r, b), "against": b["run"]}
-        oracle = ({**seed_test(r, b, ORACLE_SUMR), "why": NOT_RANKED, "against": b["run"]}
+        oracle = ({**compared(r, b, ORACLE_SUMR), "against": b["run"]}
                   if r.get(ORACLE_SUMR) and b.get(ORACLE_SUMR) else None)
         r["backbone_comparison"] = {
             "dataset": r["dataset"], "run": r["run"], "against": b["run"], "seeds": r["seeds"],
@@ -438,8 +440,9 @@ def backbone_table(rows: list[dict[str, Any]]) -> list[str]:
             "Each method run on another method's backbone (RAL on MS-SL, +PR on XML, ...) against that backbone's "
             "own row under the same relations and budget: Δ of mean test SumR with its interval and p as in the "
             "tables above (the stored rankings' bootstrap and randomization test, or the marked fallback), the "
-            "difference per shared seed, and Δ of the oracle SumR (any truly relevant video counts; the stored "
-            "rankings do not hold it, so its p is always the t-test over seeds), where both rows have it.",
+            "difference per shared seed, and Δ of the oracle SumR (any truly relevant video counts), where both rows "
+            "have it: from the stored rankings' top lists and the simulated world's relevance, rebuilt from each "
+            "record's config, with the same bootstrap and test, else the marked fallback.",
             "", markdown_table(head, body)]
 
 

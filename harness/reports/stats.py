@@ -28,6 +28,7 @@ says what a difference means and why these libraries.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,18 +36,23 @@ from typing import Any, Final, Literal, Mapping, Sequence
 
 import numpy as np
 
+from prvr.datasets.real.relevance import SplitKeys
 from prvr.harness.base.io import UserError
 from prvr.harness.base.names import check_name, inside
+from prvr.harness.base.registry import DATASETS, load_all
+from prvr.harness.engine.config import from_dict
 from prvr.harness.engine.evaluate import KS
-from prvr.harness.engine.rankings import MOMENT_SUM, moment_query_scores, rankings_of_record
+from prvr.harness.engine.rankings import MOMENT_SUM, SplitRanking, moment_query_scores, rankings_of_record, ranks_of
 from prvr.harness.engine.record_types import RunRecord
 from prvr.harness.engine.records import RECORD_FILE, load_record_at
 from prvr.harness.reports.rows import dataset_label
-from prvr.harness.reports.table import csv_text, markdown_cell, markdown_table, spreadsheet_safe, world_digest  # noqa: F401
+from prvr.harness.reports.table import ORACLE_SUMR, csv_text, markdown_cell, markdown_table, spreadsheet_safe, \
+    world_digest  # noqa: F401
 
 METRICS: tuple[str, ...] = (*(f"R@{k}" for k in KS), "SumR")
-# every metric a comparison can take: the default ones, and VCMR SumR where the rankings hold moment ranks
-ALL_METRICS: tuple[str, ...] = (*METRICS, MOMENT_SUM)
+# every metric a comparison can take: the default ones, VCMR SumR where the rankings hold moment ranks, and the
+# oracle SumR (any truly relevant video counts) where the run's world is simulated and rebuilt from its config
+ALL_METRICS: tuple[str, ...] = (*METRICS, MOMENT_SUM, ORACLE_SUMR)
 RESAMPLES = 10_000  # bootstrap resamples
 PERMUTATIONS = 10_000  # randomization-test resamples
 SEED = 0
@@ -70,6 +76,7 @@ class SeedScores:
     labelled_videos: list[str]
     scores: np.ndarray  # [Q, len(ALL_METRICS)] in percent; the column means are the record's figures (NaN: none)
     figures: dict[str, float]  # the record's stored test figures (ALL_METRICS; NaN where it states none)
+    missing: Mapping[str, str] = dataclasses.field(default_factory=dict)  # metric -> why its column is NaN
 
 
 @dataclass(frozen=True)
@@ -100,8 +107,9 @@ def world_of(record: RunRecord) -> tuple[str, ...]:
     return (dataset_label(record), str(data.get("generator_version", "")), str(scale), world_digest(record))
 
 
-def load_row(out: str | Path, dataset: str, run: str) -> Row:
-    """Every seed of `<out>/runs/<dataset>/<run>/`, each with its test scores from its stored rankings."""
+def load_row(out: str | Path, dataset: str, run: str, oracle: bool = False) -> Row:
+    """Every seed of `<out>/runs/<dataset>/<run>/`, each with its test scores from its stored rankings (and
+    with `oracle`, per-query oracle SumR: `oracle_query_scores`)."""
     check_name(dataset, "--dataset", "give a dataset name, e.g. sim-tvr-v2")
     check_name(run, "row", "give a run's folder name, e.g. msl or arl~base")
     folder = inside(Path(out) / "runs" / dataset / run, out, "run folder")
@@ -113,7 +121,7 @@ def load_row(out: str | Path, dataset: str, run: str) -> Row:
     for f in files:
         record = load_record_at(f)
         worlds.setdefault(world_of(record), f)
-        seeds[record["seed"]] = seed_scores(f, record)
+        seeds[record["seed"]] = seed_scores(f, record, oracle)
     if len(worlds) > 1:
         (w1, f1), (w2, f2) = list(worlds.items())[:2]
         raise UserError(f"row {run!r} mixes worlds: {f1} is {_world(w1)}, {f2} is {_world(w2)}; "
@@ -121,9 +129,10 @@ def load_row(out: str | Path, dataset: str, run: str) -> Row:
     return Row(dataset, run, next(iter(worlds)), dict(sorted(seeds.items())))
 
 
-def seed_scores(path: Path, record: RunRecord) -> SeedScores:
+def seed_scores(path: Path, record: RunRecord, oracle: bool = False) -> SeedScores:
     """A record's test scores from the rankings stored beside it, checked to be its own
-    (`rankings.rankings_of_record`: the meta's run, dataset and seed, and every figure they give)."""
+    (`rankings.rankings_of_record`: the meta's run, dataset and seed, and every figure they give); with
+    `oracle`, the oracle SumR column too where the run's world can be rebuilt (`oracle_query_scores`)."""
     rankings, stored = rankings_of_record(path, record)
     if SPLIT not in rankings:
         raise UserError(f"stored rankings {stored} hold no {SPLIT} split (only {', '.join(rankings) or 'none'}); "
@@ -131,13 +140,61 @@ def seed_scores(path: Path, record: RunRecord) -> SeedScores:
     ranking = rankings[SPLIT]
     block: Mapping[str, Any] = record["metrics"][SPLIT]
     figures = {m: float(block.get(m, math.nan)) for m in ALL_METRICS}
+    figures[ORACLE_SUMR] = float((block.get("oracle") or {}).get("SumR", math.nan))
     keys = ranking.keys
+    nan = np.full(len(ranking.labelled_rank), math.nan)
+    missing = {}
     moments = moment_query_scores(ranking)
     if moments is None or MOMENT_SUM not in block:  # no moment ranks: the column is NaN, and refused by name
-        moments = np.full(len(ranking.labelled_rank), math.nan)
-    scores = np.concatenate([query_scores(ranking.labelled_rank), moments[:, None]], axis=1)
+        moments = nan
+        missing[MOMENT_SUM] = (f"its stored rankings ({path.name}) hold no per-query VCMR SumR (a run that does not "
+                               "localize, or one made before the rankings kept moment ranks)")
+    found, why = oracle_query_scores(record, ranking, figures[ORACLE_SUMR]) if oracle else (None, "not asked for")
+    if found is None:
+        missing[ORACLE_SUMR] = f"no per-query oracle SumR from its stored rankings ({path.name}): {why}"
+    scores = np.concatenate([query_scores(ranking.labelled_rank), moments[:, None],
+                             (nan if found is None else found)[:, None]], axis=1)
     return SeedScores(record["seed"], path, list(keys.query_ids), [keys.video_ids[i] for i in keys.query_video],
-                      scores, figures)
+                      scores, figures, missing)
+
+
+_RELEVANCE: dict[str, Any] = {}  # a simulated world's test relevance, rebuilt once per world and process
+_WORLDS_KEPT = 16
+
+
+def oracle_query_scores(record: RunRecord, ranking: SplitRanking, figure: float) -> tuple[np.ndarray | None, str]:
+    """[Q] each test query's oracle SumR (the sum over K of 100 where any truly relevant video ranks <= K),
+    from the stored top lists (exact for K <= their width: harness/engine/rankings.py `ranks_of`) and the
+    relevance of the run's simulated world, rebuilt from the record's config (the world is generated, not
+    stored: about a second per world, kept for the process). A query no relevant video covers scores 0
+    and the others are scaled by queries / covered, so the mean is the record's oracle SumR, which is
+    checked: (None, why) where the world is not simulated, does not rebuild to the ranked queries, or gives
+    another figure than the record's."""
+    if math.isnan(figure):
+        return None, "its record states no oracle SumR (a run without ground truth)"
+    load_all()
+    cfg = from_dict(record["config"], f"run record of {record.get('run_name', record.get('method'))} key 'config'")
+    if cfg.dataset not in DATASETS or not DATASETS.get(cfg.dataset).simulated:
+        return None, (f"{cfg.dataset} is not a simulated world, so its ground truth is not rebuilt here (score it "
+                      "under a relevance file: prvr-bench evaluate RECORD --relevance FILE)")
+    d = cfg.to_dict()
+    key = repr((cfg.dataset, d.get("data"), d.get("sim")))
+    if key not in _RELEVANCE:
+        if len(_RELEVANCE) >= _WORLDS_KEPT:
+            _RELEVANCE.pop(next(iter(_RELEVANCE)))
+        split = DATASETS.get(cfg.dataset).load(cfg).splits.get(SPLIT)
+        _RELEVANCE[key] = None if split is None else (SplitKeys.of_split(split).query_ids, split.relevance)
+    world = _RELEVANCE[key]
+    if world is None or world[1] is None or world[0] != list(ranking.keys.query_ids):
+        return None, "its world, rebuilt from the record's config, does not give the ranked test queries"
+    relevance = world[1]
+    covered = np.diff(relevance.tocsr().indptr) > 0
+    hits = query_scores(ranks_of(ranking, relevance)["oracle"])[:, -1]
+    scores = np.where(covered, hits * len(covered) / max(int(covered.sum()), 1), 0.0)
+    if not math.isclose(float(scores.mean()), figure, rel_tol=0, abs_tol=1e-6):
+        return None, (f"its world, rebuilt from the record's config, gives oracle SumR {scores.mean():.4f} where "
+                      f"the record states {figure:.4f} (a world of an earlier generator)")
+    return scores, ""
 
 
 # ----------------------------------------------------------------------------- the statistics
@@ -396,9 +453,9 @@ def check_metric(metric: str, seeds: Sequence[tuple[Row, SeedScores]]) -> None:
     a localizing backbone store since they were added to the rankings (harness/engine/rankings.py)."""
     for row, seed in seeds:
         if not _scored(seed, metric):
-            raise UserError(f"row {row.run!r} seed {seed.seed}: its stored rankings ({seed.record.name}) hold no "
-                            f"per-query {metric} (a run that does not localize, or one made before the rankings "
-                            f"kept moment ranks); leave {metric} out of --metrics, or re-run that run")
+            why = seed.missing.get(metric, f"no per-query {metric} in its stored rankings ({seed.record.name})")
+            raise UserError(f"row {row.run!r} seed {seed.seed}: {why}; leave {metric} out of --metrics, or re-run "
+                            "that run")
 
 
 def has_metric(row: Row, metric: str, seeds: Sequence[int]) -> bool:
@@ -445,13 +502,13 @@ def compare_table(out: str | Path, dataset: str, pairs: Sequence[tuple[str, str]
     unknown = [m for m in settings.metrics if m not in ALL_METRICS]
     if unknown or not settings.metrics:
         raise UserError(f"--metrics {' '.join(unknown) or '(none)'}: pick from {' '.join(ALL_METRICS)} (VCMR SumR: "
-                        "runs that localize)")
+                        "runs that localize; oracle SumR: runs of a simulated world)")
     if settings.resamples < 1 or settings.permutations < 1 or settings.seed < 0:
         raise UserError(f"--resamples {settings.resamples}, --permutations {settings.permutations}, --seed "
                         f"{settings.seed}: the counts must be at least 1 and the seed at least 0")
     rows: dict[str, Row] = {}
     for run in dict.fromkeys(r for pair in pairs for r in pair):  # in the order given: the first bad row reports
-        rows[run] = load_row(out, dataset, run)
+        rows[run] = load_row(out, dataset, run, oracle=ORACLE_SUMR in settings.metrics)
     found = [compare_rows(rows[a], rows[b], settings) for a, b in pairs]
     adjusted = iter(holm([d.p for c in found for d in c.metrics]))
     found = [Comparison(c.dataset, c.row_a, c.row_b, c.seeds, c.queries, c.interval_over,
