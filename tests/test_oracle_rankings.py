@@ -100,3 +100,12 @@ def test_the_leaderboards_oracle_delta_against_a_backbone_uses_the_stored_rankin
     oracle = comp["oracle_comparison"]
     assert oracle["test"] == leaderboard.RANDOMIZATION and oracle["why"] is None
     assert oracle["low"] <= oracle["delta"] <= oracle["high"]
+
+
+def test_a_record_whose_config_no_longer_reads_is_a_reason_not_a_crash(runs):
+    """The leaderboard reads every committed record: one whose config this version cannot read (a key of an
+    older version) gets the fallback with the reason, and the rest of the table is made."""
+    _, rec, ranking = _stored(runs, "msl", 0)
+    old = {**rec, "config": {**rec["config"], "train": {**rec["config"]["train"], "no_such_key": 1}}}
+    scores, why = stats.oracle_query_scores(old, ranking, rec["metrics"]["test"]["oracle"]["SumR"])
+    assert scores is None and why.startswith("its world cannot be rebuilt (") and "no_such_key" in why

@@ -173,7 +173,10 @@ def oracle_query_scores(record: RunRecord, ranking: SplitRanking, figure: float)
     if math.isnan(figure):
         return None, "its record states no oracle SumR (a run without ground truth)"
     load_all()
-    cfg = from_dict(record["config"], f"run record of {record.get('run_name', record.get('method'))} key 'config'")
+    try:
+        cfg = from_dict(record["config"], "its config")
+    except UserError as e:  # a record of an older config: its world is not rebuilt, and the row says why
+        return None, f"its world cannot be rebuilt ({e})"
     if cfg.dataset not in DATASETS or not DATASETS.get(cfg.dataset).simulated:
         return None, (f"{cfg.dataset} is not a simulated world, so its ground truth is not rebuilt here (score it "
                       "under a relevance file: prvr-bench evaluate RECORD --relevance FILE)")
@@ -182,7 +185,10 @@ def oracle_query_scores(record: RunRecord, ranking: SplitRanking, figure: float)
     if key not in _RELEVANCE:
         if len(_RELEVANCE) >= _WORLDS_KEPT:
             _RELEVANCE.pop(next(iter(_RELEVANCE)))
-        split = DATASETS.get(cfg.dataset).load(cfg).splits.get(SPLIT)
+        try:
+            split = DATASETS.get(cfg.dataset).load(cfg).splits.get(SPLIT)
+        except UserError as e:
+            return None, f"its world cannot be rebuilt ({e})"
         _RELEVANCE[key] = None if split is None else (SplitKeys.of_split(split).query_ids, split.relevance)
     world = _RELEVANCE[key]
     if world is None or world[1] is None or world[0] != list(ranking.keys.query_ids):
