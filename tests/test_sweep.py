@@ -518,6 +518,19 @@ def test_a_base_row_reads_no_relations_and_its_room_is_the_matrix_cell():
     assert not reads_no_relations("arl+sbert~ignore") and not reads_no_relations("baseline~b32")
 
 
+def test_the_room_a_run_leaves_is_read_under_its_bases_rooms_treatment():
+    """The room-left table reads the run's own oracle row against its base's room: beside a base that reads no
+    relations, whose room is a matrix cell under a treatment, the run's oracle row under that same treatment
+    (ARL's Table 6 rows with the oracle's pairs), never `arl+oracle` (the pairs restrained, ARL's own treatment)
+    against a room of positives; elsewhere the run's oracle row."""
+    from prvr.harness.reports.sweeps import own_room
+
+    assert own_room("arl", "arl~base") == "arl+oracle~positive"
+    assert own_room("arl", "arl~base", "ignore") == "arl+oracle~ignore"
+    assert own_room("ral@msl", "msl") == "ral+oracle@msl" and own_room("baseline+holmes~soft", "baseline") == \
+        "baseline+oracle~soft"
+
+
 def test_runs_that_localize_report_their_vcmr_gains_over_the_seeds():
     """XML and its conditions localize: their records carry VCMR SumR; where no stored rankings hold their
     per-query moment ranks (these hand-made cells, records made before the ranks were kept), a sweep of them

@@ -484,6 +484,18 @@ def room_beside(base: str, treatment: str = ROOM_TREATMENTS[0]) -> str:
     return room_of(base, treatment) if reads_no_relations(base) else oracle_of(base)
 
 
+def own_room(run: str, base: str, treatment: str = ROOM_TREATMENTS[0]) -> str:
+    """The run's own oracle row, from which the room it leaves is read: `oracle_of(run)`; beside a base that
+    reads no relations, whose room is a matrix cell under `treatment`, the run's oracle row under that treatment,
+    so that both rooms train the true pairs alike (`arl` -> `arl+oracle~positive`, ARL's Table 6 row with the
+    oracle's pairs, made by `sweep --method arl~positive --oracle`; `arl+oracle` trains them restrained, ARL's own
+    treatment, and is not read against a room measured as positives)."""
+    if not reads_no_relations(base):
+        return oracle_of(run)
+    method, _, backbone, _ = split_run_name(run)
+    return join_run_name(method, "oracle", backbone, treatment)
+
+
 @dataclass(frozen=True)
 class Answer:
     """One run at one value, read against the oracle's room on its base there."""
@@ -540,7 +552,7 @@ def rooms_left(sweep: Sweep, cells: list[Cell], rows: SweepRows, settings: Setti
     for c in cells:
         if not c.base or "+oracle" in c.run:
             continue
-        own = at.get((c.value, oracle_of(c.run)))
+        own = at.get((c.value, own_room(c.run, c.base, sweep.rooms[0])))
         base_room = at.get((c.value, room_beside(c.base, sweep.rooms[0])))
         if own is None or base_room is None:
             continue
