@@ -435,6 +435,23 @@ def test_a_room_taken_the_interval_cannot_bound_below_the_gain_says_only_its_ran
                                               "of the base's 4.0")
 
 
+def test_less_room_on_a_run_that_loses_to_its_base_is_not_room_taken():
+    """A run whose own room is smaller than its base's while its gain over the base is below zero (ARL's whole
+    objective against its encoder, the true pairs as positives on both) takes none of the base's room: its
+    own objective leaves less to take. The reads say so, not "it takes part of what the false negatives cost"."""
+    from prvr.harness.reports.stats import GainChange
+    from prvr.harness.reports.sweeps import RoomLeft, _room_left_reads
+
+    left = RoomLeft(_room_cell("arl", "arl~base", (-3.8, -8.4, -0.4)),
+                    _room_cell("arl+oracle~positive", "arl", (2.0, -4.8, 10.9)),
+                    _room_cell("arl+oracle~tv_only-positive", "arl~base", (9.5, 5.2, 13.1)), None)
+    change = GainChange(9.5, 2.0, -7.5, -12.0, -2.0, (0, 1))
+    assert _room_left_reads(left, change) == ("leaves less room than its base (+2.0 against +9.5) while it loses to "
+                                              "the base (-3.8): less is left to take on it, none of it taken")
+    winner = RoomLeft(_room_cell("ral@msl", "msl", (3.0, 1.0, 5.0)), left.own, left.base_room, None)
+    assert _room_left_reads(winner, change).startswith("leaves less room than its base (79% of it): it takes part")
+
+
 @pytest.mark.parametrize("low, high, than", [(1.0, 6.0, "less than its base"), (-6.0, -1.0, "more than its base"),
                                               (-2.0, 6.0, "as much as its base, as far as the interval can tell")])
 def test_a_base_the_oracle_costs_has_no_room_to_take(low, high, than):

@@ -592,6 +592,10 @@ def _room_left_reads(k: RoomLeft, g: GainChange) -> str:
                 else "as much as its base, as far as the interval can tell")
         return f"knowing the false negatives costs its base ({g.before:+.1f}): no room to take; it costs the run {than}"
     if g.high < 0:
+        gain = sumr_of(k.cell.gain) if k.cell.gain is not None else None
+        if gain is not None and gain.high < 0:  # less room on it, yet below its base: nothing of the room taken
+            return (f"leaves less room than its base ({g.after:+.1f} against {g.before:+.1f}) while it loses to the "
+                    f"base ({gain.difference:+.1f}): less is left to take on it, none of it taken")
         taken = f" ({-g.change / g.before:.0%} of it)" if g.before > 0 else ""
         return f"leaves less room than its base{taken}: it takes part of what the false negatives cost"
     if g.low > 0:
