@@ -313,22 +313,24 @@ def judge(rows: list[dict[str, Any]], root: str | Path | None = None,
     by_record = {key: r for r in records or [] for key in
                  [(dataset_label(r), r.get("run_name", r["method"]), r["seed"])]}
 
-    # each record's rankings read once, and once more with the oracle's column where an oracle Δ asks for it
-    loaded: dict[tuple[str, str, int, bool], stats.SeedScores] = {}
+    # each record's rankings read once; with the oracle's column (its world rebuilt) where an oracle Δ reads the row
+    loaded: dict[tuple[str, str, int], stats.SeedScores] = {}
+    oracle_rows = {(x["dataset"], x["run"]) for pair in _backbone_pairs(rows)
+                   if all(p.get(ORACLE_SUMR) for p in pair) for x in pair}
 
-    def stored(row: dict[str, Any], seeds: list[int], oracle: bool = False) -> stats.Row | None:
+    def stored(row: dict[str, Any], seeds: list[int]) -> stats.Row | None:
         keys = [(row["dataset"], row["run"], s) for s in seeds]
         if not keys or any(k not in files or not rankings_path(files[k]).is_file() for k in keys):
             return None
         for k in keys:
-            if (*k, oracle) not in loaded:
-                loaded[(*k, oracle)] = stats.seed_scores(files[k], by_record[k], oracle)
-        scores = {s: loaded[(*k, oracle)] for s, k in zip(seeds, keys)}
+            if k not in loaded:
+                loaded[k] = stats.seed_scores(files[k], by_record[k], k[:2] in oracle_rows)
+        scores = {s: loaded[k] for s, k in zip(seeds, keys)}
         return stats.Row(row["dataset"], row["run"], stats.world_of(by_record[keys[0]]), scores)
 
     def compared(a: dict[str, Any], b: dict[str, Any], metric: str = "SumR") -> dict[str, Any]:
         shared = sorted(set(a["seeds"]) & set(b["seeds"]))
-        ra, rb = stored(a, shared, metric == ORACLE_SUMR), stored(b, shared, metric == ORACLE_SUMR)
+        ra, rb = stored(a, shared), stored(b, shared)
         if ra is not None and rb is not None and ra.world != rb.world:
             return {**seed_test(a, b, metric), "why": OTHER_WORLD}
         if ra is not None and rb is not None and len(shared) >= max(2, settings.min_seeds):
