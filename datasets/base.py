@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Callable
 
 from prvr.datasets import selection
-from prvr.datasets.types import PRVRData
+from prvr.datasets.types import PRVRData, Split
 
 PRESETS = Path(__file__).parent / "presets"
 
@@ -22,6 +22,15 @@ class DatasetSpec:
     loader: Callable[..., PRVRData]
     preset: Path
     simulated: bool = False
+    split_loader: Callable[..., Split | None] | None = None  # (cfg, split): one split, reading only its files
 
     def load(self, cfg) -> PRVRData:
         return selection.apply(self.loader(cfg), cfg)
+
+    def load_test(self, cfg) -> Split | None:
+        """The test split alone, as `load(cfg)["test"]` gives it (the selection re-makes only train and
+        val): through `split_loader` where the dataset has one (a simulated world's cache entry reads
+        and checks the test split's files only), else the whole dataset."""
+        if self.split_loader is not None:
+            return self.split_loader(cfg, "test")
+        return self.load(cfg).splits.get("test")

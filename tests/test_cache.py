@@ -51,6 +51,39 @@ def test_corrupt_entry_is_regenerated(tmp_path, damage, monkeypatch):
     cache.load(folder)  # the rewritten entry is valid
 
 
+def test_the_test_split_alone_is_the_whole_loads_and_reads_only_its_own_files(tmp_path, monkeypatch):
+    """`load_test` (the oracle SumR by query rebuilds a world's test relevance) gives what the whole
+    load gives; it checks the test split's files only, so damage elsewhere is left to the load that
+    reads it, and damage in its own files makes the whole entry again, with the warning."""
+    cfg, data, folder = entry(tmp_path)
+    spec = DATASETS.get("sim-tiny")
+    alone = spec.load_test(cfg)
+    whole = data["test"]
+    tokens = np.array(whole.tokens.data)  # a copy: the damage below rewrites the file the memmap reads
+    assert alone.query_ids == whole.query_ids and alone.video_ids == whole.video_ids
+    assert (alone.relevance != whole.relevance).nnz == 0
+    np.testing.assert_array_equal(alone.tokens.data, tokens)
+    np.testing.assert_array_equal(alone.frames.offsets, whole.frames.offsets)
+    checked = []
+    monkeypatch.setattr(cache, "file_digest", lambda path, *a: checked.append(path.name) or cache_digest(path, *a))
+    spec.load_test(cfg)
+    assert checked and all(name.startswith("test.") for name in checked)
+    monkeypatch.undo()
+    corrupt_truncate(folder)  # a train file: not the test split's
+    warnings = []
+    monkeypatch.setattr("prvr.harness.base.progress.log", warnings.append)
+    np.testing.assert_array_equal(spec.load_test(cfg).tokens.data, tokens)
+    assert not warnings
+    corrupt_flip(folder)  # a test file: the entry is made again
+    np.testing.assert_array_equal(spec.load_test(cfg).tokens.data, tokens)
+    assert any("corrupt" in w and "regenerating" in w for w in warnings)
+    cache.load(folder)  # the whole entry, train included, is valid again
+    assert cache.load_split(folder, "nope") is None
+
+
+cache_digest = cache.file_digest
+
+
 def test_half_written_entry_is_never_visible(tmp_path, monkeypatch):
     def boom(*a, **k):
         raise OSError("disk full")

@@ -65,3 +65,22 @@ def test_resolved_config_round_trips_through_a_record():
     again = from_dict(stored)
     assert isinstance(again, Config)
     assert again.to_dict() == cfg.to_dict()
+
+
+def test_a_preset_is_parsed_once_per_version_and_each_caller_gets_its_own_copy(tmp_path):
+    from prvr.harness.engine.sections import load_preset
+
+    preset = tmp_path / "p.yaml"
+    preset.write_text("train: {lr: 0.1, epochs: 3}\n")
+    first = load_preset(preset)
+    first["train"]["lr"] = 9.0  # a caller changing its copy (config resolution pops keys)
+    first.pop("train")
+    assert load_preset(preset) == {"train": {"lr": 0.1, "epochs": 3}}
+    preset.write_text("train: {lr: 0.25, epochs: 30}\n")  # the file changed: read again
+    assert load_preset(preset) == {"train": {"lr": 0.25, "epochs": 30}}
+    preset.write_text("train: [1\n")
+    with pytest.raises(UserError, match="p.yaml line 2 is not valid YAML"):
+        load_preset(preset)
+    # a record's config rebuilds as before, presets read from the cache
+    cfg = resolve("baseline", "sim-tiny", 0, [])
+    assert from_dict(cfg.to_dict()).to_dict() == cfg.to_dict()

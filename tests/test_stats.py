@@ -168,6 +168,18 @@ def test_the_randomization_p_is_scipys_permutation_test_p_for_p(queries, permuta
     assert 0 < ours <= 1
 
 
+@pytest.mark.parametrize("batch, pairs", [(1000, 37), (3, 5), (1, 1), (7, 501)])
+def test_the_swaps_are_numpys_permuted_pairs_draw_for_draw(batch, pairs):
+    """`_swaps` draws the generator's words directly; `rng.permuted` of the (0, 1) tile, as scipy
+    calls it, is the naive reference: the same swaps over consecutive batches (odd word counts
+    included, where the generator keeps half of a 64-bit draw for the next call)."""
+    tile = np.tile(np.arange(2), (batch, pairs, 1))
+    for seed in (0, 7):
+        naive, fast = np.random.default_rng(seed), np.random.default_rng(seed)
+        for _ in range(3):
+            np.testing.assert_array_equal(stats._swaps(fast, batch, pairs), naive.permuted(tile, axis=-1)[:, :, 0] == 1)
+
+
 def test_identical_rows_differ_by_0_with_p_1_and_a_row_better_on_every_query_has_an_interval_above_0(tmp_path):
     for seed in (0, 1):
         ranks = random_ranks(50, seed)

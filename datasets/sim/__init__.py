@@ -8,12 +8,13 @@ split sizes. Generation is deterministic from `sim.seed` and cached on disk.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 
 from prvr.datasets.base import PRESETS, DatasetSpec
 from prvr.datasets.sim import cache, world
-from prvr.datasets.types import PRVRData
+from prvr.datasets.types import PRVRData, Split
 from prvr.harness.base import progress
 from prvr.harness.base.registry import DATASETS
 
@@ -62,16 +63,25 @@ def world_knobs(sim_cfg) -> dict:
     return {k: v for k, v in knobs.items() if not (k in LATER_KNOBS and v == LATER_KNOBS[k])}
 
 
+def _entry(name: str, cfg) -> Path:
+    key = cache.cache_key({"name": name, "version": world.GENERATOR_VERSION, "sim": world_knobs(cfg.sim)})
+    return cache.cache_root(cfg.data.cache_dir) / "sim" / f"{name}-{key}"
+
+
 def load_sim(name: str, cfg) -> PRVRData:
     """Load the dataset from the cache, generating it on first use (or when corrupt)."""
-    key = cache.cache_key({"name": name, "version": world.GENERATOR_VERSION, "sim": world_knobs(cfg.sim)})
-    folder = cache.cache_root(cfg.data.cache_dir) / "sim" / f"{name}-{key}"
-    return cache.load_or_build(folder, lambda: generate(name, cfg.sim), progress.log)
+    return cache.load_or_build(_entry(name, cfg), lambda: generate(name, cfg.sim), progress.log)
+
+
+def load_sim_split(name: str, cfg, split: str) -> Split | None:
+    """One split of the dataset: read from its cache entry, checking that split's files only; the whole
+    dataset is generated (or generated again) where the entry is missing or that split's files are corrupt."""
+    return cache.load_split_or_build(_entry(name, cfg), split, lambda: generate(name, cfg.sim), progress.log)
 
 
 def _register(name: str, summary: str) -> None:
-    DATASETS.add(name, DatasetSpec(name, lambda cfg, _n=name: load_sim(_n, cfg), PRESETS / f"{name}.yaml", True),
-                 summary)
+    DATASETS.add(name, DatasetSpec(name, lambda cfg, _n=name: load_sim(_n, cfg), PRESETS / f"{name}.yaml", True,
+                                   lambda cfg, split, _n=name: load_sim_split(_n, cfg, split)), summary)
 
 
 _register("sim-tvr", "simulated TVR: 5 queries/video, 75 s videos, 85% short moments, 3072-d video / 768-d tokens")

@@ -85,6 +85,28 @@ def _load_or_build(folder: Path, build: Callable[[], PRVRData], warn: Callable[[
                         "or move the cache with PRVR_CACHE / --set data.cache_dir") from None
 
 
+def load_split_or_build(folder: Path, split: str, build: Callable[[], PRVRData],
+                        warn: Callable[[str], None]) -> Split | None:
+    """One split of an entry, reading and checking only that split's files (`load_split`); where the
+    entry is missing, lists no such split, or that split's files are corrupt, the whole entry is
+    loaded or built as `load_or_build` does and its split returned."""
+    with one_at_a_time(folder):
+        if folder.exists():
+            try:
+                return load_split(folder, split)
+            except CorruptCache:
+                pass  # the whole entry is checked next, and made again with a warning where it is corrupt
+        return _load_or_build(folder, build, warn).splits.get(split)
+
+
+def load_split(folder: Path, split: str) -> Split | None:
+    """The entry's split `split` (None where the manifest lists no such split), from the files its
+    manifest lists for it, each checked against its size and digest; the other splits' files are
+    neither read nor checked."""
+    manifest = _check(folder, only=f"{split}.")
+    return _split_of(folder, manifest, split) if split in manifest["splits"] else None
+
+
 def save(data: PRVRData, folder: Path) -> None:
     ensure_dir(folder.parent, "move the cache: --set data.cache_dir=DIR or PRVR_CACHE=DIR")
     tmp = temporary_beside(folder, folder=True)
@@ -107,26 +129,29 @@ def save(data: PRVRData, folder: Path) -> None:
 def load(folder: Path) -> PRVRData:
     """The entry's dataset, read from the files its manifest lists and nothing else."""
     manifest = _check(folder)
-    splits = {}
-    for name in manifest["splits"]:
-        prefix = f"{name}."
-        arrays = {f[len(prefix):-len(".npy")]: folder / f for f in manifest["files"]
-                  if f.startswith(prefix) and f.endswith(".npy")}
-        try:
-            splits[name] = _read_split(folder, name, arrays)
-        except (KeyError, ValueError, OSError) as e:  # a manifest that lists too little
-            raise CorruptCache(f"split {name!r} cannot be read ({type(e).__name__}: {e})") from None
-    return PRVRData(manifest["name"], splits, manifest["meta"])
+    return PRVRData(manifest["name"], {name: _split_of(folder, manifest, name) for name in manifest["splits"]},
+                    manifest["meta"])
 
 
-def _check(folder: Path) -> dict[str, Any]:
+def _split_of(folder: Path, manifest: dict[str, Any], name: str) -> Split:
+    prefix = f"{name}."
+    arrays = {f[len(prefix):-len(".npy")]: folder / f for f in manifest["files"]
+              if f.startswith(prefix) and f.endswith(".npy")}
+    try:
+        return _read_split(folder, name, arrays)
+    except (KeyError, ValueError, OSError) as e:  # a manifest that lists too little
+        raise CorruptCache(f"split {name!r} cannot be read ({type(e).__name__}: {e})") from None
+
+
+def _check(folder: Path, only: str = "") -> dict[str, Any]:
+    """The entry's manifest, its files checked (only those whose names start with `only`, where given)."""
     manifest = read_manifest(folder)
     if manifest.get("format") != CACHE_FORMAT:
         raise CorruptCache(f"cache format {manifest.get('format')} != {CACHE_FORMAT}")
     if not isinstance(manifest.get("splits"), list) or not isinstance(manifest.get("meta"), dict) \
             or not isinstance(manifest.get("name"), str):
         raise CorruptCache("manifest lacks name, meta or splits")
-    verify_files(folder, manifest.get("files"))
+    verify_files(folder, manifest.get("files"), only)
     return manifest
 
 
@@ -148,15 +173,18 @@ def describe_files(folder: Path) -> dict[str, dict[str, Any]]:
     return {p.name: {"bytes": p.stat().st_size, DIGEST: file_digest(p, DIGEST)} for p in sorted(folder.iterdir())}
 
 
-def verify_files(folder: Path, files: Any) -> None:
+def verify_files(folder: Path, files: Any, only: str = "") -> None:
     """The folder holds exactly `files` (besides the manifest), each with its listed size and
-    digest; else CorruptCache naming the first file that differs."""
+    digest (of those whose names start with `only`); else CorruptCache naming the first file that
+    differs."""
     if not isinstance(files, dict) or not all(isinstance(v, dict) for v in files.values()):
         raise CorruptCache("manifest lists no files")
     unlisted = sorted(set(os.listdir(folder)) - set(files) - {MANIFEST})
     if unlisted:
         raise CorruptCache(f"{unlisted[0]} is not in the manifest ({len(unlisted)} unlisted file(s))")
     for fname, info in files.items():
+        if not fname.startswith(only):
+            continue
         path = folder / fname
         if not path.is_file():
             raise CorruptCache(f"{fname} missing")

@@ -400,8 +400,8 @@ class MethodSpec:
 
 
 class DatasetEntry(Protocol):
-    """A registered dataset (datasets/base.py `DatasetSpec`): `load(config)` gives its PRVRData;
-    `preset` holds its defaults."""
+    """A registered dataset (datasets/base.py `DatasetSpec`): `load(config)` gives its PRVRData,
+    `load_test(config)` its test split alone; `preset` holds its defaults."""
 
     @property
     def name(self) -> str: ...
@@ -413,3 +413,5 @@ class DatasetEntry(Protocol):
     def simulated(self) -> bool: ...
 
     def load(self, cfg: Any) -> Any: ...
+
+    def load_test(self, cfg: Any) -> Any: ...  # the test split alone, as load(cfg) gives it

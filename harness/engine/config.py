@@ -28,7 +28,8 @@ from prvr.harness.base.io import UserError
 from prvr.harness.base.registry import (BACKBONES, DATASETS, DETECTORS, METHODS, extended_home, home_method, method_detector,
                                         unknown_message)
 from prvr.harness.engine.precision import check_precision
-from prvr.harness.engine.sections import Config, dataset_preset as load_dataset_preset, detector_settings, load_yaml
+from prvr.harness.engine.sections import Config, dataset_preset as load_dataset_preset, detector_settings, load_preset, \
+    load_yaml
 from prvr.methods.fit import check_fit
 
 SCALARS = ("method", "dataset", "seed", "backbone")
@@ -51,7 +52,7 @@ def resolve(method: str, dataset: str, seed: int = 0, overrides: list[str] | Non
         raise UserError(f"--set {owned[0]}=...: the {owned[0]} of a run is the command line's; use "
                         f"{COMMAND_LINE_KEYS[owned[0]]} instead")
     user = load_yaml(user_yaml) if user_yaml else {}
-    method_preset = load_yaml(spec.preset) if spec.preset else {}
+    method_preset = load_preset(spec.preset) if spec.preset else {}
     per_dataset = method_preset.pop("per_dataset", {}) or {}
     dataset_preset = load_dataset_preset(dataset)
     scales = dataset_preset.pop("scales", {}) or {}
@@ -82,7 +83,8 @@ def resolve(method: str, dataset: str, seed: int = 0, overrides: list[str] | Non
         home = home_method(backbone)
         home_layers = []
         if home is not None and home != method:
-            home_preset = load_yaml(METHODS.get(home).preset) if METHODS.get(home).preset else {}
+            home_file = METHODS.get(home).preset
+            home_preset = load_preset(home_file) if home_file else {}
             home_per_dataset = home_preset.pop("per_dataset", {}) or {}
             home_preset.pop("backbones", None)
             whole = extended_home(spec, backbone) is not None
@@ -271,6 +273,17 @@ def _is_section(cfg: Config, name: str) -> bool:
     return is_dataclass(cfg.section(name))
 
 
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(section: type) -> dict[str, Any]:
+    """A section class's resolved field types (`typing.get_type_hints`, kept: resolving them again for
+    each of a preset's or a record's keys was a tenth of rebuilding the leaderboard)."""
+    if section not in _HINTS:
+        _HINTS[section] = typing.get_type_hints(section)
+    return _HINTS[section]
+
+
 def apply_value(cfg: Config, key: str, value: Any, source: str, from_cli: bool = False) -> None:
     """Set one dotted key, checking that it exists, that the value has the right type and that
     it passes the field's declared check."""
@@ -291,7 +304,7 @@ def apply_value(cfg: Config, key: str, value: Any, source: str, from_cli: bool =
     if len(parts) != 2 or not _is_section(cfg, parts[0]):
         raise UserError(_unknown_key(key, _all_keys(cfg), source))
     owner = cfg.section(parts[0])
-    hints = typing.get_type_hints(type(owner))
+    hints = _hints(type(owner))
     if parts[1] not in {f.name for f in fields(owner)}:
         raise UserError(_unknown_key(key, _all_keys(cfg), source))
     value = _coerce(value, hints[parts[1]], key, source, from_cli)

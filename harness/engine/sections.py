@@ -6,6 +6,7 @@ harness/engine/config.py.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
@@ -51,11 +52,29 @@ def load_yaml(path: str | Path | None) -> dict[str, Any]:
     return data
 
 
+_PRESETS: dict[tuple[str, int, int], dict[str, Any]] = {}
+
+
+def load_preset(path: str | Path) -> dict[str, Any]:
+    """A method's or dataset's preset file, as `load_yaml` reads it, parsed once per process and
+    version of the file (its path, size and modification time): rebuilding every stored record's
+    config parsed the same presets again each time. Each caller gets its own copy to change."""
+    path = Path(path)
+    try:
+        st = path.stat()
+    except OSError:
+        return load_yaml(path)  # read_yaml's own line for a file that is not there
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key not in _PRESETS:
+        _PRESETS[key] = load_yaml(path)
+    return copy.deepcopy(_PRESETS[key])
+
+
 def dataset_preset(dataset: str) -> dict[str, Any]:
     """A registered dataset's preset. A variant (`variant_of: BASE`, e.g. sim-tvr-v of sim-tvr)
     is its base's preset with the variant's keys merged over it, section by section: its
     protocol, scales and family are the base's unless it says otherwise."""
-    preset = load_yaml(DATASETS.get(dataset).preset)
+    preset = load_preset(DATASETS.get(dataset).preset)
     base = preset.pop("variant_of", None)
     if base is None:
         return preset
@@ -63,7 +82,7 @@ def dataset_preset(dataset: str) -> dict[str, Any]:
     if not isinstance(base, str) or base not in DATASETS or base == dataset:
         raise UserError(f"{where}: 'variant_of' must name another registered dataset, got {show(base)}; "
                         f"fix the preset (datasets: {', '.join(DATASETS.names())})")
-    under = load_yaml(DATASETS.get(base).preset)
+    under = load_preset(DATASETS.get(base).preset)
     if "variant_of" in under:
         raise UserError(f"{where}: 'variant_of: {base}' names a variant itself; name its base, "
                         f"{under['variant_of']}, with the keys of both")

@@ -186,7 +186,7 @@ def oracle_query_scores(record: RunRecord, ranking: SplitRanking, figure: float)
         if len(_RELEVANCE) >= _WORLDS_KEPT:
             _RELEVANCE.pop(next(iter(_RELEVANCE)))
         try:
-            split = DATASETS.get(cfg.dataset).load(cfg).splits.get(SPLIT)
+            split = DATASETS.get(cfg.dataset).load_test(cfg)
         except UserError as e:
             return None, f"its world cannot be rebuilt ({e})"
         _RELEVANCE[key] = None if split is None else (SplitKeys.of_split(split).query_ids, split.relevance)
@@ -266,21 +266,28 @@ def _swap_null(d: np.ndarray, w: np.ndarray, permutations: int,
                rng: np.random.Generator) -> tuple[np.ndarray, bool]:
     """The statistic (the weighted mean difference) under each swap of the pairs whose differences
     are `d`: every one of the 2^pairs swaps where that is no more than `permutations` (exact),
-    else `permutations` random ones, batch by batch as scipy draws them: `rng.permuted` of a
-    [batch, pairs, 2] tile of (0, 1) along its last axis, a pair swapped where its first index
-    came out 1."""
+    else `permutations` random ones, batch by batch as scipy draws them: scipy takes `rng.permuted`
+    of a [batch, pairs, 2] tile of (0, 1) along its last axis, a pair swapped where its first index
+    came out 1. numpy shuffles each pair of two by one bounded draw in [0, 1], one 32-bit word of
+    the generator whose low bit 0 swaps, slice after slice in C order, so `_swaps` draws the same
+    words directly, a third of the time (tests/test_stats.py checks it against `rng.permuted`)."""
     pairs = len(d)
     if 2**pairs <= permutations:
         swapped = (np.arange(2**pairs)[:, None] >> np.arange(pairs)) & 1  # every assignment
         return np.where(swapped == 1, -d, d) @ w, True
     batch = min(PERMUTATION_BATCH, permutations)
-    tile = np.tile(np.arange(2), (batch, pairs, 1))
     null = np.empty(permutations)
     for start in range(0, permutations, batch):
         n = min(batch, permutations - start)
-        swapped = rng.permuted(tile, axis=-1)[:n, :, 0]  # the whole tile is drawn, as scipy draws it
-        null[start : start + n] = np.where(swapped == 1, -d, d) @ w
+        swapped = _swaps(rng, batch, pairs)[:n]  # the whole batch is drawn, as scipy draws it
+        null[start : start + n] = np.where(swapped, -d, d) @ w
     return null, False
+
+
+def _swaps(rng: np.random.Generator, batch: int, pairs: int) -> np.ndarray:
+    """[batch, pairs] bool: `rng.permuted(np.tile(np.arange(2), (batch, pairs, 1)), axis=-1)[:, :, 0] == 1`,
+    drawn as numpy draws it (one 32-bit word a pair, in C order, swapped where its low bit is 0)."""
+    return (rng.integers(0, 2**32, size=(batch, pairs), dtype=np.uint32) & 1) == 0
 
 
 def _two_sided_p(null: np.ndarray, observed: float, exact: bool) -> float:
