@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from prvr.datasets.sim import cache, generate
+from prvr.datasets.sim import cache, generate, generate_one
 from prvr.harness.engine.config import resolve
 from prvr.harness.base.registry import DATASETS
 
@@ -74,11 +74,31 @@ def test_the_test_split_alone_is_the_whole_loads_and_reads_only_its_own_files(tm
     monkeypatch.setattr("prvr.harness.base.progress.log", warnings.append)
     np.testing.assert_array_equal(spec.load_test(cfg).tokens.data, tokens)
     assert not warnings
-    corrupt_flip(folder)  # a test file: the entry is made again
+    corrupt_flip(folder)  # a test file: the split is generated alone, and said
     np.testing.assert_array_equal(spec.load_test(cfg).tokens.data, tokens)
-    assert any("corrupt" in w and "regenerating" in w for w in warnings)
-    cache.load(folder)  # the whole entry, train included, is valid again
+    assert any("corrupt" in w and "generating its test split alone" in w for w in warnings)
     assert cache.load_split(folder, "nope") is None
+    again = DATASETS.get("sim-tiny").load(cfg)  # the whole load makes the entry again
+    np.testing.assert_array_equal(again["test"].tokens.data, tokens)
+    cache.load(folder)
+
+
+def test_a_split_generated_alone_is_the_whole_worlds():
+    """Each split draws from its own stream, so the test split made alone (no cache entry: the oracle
+    SumR by query of a world not cached) is the one the whole world holds, array for array."""
+    knobs = ["compound_prob=0.3", "unnamed_prob=0.2", "hidden_scene_prob=0.2", "recurring_unannotated=0.2",
+             "distinct_wording=0.3", "mislabel_rate=0.1"]  # every later knob on: each must keep to its split's stream
+    cfg = resolve("baseline", "sim-tiny", 0, [f"sim.{k}" for k in knobs])
+    whole = generate("sim-tiny", cfg.sim)
+    for split in ("test", "train"):
+        alone, there = generate_one("sim-tiny", cfg.sim, split), whole[split]
+        assert alone.query_ids == there.query_ids and alone.query_text == there.query_text
+        assert (alone.relevance != there.relevance).nnz == 0
+        for a, b in ((alone.frames.data, there.frames.data), (alone.tokens.data, there.tokens.data),
+                     (alone.query_video, there.query_video), (alone.moments, there.moments)):
+            np.testing.assert_array_equal(a, b)
+        assert alone.extra.keys() == there.extra.keys()
+    assert generate_one("sim-tiny", cfg.sim, "nope") is None
 
 
 cache_digest = cache.file_digest

@@ -19,11 +19,17 @@ from prvr.harness.base import progress
 from prvr.harness.base.registry import DATASETS
 
 
+def _sizes(sim_cfg) -> dict[str, int]:
+    return {"train": sim_cfg.train_videos, "val": sim_cfg.val_videos, "test": sim_cfg.test_videos}
+
+
+def _concepts(sim_cfg) -> world.Concepts:
+    return world.make_concepts(sim_cfg, np.random.default_rng([sim_cfg.seed, 0]))
+
+
 def generate(name: str, sim_cfg) -> PRVRData:
     """Generate a simulated dataset (no caching)."""
-    rng = np.random.default_rng([sim_cfg.seed, 0])
-    concepts = world.make_concepts(sim_cfg, rng)
-    sizes = {"train": sim_cfg.train_videos, "val": sim_cfg.val_videos, "test": sim_cfg.test_videos}
+    concepts, sizes = _concepts(sim_cfg), _sizes(sim_cfg)
     splits = {}
     with progress.task(f"generating {name}", total=sum(sizes.values())) as advance:
         for split, n in sizes.items():
@@ -63,6 +69,16 @@ def world_knobs(sim_cfg) -> dict:
     return {k: v for k, v in knobs.items() if not (k in LATER_KNOBS and v == LATER_KNOBS[k])}
 
 
+def generate_one(name: str, sim_cfg, split: str) -> Split | None:
+    """One split alone, as `generate` makes it (each split draws from its own stream, from the same
+    concepts), without the others (no caching); None for a split the world does not have."""
+    sizes = _sizes(sim_cfg)
+    if split not in sizes:
+        return None
+    with progress.task(f"generating {name}'s {split} split", total=sizes[split]) as advance:
+        return world.generate_split(sim_cfg, _concepts(sim_cfg), split, sizes[split], name, advance)
+
+
 def _entry(name: str, cfg) -> Path:
     key = cache.cache_key({"name": name, "version": world.GENERATOR_VERSION, "sim": world_knobs(cfg.sim)})
     return cache.cache_root(cfg.data.cache_dir) / "sim" / f"{name}-{key}"
@@ -74,9 +90,11 @@ def load_sim(name: str, cfg) -> PRVRData:
 
 
 def load_sim_split(name: str, cfg, split: str) -> Split | None:
-    """One split of the dataset: read from its cache entry, checking that split's files only; the whole
-    dataset is generated (or generated again) where the entry is missing or that split's files are corrupt."""
-    return cache.load_split_or_build(_entry(name, cfg), split, lambda: generate(name, cfg.sim), progress.log)
+    """One split of the dataset: read from its cache entry, checking that split's files only, or
+    generated alone where the entry is missing or that split's files are corrupt (the entry is left
+    to the next load of the whole dataset)."""
+    return cache.load_split_or_build(_entry(name, cfg), split, lambda: generate_one(name, cfg.sim, split),
+                                     progress.log)
 
 
 def _register(name: str, summary: str) -> None:

@@ -85,18 +85,19 @@ def _load_or_build(folder: Path, build: Callable[[], PRVRData], warn: Callable[[
                         "or move the cache with PRVR_CACHE / --set data.cache_dir") from None
 
 
-def load_split_or_build(folder: Path, split: str, build: Callable[[], PRVRData],
+def load_split_or_build(folder: Path, split: str, build: Callable[[], Split | None],
                         warn: Callable[[str], None]) -> Split | None:
     """One split of an entry, reading and checking only that split's files (`load_split`); where the
-    entry is missing, lists no such split, or that split's files are corrupt, the whole entry is
-    loaded or built as `load_or_build` does and its split returned."""
+    entry is missing or that split's files are corrupt (said), `build()` makes the split alone, and
+    nothing is written: the entry is made (again) by the next load of the whole dataset."""
     with one_at_a_time(folder):
         if folder.exists():
             try:
                 return load_split(folder, split)
-            except CorruptCache:
-                pass  # the whole entry is checked next, and made again with a warning where it is corrupt
-        return _load_or_build(folder, build, warn).splits.get(split)
+            except CorruptCache as e:
+                warn(f"cache entry {folder} is corrupt ({e}); generating its {split} split alone (the next "
+                     "run that loads the whole dataset makes the entry again)")
+        return build()
 
 
 def load_split(folder: Path, split: str) -> Split | None:
