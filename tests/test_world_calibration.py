@@ -141,9 +141,9 @@ def test_a_variant_of_an_unknown_dataset_is_one_line_naming_the_preset(monkeypat
     from prvr.harness.engine import sections
     from prvr.harness.base.io import UserError
 
-    real = sections.load_yaml
+    real = sections.load_preset
     odd = {"sim-tvr-v.yaml": {"variant_of": "sim-nowhere"}, "sim-charades-v.yaml": {"variant_of": "sim-tvr-v"}}
-    monkeypatch.setattr(sections, "load_yaml", lambda path: dict(odd.get(Path(path).name) or real(path)))
+    monkeypatch.setattr(sections, "load_preset", lambda path: dict(odd.get(Path(path).name) or real(path)))
     with pytest.raises(UserError, match=r"sim-tvr-v.yaml: 'variant_of' must name another registered dataset, got "
                                         r"'?sim-nowhere'?; fix the preset"):
         sections.dataset_preset("sim-tvr-v")
