@@ -177,6 +177,7 @@ def test_knobs_moved_together_tag_their_runs_and_draw_against_the_share(tmp_path
     ((+5, +2, +8), (+9, +4, +14), (0.55, 0.2, 0.9), "gains within the oracle's room"),
     ((+20, +15, +25), (+3, -1, +7), None, "gains where the oracle has no room: not a gain from handling label noise"),
     ((+20, +15, +25), (+3, +1, +5), (6.0, 3.0, 15.0), "gains more than the oracle's whole room"),
+    ((+14, +10, +19), (+10, +5, +18), (1.34, 0.97, 2.35), "gains about the oracle's whole room or more"),  # RAL, 20% mislabelled
     ((+1, -2, +4), (+9, +4, +14), (0.1, -0.2, 0.4), "no gain the interval can tell from none"),
     ((-4, -7, -1), (+9, +4, +14), (-0.4, -0.8, -0.1), "loses to its base"),
 ])
