@@ -54,7 +54,8 @@ def test_corrupt_entry_is_regenerated(tmp_path, damage, monkeypatch):
 def test_the_test_split_alone_is_the_whole_loads_and_reads_only_its_own_files(tmp_path, monkeypatch):
     """`load_test` (the oracle SumR by query rebuilds a world's test relevance) gives what the whole
     load gives; it checks the test split's files only, so damage elsewhere is left to the load that
-    reads it, and damage in its own files makes the whole entry again, with the warning."""
+    reads it, and damage in its own files is said and the split generated alone (the next whole load
+    makes the entry again)."""
     cfg, data, folder = entry(tmp_path)
     spec = DATASETS.get("sim-tiny")
     alone = spec.load_test(cfg)
@@ -64,8 +65,8 @@ def test_the_test_split_alone_is_the_whole_loads_and_reads_only_its_own_files(tm
     assert (alone.relevance != whole.relevance).nnz == 0
     np.testing.assert_array_equal(alone.tokens.data, tokens)
     np.testing.assert_array_equal(alone.frames.offsets, whole.frames.offsets)
-    checked = []
-    monkeypatch.setattr(cache, "file_digest", lambda path, *a: checked.append(path.name) or cache_digest(path, *a))
+    checked, digest = [], cache.file_digest
+    monkeypatch.setattr(cache, "file_digest", lambda path, *a: checked.append(path.name) or digest(path, *a))
     spec.load_test(cfg)
     assert checked and all(name.startswith("test.") for name in checked)
     monkeypatch.undo()
@@ -99,9 +100,6 @@ def test_a_split_generated_alone_is_the_whole_worlds():
             np.testing.assert_array_equal(a, b)
         assert alone.extra.keys() == there.extra.keys()
     assert generate_one("sim-tiny", cfg.sim, "nope") is None
-
-
-cache_digest = cache.file_digest
 
 
 def test_half_written_entry_is_never_visible(tmp_path, monkeypatch):

@@ -266,11 +266,7 @@ def _swap_null(d: np.ndarray, w: np.ndarray, permutations: int,
                rng: np.random.Generator) -> tuple[np.ndarray, bool]:
     """The statistic (the weighted mean difference) under each swap of the pairs whose differences
     are `d`: every one of the 2^pairs swaps where that is no more than `permutations` (exact),
-    else `permutations` random ones, batch by batch as scipy draws them: scipy takes `rng.permuted`
-    of a [batch, pairs, 2] tile of (0, 1) along its last axis, a pair swapped where its first index
-    came out 1. numpy shuffles each pair of two by one bounded draw in [0, 1], one 32-bit word of
-    the generator whose low bit 0 swaps, slice after slice in C order, so `_swaps` draws the same
-    words directly, a third of the time (tests/test_stats.py checks it against `rng.permuted`)."""
+    else `permutations` random ones, batch by batch as scipy draws them (`_swaps`)."""
     pairs = len(d)
     if 2**pairs <= permutations:
         swapped = (np.arange(2**pairs)[:, None] >> np.arange(pairs)) & 1  # every assignment
@@ -285,8 +281,10 @@ def _swap_null(d: np.ndarray, w: np.ndarray, permutations: int,
 
 
 def _swaps(rng: np.random.Generator, batch: int, pairs: int) -> np.ndarray:
-    """[batch, pairs] bool: `rng.permuted(np.tile(np.arange(2), (batch, pairs, 1)), axis=-1)[:, :, 0] == 1`,
-    drawn as numpy draws it (one 32-bit word a pair, in C order, swapped where its low bit is 0)."""
+    """[batch, pairs] bool: scipy's swaps, `rng.permuted(np.tile(np.arange(2), (batch, pairs, 1)),
+    axis=-1)[:, :, 0] == 1`. numpy shuffles each pair of two by one bounded draw in [0, 1], one 32-bit
+    word of the generator whose low bit 0 swaps, slice after slice in C order; the same words drawn
+    directly take a third of the time (tests/test_stats.py checks them against `rng.permuted`)."""
     return (rng.integers(0, 2**32, size=(batch, pairs), dtype=np.uint32) & 1) == 0
 
 

@@ -799,9 +799,9 @@ def _answer_reads(a: Answer, gain: MetricDifference | None, room: MetricDifferen
         return "no gain the interval can tell from none"
     if room.low <= 0:
         return "gains where the oracle has no room: not a gain from handling label noise"
-    if a.share is not None and math.isfinite(a.share.low) and a.share.low > 1:
-        return "gains more than the oracle's whole room: more than handling these false negatives gives"
     if a.share is not None and math.isfinite(a.share.low) and a.share.share > 1:
+        if a.share.low > 1:
+            return "gains more than the oracle's whole room: more than handling these false negatives gives"
         return ("gains about the oracle's whole room or more (the share's interval holds 100%): label noise "
                 "explains it only if the run takes all of the room")
     return "gains within the oracle's room: the share closed is what label noise can explain"
