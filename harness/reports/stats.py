@@ -231,7 +231,7 @@ def bootstrap_differences(diffs: Sequence[np.ndarray], resamples: int = RESAMPLE
         else:
             queries = np.where(position < q, rng.integers(0, q, size=(n, n_seeds, qmax)), qmax)
         index = drawn[..., None] * (qmax + 1) + queries
-        sums = np.stack([column[index].sum(axis=2) for column in flat], axis=-1)  # [n, S, M]
+        sums = np.stack([column.take(index).sum(axis=2) for column in flat], axis=-1)  # [n, S, M]
         out[start : start + n] = (sums / q).mean(axis=1)
     return out
 
