@@ -47,6 +47,25 @@ def test_the_table_from_records_one_knob_at_a_time(tmp_path):
     assert float(rows[0]["low"]) <= float(rows[0]["gain"]) <= float(rows[0]["high"])
 
 
+def test_a_setting_not_made_is_open_not_a_no(tmp_path):
+    """Cells without records read `not made`, their row's last column how many are open (not `no`, which
+    only a made gain outside its paper's says), and a line below counts them and says how to make them."""
+    q = 40
+    for seed in (0, 1):
+        for run, shift in (("a", 0), ("b", 30), ("a~token_noise1", 0)):  # b at token_noise 1 never made
+            write_run(tmp_path, run, seed, np.clip(np.arange(1, q + 1) + shift, 1, 150))
+    sweep = Sweep("sim-x", ("sim.token_noise",), ((0.5,), (1.0,), (2.0,)), (0.5,), ("a", "b"), (0, 1), "cmd")
+    md, text = sensitivity.table("sim-x", "x", [sweep], [("a", "b"), ("b", "a")], tmp_path, "cmd", FAST)
+    lines = md.splitlines()
+    assert next(r for r in lines if r.startswith("| preset |")).endswith("| no |")  # made, and no paper row
+    assert next(r for r in lines if r.startswith("| sim.token_noise | 1 |")).endswith(
+        "| not made | not made | open: 2 of 2 not made |")
+    assert "4 of 6 cells are not made; 4 of them for want of their runs' records" in md
+    assert [r["knob"] for r in csv.DictReader(text.splitlines())] == ["preset", "preset"]  # only made gains
+    assert sensitivity._holds([True], 2) == "open: 1 of 2 not made" and sensitivity._holds([True, False], 3) == "no"
+    assert sensitivity._holds([True, True], 2) == "yes"
+
+
 @pytest.mark.parametrize("argv, says", [
     (["--gains", "msl:baseline", "--vary", "sim.token_noise"], "give KEY=V1,V2"),
     (["--gains", "msl:baseline", "--vary", "sim.token_noise=1", "sim.token_noise=2"], "a knob given twice"),

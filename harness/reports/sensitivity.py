@@ -26,6 +26,7 @@ from prvr.harness.reports.sweeps import Point, Sweep, only_seeds, run_at, show_p
 from prvr.harness.reports.table import csv_text, markdown_table
 
 PRESET = "preset"
+NOT_MADE = "not made"
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,30 @@ def _reads(d: MetricDifference, paper: PaperGain | None, at_preset: MetricDiffer
     return " ->" if abs(d.difference - paper.value) < abs(at_preset.difference - paper.value) else " <-"
 
 
+def _holds(holds: Sequence[bool], cells: int) -> str:
+    """The last column: `yes` where every gain is made and holds its paper's, `no` where a made one does
+    not, and, short of either, how many of the row's cells are not made yet (an open row is no answer)."""
+    if holds and not all(holds):
+        return "no"
+    if len(holds) == cells:
+        return "yes"
+    return f"open: {cells - len(holds)} of {cells} not made"
+
+
+def _unmade_lines(notes: Sequence[str], cells: int) -> list[str]:
+    """Below the table: how many cells are not made and how to make them; each reason other than a row
+    with no records yet (too few seeds, a record of another world) once."""
+    if not notes:
+        return []
+    missing = sum("no run records" in n for n in notes)
+    other = sorted({n for n in notes if "no run records" not in n})
+    lines = [f"{len(notes)} of {cells} cells are not made; {missing} of them for want of their runs' records, which "
+             "the same command without `--report-only` makes (`--plan` lists those runs and their expected time)."]
+    if other:
+        lines += ["", "The others:", "", *(f"- {n}" for n in other)]
+    return [*lines, ""]
+
+
 def table(dataset: str, family: str, sweeps: Sequence[Sweep], gains: Sequence[tuple[str, str]], out: str | Path,
           command: str, settings: Settings = Settings()) -> tuple[str, str]:
     """The markdown and CSV of the sensitivity table."""
@@ -110,12 +135,13 @@ def table(dataset: str, family: str, sweeps: Sequence[Sweep], gains: Sequence[tu
     md_rows, csv_rows = [], []
     paper_cells = [f"{p.value:+.1f} ({p.source}, {p.features})" if p else "(no paper row)" for p in papers]
     md_rows.append([f"papers ({family})", "", *paper_cells, ""])
+    unmade: list[str] = []  # why each cell that is not made is not (a missing row's records, too few seeds)
     for s, found in rows:
         cells, holds = [], []
         for (a, b), e, p, base in zip(gains, found, papers, preset):
             if e.gain is None:
-                cells.append(f"not made: {e.note[:100]}")
-                holds.append(False)
+                cells.append(NOT_MADE)
+                unmade.append(e.note)
                 continue
             d = e.gain
             cells.append(f"{d.difference:+.1f} [{d.low:+.1f}, {d.high:+.1f}]{_reads(d, p, base)}")
@@ -123,13 +149,14 @@ def table(dataset: str, family: str, sweeps: Sequence[Sweep], gains: Sequence[tu
             csv_rows.append([dataset, s.knob or PRESET, show_point(s.value), f"{d.difference:.6g}", f"{d.low:.6g}",
                              f"{d.high:.6g}", f"{d.p:.6g}", a, b, f"{p.value:.6g}" if p else "",
                              p.source if p else ""])
-        md_rows.append([s.knob or PRESET, show_point(s.value), *cells, "yes" if all(holds) else "no"])
+        md_rows.append([s.knob or PRESET, show_point(s.value), *cells, _holds(holds, len(gains))])
     note = ("Gains A - B in test SumR on " + dataset + " (mean over the shared seeds), 95% interval of the two-level "
             "paired bootstrap (docs/statistics.md). At the preset every knob is the world's own; below, one knob "
             "moves at a time. `=`: the paper's gain lies in the interval; `->`: closer to it than at the preset; "
             "`<-`: farther. The papers' gains are on the real dataset the world imitates, from one table each "
             f"(methods/reported.yaml). Written by `{command}` (harness/reports/sensitivity.py).")
-    md = "\n".join([f"# What the gains depend on: {dataset}", "", note, "", markdown_table(head, md_rows), ""])
+    md = "\n".join([f"# What the gains depend on: {dataset}", "", note, "", markdown_table(head, md_rows), "",
+                    *_unmade_lines(unmade, sum(len(found) for _, found in rows))])
     text = csv_text(["dataset", "knob", "value", "gain", "low", "high", "p", "a", "b", "paper_gain", "paper_source"],
                     csv_rows)
     return md, text
