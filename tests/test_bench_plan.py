@@ -455,3 +455,13 @@ def test_a_variant_world_without_its_own_profile_is_timed_by_its_bases(tmp_path)
     # msl is profiled on sim-charades only, of which sim-tvr-v2 is no variant: unknown
     assert estimate(resolve("msl", "sim-tvr-v2", 0, []), tmp_path / "runs" / "sim-tvr-v2" / "msl" / "seed0.json",
                     costs).seconds is None
+
+
+def test_the_plans_total_says_when_every_record_exists():
+    """A plan whose runs are all kept says there is nothing to make, not an unknown total."""
+    from prvr.harness.cli import plan
+
+    kept = plan.PlanRow("a", "d", 0, plan.Estimate(None), kept=True)
+    assert plan.total_line([kept, kept], 1) == "total: nothing to make (2 runs, every record exists)"
+    assert plan.total_line([plan.PlanRow("a", "d", 0, plan.Estimate(None))], 1).startswith("total: unknown (1 runs")
+    assert plan.total_line([plan.PlanRow("a", "d", 0, plan.Estimate(60.0))], 1).endswith(" for 1 runs")
