@@ -21,7 +21,7 @@ from prvr.harness.base import progress
 from prvr.harness.base.io import UserError, write_texts
 from prvr.harness.base.names import check_name, inside
 from prvr.harness.reports.leaderboard import paper_figures
-from prvr.harness.reports.stats import MetricDifference, Settings, compare_rows, load_row
+from prvr.harness.reports.stats import MetricDifference, NoRecords, Settings, compare_rows, load_row
 from prvr.harness.reports.sweeps import Point, Sweep, only_seeds, run_at, show_point, sumr_of
 from prvr.harness.reports.table import csv_text, markdown_table
 
@@ -51,6 +51,7 @@ class Setting:
 class Entry:
     gain: MetricDifference | None
     note: str = ""
+    missing: bool = False  # not made: a row of the gain has no records yet
 
 
 def paper_gain(a: str, b: str, dataset: str, rows: Sequence[dict[str, Any]] | None = None) -> PaperGain | None:
@@ -87,7 +88,7 @@ def entries(setting: Setting, gains: Sequence[tuple[str, str]], out: str | Path,
                                   setting.sweep.seeds) for r in (a, b))
             found.append(Entry(sumr_of(compare_rows(row_a, row_b, settings))))
         except UserError as e:  # not made yet, too few seeds: said in the cell
-            found.append(Entry(None, str(e)))
+            found.append(Entry(None, str(e), missing=isinstance(e, NoRecords)))
     return found
 
 
@@ -111,14 +112,14 @@ def _holds(holds: Sequence[bool], cells: int) -> str:
     return f"open: {cells - len(holds)} of {cells} not made"
 
 
-def _unmade_lines(notes: Sequence[str], cells: int) -> list[str]:
+def _unmade_lines(unmade: Sequence[Entry], cells: int) -> list[str]:
     """Below the table: how many cells are not made and how to make them; each reason other than a row
     with no records yet (too few seeds, a record of another world) once."""
-    if not notes:
+    if not unmade:
         return []
-    missing = sum("no run records" in n for n in notes)
-    other = sorted({n for n in notes if "no run records" not in n})
-    lines = [f"{len(notes)} of {cells} cells are not made; {missing} of them for want of their runs' records, which "
+    missing = sum(e.missing for e in unmade)
+    other = sorted({e.note for e in unmade if not e.missing})
+    lines = [f"{len(unmade)} of {cells} cells are not made; {missing} of them for want of their runs' records, which "
              "the same command without `--report-only` makes (`--plan` lists those runs and their expected time)."]
     if other:
         lines += ["", "The others:", "", *(f"- {n}" for n in other)]
@@ -135,13 +136,13 @@ def table(dataset: str, family: str, sweeps: Sequence[Sweep], gains: Sequence[tu
     md_rows, csv_rows = [], []
     paper_cells = [f"{p.value:+.1f} ({p.source}, {p.features})" if p else "(no paper row)" for p in papers]
     md_rows.append([f"papers ({family})", "", *paper_cells, ""])
-    unmade: list[str] = []  # why each cell that is not made is not (a missing row's records, too few seeds)
+    unmade: list[Entry] = []  # the cells not made, each with why (a row's records missing, too few seeds)
     for s, found in rows:
         cells, holds = [], []
         for (a, b), e, p, base in zip(gains, found, papers, preset):
             if e.gain is None:
                 cells.append(NOT_MADE)
-                unmade.append(e.note)
+                unmade.append(e)
                 continue
             d = e.gain
             cells.append(f"{d.difference:+.1f} [{d.low:+.1f}, {d.high:+.1f}]{_reads(d, p, base)}")
@@ -156,7 +157,7 @@ def table(dataset: str, family: str, sweeps: Sequence[Sweep], gains: Sequence[tu
             "`<-`: farther. The papers' gains are on the real dataset the world imitates, from one table each "
             f"(methods/reported.yaml). Written by `{command}` (harness/reports/sensitivity.py).")
     md = "\n".join([f"# What the gains depend on: {dataset}", "", note, "", markdown_table(head, md_rows), "",
-                    *_unmade_lines(unmade, sum(len(found) for _, found in rows))])
+                    *_unmade_lines(unmade, len(rows) * len(gains))])
     text = csv_text(["dataset", "knob", "value", "gain", "low", "high", "p", "a", "b", "paper_gain", "paper_source"],
                     csv_rows)
     return md, text

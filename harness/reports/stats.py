@@ -107,6 +107,10 @@ def world_of(record: RunRecord) -> tuple[str, ...]:
     return (dataset_label(record), str(data.get("generator_version", "")), str(scale), world_digest(record))
 
 
+class NoRecords(UserError):
+    """A row with no run records under its folder: not made yet (a report may say so rather than fail)."""
+
+
 def load_row(out: str | Path, dataset: str, run: str, oracle: bool = False) -> Row:
     """Every seed of `<out>/runs/<dataset>/<run>/`, each with its test scores from its stored rankings (and
     with `oracle`, per-query oracle SumR: `oracle_query_scores`)."""
@@ -115,7 +119,7 @@ def load_row(out: str | Path, dataset: str, run: str, oracle: bool = False) -> R
     folder = inside(Path(out) / "runs" / dataset / run, out, "run folder")
     files = sorted(f for f in folder.glob("seed*.json") if RECORD_FILE.fullmatch(f.name)) if folder.is_dir() else []
     if not files:
-        raise UserError(f"row {run!r}: no run records under {folder}; check the row's name, --dataset and --out")
+        raise NoRecords(f"row {run!r}: no run records under {folder}; check the row's name, --dataset and --out")
     seeds: dict[int, SeedScores] = {}
     worlds: dict[tuple[str, ...], Path] = {}
     for f in files:
