@@ -207,10 +207,10 @@ def plan_table(rows: list[PlanRow], workers: int, out: str, quick: bool = False)
 
 def total_line(rows: list[PlanRow], workers: int) -> str:
     todo = [r for r in rows if not r.kept]
-    known = [r.estimate.seconds for r in todo if r.estimate.seconds is not None]
-    unknown = len(todo) - len(known)
     if not todo:
         return f"total: nothing to make ({len(rows)} runs, every record exists)"
+    known = [r.estimate.seconds for r in todo if r.estimate.seconds is not None]
+    unknown = len(todo) - len(known)
     if not known:
         return f"total: unknown ({len(todo)} runs to make, none with an expected time)"
     total = sum(known)

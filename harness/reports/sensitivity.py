@@ -21,8 +21,8 @@ from prvr.harness.base import progress
 from prvr.harness.base.io import UserError, write_texts
 from prvr.harness.base.names import check_name, inside
 from prvr.harness.reports.leaderboard import paper_figures
-from prvr.harness.reports.stats import MetricDifference, NoRecords, Settings, compare_rows, load_row
-from prvr.harness.reports.sweeps import Point, Sweep, only_seeds, run_at, show_point, sumr_of
+from prvr.harness.reports.stats import MetricDifference, NoRecords, Settings, compare_rows
+from prvr.harness.reports.sweeps import Point, Sweep, SweepRows, run_at, show_point, sumr_of
 from prvr.harness.reports.table import csv_text, markdown_table
 
 PRESET = "preset"
@@ -81,11 +81,10 @@ def settings_of(sweeps: Sequence[Sweep]) -> list[Setting]:
 
 def entries(setting: Setting, gains: Sequence[tuple[str, str]], out: str | Path,
             settings: Settings) -> list[Entry]:
-    found = []
+    found, rows = [], SweepRows(out, setting.sweep)  # a base of several gains (gmmformer) read once
     for a, b in gains:
         try:
-            row_a, row_b = (only_seeds(load_row(out, setting.sweep.dataset, run_at(r, setting.sweep, setting.value)),
-                                  setting.sweep.seeds) for r in (a, b))
+            row_a, row_b = (rows(run_at(r, setting.sweep, setting.value)) for r in (a, b))
             found.append(Entry(sumr_of(compare_rows(row_a, row_b, settings))))
         except UserError as e:  # not made yet, too few seeds: said in the cell
             found.append(Entry(None, str(e), missing=isinstance(e, NoRecords)))
