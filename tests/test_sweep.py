@@ -628,3 +628,6 @@ def test_a_gain_between_rows_made_on_two_machines_says_so(tmp_path):
     assert drift_note("r", {0: amd, 1: ""}, "b", {0: amd, 1: intel}) == ""  # a seed naming no machine: not told
     assert drift_note("r", {0: amd, 1: ""}, "b", {0: intel, 1: intel}) == \
         f"made on two machines (r on {amd}; b on {intel}): the gain holds their drift"  # the unnamed seed not listed
+    other = "Intel Xeon (family 6, model 85)"  # three processors over the two rows: the note counts them
+    assert drift_note("r", {0: amd, 1: intel}, "b", {0: other, 1: other}) == \
+        f"made on three machines (r on {amd} and {intel}; b on {other}): the gain holds their drift"

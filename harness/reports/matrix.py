@@ -175,7 +175,7 @@ def cell_text(f: Filled, seeds: Sequence[int]) -> Markdown:
     if c.plain:
         tail = "plain"
     elif f.gain is not None:
-        tail = f"gain {_gain_text(f)}" + ("; made on two machines (below)" if f.drift else "")
+        tail = f"gain {_gain_text(f)}" + (f"; {f.drift.split(' (')[0]} (below)" if f.drift else "")
     else:
         tail = f.note[:160]
     return Markdown(f"{code(c.run)}: {figure}{part}; {markdown_cell(tail)}")
