@@ -225,17 +225,17 @@ def drift_note(run: str, mine: Mapping[int, str], base: str, theirs: Mapping[int
     every shared seed agrees, or names no machine on one side (a record older than `provenance.cpu`)."""
     if all(mine[s] == theirs[s] for s in mine.keys() & theirs.keys() if mine[s] and theirs[s]):
         return ""
-    return (f"{made_on_machines(mine, theirs)} ({run} on {_named(mine)}; {base} on {_named(theirs)}): the gain holds "
-            "their drift")
-
-
-def made_on_machines(*sides: Mapping[int, str]) -> str:
-    """"made on two machines", or three or more: the machines named by seed on either side, counted once each."""
-    count = len(dict.fromkeys(m for side in sides for m in side.values() if m))
-    return f"made on {_WORDS.get(count, str(count))} machines"
+    count = len({m for side in (mine, theirs) for m in side.values() if m})  # each machine once, on either side
+    return (f"made on {_WORDS.get(count, str(count))} machines ({run} on {_named(mine)}; {base} on {_named(theirs)}): "
+            "the gain holds their drift")
 
 
 _WORDS = {2: "two", 3: "three", 4: "four", 5: "five"}
+
+
+def drift_heading(note: str) -> str:
+    """A `drift_note`'s opening words ("made on two machines"), for a place that lists the machines elsewhere."""
+    return note.partition(" (")[0]
 
 
 def _named(machines: Mapping[int, str]) -> str:

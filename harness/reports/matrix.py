@@ -23,7 +23,7 @@ from typing import Any, Sequence
 from prvr.harness.base import progress
 from prvr.harness.base.io import UserError, write_texts
 from prvr.harness.base.names import check_name, inside
-from prvr.harness.engine.records import drift_note, load_record_at, machine_of, record_path
+from prvr.harness.engine.records import drift_heading, drift_note, load_record_at, machine_of, record_path
 from prvr.harness.reports.stats import (BOTH_LEVELS, MetricDifference, Row, Settings, compare_rows, load_row,
                                         world_of)
 from prvr.harness.reports.table import Markdown, code, csv_text, markdown_cell, markdown_table, mean_std
@@ -175,7 +175,7 @@ def cell_text(f: Filled, seeds: Sequence[int]) -> Markdown:
     if c.plain:
         tail = "plain"
     elif f.gain is not None:
-        tail = f"gain {_gain_text(f)}" + (f"; {f.drift.split(' (')[0]} (below)" if f.drift else "")
+        tail = f"gain {_gain_text(f)}" + (f"; {drift_heading(f.drift)} (below)" if f.drift else "")
     else:
         tail = f.note[:160]
     return Markdown(f"{code(c.run)}: {figure}{part}; {markdown_cell(tail)}")
