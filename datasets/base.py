@@ -22,15 +22,16 @@ class DatasetSpec:
     loader: Callable[..., PRVRData]
     preset: Path
     simulated: bool = False
-    split_loader: Callable[..., Split | None] | None = None  # (cfg, split): one split, reading only its files
+    truth_loader: Callable[..., Split | None] | None = None  # (cfg): the test split's ground truth, no features
 
     def load(self, cfg) -> PRVRData:
         return selection.apply(self.loader(cfg), cfg)
 
-    def load_test(self, cfg) -> Split | None:
-        """The test split alone, as `load(cfg)["test"]` gives it (the selection re-makes only train and
-        val): through `split_loader` where the dataset has one (a simulated world's cache entry reads
-        and checks the test split's files only), else the whole dataset."""
-        if self.split_loader is not None:
-            return self.split_loader(cfg, "test")
+    def load_truth(self, cfg) -> Split | None:
+        """The test split's ground truth: its ids, texts, labels, moments and relevance as `load(cfg)["test"]`
+        gives them (the selection re-makes only train and val), its frames and tokens possibly empty.
+        Through `truth_loader` where the dataset has one (a simulated world reads it from its cache
+        entry, or from a small entry of its own, without generating the world again), else the whole load."""
+        if self.truth_loader is not None:
+            return self.truth_loader(cfg)
         return self.load(cfg).splits.get("test")

@@ -51,37 +51,71 @@ def test_corrupt_entry_is_regenerated(tmp_path, damage, monkeypatch):
     cache.load(folder)  # the rewritten entry is valid
 
 
-def test_the_test_split_alone_is_the_whole_loads_and_reads_only_its_own_files(tmp_path, monkeypatch):
-    """`load_test` (the oracle SumR by query rebuilds a world's test relevance) gives what the whole
-    load gives; it checks the test split's files only, so damage elsewhere is left to the load that
-    reads it, and damage in its own files is said and the split generated alone (the next whole load
-    makes the entry again)."""
+def same_truth(a, b):
+    """Two test splits hold the same ground truth: ids, texts, labels, moments, relevance."""
+    assert a.query_ids == b.query_ids and a.video_ids == b.video_ids and a.query_text == b.query_text
+    np.testing.assert_array_equal(a.query_video, b.query_video)
+    np.testing.assert_array_equal(a.moments, b.moments)
+    np.testing.assert_array_equal(a.durations, b.durations)
+    assert (a.relevance != b.relevance).nnz == 0
+
+
+def test_the_ground_truth_read_from_the_entry_is_the_whole_loads_and_reads_only_its_split(tmp_path, monkeypatch):
+    """`load_truth` (the oracle SumR by query rebuilds a world's test relevance) gives the whole load's
+    test split without its features; from a made entry it checks the test split's files only, so
+    damage elsewhere is left to the load that reads it, and damage in its own files is said and the
+    ground truth made in an entry of its own."""
     cfg, data, folder = entry(tmp_path)
     spec = DATASETS.get("sim-tiny")
-    alone = spec.load_test(cfg)
     whole = data["test"]
-    tokens = np.array(whole.tokens.data)  # a copy: the damage below rewrites the file the memmap reads
-    assert alone.query_ids == whole.query_ids and alone.video_ids == whole.video_ids
-    assert (alone.relevance != whole.relevance).nnz == 0
-    np.testing.assert_array_equal(alone.tokens.data, tokens)
-    np.testing.assert_array_equal(alone.frames.offsets, whole.frames.offsets)
+    truth = spec.load_truth(cfg)
+    same_truth(truth, whole)
+    assert len(truth.frames) == whole.num_videos and truth.frames.offsets[-1] == 0 and truth.frames.dim == whole.frames.dim
+    assert len(truth.tokens) == whole.num_queries and truth.tokens.offsets[-1] == 0 and not truth.extra
     checked, digest = [], cache.file_digest
     monkeypatch.setattr(cache, "file_digest", lambda path, *a: checked.append(path.name) or digest(path, *a))
-    spec.load_test(cfg)
+    spec.load_truth(cfg)
     assert checked and all(name.startswith("test.") for name in checked)
     monkeypatch.undo()
+    assert sorted(p.name for p in folder.parent.iterdir()) == [folder.name]  # no entry of its own beside a made one
     corrupt_truncate(folder)  # a train file: not the test split's
     warnings = []
     monkeypatch.setattr("prvr.harness.base.progress.log", warnings.append)
-    np.testing.assert_array_equal(spec.load_test(cfg).tokens.data, tokens)
+    same_truth(spec.load_truth(cfg), whole)
     assert not warnings
-    corrupt_flip(folder)  # a test file: the split is generated alone, and said
-    np.testing.assert_array_equal(spec.load_test(cfg).tokens.data, tokens)
-    assert any("corrupt" in w and "generating its test split alone" in w for w in warnings)
-    assert cache.load_split(folder, "nope") is None
-    again = DATASETS.get("sim-tiny").load(cfg)  # the whole load makes the entry again
-    np.testing.assert_array_equal(again["test"].tokens.data, tokens)
-    cache.load(folder)
+    corrupt_flip(folder)  # a test file: said, and the ground truth made alone in its own entry
+    same_truth(spec.load_truth(cfg), whole)
+    assert any("corrupt" in w and "ground truth from its own entry" in w for w in warnings)
+    assert (folder.parent / f"{folder.name}~test-truth").is_dir()
+    assert cache.load_split(folder.parent / f"{folder.name}~test-truth", "nope") is None
+
+
+def test_the_ground_truth_of_an_uncached_world_is_generated_once_into_a_small_entry(tmp_path, monkeypatch):
+    """Where the world was never cached, the first `load_truth` generates its test split alone and
+    keeps the ground truth in an entry of its own, without the split's features; the second
+    reads it back without generating; damage to it is said and it is made again."""
+    cfg = resolve("baseline", "sim-tiny", 0, [f"data.cache_dir={tmp_path}"])
+    spec = DATASETS.get("sim-tiny")
+    made = []
+    real = generate_one
+    monkeypatch.setattr("prvr.datasets.sim.generate_one", lambda *a: made.append(a[2]) or real(*a))
+    first = spec.load_truth(cfg)
+    (own,) = (tmp_path / "sim").iterdir()
+    assert own.name.endswith("~test-truth") and made == ["test"]
+    second = spec.load_truth(cfg)
+    assert made == ["test"]
+    same_truth(first, second)
+    whole = generate("sim-tiny", cfg.sim)["test"]
+    same_truth(second, whole)
+    for features in ("frames", "tokens"):  # kept without a row of features
+        assert np.load(own / f"test.{features}.npy", allow_pickle=False).shape == (0, getattr(whole, features).dim)
+    assert not [f.name for f in own.iterdir() if f.name.startswith(("train.", "val.", "test.extra-"))]
+    corrupt = own / "test.rel_indices.npy"
+    corrupt.write_bytes(corrupt.read_bytes()[:-8])
+    warnings = []
+    monkeypatch.setattr("prvr.harness.base.progress.log", warnings.append)
+    same_truth(spec.load_truth(cfg), whole)
+    assert made == ["test", "test"] and any("corrupt" in w and "regenerating" in w for w in warnings)
 
 
 def test_a_split_generated_alone_is_the_whole_worlds():

@@ -89,17 +89,16 @@ def load_sim(name: str, cfg) -> PRVRData:
     return cache.load_or_build(_entry(name, cfg), lambda: generate(name, cfg.sim), progress.log)
 
 
-def load_sim_split(name: str, cfg, split: str) -> Split | None:
-    """One split of the dataset: read from its cache entry, checking that split's files only, or
-    generated alone where the entry is missing or that split's files are corrupt (the entry is left
-    to the next load of the whole dataset)."""
-    return cache.load_split_or_build(_entry(name, cfg), split, lambda: generate_one(name, cfg.sim, split),
+def load_sim_truth(name: str, cfg) -> Split | None:
+    """The test split's ground truth (ids, texts, labels, moments, relevance; no features): from the
+    world's cache entry, else from a small entry of its own, made on first use (`cache.load_truth_or_build`)."""
+    return cache.load_truth_or_build(_entry(name, cfg), "test", lambda: generate_one(name, cfg.sim, "test"),
                                      progress.log)
 
 
 def _register(name: str, summary: str) -> None:
     DATASETS.add(name, DatasetSpec(name, lambda cfg, _n=name: load_sim(_n, cfg), PRESETS / f"{name}.yaml", True,
-                                   lambda cfg, split, _n=name: load_sim_split(_n, cfg, split)), summary)
+                                   lambda cfg, _n=name: load_sim_truth(_n, cfg)), summary)
 
 
 _register("sim-tvr", "simulated TVR: 5 queries/video, 75 s videos, 85% short moments, 3072-d video / 768-d tokens")

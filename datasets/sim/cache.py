@@ -85,19 +85,38 @@ def _load_or_build(folder: Path, build: Callable[[], PRVRData], warn: Callable[[
                         "or move the cache with PRVR_CACHE / --set data.cache_dir") from None
 
 
-def load_split_or_build(folder: Path, split: str, build: Callable[[], Split | None],
+def load_truth_or_build(folder: Path, split: str, build: Callable[[], Split | None],
                         warn: Callable[[str], None]) -> Split | None:
-    """One split of an entry, reading and checking only that split's files (`load_split`); where the
-    entry is missing or that split's files are corrupt (said), `build()` makes the split alone, and
-    nothing is written: the entry is made (again) by the next load of the whole dataset."""
+    """`split` with its frames, tokens and extras left empty (`truth_only`): its ids, texts, labels,
+    moments and relevance, what a rebuilt ground truth needs. Read from the whole entry where it is
+    made (that split's files read and checked); else from a small entry of its own beside it
+    (`<entry>~<split>-truth`, about 1 MB where the split is hundreds), made by `build()` on first use,
+    so that the next call reads it rather than generating the split again. Damage to either is said,
+    and the split made again, as for any entry."""
     with one_at_a_time(folder):
         if folder.exists():
             try:
-                return load_split(folder, split)
+                found = load_split(folder, split)
+                return None if found is None else truth_only(found)
             except CorruptCache as e:
-                warn(f"cache entry {folder} is corrupt ({e}); generating its {split} split alone (the next "
-                     "run that loads the whole dataset makes the entry again)")
-        return build()
+                warn(f"cache entry {folder} is corrupt ({e}); reading its {split} split's ground truth from "
+                     "its own entry (the next run that loads the whole dataset makes the entry again)")
+
+    def make() -> PRVRData:
+        made = build()
+        return PRVRData(folder.name, {} if made is None else {split: truth_only(made)}, {"truth_of": split})
+
+    return load_or_build(folder.with_name(f"{folder.name}~{split}-truth"), make, warn).splits.get(split)
+
+
+def truth_only(s: Split) -> Split:
+    """`s` without its features: frames and tokens empty items of their widths, no extras."""
+    def empty(r: Ragged) -> Ragged:
+        return Ragged(np.zeros((0, r.dim), dtype=r.data.dtype), np.zeros(len(r) + 1, dtype=np.int64))
+
+    return Split(video_ids=s.video_ids, frames=empty(s.frames), durations=s.durations, query_ids=s.query_ids,
+                 query_text=s.query_text, tokens=empty(s.tokens), query_video=s.query_video, moments=s.moments,
+                 relevance=s.relevance, parses=s.parses)
 
 
 def load_split(folder: Path, split: str) -> Split | None:

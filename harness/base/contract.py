@@ -401,7 +401,7 @@ class MethodSpec:
 
 class DatasetEntry(Protocol):
     """A registered dataset (datasets/base.py `DatasetSpec`): `load(config)` gives its PRVRData,
-    `load_test(config)` its test split alone; `preset` holds its defaults."""
+    `load_truth(config)` its test split's ground truth; `preset` holds its defaults."""
 
     @property
     def name(self) -> str: ...
@@ -414,4 +414,4 @@ class DatasetEntry(Protocol):
 
     def load(self, cfg: Any) -> Any: ...
 
-    def load_test(self, cfg: Any) -> Any: ...  # the test split alone, as load(cfg) gives it
+    def load_truth(self, cfg: Any) -> Any: ...  # the test split's ids, labels and relevance; features maybe empty

@@ -190,7 +190,7 @@ def oracle_query_scores(record: RunRecord, ranking: SplitRanking, figure: float)
         if len(_RELEVANCE) >= _WORLDS_KEPT:
             _RELEVANCE.pop(next(iter(_RELEVANCE)))
         try:
-            split = DATASETS.get(cfg.dataset).load_test(cfg)
+            split = DATASETS.get(cfg.dataset).load_truth(cfg)
         except UserError as e:
             return None, f"its world cannot be rebuilt ({e})"
         _RELEVANCE[key] = None if split is None else (SplitKeys.of_split(split).query_ids, split.relevance)
