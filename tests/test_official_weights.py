@@ -3,6 +3,9 @@ maps of methods/backbones/msl.py and gmmformer.py, `from_official`), read from a
 and its bad input. The same function gives the same figures: a checkpoint of ours written out under
 the official code's parameter names and read back ranks exactly as the checkpoint itself."""
 
+import hashlib
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -11,7 +14,9 @@ from prvr.harness.base.io import UserError
 from prvr.harness.cli import main
 from prvr.harness.cli.reevaluate import evaluate_runs
 from prvr.harness.engine.config import resolve
+from prvr.harness.engine.records import budget_label
 from prvr.harness.engine.runner import run_one
+from prvr.harness.reports.table import records_frame
 from prvr.methods.backbones.gmmformer2 import from_official
 from prvr.methods.backbones.hlformer import from_official as hlformer_official
 
@@ -442,3 +447,61 @@ def test_a_ral_model_no_official_checkpoint_holds_is_refused(sets, message, tmp_
     npz = _write(tmp_path / "official.npz", _ral_as_official(code, [f"attn{i}" for i in range(8)]))
     with pytest.raises(UserError, match=message):
         evaluate_runs([tmp_path / "runs" / "sim-tiny" / "ral" / "seed0.json"], "val", official=npz)
+
+
+class _StartingWeights:
+    """Trainer hook: the model's weights when its first epoch starts (before any step)."""
+
+    def __init__(self) -> None:
+        self.weights: dict[str, torch.Tensor] = {}
+
+    def on_epoch_start(self, trainer, epoch: int) -> None:
+        if not self.weights:
+            self.weights = {k: v.detach().cpu().clone() for k, v in trainer.model.state_dict().items()}
+
+    def on_step(self, trainer, step: int, out: dict) -> None:
+        pass
+
+    def on_epoch_end(self, trainer, epoch: int, summary: dict) -> None:
+        pass
+
+
+def test_a_run_starts_from_the_official_weights_it_is_given(msl_run, tmp_path):
+    """`train.init_weights` (CPU): the model's first step starts from the official weights, read through
+    the backbone's map, not from its seeded init; the record names the file by its digest, and its
+    protocol says it started from given weights, so it is not the dataset's protocol."""
+    path, npz, _ = msl_run
+    given = torch.load(path.parents[3] / "checkpoints" / "sim-tiny" / "msl" / "seed0" / "best.pt",
+                       weights_only=True)["model"]
+    start = _StartingWeights()
+    record = run_one(resolve("msl", "sim-tiny", 1, ["train.epochs=1", "train.device=cpu",
+                                                    f"train.init_weights={npz}"]), tmp_path, hooks=[start])
+    assert start.weights.keys() == given.keys()
+    for key, value in given.items():
+        torch.testing.assert_close(start.weights[key], value, rtol=0, atol=0, msg=key)
+    seeded = _StartingWeights()
+    run_one(resolve("msl", "sim-tiny", 1, ["train.epochs=1", "train.device=cpu"]), tmp_path / "seeded", hooks=[seeded])
+    assert any(not torch.equal(seeded.weights[k], v) for k, v in given.items())
+    assert record["provenance"]["init_weights"] == {"file": "official.npz",
+                                                    "sha256": hashlib.sha256(npz.read_bytes()).hexdigest()}
+    assert record["protocol"]["init"] == "given weights" and record["protocol"]["follows_protocol"] is False
+    assert budget_label(record["protocol"]).endswith(", from given weights")
+    row = records_frame([record]).iloc[0]  # the leaderboard's keys: a budget of its own, off the protocol
+    assert row["budget"].endswith(", from given weights") and not row["on_protocol"]
+
+
+def test_bad_initial_weights_are_one_line_and_write_nothing(msl_run, tmp_path):
+    """train.init_weights that is missing, a FIFO (never opened: it would wait for a writer), of a
+    backbone without a map, or of another model: one line naming the key, and no record."""
+    _, npz, _ = msl_run
+    fifo = tmp_path / "weights.npz"
+    os.mkfifo(fifo)
+    cases = [("msl", tmp_path / "none.npz", r"train.init_weights .*none.npz: no such file"),
+             ("msl", fifo, r"train.init_weights .*weights.npz: not a regular file; write the .npz"),
+             ("baseline", npz, r"train.init_weights: backbone dual-branch has no map of its official code's weights"),
+             ("gmmformer", npz, r"train.init_weights .*official.npz lacks")]
+    for method, weights, message in cases:
+        out = tmp_path / f"out-{method}"
+        with pytest.raises(UserError, match=message):
+            run_one(resolve(method, "sim-tiny", 0, ["train.epochs=1", f"train.init_weights={weights}"]), out)
+        assert not list(out.rglob("*.json"))

@@ -107,6 +107,14 @@ def test_report_side_by_side_with_the_verdict(tmp_path):
     main(["parity", "--official-log", str(log), "--record", str(rec), "--name", "ral-e2",
           "--out", str(tmp_path / "res")])
     assert "Δ +3.5, outside the 2 SumR tolerance." in (tmp_path / "res" / "parity" / "ral-e2.md").read_text()
+    assert "given weights" not in text  # a seeded run says nothing of a start
+    record = json.loads(rec.read_text())  # a run from one start with the official code (train.init_weights)
+    record["provenance"]["init_weights"] = {"file": "init.npz", "sha256": "0123456789abcdef" * 4}
+    rec.write_text(json.dumps(record))
+    main(["parity", "--official-log", str(log), "--record", str(rec), "--name", "ral-e2",
+          "--out", str(tmp_path / "res")])
+    assert ("Ours started from the given weights `init.npz` (sha256 0123456789ab), not from its seeded init."
+            in (tmp_path / "res" / "parity" / "ral-e2.md").read_text())
 
 
 def test_bad_name_is_refused(tmp_path, capsys):

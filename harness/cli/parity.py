@@ -287,6 +287,10 @@ def report(official: dict[str, Any], ours: dict[str, Any], name: str, note: str,
              f"(harness/cli/parity.py) from the official log {code(log_name, in_table=False)} and our run record.", ""]
     if note:
         lines += [note, ""]
+    started = (record.get("provenance") or {}).get("init_weights")
+    if isinstance(started, dict):  # train.init_weights: one start for both sides (docs/parity.md, "From one start")
+        lines += [f"Ours started from the given weights {code(str(started.get('file')), in_table=False)} (sha256 "
+                  f"{str(started.get('sha256'))[:12]}), not from its seeded init.", ""]
     lines += ["Ours: " + code(shown_command(str(record.get("command", ""))), in_table=False), ""]
     header = ["epoch", "official val SumR", "ours val SumR", "Δ (ours − official)"]
     if has_parts:

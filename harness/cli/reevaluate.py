@@ -32,12 +32,10 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import zipfile
 from pathlib import Path
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-import numpy as np
 import torch
 
 from prvr.harness.cli.args import command
@@ -56,8 +54,9 @@ from prvr.harness.reports.table import markdown_table
 from prvr.harness.engine.rankings import SUFFIX as RANKINGS_SUFFIX, metrics_of, rankings_of_record
 from prvr.harness.engine.record_types import RunRecord
 from prvr.harness.engine.records import RECORD_FILE, checkpoint_dir, load_record, load_record_at, record_layout
-from prvr.harness.base.registry import BACKBONES, DATASETS, Registry, load_all
+from prvr.harness.base.registry import DATASETS, Registry, load_all
 from prvr.harness.engine.robustness import SUMMARY, curve_levels, noise_curve
+from prvr.harness.engine.checkpoints import official_weights
 from prvr.harness.engine.trainer import load_weights, read_checkpoint
 
 
@@ -99,57 +98,6 @@ class StoredRun:
         load_weights(model, state["model"], self.checkpoint, fix)  # another model's weights: named as such first
         check_checkpoint_of_record(self.checkpoint, state, self.path, self.record, fix)
         return model.to(self.device).eval()
-
-
-class _Read(dict):
-    """A mapping that remembers which keys were read (what an official-weights map used)."""
-
-    def __init__(self, items: dict[str, torch.Tensor]) -> None:
-        super().__init__(items)
-        self.read: set[str] = set()
-
-    def __getitem__(self, key: str) -> torch.Tensor:
-        self.read.add(key)
-        return super().__getitem__(key)
-
-
-def official_weights(path: Path, backbone: str, model_cfg: Any, model: Any = None) -> dict[str, torch.Tensor]:
-    """An official code's weights (a .npz of its state dict, arrays by its parameter names; no
-    pickle is read) as the state dict of `backbone` with the model config `model_cfg`, through the
-    backbone's `official` (its repository and its map, map(named, model_cfg)); where the run's `model`
-    wraps the backbone with a method's parts (RAL), its `official_around(named, backbone weights)` gives
-    the whole model's. One line for a backbone without a map, a file that is not such an .npz, a name
-    the map needs that the file lacks, or one the map does not use."""
-    cls = BACKBONES.get(backbone)
-    official = getattr(cls, "official", None)
-    if official is None:
-        known = [n for n in BACKBONES.names() if getattr(BACKBONES.get(n), "official", None) is not None]
-        raise UserError(f"--official-weights: backbone {backbone} has no map of its official code's weights "
-                        f"(known: {', '.join(known)}); evaluate a run of one of those")
-    repo, mapping = official
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            named = _Read({k: torch.from_numpy(np.array(npz[k])) for k in npz.files})
-    except (OSError, ValueError, zipfile.BadZipFile) as err:
-        raise UserError(f"--official-weights {path}: not a readable .npz of arrays ({_first_line(err)}); write one "
-                        "from the official checkpoint as docs/parity.md shows") from None
-    around = getattr(model, "official_around", None)
-    try:
-        weights = mapping(named, model_cfg)
-        if around is not None:
-            weights = around(named, weights)
-    except KeyError as err:
-        raise UserError(f"--official-weights {path} lacks {err.args[0]!r}, a weight of {repo}'s {backbone} model; "
-                        "is it that code's checkpoint, converted whole?") from None
-    unused = sorted(set(named) - named.read)
-    if unused:
-        raise UserError(f"--official-weights {path} holds {len(unused)} weights the map of {repo} does not use "
-                        f"(e.g. {unused[0]}): another model or another version of the code")
-    return weights
-
-
-def _first_line(err: BaseException) -> str:
-    return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
 def check_checkpoint_of_record(checkpoint: Path, state: dict[str, Any], record_file: Path, record: RunRecord,

@@ -14,11 +14,13 @@ from typing import Any, cast
 
 import torch
 
-from prvr.datasets.sim.cache import cache_root
+from prvr.datasets.sim.cache import cache_root, file_digest
 from prvr.harness.base.contract import MethodSpec, RelationDetector
 from prvr.harness.base.devices import pick_device
 from prvr.harness.engine.precision import compile_caches_under, set_encoders, warn_where_compile_starts_cuda
 from prvr.harness.base.registry import BACKBONES, DATASETS, DETECTORS, METHODS, extended_home
+from prvr.harness.engine.checkpoints import load_weights, official_weights
+from prvr.harness.engine.record_types import InitWeights
 from prvr.harness.engine.sections import Config
 from prvr.harness.base.timing import Timings
 from prvr.harness.engine.trainer import Trainer, seed_everything
@@ -62,6 +64,7 @@ class Run:
     model: torch.nn.Module
     detector: RelationDetector
     timings: Timings = field(default_factory=Timings)
+    started_from: InitWeights | None = None  # the weights of train.init_weights, by name and digest
 
     def trainer(self, ckpt_dir: str | Path, hooks: list | None = None) -> Trainer:
         return Trainer(self.cfg, self.data, self.model, self.spec, self.detector, Path(ckpt_dir), hooks,
@@ -88,6 +91,17 @@ def build_run(cfg: Config, data: Any = None, timings: Timings | None = None) -> 
     if data is None:
         data = load_data(cfg, timings)
     model = build_model(cfg, data.video_dim, data.query_dim)
+    started_from = start_from(model, cfg) if cfg.train.init_weights else None
     detector = detector_cls(cfg)
     detector.setup(data, spec.detector_plan(cfg.loss) if spec.detector_plan is not None else None)
-    return Run(cfg, data, spec, model, detector, timings)
+    return Run(cfg, data, spec, model, detector, timings, started_from)
+
+
+def start_from(model: torch.nn.Module, cfg: Config) -> InitWeights:
+    """The official weights of `train.init_weights` in the freshly built `model`, through its backbone's map
+    (`checkpoints.official_weights`; one line where they do not fit); the file's name and digest, for the record."""
+    path = Path(cfg.train.init_weights)
+    weights = official_weights(path, cfg.backbone, cfg.model, model, option="train.init_weights")
+    load_weights(model, weights, path, "convert the official code's weights of this run's model and settings "
+                 "(docs/parity.md), or unset train.init_weights")
+    return {"file": path.name, "sha256": file_digest(path)}

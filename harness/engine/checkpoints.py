@@ -14,6 +14,7 @@ import math
 import pickle
 import shutil
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any, overload
 
@@ -23,6 +24,7 @@ import torch
 from prvr.harness.base import progress
 from prvr.harness.engine.sections import SETTLED_BEFORE
 from prvr.harness.base.io import UserError, os_cause
+from prvr.harness.base.registry import BACKBONES
 
 
 # Settings a resumed run may change without --force-resume: where data, caches and work go,
@@ -137,6 +139,58 @@ def _unreadable(path: Path, err: Exception) -> str:
         return "it holds objects that a weights-only load refuses: a pickle of something else"
     detail = _first_line(err)
     return f"truncated or damaged: {type(err).__name__}{': ' + detail if detail else ''}"
+
+
+class _Read(dict):
+    """A mapping that remembers which keys were read (what an official-weights map used)."""
+
+    def __init__(self, items: dict[str, torch.Tensor]) -> None:
+        super().__init__(items)
+        self.read: set[str] = set()
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        self.read.add(key)
+        return super().__getitem__(key)
+
+
+def official_weights(path: Path, backbone: str, model_cfg: Any, model: Any = None,
+                     option: str = "--official-weights") -> dict[str, torch.Tensor]:
+    """An official code's weights (a .npz of its state dict, arrays by its parameter names; no
+    pickle is read) as the state dict of `backbone` with the model config `model_cfg`, through the
+    backbone's `official` (its repository and its map, map(named, model_cfg)); where the run's `model`
+    wraps the backbone with a method's parts (RAL), its `official_around(named, backbone weights)` gives
+    the whole model's. One line for a backbone without a map, a file that is not such an .npz, a name
+    the map needs that the file lacks, or one the map does not use, each naming `option` (what gave the file:
+    evaluate's --official-weights, a run's train.init_weights)."""
+    cls = BACKBONES.get(backbone)
+    official = getattr(cls, "official", None)
+    if official is None:
+        known = [n for n in BACKBONES.names() if getattr(BACKBONES.get(n), "official", None) is not None]
+        raise UserError(f"{option}: backbone {backbone} has no map of its official code's weights "
+                        f"(known: {', '.join(known)}); evaluate a run of one of those")
+    repo, mapping = official
+    if not path.is_file():  # not opened: a FIFO would wait for a writer
+        raise UserError(f"{option} {path}: {'not a regular file' if path.exists() else 'no such file'}; write the .npz "
+                        "from the official checkpoint as docs/parity.md shows")
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            named = _Read({k: torch.from_numpy(np.array(npz[k])) for k in npz.files})
+    except (OSError, ValueError, zipfile.BadZipFile) as err:
+        raise UserError(f"{option} {path}: not a readable .npz of arrays ({_first_line(err) or type(err).__name__}); write one "
+                        "from the official checkpoint as docs/parity.md shows") from None
+    around = getattr(model, "official_around", None)
+    try:
+        weights = mapping(named, model_cfg)
+        if around is not None:
+            weights = around(named, weights)
+    except KeyError as err:
+        raise UserError(f"{option} {path} lacks {err.args[0]!r}, a weight of {repo}'s {backbone} model; "
+                        "is it that code's checkpoint, converted whole?") from None
+    unused = sorted(set(named) - named.read)
+    if unused:
+        raise UserError(f"{option} {path} holds {len(unused)} weights the map of {repo} does not use "
+                        f"(e.g. {unused[0]}): another model or another version of the code")
+    return weights
 
 
 def _first_line(err: BaseException, width: int = 120) -> str:

@@ -97,6 +97,13 @@ class DataFacts(TypedDict, total=False):
     relevance: dict[str, Any]  # per split, the relevance file's join report (datasets/real/relevance.py)
 
 
+class InitWeights(TypedDict):
+    """`provenance.init_weights`: the file a run's model started from (train.init_weights), by name and digest."""
+
+    file: str
+    sha256: str
+
+
 class Provenance(TypedDict, total=False):
     """What made a run (records.provenance), and its data."""
 
@@ -109,6 +116,7 @@ class Provenance(TypedDict, total=False):
     device: str
     created: str
     data: DataFacts
+    init_weights: InitWeights  # where the model started from given weights (train.init_weights)
 
 
 class Budget(TypedDict, total=False):
@@ -119,6 +127,7 @@ class Budget(TypedDict, total=False):
     select_on: str  # absent from records made before train.select_on
     selection: str  # the selection rule, e.g. "val SumR"
     precision: str  # the run's train.precision, where it is not fp32
+    init: str  # "given weights" where the model started from train.init_weights, not its seeded init
 
 
 class RunProtocol(Budget, total=False):

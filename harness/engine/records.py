@@ -92,10 +92,12 @@ def run_protocol(config: dict[str, Any], dataset: str, selection: dict[str, Any]
     precision = train.get("precision", SETTLED_BEFORE["train.precision"])
     if precision != SETTLED_BEFORE["train.precision"]:
         own["precision"] = precision
+    if train.get("init_weights"):  # started from given weights: not the dataset's protocol, whatever the budget
+        own["init"] = "given weights"
     expected = dataset_protocol(dataset)
     # A val split that holds the test queries still follows the budget; the rule says so, and
     # the label keeps such rows apart from rows selected on held-out data.
-    follows = all(own[k] == expected[k] for k in ("epochs", "patience", "select_on"))
+    follows = all(own[k] == expected[k] for k in ("epochs", "patience", "select_on")) and "init" not in own
     return {**own, "dataset_protocol": expected, "follows_protocol": follows}
 
 
@@ -103,6 +105,8 @@ def budget_label(protocol: Mapping[str, Any]) -> str:
     label = f"{protocol['epochs']} ep / stop {protocol['patience']}"
     if "precision" in protocol:
         label += f", {protocol['precision']}"
+    if "init" in protocol:
+        label += f", from {protocol['init']}"
     rule = protocol.get("selection", SELECTION)
     return label if rule == SELECTION else f"{label}, {rule.removeprefix(SELECTION + ' ')}"
 

@@ -99,6 +99,8 @@ def train_and_record(cfg: Config, out: str | Path, resume: bool = False, tag: st
     # the code that trains is the code checked out now: a checkout changed while the run goes on
     # (another commit, edited files) must not be what its record names
     started = provenance(device_name(trainer.device))
+    if run.started_from is not None:  # the file the model started from, by digest: the record names what it read
+        started["init_weights"] = run.started_from
     trainer.fit(resume=resume or force_resume, force_resume=force_resume)
     trainer.load_model(ckpt_dir / "best.pt")
     test_ranking = RankingSink(data["test"])  # the stored test rankings, from the scores the test figures rank

@@ -37,7 +37,8 @@ SELECT_ON: dict[SelectOn, str] = {"vr": "SumR", "vcmr": "VCMR SumR"}
 # compared with has the key (the standard objectives' loss.treatment and margin_a; ARL's always stored)
 SETTLED_BEFORE = {"train.select_on": "vr", "train.precision": "fp32", "train.compile": False,
                   "train.deterministic": False, "data.relevance": "", "loss.treatment": "ignore",
-                  "loss.margin_a": 0.05, "train.grad_clip_unit": "tensor", "loss.frame_matrix": "videos"}
+                  "loss.margin_a": 0.05, "train.grad_clip_unit": "tensor", "loss.frame_matrix": "videos",
+                  "train.init_weights": ""}
 
 
 def load_yaml(path: str | Path | None) -> dict[str, Any]:
@@ -256,6 +257,10 @@ class TrainConfig:
     # a loss that is not finite (a diverged run): "stop" (one line naming the epoch and step, no
     # record) | "continue" (train on; the record is marked and left out of leaderboard means)
     on_nonfinite: OnNonfinite = param("stop", one_of(OnNonfinite))
+    # an official code's weights the model starts from instead of its seeded init: a .npz of that code's state
+    # dict, read through the backbone's map as `evaluate --official-weights` reads one; the seed still draws
+    # the batches and the dropout. Both sides of a parity run from one start (docs/parity.md). "" = seeded init
+    init_weights: str = param("", Free("a .npz of an official code's weights"))
 
     def check(self, key: str) -> None:
         require(self.grad_clip_unit == "tensor" or self.optimizer == "bertadam",
