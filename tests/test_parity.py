@@ -115,6 +115,7 @@ def test_report_side_by_side_with_the_verdict(tmp_path):
           "--out", str(tmp_path / "res")])
     assert ("Ours started from the given weights `init.npz` (sha256 0123456789ab), not from its seeded init."
             in (tmp_path / "res" / "parity" / "ral-e2.md").read_text())
+    assert json.loads((tmp_path / "res" / "parity" / "ral-e2.json").read_text())["started_from"] == "0123456789abcdef" * 4
 
 
 def test_bad_name_is_refused(tmp_path, capsys):

@@ -379,7 +379,7 @@ def test_parity_over_seeds_pools_a_comparisons_reports_with_welchs_interval(tmp_
     assert v_low < -2 < 2 < v_high and f"| -56.7 [{v_low:+.1f}, {v_high:+.1f}] | unresolved |" in md
     rows = (tmp_path / "res" / "parity.csv").read_text().splitlines()
     assert len(rows) == 2 and rows[1].startswith("ral-e2,ral,tvr,0 1 2,270 268 272.5,278 280.5 276,-8.0000,")
-    assert rows[1].endswith("ral-e2.md ral-e2_s1.md ral-e2_s2.md")
+    assert rows[1].endswith("ral-e2.md ral-e2_s1.md ral-e2_s2.md,own")
 
 
 def test_parity_over_seeds_says_within_one_seed_and_no_vcmr_where_a_report_lacks_it(tmp_path):
@@ -392,6 +392,46 @@ def test_parity_over_seeds_says_within_one_seed_and_no_vcmr_where_a_report_lacks
     assert -2 < low and high < 2
     assert f"| -0.1 [{low:+.1f}, {high:+.1f}] | within 2 |  |  |  |  |" in md
     assert "| `solo` | ral | tvr | 0 | 100.0 | 100.5 | -0.5 | one seed |" in md
+
+
+def _start_every_seed_from_the_official_weights(tmp_path, seeds):
+    for seed in seeds:
+        path = tmp_path / "res" / "parity" / ("ral-e2.json" if seed == 0 else f"ral-e2_s{seed}.json")
+        side = json.loads(path.read_text())
+        side["started_from"] = f"{seed:064x}"
+        path.write_text(json.dumps(side))
+
+
+def test_parity_from_one_start_pairs_each_seeds_two_runs(tmp_path):
+    """Reports whose runs started from the official weights (train.init_weights) are pairs: the interval is
+    the paired t's of the seeds' differences (here narrow, as the sides move together), where Welch's on the
+    same figures reaches past the tolerance."""
+    from scipy.stats import t
+    bests = [(262.0, 262.5), (255.0, 254.8), (270.0, 270.9), (259.0, 259.2)]
+    _series(tmp_path, bests)
+    _start_every_seed_from_the_official_weights(tmp_path, range(4))
+    assert main(["speed", "--out", str(tmp_path / "res")]) == 0
+    md = (tmp_path / "res" / "parity.md").read_text()
+    d = [o - f for o, f in bests]
+    mean = sum(d) / 4
+    half = t.ppf(0.975, 3) * (sum((x - mean) ** 2 for x in d) / 3 / 4) ** 0.5
+    low, high = mean - half, mean + half
+    w_low, w_high = _welch([o for o, _ in bests], [f for _, f in bests])
+    assert -2 < low and high < 2 and w_low < -2 and w_high > 2
+    assert f"| `ral-e2` | ral | tvr | 0 1 2 3 (one start) |" in md and f"[{low:+.1f}, {high:+.1f}] | within 2 |" in md
+    rows = (tmp_path / "res" / "parity.csv").read_text().splitlines()
+    assert rows[0].endswith(",reports,start") and rows[1].endswith(",one")
+
+
+def test_a_series_mixing_one_start_and_seeded_inits_is_one_line(tmp_path, capsys):
+    _series(tmp_path, [(1.0, 2.0), (3.0, 4.0)])
+    _start_every_seed_from_the_official_weights(tmp_path, [1])
+    capsys.readouterr()
+    assert main(["speed", "--out", str(tmp_path / "res")]) == 2
+    err = capsys.readouterr().err
+    assert ("parity reports ral-e2_s1 and ral-e2 are one series (ral-e2) but the first's run started from given "
+            "weights (train.init_weights) and the second's from its seeded init" in err) and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "res" / "parity.md").exists()
 
 
 @pytest.mark.parametrize("change, message", [

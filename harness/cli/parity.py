@@ -479,10 +479,15 @@ def sidecar(name: str, report_file: str, ours: dict[str, Any], judged: SumRVerdi
     """What results/parity/NAME.json holds (harness/reports/speed.py reads it back)."""
     record = ours["record"]
     official_side, our_side = speed
-    return {"parity_version": PARITY_VERSION, "name": name, "report": report_file, "command": parity_command,
-            "method": str(record["method"]), "run": str(record.get("run_name", record["method"])),
-            "dataset": dataset_label(record), "seed": int(record["seed"]), "sumr": judged,
-            "official": official_side, "ours": our_side, "ratio": ratios(official_side, our_side)}
+    side: ParitySidecar = {
+        "parity_version": PARITY_VERSION, "name": name, "report": report_file, "command": parity_command,
+        "method": str(record["method"]), "run": str(record.get("run_name", record["method"])),
+        "dataset": dataset_label(record), "seed": int(record["seed"]), "sumr": judged,
+        "official": official_side, "ours": our_side, "ratio": ratios(official_side, our_side)}
+    started = (record.get("provenance") or {}).get("init_weights")
+    if isinstance(started, dict) and isinstance(started.get("sha256"), str):  # both sides from one start: a pair
+        side["started_from"] = started["sha256"]
+    return side
 
 
 def _num(x: float | None, sign: bool = False, missing: str = "", digits: int = 1) -> str:

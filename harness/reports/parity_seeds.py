@@ -6,7 +6,8 @@ sidecars (harness/reports/speed.py), `prvr-bench speed` writes `OUT/parity.{md,c
 validation SumR of each side over its seeds (mean ± sample std), the difference of the means, ours −
 official, with Welch's 95% interval (`scipy.stats.ttest_ind(ours, official, equal_var=False)
 .confidence_interval()`: the two sides' seeds are separate draws of their own generators, not pairs,
-and their spreads differ), and a verdict against the parity tolerance: `within` where the whole
+and their spreads differ; where every report's two runs started from one set of weights, `train.init_weights`,
+the seeds are pairs and the interval is the paired t's, `scipy.stats.ttest_rel`), and a verdict against the parity tolerance: `within` where the whole
 interval lies inside ±tolerance, `outside` where it lies wholly beyond it, `unresolved` where it
 reaches both (more seeds decide), `one seed` where a series has a single report (its Δ is the one
 figure). The same for the best validation VCMR SumR where every report of a series has both sides'.
@@ -48,11 +49,15 @@ class Pooled:
     verdict: str  # within | outside | unresolved | one seed
 
 
-def pooled(ours: Sequence[float], official: Sequence[float], tolerance: float) -> Pooled:
+def pooled(ours: Sequence[float], official: Sequence[float], tolerance: float, paired: bool = False) -> Pooled:
+    """With `paired` (each seed's two runs from one start), the paired t interval of the seeds'
+    differences; else Welch's, the sides' seeds separate draws."""
     difference = float(sum(ours) / len(ours) - sum(official) / len(official))
     low = high = None
     if len(ours) > 1 and len(official) > 1:
-        ci = stats.ttest_ind(list(ours), list(official), equal_var=False).confidence_interval(LEVEL)
+        test = (stats.ttest_rel(list(ours), list(official)) if paired
+                else stats.ttest_ind(list(ours), list(official), equal_var=False))
+        ci = test.confidence_interval(LEVEL)
         if math.isfinite(ci.low) and math.isfinite(ci.high):
             low, high = float(ci.low), float(ci.high)
     if low is None or high is None:
@@ -78,6 +83,7 @@ class Series:
     sumr: Pooled
     vcmr: Pooled | None  # where every report of the series has both sides' VCMR SumR
     reports: tuple[str, ...]
+    paired: bool = False  # every report's runs started from one set of weights (train.init_weights)
 
 
 def series(found: Sequence[ParitySidecar]) -> list[Series]:
@@ -103,17 +109,24 @@ def series(found: Sequence[ParitySidecar]) -> list[Series]:
             names = ", ".join(s["name"] for s in members if s["seed"] == twice)
             raise UserError(f"parity reports {names} of series {name} are all seed {twice}: one report a seed; "
                             "delete the extra sidecar or rename it with `prvr-bench parity --name`")
+        started = [s for s in members if "started_from" in s]
+        if started and len(started) < len(members):
+            other = next(s for s in members if "started_from" not in s)
+            raise UserError(f"parity reports {started[0]['name']} and {other['name']} are one series ({name}) but the "
+                            "first's run started from given weights (train.init_weights) and the second's from its "
+                            "seeded init: one way for every seed of a series; rename one with `prvr-bench parity --name`")
+        paired = bool(started)
         tolerance = first["sumr"]["tolerance"]
         sumr = pooled([s["sumr"]["ours_best"] for s in members], [s["sumr"]["official_best"] for s in members],
-                      tolerance)
+                      tolerance, paired)
         ours_v = [s["sumr"].get("ours_best_vcmr") for s in members]
         off_v = [s["sumr"].get("official_best_vcmr") for s in members]
         vcmr = None
         if all(v is not None for v in (*ours_v, *off_v)):
             vcmr = pooled([float(v) for v in ours_v if v is not None], [float(v) for v in off_v if v is not None],
-                          tolerance)
+                          tolerance, paired)
         out.append(Series(name, first["method"], first["dataset"], tuple(seeds), tolerance, sumr, vcmr,
-                          tuple(s["report"] for s in members)))
+                          tuple(s["report"] for s in members), paired))
     return out
 
 
@@ -140,7 +153,8 @@ def _seeds(seeds: Sequence[int]) -> str:
 
 
 def row(s: Series) -> list[str]:
-    return [code(s.name), s.method, s.dataset, _seeds(s.seeds), mean_std(s.sumr.ours), mean_std(s.sumr.official),
+    seeds = _seeds(s.seeds) + (" (one start)" if s.paired else "")
+    return [code(s.name), s.method, s.dataset, seeds, mean_std(s.sumr.ours), mean_std(s.sumr.official),
             _difference(s.sumr), _verdict(s.sumr, s.tolerance),
             mean_std(s.vcmr.ours) if s.vcmr else "", mean_std(s.vcmr.official) if s.vcmr else "",
             _difference(s.vcmr), _verdict(s.vcmr, s.tolerance)]
@@ -154,17 +168,20 @@ def csv_row(s: Series) -> list[str]:
                 "" if p.low is None else f"{p.low:.4f}", "" if p.high is None else f"{p.high:.4f}", p.verdict,
                 f"{s.tolerance:g}"]
 
-    return [s.name, s.method, s.dataset, _seeds(s.seeds), *figures(s.sumr), *figures(s.vcmr), " ".join(s.reports)]
+    return [s.name, s.method, s.dataset, _seeds(s.seeds), *figures(s.sumr), *figures(s.vcmr), " ".join(s.reports),
+            "one" if s.paired else "own"]
 
 
 CSV_HEADER = ("comparison", "method", "dataset", "seeds",
               *(f"{fig} {col}" for fig in ("sumr", "vcmr")
                 for col in ("ours best", "official best", "difference", "low", "high", "verdict", "tolerance")),
-              "reports")
+              "reports", "start")
 NOTE = ("One row per comparison: the parity reports named NAME, NAME_s1, NAME_s2, ... (each one seed of each side, "
         "`results/parity/`), pooled. The best validation SumR of each side over its seeds (mean ± sample std); the "
         "difference of the means, ours − official, with Welch's 95% interval (scipy.stats.ttest_ind with "
-        "equal_var=False: the sides' seeds are separate draws, not pairs); `within` where the whole interval lies "
+        "equal_var=False: the sides' seeds are separate draws, not pairs), or, where every report's runs started from "
+        "the official code's weights (`train.init_weights`, `(one start)` after the seeds), the paired t interval of "
+        "the seeds' differences (scipy.stats.ttest_rel: a seed's two runs share their start); `within` where the whole interval lies "
         "inside ± the tolerance, `outside` where it lies wholly beyond it, `unresolved` where it reaches both (more "
         "seeds decide), `one seed` where the comparison has one report (its Δ is that seed's). VCMR: the same for "
         "the moment figures, where every report of the comparison has them (XML's).")

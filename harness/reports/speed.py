@@ -75,6 +75,7 @@ class ParitySidecar(TypedDict):
     official: SideSpeed
     ours: SideSpeed
     ratio: Ratios
+    started_from: NotRequired[str]  # the SHA-256 of the official weights our run started from (train.init_weights)
 
 
 SIDES = ("official", "ours")
@@ -89,7 +90,8 @@ SIDECAR_FIELDS: tuple[tuple[str, Kind], ...] = (
     *((f"{side}.{key}", kind) for side in SIDES for key, kind in SIDE_FIELDS), ("ratio", dict),
     *((f"ratio.{key}", (float, NULL)) for key in Ratios.__annotations__))
 SIDECAR_OPTIONAL: tuple[tuple[str, Kind], ...] = (("sumr.official_best_vcmr", (float, NULL)),
-                                                  ("sumr.ours_best_vcmr", (float, NULL)))
+                                                  ("sumr.ours_best_vcmr", (float, NULL)),
+                                                  ("started_from", str))
 SIDECAR_FIGURES = (*(f"{side}.{key}" for side in SIDES for key in ("epochs", "seconds_per_epoch", "peak_host_mb",
                                                                    "device_peak_mb")),
                    *(f"ratio.{key}" for key in Ratios.__annotations__), "sumr.tolerance", "seed")
