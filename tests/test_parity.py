@@ -70,6 +70,8 @@ def test_a_log_without_epoch_blocks_is_one_clear_error(tmp_path):
 def test_shown_command_hides_this_machines_paths():
     assert (shown_command("prvr-bench run --method ral --dataset tvr --data-root /data/x/export --out /tmp/o --seed 0")
             == "prvr-bench run --method ral --dataset tvr --data-root EXPORT_DIR --out OUT --seed 0")
+    assert (shown_command("prvr-bench run --method msl --set train.init_weights=/tmp/a/init_s0.npz --seed 0")
+            == "prvr-bench run --method msl --set train.init_weights=init_s0.npz --seed 0")
 
 
 def _record(path, val_sums, test_sum, vcmr_sums=None, test_vcmr=None):

@@ -213,7 +213,7 @@ def _finite(value: Any) -> TypeGuard[int | float]:
 
 def shown_command(command: str) -> str:
     """The record's command with absolute paths (the export and the output folder of this
-    machine) replaced by placeholders."""
+    machine) replaced by placeholders, and other absolute paths, alone or a setting's value, by their names."""
     words = shlex.split(command)
     names = {"--data-root": "EXPORT_DIR", "--out": "OUT"}
     shown = []
@@ -223,6 +223,9 @@ def shown_command(command: str) -> str:
             word = names[previous]
         elif Path(word).is_absolute():
             word = Path(word).name
+        elif "=" in word and Path(word.split("=", 1)[1]).is_absolute():  # a setting's path: train.init_weights=/x/y.npz
+            key, value = word.split("=", 1)
+            word = f"{key}={Path(value).name}"
         shown.append(word)
     return shlex.join(shown)
 
