@@ -47,6 +47,30 @@ def test_the_table_from_records_one_knob_at_a_time(tmp_path):
     assert float(rows[0]["low"]) <= float(rows[0]["gain"]) <= float(rows[0]["high"])
 
 
+def test_a_knob_that_moves_the_label_noise_is_said(tmp_path):
+    """Each setting shows the label noise its records state (the test multi-relevant share); a knob that
+    moves it off the preset's is marked in its cell and named under the table (compound queries halve
+    sim-tvr-v2's multi-relevant share), one that does not is not."""
+    q = 40
+    for seed in (0, 1):
+        for run, shift, share in (("a", 0, 0.108), ("b", 30, 0.108), ("a~token_noise1", 0, 0.108),
+                                  ("b~token_noise1", 0, 0.108), ("a~compound_prob0.8", 0, 0.0576),
+                                  ("b~compound_prob0.8", 10, 0.0576)):
+            write_run(tmp_path, run, seed, np.clip(np.arange(1, q + 1) + shift, 1, 150),
+                      sim={"multi_relevant_share": share})
+    sweeps = [Sweep("sim-x", ("sim.token_noise",), ((0.5,), (1.0,)), (0.5,), ("a", "b"), (0, 1), "cmd"),
+              Sweep("sim-x", ("sim.compound_prob",), ((0.5,), (0.8,)), (0.5,), ("a", "b"), (0, 1), "cmd")]
+    md, text = sensitivity.table("sim-x", "x", sweeps, [("a", "b")], tmp_path, "cmd", FAST)
+    lines = md.splitlines()
+    assert next(r for r in lines if r.startswith("| preset |")).startswith("| preset | 0.5 | 10.8% |")
+    assert next(r for r in lines if r.startswith("| sim.token_noise |")).startswith("| sim.token_noise | 1 | 10.8% |")
+    assert next(r for r in lines if r.startswith("| sim.compound_prob |")).startswith(
+        "| sim.compound_prob | 0.8 | 5.8% (preset 10.8%) |")
+    assert ("The label noise moved with the knob at 1 setting(s): sim.compound_prob=0.8: 5.8% (preset 10.8%). "
+            "Their gains are not at the preset's noise") in md
+    assert [r["multi_relevant_share"] for r in csv.DictReader(text.splitlines())] == ["0.108", "0.108", "0.0576"]
+
+
 def test_a_setting_not_made_is_open_not_a_no(tmp_path):
     """Cells without records read `not made`, their row's last column how many are open (not `no`, which
     only a made gain outside its paper's says), and a line below counts them and says how to make them."""

@@ -7,6 +7,8 @@ imitates (methods/reported.yaml, rows of one paper table: the same features and 
 reads `=` where the paper's gain lies inside its interval, `->` where it moved toward the paper's (closer
 than at the preset), `<-` where it moved away; the last column says whether that setting's intervals hold
 every paper's gain. The world is not tuned to these numbers: the table says which knobs move which gain.
+Beside each setting, the label noise its records state (the test split's multi-relevant share): a knob that
+moves it too is named under the table, since its gains are then not at the preset's noise.
 
 Written to OUT/sensitivity/<name>.{md,csv} with the shared writers (harness/reports/table.py).
 """
@@ -20,6 +22,7 @@ from typing import Any, Sequence
 from prvr.harness.base import progress
 from prvr.harness.base.io import UserError, write_texts
 from prvr.harness.base.names import check_name, inside
+from prvr.harness.engine.records import load_record_at, record_path
 from prvr.harness.reports.leaderboard import paper_figures
 from prvr.harness.reports.stats import MetricDifference, NoRecords, Settings, compare_rows
 from prvr.harness.reports.sweeps import Point, Sweep, SweepRows, run_at, show_point, sumr_of
@@ -27,6 +30,7 @@ from prvr.harness.reports.table import csv_text, markdown_table
 
 PRESET = "preset"
 NOT_MADE = "not made"
+NOISE_FACT = "multi_relevant_share"  # the label noise the table holds at its preset
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,26 @@ def entries(setting: Setting, gains: Sequence[tuple[str, str]], out: str | Path,
     return found
 
 
+def noise_at(setting: Setting, gains: Sequence[tuple[str, str]], out: str | Path) -> float | None:
+    """The test split's multi-relevant share at a setting, as the first record of its gains' rows states it
+    (`provenance.data.test`); None where none is made or states it."""
+    for run in (r for pair in gains for r in pair):
+        for seed in setting.sweep.seeds:
+            path = record_path(out, setting.sweep.dataset, run_at(run, setting.sweep, setting.value), seed)
+            if path.is_file():
+                share = load_record_at(path).get("provenance", {}).get("data", {}).get("test", {}).get(NOISE_FACT)
+                return float(share) if isinstance(share, (int, float)) else None
+    return None
+
+
+def _noise_cell(share: float | None, preset: float | None) -> tuple[str, bool]:
+    """The share as the table shows it, and whether the knob moved it off the preset's (beyond rounding)."""
+    if share is None:
+        return "", False
+    moved = preset is not None and abs(share - preset) >= 0.0005
+    return (f"{share:.1%} (preset {preset:.1%})" if moved and preset is not None else f"{share:.1%}"), moved
+
+
 def _reads(d: MetricDifference, paper: PaperGain | None, at_preset: MetricDifference | None) -> str:
     if paper is None:
         return ""
@@ -131,13 +155,18 @@ def table(dataset: str, family: str, sweeps: Sequence[Sweep], gains: Sequence[tu
     papers = [paper_gain(a, b, family) for a, b in gains]
     rows = [(s, entries(s, gains, out, settings)) for s in settings_of(sweeps)]
     preset = [e.gain for e in rows[0][1]] if rows else [None] * len(gains)
-    head = ["knob", "value", *(f"{a} - {b}" for a, b in gains), "holds every paper's gain"]
+    shares = [noise_at(s, gains, out) for s, _ in rows]
+    head = ["knob", "value", "multi-relevant (test)", *(f"{a} - {b}" for a, b in gains), "holds every paper's gain"]
     md_rows, csv_rows = [], []
     paper_cells = [f"{p.value:+.1f} ({p.source}, {p.features})" if p else "(no paper row)" for p in papers]
-    md_rows.append([f"papers ({family})", "", *paper_cells, ""])
+    md_rows.append([f"papers ({family})", "", "", *paper_cells, ""])
     unmade: list[Entry] = []  # the cells not made, each with why (a row's records missing, too few seeds)
-    for s, found in rows:
+    moved: list[str] = []  # the settings whose knob moved the label noise too
+    for (s, found), share in zip(rows, shares):
         cells, holds = [], []
+        noise, off = _noise_cell(share, shares[0] if shares else None)
+        if off:
+            moved.append(f"{s.knob}={show_point(s.value)}: {noise}")
         for (a, b), e, p, base in zip(gains, found, papers, preset):
             if e.gain is None:
                 cells.append(NOT_MADE)
@@ -148,17 +177,21 @@ def table(dataset: str, family: str, sweeps: Sequence[Sweep], gains: Sequence[tu
             holds.append(p is not None and d.low <= p.value <= d.high)
             csv_rows.append([dataset, s.knob or PRESET, show_point(s.value), f"{d.difference:.6g}", f"{d.low:.6g}",
                              f"{d.high:.6g}", f"{d.p:.6g}", a, b, f"{p.value:.6g}" if p else "",
-                             p.source if p else ""])
-        md_rows.append([s.knob or PRESET, show_point(s.value), *cells, _holds(holds, len(gains))])
+                             p.source if p else "", "" if share is None else f"{share:.6g}"])
+        md_rows.append([s.knob or PRESET, show_point(s.value), noise, *cells, _holds(holds, len(gains))])
     note = ("Gains A - B in test SumR on " + dataset + " (mean over the shared seeds), 95% interval of the two-level "
             "paired bootstrap (docs/statistics.md). At the preset every knob is the world's own; below, one knob "
             "moves at a time. `=`: the paper's gain lies in the interval; `->`: closer to it than at the preset; "
             "`<-`: farther. The papers' gains are on the real dataset the world imitates, from one table each "
-            f"(methods/reported.yaml). Written by `{command}` (harness/reports/sensitivity.py).")
+            "(methods/reported.yaml). Multi-relevant (test): the label noise at the setting, the share of test "
+            "queries with more than one relevant video as its records state it. "
+            f"Written by `{command}` (harness/reports/sensitivity.py).")
+    held = ([f"The label noise moved with the knob at {len(moved)} setting(s): {'; '.join(moved)}. Their gains are "
+             "not at the preset's noise: a change there may be the noise's as much as the knob's.", ""] if moved else [])
     md = "\n".join([f"# What the gains depend on: {dataset}", "", note, "", markdown_table(head, md_rows), "",
-                    *_unmade_lines(unmade, len(rows) * len(gains))])
-    text = csv_text(["dataset", "knob", "value", "gain", "low", "high", "p", "a", "b", "paper_gain", "paper_source"],
-                    csv_rows)
+                    *held, *_unmade_lines(unmade, len(rows) * len(gains))])
+    text = csv_text(["dataset", "knob", "value", "gain", "low", "high", "p", "a", "b", "paper_gain", "paper_source",
+                     "multi_relevant_share"], csv_rows)
     return md, text
 
 
