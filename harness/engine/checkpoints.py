@@ -167,7 +167,7 @@ def official_weights(path: Path, backbone: str, model_cfg: Any, model: Any = Non
     if official is None:
         known = [n for n in BACKBONES.names() if getattr(BACKBONES.get(n), "official", None) is not None]
         raise UserError(f"{option}: backbone {backbone} has no map of its official code's weights "
-                        f"(known: {', '.join(known)}); evaluate a run of one of those")
+                        f"(known: {', '.join(known)}); give a run of one of those backbones")
     repo, mapping = official
     if not path.is_file():  # not opened: a FIFO would wait for a writer
         raise UserError(f"{option} {path}: {'not a regular file' if path.exists() else 'no such file'}; write the .npz "
@@ -176,8 +176,9 @@ def official_weights(path: Path, backbone: str, model_cfg: Any, model: Any = Non
         with np.load(path, allow_pickle=False) as npz:
             named = _Read({k: torch.from_numpy(np.array(npz[k])) for k in npz.files})
     except (OSError, ValueError, zipfile.BadZipFile) as err:
-        raise UserError(f"{option} {path}: not a readable .npz of arrays ({_first_line(err) or type(err).__name__}); write one "
-                        "from the official checkpoint as docs/parity.md shows") from None
+        why = _first_line(err) or type(err).__name__
+        raise UserError(f"{option} {path}: not a readable .npz of arrays ({why}); write one from the official "
+                        "checkpoint as docs/parity.md shows") from None
     around = getattr(model, "official_around", None)
     try:
         weights = mapping(named, model_cfg)

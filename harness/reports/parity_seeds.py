@@ -6,10 +6,10 @@ sidecars (harness/reports/speed.py), `prvr-bench speed` writes `OUT/parity.{md,c
 validation SumR of each side over its seeds (mean ± sample std), the difference of the means, ours −
 official, with Welch's 95% interval (`scipy.stats.ttest_ind(ours, official, equal_var=False)
 .confidence_interval()`: the two sides' seeds are separate draws of their own generators, not pairs,
-and their spreads differ; where every report's two runs started from one set of weights, `train.init_weights`,
-the seeds are pairs and the interval is the paired t's, `scipy.stats.ttest_rel`), and a verdict against the parity tolerance: `within` where the whole
-interval lies inside ±tolerance, `outside` where it lies wholly beyond it, `unresolved` where it
-reaches both (more seeds decide), `one seed` where a series has a single report (its Δ is the one
+and their spreads differ; where every report's two runs started from one set of weights,
+`train.init_weights`, the seeds are pairs and the interval is the paired t's, `scipy.stats.ttest_rel`),
+and a verdict against the parity tolerance: `within` where the whole interval lies inside ±tolerance,
+`outside` where it lies wholly beyond it, `unresolved` where it reaches both (more seeds decide), `one seed` where a series has a single report (its Δ is the one
 figure). The same for the best validation VCMR SumR where every report of a series has both sides'.
 """
 
@@ -114,7 +114,8 @@ def series(found: Sequence[ParitySidecar]) -> list[Series]:
             other = next(s for s in members if "started_from" not in s)
             raise UserError(f"parity reports {started[0]['name']} and {other['name']} are one series ({name}) but the "
                             "first's run started from given weights (train.init_weights) and the second's from its "
-                            "seeded init: one way for every seed of a series; rename one with `prvr-bench parity --name`")
+                            "seeded init: one way for every seed of a series; rename one with "
+                            "`prvr-bench parity --name`")
         paired = bool(started)
         tolerance = first["sumr"]["tolerance"]
         sumr = pooled([s["sumr"]["ours_best"] for s in members], [s["sumr"]["official_best"] for s in members],
@@ -181,8 +182,8 @@ NOTE = ("One row per comparison: the parity reports named NAME, NAME_s1, NAME_s2
         "difference of the means, ours − official, with Welch's 95% interval (scipy.stats.ttest_ind with "
         "equal_var=False: the sides' seeds are separate draws, not pairs), or, where every report's runs started from "
         "the official code's weights (`train.init_weights`, `(one start)` after the seeds), the paired t interval of "
-        "the seeds' differences (scipy.stats.ttest_rel: a seed's two runs share their start); `within` where the whole interval lies "
-        "inside ± the tolerance, `outside` where it lies wholly beyond it, `unresolved` where it reaches both (more "
+        "the seeds' differences (scipy.stats.ttest_rel: a seed's two runs share their start); `within` where the whole "
+        "interval lies inside ± the tolerance, `outside` where it lies wholly beyond it, `unresolved` where it reaches both (more "
         "seeds decide), `one seed` where the comparison has one report (its Δ is that seed's). VCMR: the same for "
         "the moment figures, where every report of the comparison has them (XML's).")
 

@@ -186,10 +186,10 @@ def table(dataset: str, family: str, sweeps: Sequence[Sweep], gains: Sequence[tu
             "(methods/reported.yaml). Multi-relevant (test): the label noise at the setting, the share of test "
             "queries with more than one relevant video as its records state it. "
             f"Written by `{command}` (harness/reports/sensitivity.py).")
-    held = ([f"The label noise moved with the knob at {len(moved)} setting(s): {'; '.join(moved)}. Their gains are "
-             "not at the preset's noise: a change there may be the noise's as much as the knob's.", ""] if moved else [])
+    held = [f"The label noise moved with the knob at {len(moved)} setting(s): {'; '.join(moved)}. Their gains are "
+            "not at the preset's noise: a change there may be the noise's as much as the knob's.", ""]
     md = "\n".join([f"# What the gains depend on: {dataset}", "", note, "", markdown_table(head, md_rows), "",
-                    *held, *_unmade_lines(unmade, len(rows) * len(gains))])
+                    *(held if moved else []), *_unmade_lines(unmade, len(rows) * len(gains))])
     text = csv_text(["dataset", "knob", "value", "gain", "low", "high", "p", "a", "b", "paper_gain", "paper_source",
                      "multi_relevant_share"], csv_rows)
     return md, text
