@@ -290,10 +290,10 @@ def report(official: dict[str, Any], ours: dict[str, Any], name: str, note: str,
              f"(harness/cli/parity.py) from the official log {code(log_name, in_table=False)} and our run record.", ""]
     if note:
         lines += [note, ""]
-    started = (record.get("provenance") or {}).get("init_weights")
-    if isinstance(started, dict):  # train.init_weights: one start for both sides (docs/parity.md, "From one start")
-        lines += [f"Ours started from the given weights {code(str(started.get('file')), in_table=False)} (sha256 "
-                  f"{str(started.get('sha256'))[:12]}), not from its seeded init.", ""]
+    started = started_from(record)
+    if started is not None:  # train.init_weights: one start for both sides (docs/parity.md, "From one start")
+        lines += [f"Ours started from the given weights {code(started['file'], in_table=False)} (sha256 "
+                  f"{started['sha256'][:12]}), not from its seeded init.", ""]
     lines += ["Ours: " + code(shown_command(str(record.get("command", ""))), in_table=False), ""]
     header = ["epoch", "official val SumR", "ours val SumR", "Δ (ours − official)"]
     if has_parts:
@@ -487,10 +487,19 @@ def sidecar(name: str, report_file: str, ours: dict[str, Any], judged: SumRVerdi
         "method": str(record["method"]), "run": str(record.get("run_name", record["method"])),
         "dataset": dataset_label(record), "seed": int(record["seed"]), "sumr": judged,
         "official": official_side, "ours": our_side, "ratio": ratios(official_side, our_side)}
-    started = (record.get("provenance") or {}).get("init_weights")
-    if isinstance(started, dict) and isinstance(started.get("sha256"), str):  # both sides from one start: a pair
+    started = started_from(record)
+    if started is not None:  # both sides from one start: a pair
         side["started_from"] = started["sha256"]
     return side
+
+
+def started_from(record: dict[str, Any]) -> dict[str, str] | None:
+    """The weights our run started from (`provenance.init_weights`: file and sha256, as strings), or None
+    for a run from its seeded init; the record is input, so a block of another shape counts as none."""
+    started = (record.get("provenance") or {}).get("init_weights")
+    if not isinstance(started, dict) or not all(isinstance(started.get(k), str) for k in ("file", "sha256")):
+        return None
+    return {"file": started["file"], "sha256": started["sha256"]}
 
 
 def _num(x: float | None, sign: bool = False, missing: str = "", digits: int = 1) -> str:

@@ -9,8 +9,9 @@ official, with Welch's 95% interval (`scipy.stats.ttest_ind(ours, official, equa
 and their spreads differ; where every report's two runs started from one set of weights,
 `train.init_weights`, the seeds are pairs and the interval is the paired t's, `scipy.stats.ttest_rel`),
 and a verdict against the parity tolerance: `within` where the whole interval lies inside ±tolerance,
-`outside` where it lies wholly beyond it, `unresolved` where it reaches both (more seeds decide), `one seed` where a series has a single report (its Δ is the one
-figure). The same for the best validation VCMR SumR where every report of a series has both sides'.
+`outside` where it lies wholly beyond it, `unresolved` where it reaches both (more seeds decide), `one
+seed` where a series has a single report (its Δ is the one figure). The same for the best validation
+VCMR SumR where every report of a series has both sides'.
 """
 
 from __future__ import annotations
@@ -183,9 +184,9 @@ NOTE = ("One row per comparison: the parity reports named NAME, NAME_s1, NAME_s2
         "equal_var=False: the sides' seeds are separate draws, not pairs), or, where every report's runs started from "
         "the official code's weights (`train.init_weights`, `(one start)` after the seeds), the paired t interval of "
         "the seeds' differences (scipy.stats.ttest_rel: a seed's two runs share their start); `within` where the whole "
-        "interval lies inside ± the tolerance, `outside` where it lies wholly beyond it, `unresolved` where it reaches both (more "
-        "seeds decide), `one seed` where the comparison has one report (its Δ is that seed's). VCMR: the same for "
-        "the moment figures, where every report of the comparison has them (XML's).")
+        "interval lies inside ± the tolerance, `outside` where it lies wholly beyond it, `unresolved` where it "
+        "reaches both (more seeds decide), `one seed` where the comparison has one report (its Δ is that seed's). "
+        "VCMR: the same for the moment figures, where every report of the comparison has them (XML's).")
 
 
 def parity_markdown(rows: Sequence[Series]) -> str:

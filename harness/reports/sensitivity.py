@@ -25,12 +25,13 @@ from prvr.harness.base.names import check_name, inside
 from prvr.harness.engine.records import load_record_at, record_path
 from prvr.harness.reports.leaderboard import paper_figures
 from prvr.harness.reports.stats import MetricDifference, NoRecords, Settings, compare_rows
-from prvr.harness.reports.sweeps import Point, Sweep, SweepRows, run_at, show_point, sumr_of
+from prvr.harness.reports.sweeps import FACTS, Point, Sweep, SweepRows, run_at, show_point, sumr_of, world_facts
 from prvr.harness.reports.table import csv_text, markdown_table
 
 PRESET = "preset"
 NOT_MADE = "not made"
-NOISE_FACT = "multi_relevant_share"  # the label noise the table holds at its preset
+# the label noise the table holds at its preset: the test split's multi-relevant share, as sweeps label it
+NOISE_FACT = next(label for split, key, label in FACTS if (split, key) == ("test", "multi_relevant_share"))
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,7 @@ def noise_at(setting: Setting, gains: Sequence[tuple[str, str]], out: str | Path
         for seed in setting.sweep.seeds:
             path = record_path(out, setting.sweep.dataset, run_at(run, setting.sweep, setting.value), seed)
             if path.is_file():
-                share = load_record_at(path).get("provenance", {}).get("data", {}).get("test", {}).get(NOISE_FACT)
+                share = world_facts(load_record_at(path))[NOISE_FACT]
                 return float(share) if isinstance(share, (int, float)) else None
     return None
 
@@ -186,10 +187,11 @@ def table(dataset: str, family: str, sweeps: Sequence[Sweep], gains: Sequence[tu
             "(methods/reported.yaml). Multi-relevant (test): the label noise at the setting, the share of test "
             "queries with more than one relevant video as its records state it. "
             f"Written by `{command}` (harness/reports/sensitivity.py).")
-    held = [f"The label noise moved with the knob at {len(moved)} setting(s): {'; '.join(moved)}. Their gains are "
-            "not at the preset's noise: a change there may be the noise's as much as the knob's.", ""]
+    held = ([f"The label noise moved with the knob at {len(moved)} setting(s): {'; '.join(moved)}. Their gains "
+             "are not at the preset's noise: a change there may be the noise's as much as the knob's.", ""]
+            if moved else [])
     md = "\n".join([f"# What the gains depend on: {dataset}", "", note, "", markdown_table(head, md_rows), "",
-                    *(held if moved else []), *_unmade_lines(unmade, len(rows) * len(gains))])
+                    *held, *_unmade_lines(unmade, len(rows) * len(gains))])
     text = csv_text(["dataset", "knob", "value", "gain", "low", "high", "p", "a", "b", "paper_gain", "paper_source",
                      "multi_relevant_share"], csv_rows)
     return md, text

@@ -179,7 +179,7 @@ def sweep_cells(sweep: Sweep, out: str | Path, settings: Settings,
             found = [(s, world.check(load_record_at(p), p)) for s, p in paths if p.is_file()]
             if not found:
                 continue
-            facts.setdefault(value, _facts(found[0][1]))
+            facts.setdefault(value, world_facts(found[0][1]))
             base = base_of(run)
             gain, note = None, ""
             if base is not None:
@@ -239,7 +239,8 @@ def only_seeds(row: Row, seeds: Sequence[int]) -> Row:
     return dataclasses.replace(row, seeds={s: v for s, v in row.seeds.items() if s in seeds})
 
 
-def _facts(record: Any) -> dict[str, Any]:
+def world_facts(record: Any) -> dict[str, Any]:
+    """The world's figures a record states (`FACTS`, by label; None where it states none)."""
     data = record.get("provenance", {}).get("data", {})
     return {label: data.get(split, {}).get(key) for split, key, label in FACTS}
 
