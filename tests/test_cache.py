@@ -62,9 +62,10 @@ def same_truth(a, b):
 
 def test_the_ground_truth_read_from_the_entry_is_the_whole_loads_and_reads_only_its_split(tmp_path, monkeypatch):
     """`load_truth` (the oracle SumR by query rebuilds a world's test relevance) gives the whole load's
-    test split without its features; from a made entry it checks the test split's files only, so
-    damage elsewhere is left to the load that reads it, and damage in its own files is said and the
-    ground truth made in an entry of its own."""
+    test split without its features; from a made entry it checks the test split's ground-truth files
+    only (not its frames, tokens or extras, which it does not read), so damage elsewhere is left to the
+    load that reads it, and damage in its own files is said and the ground truth made in an entry of
+    its own."""
     cfg, data, folder = entry(tmp_path)
     spec = DATASETS.get("sim-tiny")
     whole = data["test"]
@@ -76,6 +77,7 @@ def test_the_ground_truth_read_from_the_entry_is_the_whole_loads_and_reads_only_
     monkeypatch.setattr(cache, "file_digest", lambda path, *a: checked.append(path.name) or digest(path, *a))
     spec.load_truth(cfg)
     assert checked and all(name.startswith("test.") for name in checked)
+    assert not [n for n in checked if n.startswith(("test.frames.", "test.tokens.", "test.extra-"))]
     monkeypatch.undo()
     assert sorted(p.name for p in folder.parent.iterdir()) == [folder.name]  # no entry of its own beside a made one
     corrupt_truncate(folder)  # a train file: not the test split's
@@ -83,7 +85,11 @@ def test_the_ground_truth_read_from_the_entry_is_the_whole_loads_and_reads_only_
     monkeypatch.setattr("prvr.harness.base.progress.log", warnings.append)
     same_truth(spec.load_truth(cfg), whole)
     assert not warnings
-    corrupt_flip(folder)  # a test file: said, and the ground truth made alone in its own entry
+    corrupt_flip(folder)  # the test split's tokens: not read for its ground truth
+    same_truth(spec.load_truth(cfg), whole)
+    assert not warnings
+    moments = folder / "test.moments.npy"  # a ground-truth file: said, and the ground truth made alone in its own entry
+    moments.write_bytes(moments.read_bytes()[:-8])
     same_truth(spec.load_truth(cfg), whole)
     assert any("corrupt" in w and "ground truth from its own entry" in w for w in warnings)
     assert (folder.parent / f"{folder.name}~test-truth").is_dir()

@@ -96,8 +96,7 @@ def load_truth_or_build(folder: Path, split: str, build: Callable[[], Split | No
     with one_at_a_time(folder):
         if folder.exists():
             try:
-                found = load_split(folder, split)
-                return None if found is None else truth_only(found)
+                return load_split(folder, split, features=False)
             except CorruptCache as e:
                 warn(f"cache entry {folder} is corrupt ({e}); reading its {split} split's ground truth from "
                      "its own entry (the next run that loads the whole dataset makes the entry again)")
@@ -119,12 +118,17 @@ def truth_only(s: Split) -> Split:
                  relevance=s.relevance, parses=s.parses)
 
 
-def load_split(folder: Path, split: str) -> Split | None:
+def load_split(folder: Path, split: str, features: bool = True) -> Split | None:
     """The entry's split `split` (None where the manifest lists no such split), from the files its
     manifest lists for it, each checked against its size and digest; the other splits' files are
-    neither read nor checked."""
-    manifest = _check(folder, only=f"{split}.")
-    return _split_of(folder, manifest, split) if split in manifest["splits"] else None
+    neither read nor checked. Without `features`, its ground truth alone (`truth_only`): the files
+    of its frames, tokens and extras are neither read nor checked."""
+    unread = (f"{split}.frames.npy", f"{split}.tokens.npy", f"{split}.extra-") if not features else ()
+    manifest = _check(folder, only=f"{split}.", unread=unread)
+    if split not in manifest["splits"]:
+        return None
+    found = _split_of(folder, manifest, split, features)
+    return found if features else truth_only(found)
 
 
 def save(data: PRVRData, folder: Path) -> None:
@@ -153,25 +157,26 @@ def load(folder: Path) -> PRVRData:
                     manifest["meta"])
 
 
-def _split_of(folder: Path, manifest: dict[str, Any], name: str) -> Split:
+def _split_of(folder: Path, manifest: dict[str, Any], name: str, features: bool = True) -> Split:
     prefix = f"{name}."
     arrays = {f[len(prefix):-len(".npy")]: folder / f for f in manifest["files"]
               if f.startswith(prefix) and f.endswith(".npy")}
     try:
-        return _read_split(folder, name, arrays)
+        return _read_split(folder, name, arrays, features)
     except (KeyError, ValueError, OSError) as e:  # a manifest that lists too little
         raise CorruptCache(f"split {name!r} cannot be read ({type(e).__name__}: {e})") from None
 
 
-def _check(folder: Path, only: str = "") -> dict[str, Any]:
-    """The entry's manifest, its files checked (only those whose names start with `only`, where given)."""
+def _check(folder: Path, only: str = "", unread: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The entry's manifest, its files checked (only those whose names start with `only`, where
+    given, and none whose names start with one of `unread`)."""
     manifest = read_manifest(folder)
     if manifest.get("format") != CACHE_FORMAT:
         raise CorruptCache(f"cache format {manifest.get('format')} != {CACHE_FORMAT}")
     if not isinstance(manifest.get("splits"), list) or not isinstance(manifest.get("meta"), dict) \
             or not isinstance(manifest.get("name"), str):
         raise CorruptCache("manifest lacks name, meta or splits")
-    verify_files(folder, manifest.get("files"), only)
+    verify_files(folder, manifest.get("files"), only, unread)
     return manifest
 
 
@@ -193,17 +198,17 @@ def describe_files(folder: Path) -> dict[str, dict[str, Any]]:
     return {p.name: {"bytes": p.stat().st_size, DIGEST: file_digest(p, DIGEST)} for p in sorted(folder.iterdir())}
 
 
-def verify_files(folder: Path, files: Any, only: str = "") -> None:
+def verify_files(folder: Path, files: Any, only: str = "", unread: tuple[str, ...] = ()) -> None:
     """The folder holds exactly `files` (besides the manifest), each with its listed size and
-    digest (of those whose names start with `only`); else CorruptCache naming the first file that
-    differs."""
+    digest (of those whose names start with `only` and with none of `unread`, the files the caller
+    will not read); else CorruptCache naming the first file that differs."""
     if not isinstance(files, dict) or not all(isinstance(v, dict) for v in files.values()):
         raise CorruptCache("manifest lists no files")
     unlisted = sorted(set(os.listdir(folder)) - set(files) - {MANIFEST})
     if unlisted:
         raise CorruptCache(f"{unlisted[0]} is not in the manifest ({len(unlisted)} unlisted file(s))")
     for fname, info in files.items():
-        if not fname.startswith(only):
+        if not fname.startswith(only) or (unread and fname.startswith(unread)):
             continue
         path = folder / fname
         if not path.is_file():
@@ -241,7 +246,9 @@ def _split_text(s: Split) -> dict[str, Any]:
     return {"video_ids": s.video_ids, "query_ids": s.query_ids, "query_text": s.query_text, "parses": s.parses}
 
 
-def _read_split(folder: Path, name: str, files: dict[str, Path]) -> Split:
+def _read_split(folder: Path, name: str, files: dict[str, Path], features: bool = True) -> Split:
+    """The split from its files; without `features`, its frames and tokens mapped but never read
+    (their files unchecked: `load_split` makes them empty) and no extras."""
     def arr(key: str, mmap: bool = False) -> np.ndarray:
         return np.load(files[key], mmap_mode="r" if mmap else None, allow_pickle=False)
 
@@ -251,7 +258,7 @@ def _read_split(folder: Path, name: str, files: dict[str, Path]) -> Split:
         indptr, indices = arr("rel_indptr"), arr("rel_indices")
         shape = (len(text["query_ids"]), len(text["video_ids"]))
         relevance = sp.csr_matrix((np.ones(len(indices), dtype=bool), indices, indptr), shape=shape)
-    extra = {k[len("extra-"):]: arr(k) for k in files if k.startswith("extra-")}
+    extra = {k[len("extra-"):]: arr(k) for k in files if features and k.startswith("extra-")}
     return Split(
         video_ids=text["video_ids"], frames=Ragged(arr("frames", mmap=True), arr("frame_offsets")),
         durations=arr("durations"), query_ids=text["query_ids"], query_text=text["query_text"],

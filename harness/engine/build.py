@@ -7,6 +7,7 @@ way (seeded by the run's seed before the backbone's weights are drawn).
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -14,12 +15,12 @@ from typing import Any, cast
 
 import torch
 
-from prvr.datasets.sim.cache import cache_root, file_digest
+from prvr.datasets.sim.cache import cache_root
 from prvr.harness.base.contract import MethodSpec, RelationDetector
 from prvr.harness.base.devices import pick_device
 from prvr.harness.engine.precision import compile_caches_under, set_encoders, warn_where_compile_starts_cuda
 from prvr.harness.base.registry import BACKBONES, DATASETS, DETECTORS, METHODS, extended_home
-from prvr.harness.engine.checkpoints import load_weights, official_weights
+from prvr.harness.engine.checkpoints import load_weights, official_weights, read_weights_file
 from prvr.harness.engine.record_types import InitWeights
 from prvr.harness.engine.sections import Config
 from prvr.harness.base.timing import Timings
@@ -101,7 +102,8 @@ def start_from(model: torch.nn.Module, cfg: Config) -> InitWeights:
     """The official weights of `train.init_weights` in the freshly built `model`, through its backbone's map
     (`checkpoints.official_weights`; one line where they do not fit); the file's name and digest, for the record."""
     path = Path(cfg.train.init_weights)
-    weights = official_weights(path, cfg.backbone, cfg.model, model, option="train.init_weights")
+    data = read_weights_file(path, "train.init_weights")
+    weights = official_weights(path, cfg.backbone, cfg.model, model, option="train.init_weights", data=data)
     load_weights(model, weights, path, "convert the official code's weights of this run's model and settings "
                  "(docs/parity.md), or unset train.init_weights")
-    return {"file": path.name, "sha256": file_digest(path)}
+    return {"file": path.name, "sha256": hashlib.sha256(data).hexdigest()}

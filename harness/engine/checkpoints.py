@@ -10,6 +10,7 @@ trained on); `restore_cuda_rng` restores the CUDA generators of the GPUs present
 from __future__ import annotations
 
 import errno
+import io
 import math
 import pickle
 import shutil
@@ -154,14 +155,15 @@ class _Read(dict):
 
 
 def official_weights(path: Path, backbone: str, model_cfg: Any, model: Any = None,
-                     option: str = "--official-weights") -> dict[str, torch.Tensor]:
+                     option: str = "--official-weights", data: bytes | None = None) -> dict[str, torch.Tensor]:
     """An official code's weights (a .npz of its state dict, arrays by its parameter names; no
     pickle is read) as the state dict of `backbone` with the model config `model_cfg`, through the
     backbone's `official` (its repository and its map, map(named, model_cfg)); where the run's `model`
     wraps the backbone with a method's parts (RAL), its `official_around(named, backbone weights)` gives
     the whole model's. One line for a backbone without a map, a file that is not such an .npz, a name
     the map needs that the file lacks, or one the map does not use, each naming `option` (what gave the file:
-    evaluate's --official-weights, a run's train.init_weights)."""
+    evaluate's --official-weights, a run's train.init_weights). `data`: the file's bytes where the
+    caller has read them (`read_weights_file`), so that what it names by digest is what was loaded."""
     cls = BACKBONES.get(backbone)
     official = getattr(cls, "official", None)
     if official is None:
@@ -169,11 +171,10 @@ def official_weights(path: Path, backbone: str, model_cfg: Any, model: Any = Non
         raise UserError(f"{option}: backbone {backbone} has no map of its official code's weights "
                         f"(known: {', '.join(known)}); give a run of one of those backbones")
     repo, mapping = official
-    if not path.is_file():  # not opened: a FIFO would wait for a writer
-        raise UserError(f"{option} {path}: {'not a regular file' if path.exists() else 'no such file'}; write the .npz "
-                        "from the official checkpoint as docs/parity.md shows")
+    if data is None:
+        data = read_weights_file(path, option)
     try:
-        with np.load(path, allow_pickle=False) as npz:
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
             named = _Read({k: torch.from_numpy(np.array(npz[k])) for k in npz.files})
     except (OSError, ValueError, zipfile.BadZipFile) as err:
         why = _first_line(err) or type(err).__name__
@@ -192,6 +193,18 @@ def official_weights(path: Path, backbone: str, model_cfg: Any, model: Any = Non
         raise UserError(f"{option} {path} holds {len(unused)} weights the map of {repo} does not use "
                         f"(e.g. {unused[0]}): another model or another version of the code")
     return weights
+
+
+def read_weights_file(path: Path, option: str) -> bytes:
+    """The bytes of an official code's weights file, read once (its map and its digest both come from
+    them); one line where it is not a regular file or cannot be read."""
+    if not path.is_file():  # not opened: a FIFO would wait for a writer
+        raise UserError(f"{option} {path}: {'not a regular file' if path.exists() else 'no such file'}; write the .npz "
+                        "from the official checkpoint as docs/parity.md shows")
+    try:
+        return path.read_bytes()
+    except OSError as err:
+        raise UserError(f"{option} {path}: cannot be read ({os_cause(err)}); give a readable .npz") from None
 
 
 def _first_line(err: BaseException, width: int = 120) -> str:
