@@ -90,6 +90,25 @@ def test_a_setting_not_made_is_open_not_a_no(tmp_path):
     assert sensitivity._holds([True, True], 2) == "yes"
 
 
+def test_a_cell_made_over_fewer_seeds_than_asked_says_so(tmp_path):
+    """A cell whose runs are made at some of the asked seeds (a cell half made when a session stopped) shows
+    its gain over those, says how many in the cell and in a line under the table, and the CSV names them."""
+    q = 40
+    for seed in (0, 1, 2):
+        for run, shift in (("a", 0), ("b", 30)):
+            write_run(tmp_path, run, seed, np.clip(np.arange(1, q + 1) + shift, 1, 150))
+    for seed in (0, 1):  # seed 2 of the moved setting not made yet
+        for run, shift in (("a~token_noise1", 0), ("b~token_noise1", 10)):
+            write_run(tmp_path, run, seed, np.clip(np.arange(1, q + 1) + shift, 1, 150))
+    sweep = Sweep("sim-x", ("sim.token_noise",), ((0.5,), (1.0,)), (0.5,), ("a", "b"), (0, 1, 2), "cmd")
+    md, text = sensitivity.table("sim-x", "x", [sweep], [("a", "b")], tmp_path, "cmd", FAST)
+    lines = md.splitlines()
+    assert "seeds)" not in next(r for r in lines if r.startswith("| preset |"))
+    assert "] (2 of 3 seeds) |" in next(r for r in lines if r.startswith("| sim.token_noise | 1 |"))
+    assert "Made over fewer seeds than the 3 asked, so far: a - b at sim.token_noise=1 (2 of 3 seeds)." in md
+    assert [r["seeds"] for r in csv.DictReader(text.splitlines())] == ["0 1 2", "0 1"]
+
+
 @pytest.mark.parametrize("argv, says", [
     (["--gains", "msl:baseline", "--vary", "sim.token_noise"], "give KEY=V1,V2"),
     (["--gains", "msl:baseline", "--vary", "sim.token_noise=1", "sim.token_noise=2"], "a knob given twice"),

@@ -57,6 +57,7 @@ class Entry:
     gain: MetricDifference | None
     note: str = ""
     missing: bool = False  # not made: a row of the gain has no records yet
+    seeds: tuple[int, ...] = ()  # the seeds the gain is made over (its rows' shared seeds)
 
 
 def paper_gain(a: str, b: str, dataset: str, rows: Sequence[dict[str, Any]] | None = None) -> PaperGain | None:
@@ -90,7 +91,8 @@ def entries(setting: Setting, gains: Sequence[tuple[str, str]], out: str | Path,
     for a, b in gains:
         try:
             row_a, row_b = (rows(run_at(r, setting.sweep, setting.value)) for r in (a, b))
-            found.append(Entry(sumr_of(compare_rows(row_a, row_b, settings))))
+            made = compare_rows(row_a, row_b, settings)
+            found.append(Entry(sumr_of(made), seeds=made.seeds))
         except UserError as e:  # not made yet, too few seeds: said in the cell
             found.append(Entry(None, str(e), missing=isinstance(e, NoRecords)))
     return found
@@ -136,6 +138,12 @@ def _holds(holds: Sequence[bool], cells: int) -> str:
     return f"open: {cells - len(holds)} of {cells} not made"
 
 
+def _fewer_seeds(made: Sequence[int], asked: Sequence[int]) -> str:
+    """`2 of 3 seeds` where a gain is made over fewer of the asked seeds than all, else ""."""
+    n = len(set(made) & set(asked))
+    return f"{n} of {len(set(asked))} seeds" if n < len(set(asked)) else ""
+
+
 def _unmade_lines(unmade: Sequence[Entry], cells: int) -> list[str]:
     """Below the table: how many cells are not made and how to make them; each reason other than a row
     with no records yet (too few seeds, a record of another world) once."""
@@ -162,6 +170,7 @@ def table(dataset: str, family: str, sweeps: Sequence[Sweep], gains: Sequence[tu
     paper_cells = [f"{p.value:+.1f} ({p.source}, {p.features})" if p else "(no paper row)" for p in papers]
     md_rows.append([f"papers ({family})", "", "", *paper_cells, ""])
     unmade: list[Entry] = []  # the cells not made, each with why (a row's records missing, too few seeds)
+    short: list[str] = []  # the cells made over fewer seeds than asked
     moved: list[str] = []  # the settings whose knob moved the label noise too
     for (s, found), share in zip(rows, shares):
         cells, holds = [], []
@@ -174,11 +183,16 @@ def table(dataset: str, family: str, sweeps: Sequence[Sweep], gains: Sequence[tu
                 unmade.append(e)
                 continue
             d = e.gain
-            cells.append(f"{d.difference:+.1f} [{d.low:+.1f}, {d.high:+.1f}]{_reads(d, p, base)}")
+            fewer = _fewer_seeds(e.seeds, s.sweep.seeds)
+            if fewer:
+                short.append(f"{a} - {b} at {s.knob or PRESET}={show_point(s.value)} ({fewer})")
+            cells.append(f"{d.difference:+.1f} [{d.low:+.1f}, {d.high:+.1f}]{_reads(d, p, base)}"
+                         + (f" ({fewer})" if fewer else ""))
             holds.append(p is not None and d.low <= p.value <= d.high)
             csv_rows.append([dataset, s.knob or PRESET, show_point(s.value), f"{d.difference:.6g}", f"{d.low:.6g}",
                              f"{d.high:.6g}", f"{d.p:.6g}", a, b, f"{p.value:.6g}" if p else "",
-                             p.source if p else "", "" if share is None else f"{share:.6g}"])
+                             p.source if p else "", "" if share is None else f"{share:.6g}",
+                             " ".join(map(str, e.seeds))])
         md_rows.append([s.knob or PRESET, show_point(s.value), noise, *cells, _holds(holds, len(gains))])
     note = ("Gains A - B in test SumR on " + dataset + " (mean over the shared seeds), 95% interval of the two-level "
             "paired bootstrap (docs/statistics.md). At the preset every knob is the world's own; below, one knob "
@@ -190,10 +204,13 @@ def table(dataset: str, family: str, sweeps: Sequence[Sweep], gains: Sequence[tu
     held = ([f"The label noise moved with the knob at {len(moved)} setting(s): {'; '.join(moved)}. Their gains "
              "are not at the preset's noise: a change there may be the noise's as much as the knob's.", ""]
             if moved else [])
+    partial = ([f"Made over fewer seeds than the {len(sweeps[0].seeds)} asked, so far: {'; '.join(short)}. The same "
+                "command without `--report-only` makes the rest; until then their intervals are wider than the "
+                "others' and may yet move.", ""] if short else [])
     md = "\n".join([f"# What the gains depend on: {dataset}", "", note, "", markdown_table(head, md_rows), "",
-                    *held, *_unmade_lines(unmade, len(rows) * len(gains))])
+                    *held, *partial, *_unmade_lines(unmade, len(rows) * len(gains))])
     text = csv_text(["dataset", "knob", "value", "gain", "low", "high", "p", "a", "b", "paper_gain", "paper_source",
-                     "multi_relevant_share"], csv_rows)
+                     "multi_relevant_share", "seeds"], csv_rows)
     return md, text
 
 
