@@ -139,9 +139,9 @@ def _holds(holds: Sequence[bool], cells: int) -> str:
 
 
 def _fewer_seeds(made: Sequence[int], asked: Sequence[int]) -> str:
-    """`2 of 3 seeds` where a gain is made over fewer of the asked seeds than all, else ""."""
-    n = len(set(made) & set(asked))
-    return f"{n} of {len(set(asked))} seeds" if n < len(set(asked)) else ""
+    """`2 of 3 seeds` where a gain is made over fewer of the asked seeds than all, else "" (`made`: its rows'
+    shared seeds, which `SweepRows` has already narrowed to the asked ones)."""
+    return f"{len(made)} of {len(set(asked))} seeds" if len(made) < len(set(asked)) else ""
 
 
 def _unmade_lines(unmade: Sequence[Entry], cells: int) -> list[str]:
