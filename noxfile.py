@@ -38,7 +38,17 @@ def tests(session: nox.Session) -> None:
     installed with it, so that the local-Ray test of `--executor ray` runs here and in CI."""
     _install(session, "test,ray")
     _typecheck(session)
-    session.run("pytest", *session.posargs)
+    session.run("pytest", "-n", str(_workers()), "--dist", "loadfile", *session.posargs)
+
+
+def _workers() -> int:
+    """pytest-xdist workers of `nox -s tests`: one a core this process may run on (its affinity,
+    which a container or `taskset` narrows), at most 4: each worker imports torch and makes its own
+    cache of the tests' worlds, so more than 4 buy little and cost memory. `--dist loadfile` keeps a
+    file's tests in one worker, in their order, with their module fixtures made once. `nox -s tests
+    -- -n 0` runs the suite in one process (the last -n given wins), e.g. under a debugger."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(4, cores))
 
 
 @nox.session(python=PYTHON)
