@@ -81,13 +81,38 @@ def test_a_setting_not_made_is_open_not_a_no(tmp_path):
     sweep = Sweep("sim-x", ("sim.token_noise",), ((0.5,), (1.0,), (2.0,)), (0.5,), ("a", "b"), (0, 1), "cmd")
     md, text = sensitivity.table("sim-x", "x", [sweep], [("a", "b"), ("b", "a")], tmp_path, "cmd", FAST)
     lines = md.splitlines()
-    assert next(r for r in lines if r.startswith("| preset |")).endswith("| no |")  # made, and no paper row
+    # no paper reports these gains: shown, never judged in the last column
+    assert next(r for r in lines if r.startswith("| preset |")).endswith("| (no paper's gain) |")
     assert next(r for r in lines if r.startswith("| sim.token_noise | 1 |")).endswith(
-        "| not made | not made | open: 2 of 2 not made |")
+        "| not made | not made | (no paper's gain) |")
     assert "4 of 6 cells are not made; 4 of them for want of their runs' records" in md
     assert [r["knob"] for r in csv.DictReader(text.splitlines())] == ["preset", "preset"]  # only made gains
     assert sensitivity._holds([True], 2) == "open: 1 of 2 not made" and sensitivity._holds([True, False], 3) == "no"
     assert sensitivity._holds([True, True], 2) == "yes"
+
+
+def test_a_gain_no_paper_reports_is_shown_and_not_judged(tmp_path):
+    """Beside a gain a paper reports (RAL on MS-SL, +6.7 on TVR), a gain none reports (ARL over its own
+    encoder, `arl:arl~base`) has its cells and CSV rows, and leaves each row's verdict as the paper's gain
+    alone gives it: `no` where that one misses its paper's, open where it is not made."""
+    q = 40
+    for seed in (0, 1):
+        for run, shift in (("ral@msl", 0), ("msl", 40), ("arl", 0), ("arl~base", 5), ("arl~token_noise1", 0),
+                           ("arl~base~token_noise1", 5)):
+            write_run(tmp_path, run, seed, np.clip(np.arange(1, q + 1) + shift, 1, 150))
+    sweep = Sweep("sim-x", ("sim.token_noise",), ((0.5,), (1.0,)), (0.5,), ("ral@msl", "msl", "arl", "arl~base"),
+                  (0, 1), "cmd")
+    alone, _ = sensitivity.table("sim-x", "tvr", [sweep], [("ral@msl", "msl")], tmp_path, "cmd", FAST)
+    both, text = sensitivity.table("sim-x", "tvr", [sweep], [("ral@msl", "msl"), ("arl", "arl~base")], tmp_path,
+                                   "cmd", FAST)
+    for md in (alone, both):
+        lines = md.splitlines()
+        assert next(r for r in lines if r.startswith("| preset |")).endswith("| no |")  # far above +6.7
+        assert next(r for r in lines if r.startswith("| sim.token_noise | 1 |")).endswith("| open: 1 of 1 not made |")
+    assert "| arl - arl~base |" in both and "(no paper row)" in both
+    rows = [(r["knob"], r["a"], r["b"], r["paper_gain"]) for r in csv.DictReader(text.splitlines())]
+    assert rows == [("preset", "ral@msl", "msl", "6.7"), ("preset", "arl", "arl~base", ""),
+                    ("sim.token_noise", "arl", "arl~base", "")]
 
 
 def test_a_cell_made_over_fewer_seeds_than_asked_says_so(tmp_path):
@@ -112,7 +137,8 @@ def test_a_cell_made_over_fewer_seeds_than_asked_says_so(tmp_path):
 @pytest.mark.parametrize("argv, says", [
     (["--gains", "msl:baseline", "--vary", "sim.token_noise"], "give KEY=V1,V2"),
     (["--gains", "msl:baseline", "--vary", "sim.token_noise=1", "sim.token_noise=2"], "a knob given twice"),
-    (["--gains", "baseline+oracle:baseline", "--vary", "sim.token_noise=1"], "names a detector or a tag"),
+    (["--gains", "baseline+oracle:baseline", "--vary", "sim.token_noise=1"], "names a detector"),
+    (["--gains", "arl:arl~nosuch", "--vary", "sim.token_noise=1"], "--gains arl~nosuch: arl has no ablation row"),
     (["--gains", "msl", "--vary", "sim.token_noise=1"], "is not a pair A:B"),
     (["--gains", "msl:baseline", "--vary", "sim.no_such=1"], "no_such"),
     (["--gains", "msl:baseline", "--vary", "sim.filler_rate=2"], "filler_rate"),
@@ -137,3 +163,15 @@ def test_sensitivity_trains_each_setting_once_and_writes_the_table(tmp_path, cap
     capsys.readouterr()
     assert main([*argv, "--plan"]) == 0  # resumed: every run kept
     assert capsys.readouterr().out.count("kept (record exists)") == 8
+
+
+def test_a_gain_over_a_methods_ablation_row_plans_that_row_at_every_setting(tmp_path, capsys):
+    """`arl:arl~base` (ARL over its own encoder, the gain the issue asks of ARL): the row trains beside ARL
+    at the preset and at each moved setting, tagged as `prvr-bench sweep --method arl~base` tags it."""
+    argv = ["sensitivity", "--gains", "arl:arl~base", "--vary", "sim.token_noise=1", "--seeds", "0",
+            "--out", str(tmp_path), "--plan", *TINY]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    for run in ("arl", "arl~base", "arl~token_noise1", "arl~base~token_noise1"):
+        assert f"\n  {run} " in out, run
+    assert not any(tmp_path.iterdir())  # a plan writes nothing

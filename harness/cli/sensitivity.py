@@ -1,13 +1,14 @@
 """`prvr-bench sensitivity`: what a gain depends on, if not the noise.
 
     prvr-bench sensitivity --dataset sim-tvr-v2 --gains ral@msl:msl ral@gmmformer:gmmformer ral:gmmformer2 \\
-        arl:gmmformer --vary sim.token_noise=0.25,1 sim.filler_rate=0.3,0.9 --seeds 0 1 2 --jobs 2
+        arl:gmmformer arl:arl~base --vary sim.token_noise=0.25,1 sim.filler_rate=0.3,0.9 --seeds 0 1 2 --jobs 2
 
 At the world's preset (its label noise where the preset puts it) each `--vary` knob moves alone to each of
 its values; every method of the gains trains there (`prvr-bench sweep`'s runs: tagged by the knob, kept when
 their record exists, so an interrupted call resumes and a run of a sweep is not made twice). The table
 (harness/reports/sensitivity.py) gives each gain with its interval at every setting beside the papers' gains
-on the real dataset the world imitates. Every run is resolved before the first trains.
+on the real dataset the world imitates (a gain no paper reports, ARL over its own encoder `arl:arl~base`, is
+shown and not judged). Every run is resolved before the first trains.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from prvr.harness.base.io import UserError
 from prvr.harness.base.names import check_name
 from prvr.harness.cli.args import add_jobs_argument, command, command_line, common_arguments, set_threads
 from prvr.harness.cli.compare import parse_pair
-from prvr.harness.cli.sweep import SweepRun, plan_sweep, train_planned
+from prvr.harness.cli.sweep import SweepRun, plan_sweep, train_planned, variant
 from prvr.harness.engine.sections import dataset_preset
 from prvr.harness.reports import sensitivity
 from prvr.harness.reports.sweeps import ROOM_TREATMENTS, Sweep
@@ -31,7 +32,8 @@ def add_commands(sub) -> None:
                                            "beside the papers' gains: OUT/sensitivity/<name>.{md,csv}")
     p.add_argument("--dataset", default="sim-tvr-v2", help="a simulated dataset (default: sim-tvr-v2)")
     p.add_argument("--gains", nargs="+", required=True, metavar="A:B",
-                   help="run names, A minus B, e.g. ral@msl:msl arl:gmmformer (A, B: methods or METHOD@BACKBONE)")
+                   help="run names, A minus B, e.g. ral@msl:msl arl:gmmformer arl:arl~base (A, B: methods, "
+                        "METHOD@BACKBONE, or METHOD~ROW, a row of the method's ablation tables)")
     p.add_argument("--vary", nargs="+", required=True, metavar="KEY=V1,V2",
                    help="a world knob and the values it takes, one knob at a time, e.g. sim.token_noise=0.25,1")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
@@ -49,9 +51,11 @@ def plan(args: argparse.Namespace) -> tuple[list[Sweep], list[SweepRun]]:
     gains = [parse_pair(text, "--gains") for text in args.gains]
     methods = list(dict.fromkeys(m for pair in gains for m in pair))
     for m in methods:
-        if "+" in m or "~" in m:
-            raise UserError(f"--gains: {m!r} names a detector or a tag; give methods or METHOD@BACKBONE (the runs "
-                            "are trained here, at each setting)")
+        if "+" in m:
+            raise UserError(f"--gains: {m!r} names a detector; give methods, METHOD@BACKBONE or a row of a method's "
+                            "ablation table, METHOD~ROW (arl~base: ARL's encoder alone); the runs are trained here, "
+                            "at each setting")
+        variant(m, args.dataset, "--gains")  # METHOD~ROW: a row its ablation tables have, else one line
     knobs = [_vary(text) for text in args.vary]
     if len({k for k, _ in knobs}) != len(knobs):
         raise UserError(f"--vary {' '.join(args.vary)}: a knob given twice; give each once with all its values")

@@ -94,7 +94,7 @@ def plan_sweep(args: argparse.Namespace) -> tuple[Sweep, list[SweepRun]]:
     values = tuple(_point(v, knobs) for v in args.values)
     if len(set(values)) != len(values):
         raise UserError(f"--values {' '.join(args.values)}: a value given twice; give each once")
-    variants = {m: _variant(m, args.dataset) for m in args.method}
+    variants = {m: variant(m, args.dataset) for m in args.method}
     rooms = tuple(dict.fromkeys(args.room))
     if rooms != (ROOM_TREATMENTS[0],) and not (args.oracle and any(reads_no_relations(m) for m in args.method)):
         raise UserError(f"--room {' '.join(args.room)}: the room's treatment is chosen only beside a row that reads "
@@ -185,7 +185,7 @@ def _backbone_name(name: str) -> str:
     return split_run_name(name)[2]
 
 
-def _variant(name: str, dataset: str) -> tuple[str, tuple[str, ...]]:
+def variant(name: str, dataset: str, option: str = "--method") -> tuple[str, tuple[str, ...]]:
     """`METHOD~ROW`: the row's tag and its overrides, from the method's ablation tables (methods/recipes.py;
     `arl~base` is ARL's Table 5 row (a), its encoder without the ambiguity set); ("", ()) without one.
     `METHOD+DETECTOR~TREATMENT`: a cell of the matrix (_cell_variant)."""
@@ -196,7 +196,7 @@ def _variant(name: str, dataset: str) -> tuple[str, tuple[str, ...]]:
         return "", ()
     rows = {r.tag: r for (m, _), t in sorted(TABLES.items()) if m == method for r in t.rows if r.tag}
     if tag not in rows:
-        raise UserError(f"--method {name}: {method} has no ablation row tagged {tag!r}; its rows: "
+        raise UserError(f"{option} {name}: {method} has no ablation row tagged {tag!r}; its rows: "
                         f"{', '.join(sorted(rows)) or 'none'} (the tables `prvr-bench ablate --method {method} --table T` trains)")
     return tag, rows[tag].overrides
 

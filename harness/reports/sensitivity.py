@@ -30,6 +30,7 @@ from prvr.harness.reports.table import csv_text, markdown_table
 
 PRESET = "preset"
 NOT_MADE = "not made"
+NO_PAPER = "(no paper's gain)"  # the last column of a table none of whose gains a paper reports
 # the label noise the table holds at its preset: the test split's multi-relevant share, as sweeps label it
 NOISE_FACT = next(label for split, key, label in FACTS if (split, key) == ("test", "multi_relevant_share"))
 
@@ -129,8 +130,9 @@ def _reads(d: MetricDifference, paper: PaperGain | None, at_preset: MetricDiffer
 
 
 def _holds(holds: Sequence[bool], cells: int) -> str:
-    """The last column: `yes` where every gain is made and holds its paper's, `no` where a made one does
-    not, and, short of either, how many of the row's cells are not made yet (an open row is no answer)."""
+    """The last column, over the row's gains that a paper reports (`cells` of them; a gain none reports is
+    shown, not judged): `yes` where every one is made and holds its paper's, `no` where a made one does not,
+    and, short of either, how many of them are not made yet (an open row is no answer)."""
     if holds and not all(holds):
         return "no"
     if len(holds) == cells:
@@ -188,17 +190,20 @@ def table(dataset: str, family: str, sweeps: Sequence[Sweep], gains: Sequence[tu
                 short.append(f"{a} - {b} at {s.knob or PRESET}={show_point(s.value)} ({fewer})")
             cells.append(f"{d.difference:+.1f} [{d.low:+.1f}, {d.high:+.1f}]{_reads(d, p, base)}"
                          + (f" ({fewer})" if fewer else ""))
-            holds.append(p is not None and d.low <= p.value <= d.high)
+            if p is not None:  # a gain no paper reports is shown, not judged
+                holds.append(d.low <= p.value <= d.high)
             csv_rows.append([dataset, s.knob or PRESET, show_point(s.value), f"{d.difference:.6g}", f"{d.low:.6g}",
                              f"{d.high:.6g}", f"{d.p:.6g}", a, b, f"{p.value:.6g}" if p else "",
                              p.source if p else "", "" if share is None else f"{share:.6g}",
                              " ".join(map(str, e.seeds))])
-        md_rows.append([s.knob or PRESET, show_point(s.value), noise, *cells, _holds(holds, len(gains))])
+        md_rows.append([s.knob or PRESET, show_point(s.value), noise, *cells,
+                        _holds(holds, sum(p is not None for p in papers)) if any(papers) else NO_PAPER])
     note = ("Gains A - B in test SumR on " + dataset + " (mean over the shared seeds), 95% interval of the two-level "
             "paired bootstrap (docs/statistics.md). At the preset every knob is the world's own; below, one knob "
             "moves at a time. `=`: the paper's gain lies in the interval; `->`: closer to it than at the preset; "
             "`<-`: farther. The papers' gains are on the real dataset the world imitates, from one table each "
-            "(methods/reported.yaml). Multi-relevant (test): the label noise at the setting, the share of test "
+            "(methods/reported.yaml); a gain none of them reports reads `(no paper row)` there and is shown, not judged "
+            "in the last column. Multi-relevant (test): the label noise at the setting, the share of test "
             "queries with more than one relevant video as its records state it. "
             f"Written by `{command}` (harness/reports/sensitivity.py).")
     held = ([f"The label noise moved with the knob at {len(moved)} setting(s): {'; '.join(moved)}. Their gains "
