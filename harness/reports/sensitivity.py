@@ -140,10 +140,10 @@ def _holds(holds: Sequence[bool], cells: int) -> str:
     return f"open: {cells - len(holds)} of {cells} not made"
 
 
-def _fewer_seeds(made: Sequence[int], asked: Sequence[int]) -> str:
-    """`2 of 3 seeds` where a gain is made over fewer of the asked seeds than all, else "" (`made`: its rows'
+def _fewer_seeds(made: Sequence[int], asked: int) -> str:
+    """`2 of 3 seeds` where a gain is made over fewer of the `asked` seeds than all, else "" (`made`: its rows'
     shared seeds, which `SweepRows` has already narrowed to the asked ones)."""
-    return f"{len(made)} of {len(set(asked))} seeds" if len(made) < len(set(asked)) else ""
+    return f"{len(made)} of {asked} seeds" if len(made) < asked else ""
 
 
 def _unmade_lines(unmade: Sequence[Entry], cells: int) -> list[str]:
@@ -174,6 +174,8 @@ def table(dataset: str, family: str, sweeps: Sequence[Sweep], gains: Sequence[tu
     unmade: list[Entry] = []  # the cells not made, each with why (a row's records missing, too few seeds)
     short: list[str] = []  # the cells made over fewer seeds than asked
     moved: list[str] = []  # the settings whose knob moved the label noise too
+    asked = len(set(sweeps[0].seeds)) if sweeps else 0
+    judged = sum(p is not None for p in papers)  # the gains a paper reports: the last column's cells
     for (s, found), share in zip(rows, shares):
         cells, holds = [], []
         noise, off = _noise_cell(share, shares[0] if shares else None)
@@ -185,7 +187,7 @@ def table(dataset: str, family: str, sweeps: Sequence[Sweep], gains: Sequence[tu
                 unmade.append(e)
                 continue
             d = e.gain
-            fewer = _fewer_seeds(e.seeds, s.sweep.seeds)
+            fewer = _fewer_seeds(e.seeds, asked)
             if fewer:
                 short.append(f"{a} - {b} at {s.knob or PRESET}={show_point(s.value)} ({fewer})")
             cells.append(f"{d.difference:+.1f} [{d.low:+.1f}, {d.high:+.1f}]{_reads(d, p, base)}"
@@ -197,7 +199,7 @@ def table(dataset: str, family: str, sweeps: Sequence[Sweep], gains: Sequence[tu
                              p.source if p else "", "" if share is None else f"{share:.6g}",
                              " ".join(map(str, e.seeds))])
         md_rows.append([s.knob or PRESET, show_point(s.value), noise, *cells,
-                        _holds(holds, sum(p is not None for p in papers)) if any(papers) else NO_PAPER])
+                        _holds(holds, judged) if judged else NO_PAPER])
     note = ("Gains A - B in test SumR on " + dataset + " (mean over the shared seeds), 95% interval of the two-level "
             "paired bootstrap (docs/statistics.md). At the preset every knob is the world's own; below, one knob "
             "moves at a time. `=`: the paper's gain lies in the interval; `->`: closer to it than at the preset; "
@@ -209,7 +211,7 @@ def table(dataset: str, family: str, sweeps: Sequence[Sweep], gains: Sequence[tu
     held = ([f"The label noise moved with the knob at {len(moved)} setting(s): {'; '.join(moved)}. Their gains "
              "are not at the preset's noise: a change there may be the noise's as much as the knob's.", ""]
             if moved else [])
-    partial = ([f"Made over fewer seeds than the {len(sweeps[0].seeds)} asked, so far: {'; '.join(short)}. The same "
+    partial = ([f"Made over fewer seeds than the {asked} asked, so far: {'; '.join(short)}. The same "
                 "command without `--report-only` makes the rest; until then their intervals are wider than the "
                 "others' and may yet move.", ""] if short else [])
     md = "\n".join([f"# What the gains depend on: {dataset}", "", note, "", markdown_table(head, md_rows), "",
