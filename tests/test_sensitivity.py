@@ -9,8 +9,9 @@ from test_stats import FAST, write_run
 
 from prvr.harness.cli import main
 from prvr.harness.reports import sensitivity
+from prvr.harness.reports import stats
 from prvr.harness.reports.stats import MetricDifference
-from prvr.harness.reports.sweeps import Sweep
+from prvr.harness.reports.sweeps import Sweep, sumr_of
 
 TINY = ["--dataset", "sim-tiny", "--set", "train.epochs=1", "--quiet"]
 
@@ -45,6 +46,35 @@ def test_the_table_from_records_one_knob_at_a_time(tmp_path):
     assert [r["knob"] for r in rows] == ["preset", "sim.token_noise"]
     assert float(rows[0]["gain"]) > 0 and float(rows[1]["gain"]) == 0.0  # the knob took the gain away
     assert float(rows[0]["low"]) <= float(rows[0]["gain"]) <= float(rows[0]["high"])
+    # how far the gain moved from the preset's: blank at the preset, the difference of the gains at the knob
+    assert rows[0]["change_from_preset"] == rows[0]["change_low"] == ""
+    assert float(rows[1]["change_from_preset"]) == pytest.approx(-float(rows[0]["gain"]))
+    assert float(rows[1]["change_low"]) <= float(rows[1]["change_from_preset"]) <= float(rows[1]["change_high"]) < 0
+    moved = md.split("## How far each gain moved from the preset's")[1]
+    assert "| sim.token_noise | 1 |  | -" in moved and " shrank |" in moved
+    assert "- `a - b`: depends on the knob at sim.token_noise=1 (-" in moved and "the label noise held." in moved
+
+
+def test_a_gain_change_between_worlds_draws_the_two_gains_apart(tmp_path):
+    """`gain_change_apart`: the gains' difference, its interval the percentile interval of the difference of
+    the two gains' own bootstraps, drawn from two seeds (from one, two worlds' splits of one size would
+    resample the same positions: the same rows in both places would then give an interval of width 0)."""
+    rng = np.random.default_rng(3)
+    for seed in (0, 1, 2):
+        for run in ("a", "b", "a~x", "b~x"):
+            write_run(tmp_path, run, seed, rng.integers(1, 120, size=60))
+    a, b, ax, bx = (stats.load_row(tmp_path, "sim-x", r) for r in ("a", "b", "a~x", "b~x"))
+    g = stats.gain_change_apart(ax, bx, a, b, FAST)
+    here, there = (sumr_of(stats.compare_rows(x, y, FAST)) for x, y in ((ax, bx), (a, b)))
+    assert (g.after, g.before, g.seeds) == (pytest.approx(here.difference), pytest.approx(there.difference), (0, 1, 2))
+    assert g.change == pytest.approx(here.difference - there.difference)
+    scores = [[r.seeds[s].scores[:, [stats.ALL_METRICS.index("SumR")]] for s in (0, 1, 2)] for r in (ax, bx, a, b)]
+    reference = (stats.bootstrap_differences([x - y for x, y in zip(scores[0], scores[1])], FAST.resamples, FAST.seed)
+                 - stats.bootstrap_differences([x - y for x, y in zip(scores[2], scores[3])], FAST.resamples,
+                                               FAST.seed + 1))[:, 0]
+    assert (g.low, g.high) == tuple(pytest.approx(v) for v in np.quantile(reference, [0.025, 0.975]))
+    same = stats.gain_change_apart(a, b, a, b, FAST)
+    assert same.change == 0 and same.low < 0 < same.high  # the same gain twice: no change, and an interval
 
 
 def test_a_knob_that_moves_the_label_noise_is_said(tmp_path):
@@ -55,7 +85,7 @@ def test_a_knob_that_moves_the_label_noise_is_said(tmp_path):
     for seed in (0, 1):
         for run, shift, share in (("a", 0, 0.108), ("b", 30, 0.108), ("a~token_noise1", 0, 0.108),
                                   ("b~token_noise1", 0, 0.108), ("a~compound_prob0.8", 0, 0.0576),
-                                  ("b~compound_prob0.8", 10, 0.0576)):
+                                  ("b~compound_prob0.8", 0, 0.0576)):
             write_run(tmp_path, run, seed, np.clip(np.arange(1, q + 1) + shift, 1, 150),
                       sim={"multi_relevant_share": share})
     sweeps = [Sweep("sim-x", ("sim.token_noise",), ((0.5,), (1.0,)), (0.5,), ("a", "b"), (0, 1), "cmd"),
@@ -69,6 +99,10 @@ def test_a_knob_that_moves_the_label_noise_is_said(tmp_path):
     assert ("The label noise moved with the knob at 1 setting(s): sim.compound_prob=0.8: 5.8% (preset 10.8%). "
             "Their gains are not at the preset's noise") in md
     assert [r["multi_relevant_share"] for r in csv.DictReader(text.splitlines())] == ["0.108", "0.108", "0.0576"]
+    # a gain that moved where the knob moved the noise too is not said to depend on the knob alone
+    reading = next(r for r in lines if r.startswith("- `a - b`:"))
+    assert "depends on the knob at sim.token_noise=1 (" in reading
+    assert "moved at sim.compound_prob=0.8 (" in reading and "where the label noise moved too" in reading
 
 
 def test_a_setting_not_made_is_open_not_a_no(tmp_path):

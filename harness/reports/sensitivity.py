@@ -24,7 +24,8 @@ from prvr.harness.base.io import UserError, write_texts
 from prvr.harness.base.names import check_name, inside
 from prvr.harness.engine.records import load_record_at, record_path
 from prvr.harness.reports.leaderboard import paper_figures
-from prvr.harness.reports.stats import MetricDifference, NoRecords, Settings, compare_rows
+from prvr.harness.reports.stats import GainChange, MetricDifference, NoRecords, Row, Settings, compare_rows, \
+    gain_change_apart
 from prvr.harness.reports.sweeps import FACTS, Point, Sweep, SweepRows, run_at, show_point, sumr_of, world_facts
 from prvr.harness.reports.table import csv_text, markdown_table
 
@@ -59,6 +60,7 @@ class Entry:
     note: str = ""
     missing: bool = False  # not made: a row of the gain has no records yet
     seeds: tuple[int, ...] = ()  # the seeds the gain is made over (its rows' shared seeds)
+    rows: tuple[Row, Row] | None = None  # A's and B's rows, where the gain is made (a change from the preset reads them)
 
 
 def paper_gain(a: str, b: str, dataset: str, rows: Sequence[dict[str, Any]] | None = None) -> PaperGain | None:
@@ -93,7 +95,7 @@ def entries(setting: Setting, gains: Sequence[tuple[str, str]], out: str | Path,
         try:
             row_a, row_b = (rows(run_at(r, setting.sweep, setting.value)) for r in (a, b))
             made = compare_rows(row_a, row_b, settings)
-            found.append(Entry(sumr_of(made), seeds=made.seeds))
+            found.append(Entry(sumr_of(made), seeds=made.seeds, rows=(row_a, row_b)))
         except UserError as e:  # not made yet, too few seeds: said in the cell
             found.append(Entry(None, str(e), missing=isinstance(e, NoRecords)))
     return found
@@ -160,6 +162,51 @@ def _unmade_lines(unmade: Sequence[Entry], cells: int) -> list[str]:
     return [*lines, ""]
 
 
+def change_of(entry: Entry, preset: Entry | None, settings: Settings) -> GainChange | None:
+    """How far a setting's gain moved from the preset's (`stats.gain_change_apart`: the two worlds' test
+    queries are different queries, so the two gains are drawn apart), where both are made."""
+    if entry.rows is None or preset is None or preset.rows is None:
+        return None
+    return gain_change_apart(*entry.rows, *preset.rows, settings)
+
+
+def _moved(g: GainChange) -> str:
+    """`grew` / `shrank` where the change's interval lies above / below 0, else ""."""
+    return "grew" if g.low > 0 else "shrank" if g.high < 0 else ""
+
+
+def _change_cell(g: GainChange) -> str:
+    return f"{g.change:+.1f} [{g.low:+.1f}, {g.high:+.1f}]" + (f" {_moved(g)}" if _moved(g) else "")
+
+
+def _depends_lines(gains: Sequence[tuple[str, str]], moves: Sequence[tuple[Setting, bool, list[GainChange | None]]]
+                   ) -> list[str]:
+    """Under the change table, per gain: the knobs it depends on (moved with the label noise held), the
+    settings where it moved with the noise moved too, and those where no change is told from none."""
+    lines = []
+    for j, (a, b) in enumerate(gains):
+        depends: list[str] = []
+        with_noise: list[str] = []
+        still: list[str] = []
+        for s, off, found in moves:
+            g = found[j]
+            if g is None:
+                continue
+            where = f"{s.knob}={show_point(s.value)}"
+            if not _moved(g):
+                still.append(where)
+            else:
+                (with_noise if off else depends).append(f"{where} ({g.change:+.1f} [{g.low:+.1f}, {g.high:+.1f}])")
+        if not (depends or with_noise or still):
+            lines.append(f"- `{a} - {b}`: no setting away from the preset is made yet.")
+            continue
+        said = ([f"depends on the knob at {', '.join(depends)}, the label noise held"] if depends else [])
+        said += ([f"moved at {', '.join(with_noise)}, where the label noise moved too"] if with_noise else [])
+        said += ([f"no change told from none at {', '.join(still)}"] if still else [])
+        lines.append(f"- `{a} - {b}`: {'; '.join(said)}.")
+    return lines
+
+
 def table(dataset: str, family: str, sweeps: Sequence[Sweep], gains: Sequence[tuple[str, str]], out: str | Path,
           command: str, settings: Settings = Settings()) -> tuple[str, str]:
     """The markdown and CSV of the sensitivity table."""
@@ -174,6 +221,9 @@ def table(dataset: str, family: str, sweeps: Sequence[Sweep], gains: Sequence[tu
     unmade: list[Entry] = []  # the cells not made, each with why (a row's records missing, too few seeds)
     short: list[str] = []  # the cells made over fewer seeds than asked
     moved: list[str] = []  # the settings whose knob moved the label noise too
+    moves: list[tuple[Setting, bool, list[GainChange | None]]] = []  # per setting away from the preset: its changes
+    change_md: list[list[str]] = []
+    at_preset = rows[0][1] if rows else []
     asked = len(set(sweeps[0].seeds)) if sweeps else 0
     judged = sum(p is not None for p in papers)  # the gains a paper reports: the last column's cells
     for (s, found), share in zip(rows, shares):
@@ -181,7 +231,8 @@ def table(dataset: str, family: str, sweeps: Sequence[Sweep], gains: Sequence[tu
         noise, off = _noise_cell(share, shares[0] if shares else None)
         if off:
             moved.append(f"{s.knob}={show_point(s.value)}: {noise}")
-        for (a, b), e, p, base in zip(gains, found, papers, preset):
+        changes = [change_of(e, pe, settings) if s.knob else None for e, pe in zip(found, at_preset)]
+        for (a, b), e, p, base, g in zip(gains, found, papers, preset, changes):
             if e.gain is None:
                 cells.append(NOT_MADE)
                 unmade.append(e)
@@ -197,9 +248,15 @@ def table(dataset: str, family: str, sweeps: Sequence[Sweep], gains: Sequence[tu
             csv_rows.append([dataset, s.knob or PRESET, show_point(s.value), f"{d.difference:.6g}", f"{d.low:.6g}",
                              f"{d.high:.6g}", f"{d.p:.6g}", a, b, f"{p.value:.6g}" if p else "",
                              p.source if p else "", "" if share is None else f"{share:.6g}",
-                             " ".join(map(str, e.seeds))])
+                             " ".join(map(str, e.seeds)),
+                             *([f"{g.change:.6g}", f"{g.low:.6g}", f"{g.high:.6g}"] if g else ["", "", ""])])
         md_rows.append([s.knob or PRESET, show_point(s.value), noise, *cells,
                         _holds(holds, judged) if judged else NO_PAPER])
+        if s.knob:
+            moves.append((s, off, changes))
+            change_md.append([s.knob, show_point(s.value), noise,
+                              *(NOT_MADE if e.gain is None else _change_cell(g) if g else "(preset not made)"
+                                for e, g in zip(found, changes))])
     note = ("Gains A - B in test SumR on " + dataset + " (mean over the shared seeds), 95% interval of the two-level "
             "paired bootstrap (docs/statistics.md). At the preset every knob is the world's own; below, one knob "
             "moves at a time. `=`: the paper's gain lies in the interval; `->`: closer to it than at the preset; "
@@ -214,10 +271,20 @@ def table(dataset: str, family: str, sweeps: Sequence[Sweep], gains: Sequence[tu
     partial = ([f"Made over fewer seeds than the {asked} asked, so far: {'; '.join(short)}. The same "
                 "command without `--report-only` makes the rest; until then their intervals are wider than the "
                 "others' and may yet move.", ""] if short else [])
+    made = sum(g is not None for _, _, found in moves for g in found)
+    changed = ["## How far each gain moved from the preset's", "",
+               "The gain at the setting minus the gain at the preset, with the 95% percentile interval of the difference "
+               "of the two gains' two-level bootstraps, drawn independently: a moved knob makes another world, whose "
+               "test queries are other queries, so nothing pairs across the two (harness/reports/stats.py "
+               "`gain_change_apart`). `grew` / `shrank`: the interval lies above / below 0. A gain that moves with a "
+               "knob while the label noise holds depends on that knob, not on the noise. Each change is read at 95% "
+               f"on its own ({made} made so far): about one in twenty of those that did not move would read moved "
+               "by chance.", "", markdown_table(head[:-1], change_md), "", *_depends_lines(gains, moves), ""]
     md = "\n".join([f"# What the gains depend on: {dataset}", "", note, "", markdown_table(head, md_rows), "",
-                    *held, *partial, *_unmade_lines(unmade, len(rows) * len(gains))])
+                    *held, *partial, *_unmade_lines(unmade, len(rows) * len(gains)),
+                    *(changed if moves else [])])
     text = csv_text(["dataset", "knob", "value", "gain", "low", "high", "p", "a", "b", "paper_gain", "paper_source",
-                     "multi_relevant_share", "seeds"], csv_rows)
+                     "multi_relevant_share", "seeds", "change_from_preset", "change_low", "change_high"], csv_rows)
     return md, text
 
 

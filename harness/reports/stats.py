@@ -463,6 +463,29 @@ def gain_change(run: Row, base: Row, run_ref: Row, base_ref: Row, settings: Sett
     return GainChange(before, after, after - before, float(low), float(high), tuple(shared))
 
 
+def gain_change_apart(run: Row, base: Row, run_ref: Row, base_ref: Row, settings: Settings = Settings()) -> GainChange:
+    """`run` over `base` in one world against `run_ref` over `base_ref` in another (a knob of the world
+    moved, so the two gains are scored on different test queries and nothing pairs across them): each
+    gain by its own two-level paired bootstrap, as `compare_rows` draws it, the two drawn independently
+    (the first from `settings.seed`, the reference from `settings.seed + 1`: from one seed, two test splits
+    of one size would resample the same positions, a correlation the worlds do not have), and the
+    change's 95% interval the percentile interval of the difference of their replicates. `seeds`: the
+    first pair's shared seeds (each pair needs `settings.min_seeds` of its own)."""
+    gains: list[float] = []
+    replicates: list[np.ndarray] = []
+    seeds: tuple[int, ...] = ()
+    for (a, b), seed in (((run, base), settings.seed), ((run_ref, base_ref), settings.seed + 1)):
+        shared, (sb, sa), (mean_b, mean_a) = shared_sumr(b, (a,), settings)
+        diffs = [(sa[i] - sb[i])[:, None] for i in range(len(shared))]
+        replicates.append(bootstrap_differences(diffs, settings.resamples, seed)[:, 0])
+        gains.append(mean_a - mean_b)
+        seeds = seeds or tuple(shared)
+    after, before = gains
+    tail = (1 - LEVEL) / 2
+    low, high = np.quantile(replicates[0] - replicates[1], [tail, 1 - tail])
+    return GainChange(before, after, after - before, float(low), float(high), seeds)
+
+
 def check_metric(metric: str, seeds: Sequence[tuple[Row, SeedScores]]) -> None:
     """Every (row, seed) has per-query scores of `metric`: VCMR SumR needs the moment ranks that runs of
     a localizing backbone store since they were added to the rankings (harness/engine/rankings.py)."""
