@@ -26,12 +26,18 @@ def test_the_papers_gains_are_differences_within_one_table(pair, gain):
     assert sensitivity.paper_gain("arl", "baseline", "tvr") is None  # no paper has both
 
 
-@pytest.mark.parametrize("difference, low, high, paper, preset, reads", [
-    (6.0, 2.0, 9.0, 6.7, 22.0, " ="), (15.0, 12.0, 18.0, 6.7, 22.0, " ->"), (30.0, 25.0, 35.0, 6.7, 22.0, " <-")])
-def test_a_gain_reads_against_the_papers(difference, low, high, paper, preset, reads):
+@pytest.mark.parametrize("difference, low, high, paper, preset, change_interval, reads", [
+    (6.0, 2.0, 9.0, 6.7, 22.0, (-20.0, -12.0), " ="), (15.0, 12.0, 18.0, 6.7, 22.0, (-11.0, -3.0), " ->"),
+    (30.0, 25.0, 35.0, 6.7, 22.0, (2.0, 14.0), " <-"),
+    # a gain whose change from the preset's is not told from none moved neither toward the paper's nor away
+    (15.0, 12.0, 18.0, 6.7, 22.0, (-15.0, 1.0), ""), (30.0, 25.0, 35.0, 6.7, 22.0, (-1.0, 17.0), "")])
+def test_a_gain_reads_against_the_papers(difference, low, high, paper, preset, change_interval, reads):
     d = MetricDifference("SumR", 0, 0, difference, low, high, 0.01)
     base = MetricDifference("SumR", 0, 0, preset, preset - 3, preset + 3, 0.01)
-    assert sensitivity._reads(d, sensitivity.PaperGain(paper, "RAL Table 1", "f"), base) == reads
+    change = stats.GainChange(preset, difference, difference - preset, *change_interval, (0, 1))
+    assert sensitivity._reads(d, sensitivity.PaperGain(paper, "RAL Table 1", "f"), base, change) == reads
+    assert sensitivity._reads(d, sensitivity.PaperGain(paper, "RAL Table 1", "f"), base, None) == reads.replace(
+        " ->", "").replace(" <-", "")  # no change made (the preset's rows missing): no arrow
 
 
 def test_the_table_from_records_one_knob_at_a_time(tmp_path):

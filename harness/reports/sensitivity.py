@@ -5,8 +5,10 @@ table gives every gain A - B (test SumR, mean over the shared seeds) with its 95
 interval (harness/reports/stats.py `compare_rows`), beside the papers' gains on the real dataset the world
 imitates (methods/reported.yaml, rows of one paper table: the same features and a shared source). A gain
 reads `=` where the paper's gain lies inside its interval, `->` where it moved toward the paper's (closer
-than at the preset), `<-` where it moved away; the last column says whether that setting's intervals hold
-every paper's gain. The world is not tuned to these numbers: the table says which knobs move which gain.
+than at the preset), `<-` where it moved away, each only where it moved at all: a second table gives each
+gain's change from the preset's with its interval (`stats.gain_change_apart`), and the knobs each gain
+depends on with the label noise held. The last column says whether that setting's intervals hold every
+paper's gain. The world is not tuned to these numbers: the table says which knobs move which gain.
 Beside each setting, the label noise its records state (the test split's multi-relevant share): a knob that
 moves it too is named under the table, since its gains are then not at the preset's noise.
 
@@ -121,12 +123,16 @@ def _noise_cell(share: float | None, preset: float | None) -> tuple[str, bool]:
     return (f"{share:.1%} (preset {preset:.1%})" if moved and preset is not None else f"{share:.1%}"), moved
 
 
-def _reads(d: MetricDifference, paper: PaperGain | None, at_preset: MetricDifference | None) -> str:
+def _reads(d: MetricDifference, paper: PaperGain | None, at_preset: MetricDifference | None,
+           change: GainChange | None = None) -> str:
+    """` =` where the paper's gain lies in the interval; else, where the gain moved from the preset's (its
+    `change` told from none), ` ->` if it moved toward the paper's and ` <-` if away; else nothing (a
+    knob that did not move the gain moved it neither way)."""
     if paper is None:
         return ""
     if d.low <= paper.value <= d.high:
         return " ="
-    if at_preset is None or d is at_preset:
+    if at_preset is None or d is at_preset or change is None or not _moved(change):
         return ""
     return " ->" if abs(d.difference - paper.value) < abs(at_preset.difference - paper.value) else " <-"
 
@@ -241,7 +247,7 @@ def table(dataset: str, family: str, sweeps: Sequence[Sweep], gains: Sequence[tu
             fewer = _fewer_seeds(e.seeds, asked)
             if fewer:
                 short.append(f"{a} - {b} at {s.knob or PRESET}={show_point(s.value)} ({fewer})")
-            cells.append(f"{d.difference:+.1f} [{d.low:+.1f}, {d.high:+.1f}]{_reads(d, p, base)}"
+            cells.append(f"{d.difference:+.1f} [{d.low:+.1f}, {d.high:+.1f}]{_reads(d, p, base, g)}"
                          + (f" ({fewer})" if fewer else ""))
             if p is not None:  # a gain no paper reports is shown, not judged
                 holds.append(d.low <= p.value <= d.high)
@@ -259,8 +265,9 @@ def table(dataset: str, family: str, sweeps: Sequence[Sweep], gains: Sequence[tu
                                 for e, g in zip(found, changes))])
     note = ("Gains A - B in test SumR on " + dataset + " (mean over the shared seeds), 95% interval of the two-level "
             "paired bootstrap (docs/statistics.md). At the preset every knob is the world's own; below, one knob "
-            "moves at a time. `=`: the paper's gain lies in the interval; `->`: closer to it than at the preset; "
-            "`<-`: farther. The papers' gains are on the real dataset the world imitates, from one table each "
+            "moves at a time. `=`: the paper's gain lies in the interval; `->`: closer to it than at the preset, "
+            "`<-`: farther, each only where the gain moved from the preset's (its change, in the second table, told "
+            "from none). The papers' gains are on the real dataset the world imitates, from one table each "
             "(methods/reported.yaml); a gain none of them reports reads `(no paper row)` there and is shown, not judged "
             "in the last column. Multi-relevant (test): the label noise at the setting, the share of test "
             "queries with more than one relevant video as its records state it. "
