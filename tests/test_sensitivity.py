@@ -8,8 +8,7 @@ import pytest
 from test_stats import FAST, write_run
 
 from prvr.harness.cli import main
-from prvr.harness.reports import sensitivity
-from prvr.harness.reports import stats
+from prvr.harness.reports import sensitivity, stats
 from prvr.harness.reports.stats import MetricDifference
 from prvr.harness.reports.sweeps import Sweep, sumr_of
 
