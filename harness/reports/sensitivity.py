@@ -26,8 +26,8 @@ from prvr.harness.base.io import UserError, write_texts
 from prvr.harness.base.names import check_name, inside
 from prvr.harness.engine.records import load_record_at, record_path
 from prvr.harness.reports.leaderboard import paper_figures
-from prvr.harness.reports.stats import GainChange, MetricDifference, NoRecords, Row, Settings, compare_rows, \
-    gain_change_apart
+from prvr.harness.reports.stats import GainChange, GainDraws, MetricDifference, NoRecords, Row, Settings, \
+    change_apart, compare_rows, gain_draws
 from prvr.harness.reports.sweeps import FACTS, Point, Sweep, SweepRows, run_at, show_point, sumr_of, world_facts
 from prvr.harness.reports.table import csv_text, markdown_table
 
@@ -168,12 +168,19 @@ def _unmade_lines(unmade: Sequence[Entry], cells: int) -> list[str]:
     return [*lines, ""]
 
 
-def change_of(entry: Entry, preset: Entry | None, settings: Settings) -> GainChange | None:
+def change_of(entry: Entry, preset: GainDraws | None, settings: Settings) -> GainChange | None:
     """How far a setting's gain moved from the preset's (`stats.gain_change_apart`: the two worlds' test
-    queries are different queries, so the two gains are drawn apart), where both are made."""
-    if entry.rows is None or preset is None or preset.rows is None:
+    queries are different queries, so the two gains are drawn apart; `preset`: the preset's gain drawn once
+    from the seed plus one, `preset_draws`), where both are made."""
+    if entry.rows is None or preset is None:
         return None
-    return gain_change_apart(*entry.rows, *preset.rows, settings)
+    return change_apart(gain_draws(*entry.rows, settings, settings.seed), preset)
+
+
+def preset_draws(entry: Entry, settings: Settings) -> GainDraws | None:
+    """The preset's gain and its replicates, drawn as `stats.gain_change_apart` draws its reference, once
+    for every setting's change."""
+    return None if entry.rows is None else gain_draws(*entry.rows, settings, settings.seed + 1)
 
 
 def _moved(g: GainChange) -> str:
@@ -181,8 +188,13 @@ def _moved(g: GainChange) -> str:
     return "grew" if g.low > 0 else "shrank" if g.high < 0 else ""
 
 
+def _change_text(g: GainChange) -> str:
+    return f"{g.change:+.1f} [{g.low:+.1f}, {g.high:+.1f}]"
+
+
 def _change_cell(g: GainChange) -> str:
-    return f"{g.change:+.1f} [{g.low:+.1f}, {g.high:+.1f}]" + (f" {_moved(g)}" if _moved(g) else "")
+    moved = _moved(g)
+    return _change_text(g) + (f" {moved}" if moved else "")
 
 
 def _depends_lines(gains: Sequence[tuple[str, str]], moves: Sequence[tuple[Setting, bool, list[GainChange | None]]]
@@ -202,7 +214,7 @@ def _depends_lines(gains: Sequence[tuple[str, str]], moves: Sequence[tuple[Setti
             if not _moved(g):
                 still.append(where)
             else:
-                (with_noise if off else depends).append(f"{where} ({g.change:+.1f} [{g.low:+.1f}, {g.high:+.1f}])")
+                (with_noise if off else depends).append(f"{where} ({_change_text(g)})")
         if not (depends or with_noise or still):
             lines.append(f"- `{a} - {b}`: no setting away from the preset is made yet.")
             continue
@@ -229,7 +241,7 @@ def table(dataset: str, family: str, sweeps: Sequence[Sweep], gains: Sequence[tu
     moved: list[str] = []  # the settings whose knob moved the label noise too
     moves: list[tuple[Setting, bool, list[GainChange | None]]] = []  # per setting away from the preset: its changes
     change_md: list[list[str]] = []
-    at_preset = rows[0][1] if rows else []
+    at_preset = [preset_draws(e, settings) for e in rows[0][1]] if rows else []
     asked = len(set(sweeps[0].seeds)) if sweeps else 0
     judged = sum(p is not None for p in papers)  # the gains a paper reports: the last column's cells
     for (s, found), share in zip(rows, shares):

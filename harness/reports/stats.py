@@ -463,27 +463,40 @@ def gain_change(run: Row, base: Row, run_ref: Row, base_ref: Row, settings: Sett
     return GainChange(before, after, after - before, float(low), float(high), tuple(shared))
 
 
+@dataclass(frozen=True)
+class GainDraws:
+    """One gain A - B over its rows' shared seeds, with the replicates of its two-level paired bootstrap."""
+
+    gain: float
+    seeds: tuple[int, ...]
+    replicates: np.ndarray  # [resamples]
+
+
+def gain_draws(run: Row, base: Row, settings: Settings, seed: int) -> GainDraws:
+    """`run` over `base` in SumR and its bootstrap replicates drawn from `seed` (as `compare_rows` draws them
+    from `settings.seed`)."""
+    shared, (sb, sa), (mean_b, mean_a) = shared_sumr(base, (run,), settings)
+    diffs = [(sa[i] - sb[i])[:, None] for i in range(len(shared))]
+    return GainDraws(mean_a - mean_b, tuple(shared), bootstrap_differences(diffs, settings.resamples, seed)[:, 0])
+
+
+def change_apart(here: GainDraws, there: GainDraws) -> GainChange:
+    """How far a gain moved from `there` (the reference world) to `here` (another): the difference of the
+    gains, its 95% interval the percentile interval of the difference of their replicates. The two worlds'
+    test queries are other queries, so nothing pairs across them and the two must be drawn independently:
+    from one seed, two test splits of one size would resample the same positions, a correlation the
+    worlds do not have (`gain_change_apart` draws the reference from the seed plus one). `seeds`: here's."""
+    tail = (1 - LEVEL) / 2
+    low, high = np.quantile(here.replicates - there.replicates, [tail, 1 - tail])
+    return GainChange(there.gain, here.gain, here.gain - there.gain, float(low), float(high), here.seeds)
+
+
 def gain_change_apart(run: Row, base: Row, run_ref: Row, base_ref: Row, settings: Settings = Settings()) -> GainChange:
     """`run` over `base` in one world against `run_ref` over `base_ref` in another (a knob of the world
-    moved, so the two gains are scored on different test queries and nothing pairs across them): each
-    gain by its own two-level paired bootstrap, as `compare_rows` draws it, the two drawn independently
-    (the first from `settings.seed`, the reference from `settings.seed + 1`: from one seed, two test splits
-    of one size would resample the same positions, a correlation the worlds do not have), and the
-    change's 95% interval the percentile interval of the difference of their replicates. `seeds`: the
-    first pair's shared seeds (each pair needs `settings.min_seeds` of its own)."""
-    gains: list[float] = []
-    replicates: list[np.ndarray] = []
-    seeds: tuple[int, ...] = ()
-    for (a, b), seed in (((run, base), settings.seed), ((run_ref, base_ref), settings.seed + 1)):
-        shared, (sb, sa), (mean_b, mean_a) = shared_sumr(b, (a,), settings)
-        diffs = [(sa[i] - sb[i])[:, None] for i in range(len(shared))]
-        replicates.append(bootstrap_differences(diffs, settings.resamples, seed)[:, 0])
-        gains.append(mean_a - mean_b)
-        seeds = seeds or tuple(shared)
-    after, before = gains
-    tail = (1 - LEVEL) / 2
-    low, high = np.quantile(replicates[0] - replicates[1], [tail, 1 - tail])
-    return GainChange(before, after, after - before, float(low), float(high), seeds)
+    moved): each gain by its own two-level paired bootstrap, the first from `settings.seed`, the reference
+    from `settings.seed + 1` (`change_apart`); each pair needs `settings.min_seeds` shared seeds of its own."""
+    return change_apart(gain_draws(run, base, settings, settings.seed),
+                        gain_draws(run_ref, base_ref, settings, settings.seed + 1))
 
 
 def check_metric(metric: str, seeds: Sequence[tuple[Row, SeedScores]]) -> None:
