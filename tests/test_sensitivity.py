@@ -33,7 +33,8 @@ def test_the_papers_gains_are_differences_within_one_table(pair, gain):
 def test_a_gain_reads_against_the_papers(difference, low, high, paper, preset, change_interval, reads):
     d = MetricDifference("SumR", 0, 0, difference, low, high, 0.01)
     base = MetricDifference("SumR", 0, 0, preset, preset - 3, preset + 3, 0.01)
-    change = stats.GainChange(preset, difference, difference - preset, *change_interval, (0, 1))
+    change = sensitivity.Change(stats.GainChange(preset, difference, difference - preset, *change_interval, (0, 1),
+                                                 0.001), 0.001)
     assert sensitivity._reads(d, sensitivity.PaperGain(paper, "RAL Table 1", "f"), base, change) == reads
     assert sensitivity._reads(d, sensitivity.PaperGain(paper, "RAL Table 1", "f"), base, None) == reads.replace(
         " ->", "").replace(" <-", "")  # no change made (the preset's rows missing): no arrow
@@ -56,7 +57,8 @@ def test_the_table_from_records_one_knob_at_a_time(tmp_path):
     assert float(rows[1]["change_from_preset"]) == pytest.approx(-float(rows[0]["gain"]))
     assert float(rows[1]["change_low"]) <= float(rows[1]["change_from_preset"]) <= float(rows[1]["change_high"]) < 0
     moved = md.split("## How far each gain moved from the preset's")[1]
-    assert "| sim.token_noise | 1 |  | -" in moved and " shrank |" in moved
+    assert "| sim.token_noise | 1 |  | -" in moved and " shrank |" in moved and ", p " in moved and ", Holm " in moved
+    assert float(rows[1]["change_p"]) < 0.05 and rows[1]["change_holm_p"] == rows[1]["change_p"]  # one change: itself
     assert "- `a - b`: depends on the knob at sim.token_noise=1 (-" in moved and "the label noise held." in moved
 
 
@@ -214,3 +216,42 @@ def test_a_gain_over_a_methods_ablation_row_plans_that_row_at_every_setting(tmp_
     for run in ("arl", "arl~base", "arl~token_noise1", "arl~base~token_noise1"):
         assert f"\n  {run} " in out, run
     assert not any(tmp_path.iterdir())  # a plan writes nothing
+
+
+def test_the_bootstrap_p_inverts_the_percentile_interval():
+    """`stats.bootstrap_p`: twice the smaller share of replicates on either side of 0 (each with one added),
+    below 0.05 where the 95% percentile interval leaves 0 out and not where it holds 0 well inside."""
+    replicates = np.arange(-10, 990, dtype=float)  # 11 of 1,000 at or below 0
+    assert stats.bootstrap_p(replicates) == pytest.approx(2 * 12 / 1001)
+    assert stats.bootstrap_p(-replicates) == pytest.approx(2 * 12 / 1001)  # symmetric in the sign
+    assert stats.bootstrap_p(np.linspace(-1, 1, 1001)) == 1.0  # centred on 0: capped at 1
+    rng = np.random.default_rng(0)
+    for centre in (0.5, 1.5, 2.5, 4.0):
+        draws = rng.normal(centre, 1.0, 20_000)
+        low, high = np.quantile(draws, [0.025, 0.975])
+        assert (stats.bootstrap_p(draws) < 0.05) == (low > 0 or high < 0)
+
+
+def test_a_change_is_read_after_holms_correction_over_its_gains_settings():
+    """Each gain's changes form one family: a change whose own interval leaves 0 with a p of 0.03 reads moved
+    alone and not beside two others (Holm 0.09), and the reading line says which; another gain's changes
+    are corrected apart."""
+    def change(p, low, high):
+        return stats.GainChange(10.0, 10.0 + (low + high) / 2, (low + high) / 2, low, high, (0, 1, 2), p)
+
+    one = [[None, None], [change(0.03, 0.5, 9.0), change(0.001, -9.0, -4.0)]]
+    assert [c.holm_p for c in sensitivity.holm_by_gain(one)[1]] == [pytest.approx(0.03), pytest.approx(0.001)]
+    three = [[None, None], [change(0.03, 0.5, 9.0), change(0.001, -9.0, -4.0)],
+             [change(0.6, -3.0, 4.0), None], [change(0.8, -4.0, 3.0), None]]
+    read = sensitivity.holm_by_gain(three)
+    assert read[0] == [None, None] and read[2][1] is None
+    assert read[1][0].holm_p == pytest.approx(0.09) and read[1][1].holm_p == pytest.approx(0.001)
+    assert sensitivity._moved(read[1][0]) == "" and sensitivity._moved(read[1][1]) == "shrank"
+    assert sensitivity._moved(sensitivity.holm_by_gain(one)[1][0]) == "grew"
+    sweep = Sweep("sim-x", ("sim.k",), ((0.5,), (1.0,), (2.0,), (3.0,)), (0.5,), ("a", "b"), (0, 1, 2), "cmd")
+    moves = [(sensitivity.Setting("sim.k", (v,), sweep), False, row) for v, row in zip((1.0, 2.0, 3.0), read[1:])]
+    first, second = sensitivity._depends_lines([("a", "b"), ("c", "d")], moves)
+    assert first.startswith("- `a - b`: its own interval leaves 0 but Holm's correction over the 3 settings made "
+                            "for it does not tell it from none at sim.k=1 (+4.8 [+0.5, +9.0], p 0.030, Holm 0.090)")
+    assert first.endswith("; no change told from none at sim.k=2, sim.k=3.")
+    assert second.startswith("- `c - d`: depends on the knob at sim.k=1 (-6.5 [-9.0, -4.0], p 0.001")

@@ -6,9 +6,9 @@ interval (harness/reports/stats.py `compare_rows`), beside the papers' gains on 
 imitates (methods/reported.yaml, rows of one paper table: the same features and a shared source). A gain
 reads `=` where the paper's gain lies inside its interval, `->` where it moved toward the paper's (closer
 than at the preset), `<-` where it moved away, each only where it moved at all: a second table gives each
-gain's change from the preset's with its interval (`stats.gain_change_apart`), and the knobs each gain
-depends on with the label noise held. The last column says whether that setting's intervals hold every
-paper's gain. The world is not tuned to these numbers: the table says which knobs move which gain.
+gain's change from the preset's with its interval (`stats.gain_change_apart`) and its p, Holm-adjusted
+over the settings made for that gain, and the knobs each gain depends on with the label noise held. The
+last column says whether that setting's intervals hold every paper's gain. The world is not tuned to these numbers: the table says which knobs move which gain.
 Beside each setting, the label noise its records state (the test split's multi-relevant share): a knob that
 moves it too is named under the table, since its gains are then not at the preset's noise.
 
@@ -26,8 +26,8 @@ from prvr.harness.base.io import UserError, write_texts
 from prvr.harness.base.names import check_name, inside
 from prvr.harness.engine.records import load_record_at, record_path
 from prvr.harness.reports.leaderboard import paper_figures
-from prvr.harness.reports.stats import GainChange, GainDraws, MetricDifference, NoRecords, Row, Settings, \
-    change_apart, compare_rows, gain_draws
+from prvr.harness.reports.stats import LEVEL, GainChange, GainDraws, MetricDifference, NoRecords, Row, Settings, \
+    change_apart, compare_rows, fmt_p, gain_draws, holm
 from prvr.harness.reports.sweeps import FACTS, Point, Sweep, SweepRows, run_at, show_point, sumr_of, world_facts
 from prvr.harness.reports.table import csv_text, markdown_table
 
@@ -63,6 +63,15 @@ class Entry:
     missing: bool = False  # not made: a row of the gain has no records yet
     seeds: tuple[int, ...] = ()  # the seeds the gain is made over (its rows' shared seeds)
     rows: tuple[Row, Row] | None = None  # A's and B's rows, where the gain is made (a change from the preset reads them)
+
+
+@dataclass(frozen=True)
+class Change:
+    """A setting's change from the preset's gain, and its p adjusted by Holm's step-down over every setting
+    made for the same gain (`holm_by_gain`)."""
+
+    g: GainChange
+    holm_p: float
 
 
 def paper_gain(a: str, b: str, dataset: str, rows: Sequence[dict[str, Any]] | None = None) -> PaperGain | None:
@@ -124,7 +133,7 @@ def _noise_cell(share: float | None, preset: float | None) -> tuple[str, bool]:
 
 
 def _reads(d: MetricDifference, paper: PaperGain | None, at_preset: MetricDifference | None,
-           change: GainChange | None = None) -> str:
+           change: Change | None = None) -> str:
     """` =` where the paper's gain lies in the interval; else, where the gain moved from the preset's (its
     `change` told from none), ` ->` if it moved toward the paper's and ` <-` if away; else nothing (a
     knob that did not move the gain moved it neither way)."""
@@ -183,43 +192,70 @@ def preset_draws(entry: Entry, settings: Settings) -> GainDraws | None:
     return None if entry.rows is None else gain_draws(*entry.rows, settings, settings.seed + 1)
 
 
-def _moved(g: GainChange) -> str:
-    """`grew` / `shrank` where the change's interval lies above / below 0, else ""."""
-    return "grew" if g.low > 0 else "shrank" if g.high < 0 else ""
+def holm_by_gain(changes: Sequence[Sequence[GainChange | None]]) -> list[list[Change | None]]:
+    """`changes[setting][gain]` with each made change's p adjusted by Holm over its gain's column: one family
+    per gain, the settings made for it (the question each answers: which knobs that gain depends on)."""
+    out: list[list[Change | None]] = [[None] * len(row) for row in changes]
+    for j in range(len(changes[0]) if changes else 0):
+        made = [(i, g) for i, row in enumerate(changes) if (g := row[j]) is not None]
+        for (i, g), adjusted in zip(made, holm([g.p for _, g in made])):
+            out[i][j] = Change(g, adjusted)
+    return out
 
 
-def _change_text(g: GainChange) -> str:
-    return f"{g.change:+.1f} [{g.low:+.1f}, {g.high:+.1f}]"
+def _alone(c: Change) -> bool:
+    """Whether the change's own 95% interval leaves 0."""
+    return c.g.low > 0 or c.g.high < 0
 
 
-def _change_cell(g: GainChange) -> str:
-    moved = _moved(g)
-    return _change_text(g) + (f" {moved}" if moved else "")
+def _moved(c: Change) -> str:
+    """`grew` / `shrank` where the change's interval lies above / below 0 and its Holm-adjusted p is below
+    1 - LEVEL (told from none with every setting of its gain read together), else ""."""
+    if not (_alone(c) and c.holm_p < 1 - LEVEL):
+        return ""
+    return "grew" if c.g.low > 0 else "shrank"
 
 
-def _depends_lines(gains: Sequence[tuple[str, str]], moves: Sequence[tuple[Setting, bool, list[GainChange | None]]]
+def _change_text(c: Change) -> str:
+    g = c.g
+    return f"{g.change:+.1f} [{g.low:+.1f}, {g.high:+.1f}], p {fmt_p(g.p)}, Holm {fmt_p(c.holm_p)}"
+
+
+def _change_cell(c: Change) -> str:
+    moved = _moved(c)
+    return _change_text(c) + (f" {moved}" if moved else "")
+
+
+def _depends_lines(gains: Sequence[tuple[str, str]], moves: Sequence[tuple[Setting, bool, list[Change | None]]]
                    ) -> list[str]:
-    """Under the change table, per gain: the knobs it depends on (moved with the label noise held), the
-    settings where it moved with the noise moved too, and those where no change is told from none."""
+    """Under the change table, per gain: the knobs it depends on (moved with the label noise held, after
+    Holm's correction), the settings where it moved with the noise moved too, those where only the change's
+    own interval leaves 0, and those where no change is told from none."""
     lines = []
     for j, (a, b) in enumerate(gains):
         depends: list[str] = []
         with_noise: list[str] = []
+        alone: list[str] = []
         still: list[str] = []
+        made = sum(found[j] is not None for _, _, found in moves)
         for s, off, found in moves:
-            g = found[j]
-            if g is None:
+            c = found[j]
+            if c is None:
                 continue
             where = f"{s.knob}={show_point(s.value)}"
-            if not _moved(g):
-                still.append(where)
+            if _moved(c):
+                (with_noise if off else depends).append(f"{where} ({_change_text(c)})")
+            elif _alone(c):
+                alone.append(f"{where} ({_change_text(c)})")
             else:
-                (with_noise if off else depends).append(f"{where} ({_change_text(g)})")
-        if not (depends or with_noise or still):
+                still.append(where)
+        if not made:
             lines.append(f"- `{a} - {b}`: no setting away from the preset is made yet.")
             continue
         said = ([f"depends on the knob at {', '.join(depends)}, the label noise held"] if depends else [])
         said += ([f"moved at {', '.join(with_noise)}, where the label noise moved too"] if with_noise else [])
+        said += ([f"its own interval leaves 0 but Holm's correction over the {made} settings made for it does not "
+                  f"tell it from none at {', '.join(alone)}"] if alone else [])
         said += ([f"no change told from none at {', '.join(still)}"] if still else [])
         lines.append(f"- `{a} - {b}`: {'; '.join(said)}.")
     return lines
@@ -239,17 +275,18 @@ def table(dataset: str, family: str, sweeps: Sequence[Sweep], gains: Sequence[tu
     unmade: list[Entry] = []  # the cells not made, each with why (a row's records missing, too few seeds)
     short: list[str] = []  # the cells made over fewer seeds than asked
     moved: list[str] = []  # the settings whose knob moved the label noise too
-    moves: list[tuple[Setting, bool, list[GainChange | None]]] = []  # per setting away from the preset: its changes
+    moves: list[tuple[Setting, bool, list[Change | None]]] = []  # per setting away from the preset: its changes
     change_md: list[list[str]] = []
     at_preset = [preset_draws(e, settings) for e in rows[0][1]] if rows else []
+    every = holm_by_gain([[change_of(e, pe, settings) if s.knob else None for e, pe in zip(found, at_preset)]
+                          for s, found in rows])
     asked = len(set(sweeps[0].seeds)) if sweeps else 0
     judged = sum(p is not None for p in papers)  # the gains a paper reports: the last column's cells
-    for (s, found), share in zip(rows, shares):
+    for (s, found), share, changes in zip(rows, shares, every):
         cells, holds = [], []
         noise, off = _noise_cell(share, shares[0] if shares else None)
         if off:
             moved.append(f"{s.knob}={show_point(s.value)}: {noise}")
-        changes = [change_of(e, pe, settings) if s.knob else None for e, pe in zip(found, at_preset)]
         for (a, b), e, p, base, g in zip(gains, found, papers, preset, changes):
             if e.gain is None:
                 cells.append(NOT_MADE)
@@ -267,7 +304,8 @@ def table(dataset: str, family: str, sweeps: Sequence[Sweep], gains: Sequence[tu
                              f"{d.high:.6g}", f"{d.p:.6g}", a, b, f"{p.value:.6g}" if p else "",
                              p.source if p else "", "" if share is None else f"{share:.6g}",
                              " ".join(map(str, e.seeds)),
-                             *([f"{g.change:.6g}", f"{g.low:.6g}", f"{g.high:.6g}"] if g else ["", "", ""])])
+                             *([f"{g.g.change:.6g}", f"{g.g.low:.6g}", f"{g.g.high:.6g}", f"{g.g.p:.6g}",
+                                f"{g.holm_p:.6g}"] if g else ["", "", "", "", ""])])
         md_rows.append([s.knob or PRESET, show_point(s.value), noise, *cells,
                         _holds(holds, judged) if judged else NO_PAPER])
         if s.knob:
@@ -279,7 +317,7 @@ def table(dataset: str, family: str, sweeps: Sequence[Sweep], gains: Sequence[tu
             "paired bootstrap (docs/statistics.md). At the preset every knob is the world's own; below, one knob "
             "moves at a time. `=`: the paper's gain lies in the interval; `->`: closer to it than at the preset, "
             "`<-`: farther, each only where the gain moved from the preset's (its change, in the second table, told "
-            "from none). The papers' gains are on the real dataset the world imitates, from one table each "
+            "from none after Holm's correction). The papers' gains are on the real dataset the world imitates, from one table each "
             "(methods/reported.yaml); a gain none of them reports reads `(no paper row)` there and is shown, not judged "
             "in the last column. Multi-relevant (test): the label noise at the setting, the share of test "
             "queries with more than one relevant video as its records state it. "
@@ -295,15 +333,18 @@ def table(dataset: str, family: str, sweeps: Sequence[Sweep], gains: Sequence[tu
                "The gain at the setting minus the gain at the preset, with the 95% percentile interval of the difference "
                "of the two gains' two-level bootstraps, drawn independently: a moved knob makes another world, whose "
                "test queries are other queries, so nothing pairs across the two (harness/reports/stats.py "
-               "`gain_change_apart`). `grew` / `shrank`: the interval lies above / below 0. A gain that moves with a "
-               "knob while the label noise holds depends on that knob, not on the noise. Each change is read at 95% "
-               f"on its own ({made} made so far): about one in twenty of those that did not move would read moved "
-               "by chance.", "", markdown_table(head[:-1], change_md), "", *_depends_lines(gains, moves), ""]
+               "`gain_change_apart`). p: the two-sided p of no change read off the same replicates "
+               "(`stats.bootstrap_p`); Holm: that p adjusted by Holm's step-down over every setting made for the "
+               f"same gain ({made} changes made so far, one family per gain), so a reading can change as cells "
+               "are added. `grew` / `shrank`: the interval lies above / below 0 and the Holm p is below "
+               f"{1 - LEVEL:.2g}. A gain that moves with a knob while the label noise holds depends on that knob, "
+               "not on the noise.", "", markdown_table(head[:-1], change_md), "", *_depends_lines(gains, moves), ""]
     md = "\n".join([f"# What the gains depend on: {dataset}", "", note, "", markdown_table(head, md_rows), "",
                     *held, *partial, *_unmade_lines(unmade, len(rows) * len(gains)),
                     *(changed if moves else [])])
     text = csv_text(["dataset", "knob", "value", "gain", "low", "high", "p", "a", "b", "paper_gain", "paper_source",
-                     "multi_relevant_share", "seeds", "change_from_preset", "change_low", "change_high"], csv_rows)
+                     "multi_relevant_share", "seeds", "change_from_preset", "change_low", "change_high", "change_p",
+                     "change_holm_p"], csv_rows)
     return md, text
 
 
