@@ -8,7 +8,8 @@ reads `=` where the paper's gain lies inside its interval, `->` where it moved t
 than at the preset), `<-` where it moved away, each only where it moved at all: a second table gives each
 gain's change from the preset's with its interval (`stats.gain_change_apart`) and its p, Holm-adjusted
 over the settings made for that gain, and the knobs each gain depends on with the label noise held. The
-last column says whether that setting's intervals hold every paper's gain. The world is not tuned to these numbers: the table says which knobs move which gain.
+last column says whether that setting's intervals hold every paper's gain. The world is not tuned to these
+numbers: the table says which knobs move which gain.
 Beside each setting, the label noise its records state (the test split's multi-relevant share): a knob that
 moves it too is named under the table, since its gains are then not at the preset's noise.
 
@@ -317,10 +318,10 @@ def table(dataset: str, family: str, sweeps: Sequence[Sweep], gains: Sequence[tu
             "paired bootstrap (docs/statistics.md). At the preset every knob is the world's own; below, one knob "
             "moves at a time. `=`: the paper's gain lies in the interval; `->`: closer to it than at the preset, "
             "`<-`: farther, each only where the gain moved from the preset's (its change, in the second table, told "
-            "from none after Holm's correction). The papers' gains are on the real dataset the world imitates, from one table each "
-            "(methods/reported.yaml); a gain none of them reports reads `(no paper row)` there and is shown, not judged "
-            "in the last column. Multi-relevant (test): the label noise at the setting, the share of test "
-            "queries with more than one relevant video as its records state it. "
+            "from none after Holm's correction). The papers' gains are on the real dataset the world imitates, from "
+            "one table each (methods/reported.yaml); a gain none of them reports reads `(no paper row)` there and is "
+            "shown, not judged in the last column. Multi-relevant (test): the label noise at the setting, the share "
+            "of test queries with more than one relevant video as its records state it. "
             f"Written by `{command}` (harness/reports/sensitivity.py).")
     held = ([f"The label noise moved with the knob at {len(moved)} setting(s): {'; '.join(moved)}. Their gains "
              "are not at the preset's noise: a change there may be the noise's as much as the knob's.", ""]
