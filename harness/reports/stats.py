@@ -456,13 +456,10 @@ class GainChange:
 def bootstrap_p(replicates: np.ndarray) -> float:
     """The two-sided p of no difference that a bootstrap's replicates of the difference give: twice the
     smaller share of replicates at or beyond 0 on either side, each share counted with one added to it and
-    to the total (as `_two_sided_p` counts a drawn null), capped at 1. It inverts the percentile interval:
-    the interval at level 1 - alpha leaves 0 out about where this p is below alpha (within the +1), so
-    several intervals' readings can be corrected together (Holm's, `holm`)."""
-    n = len(replicates)
-    below = (np.count_nonzero(replicates <= 0) + 1) / (n + 1)
-    above = (np.count_nonzero(replicates >= 0) + 1) / (n + 1)
-    return float(min(1.0, 2 * min(below, above)))
+    to the total, capped at 1 (`_two_sided_p` of 0 against the replicates as a drawn null). It inverts the
+    percentile interval: the interval at level 1 - alpha leaves 0 out about where this p is below alpha
+    (within the +1), so several intervals' readings can be corrected together (Holm's, `holm`)."""
+    return _two_sided_p(replicates, 0.0, exact=False)
 
 
 def gain_change(run: Row, base: Row, run_ref: Row, base_ref: Row, settings: Settings = Settings()) -> GainChange:
