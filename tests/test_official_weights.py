@@ -19,6 +19,7 @@ from prvr.harness.engine.runner import run_one
 from prvr.harness.reports.table import records_frame
 from prvr.methods.backbones.gmmformer2 import from_official
 from prvr.methods.backbones.hlformer import from_official as hlformer_official
+from prvr.methods.backbones.xml import from_official as xml_official
 
 
 def _attention(ours: dict[str, torch.Tensor], layer: str, names: list[str], ffn: bool = False
@@ -198,6 +199,27 @@ def _as_official(ours: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
     return _arrays(out)
 
 
+def _xml_as_official(ours: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    """Our xml state dict under TVRetrieval's XML names in its video-only layout (--ctx_mode video_tef:
+    video_encoder1..3, video_query_linear, video_st_predictor / video_ed_predictor), written here by hand
+    from its model_xml.py and model_components.py."""
+    out = {}
+    for mine, embed, pos in (("query_encoder.embed", "query_input_proj", "query_pos_embed"),
+                             ("video_embed", "video_input_proj", "ctx_pos_embed")):
+        out.update({f"{embed}.LayerNorm.weight": ours[f"{mine}.in_norm.weight"],
+                    f"{embed}.LayerNorm.bias": ours[f"{mine}.in_norm.bias"],
+                    f"{embed}.net.1.weight": ours[f"{mine}.linear.weight"], f"{embed}.net.1.bias": ours[f"{mine}.linear.bias"],
+                    f"{pos}.position_embeddings.weight": ours[f"{mine}.positions.weight"],
+                    f"{pos}.LayerNorm.weight": ours[f"{mine}.norm.weight"], f"{pos}.LayerNorm.bias": ours[f"{mine}.norm.bias"]})
+    out.update(_attention(ours, "query_encoder.layer.branches", ["query_encoder"]))
+    for i in (1, 2, 3):
+        out.update(_attention(ours, f"encoder{i}.branches", [f"video_encoder{i}"]))
+    out.update({"modular_vector_mapping.weight": ours["query_encoder.pool.score.weight"],
+                "video_query_linear.weight": ours["query_linear.weight"], "video_query_linear.bias": ours["query_linear.bias"],
+                "video_st_predictor.weight": ours["start_conv.weight"], "video_ed_predictor.weight": ours["end_conv.weight"]})
+    return _arrays(out)
+
+
 @pytest.fixture(scope="module")
 def msl_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("official")
@@ -253,7 +275,7 @@ def test_a_backbone_without_a_map_and_other_analyses_are_refused(msl_run, tmp_pa
     base = tmp_path / "base"
     run_one(resolve("baseline", "sim-tiny", 0, ["train.epochs=1"]), base)
     with pytest.raises(UserError, match=r"backbone dual-branch has no map of its official code's weights "
-                                        r"\(known: dreamprvr, gmmformer, gmmformer2, hlformer, holmes, msl\)"):
+                                        r"\(known: dreamprvr, gmmformer, gmmformer2, hlformer, holmes, msl, xml\)"):
         evaluate_runs([base / "runs" / "sim-tiny" / "baseline" / "seed0.json"], "val", official=npz)
     assert main(["evaluate", str(path), str(path), "--ensemble", "--official-weights", str(npz)]) != 0
     assert "--official-weights ranks one record's model with the official weights" in capsys.readouterr().err
@@ -274,6 +296,33 @@ def test_gmmformers_official_names_read_back_rank_as_our_checkpoint(tmp_path):
     with pytest.raises(UserError, match=r"the official GMMFormer has 2 blocks of widths \[0.0, 0.5, 1.0, 5.0\]; this "
                                         r"run's model has 2 of \[0.0, 1.0, 5.0\]"):
         evaluate_runs([other], "val", official=npz)
+
+
+def test_xmls_official_names_read_back_rank_as_our_checkpoint(tmp_path):
+    """TVRetrieval's XML (video only): the same videos and the same moments, every weight of ours once;
+    a checkpoint of its video + subtitle layout (merged predictors, sub_* layers) is refused in one line."""
+    run_one(resolve("xml", "sim-tiny", 0, ["train.epochs=1"]), tmp_path)
+    path = tmp_path / "runs" / "sim-tiny" / "xml" / "seed0.json"
+    weights = torch.load(tmp_path / "checkpoints" / "sim-tiny" / "xml" / "seed0" / "best.pt", weights_only=True)["model"]
+    npz = _write(tmp_path / "official.npz", _xml_as_official(weights))
+    ours, theirs = evaluate_runs([path], "val"), evaluate_runs([path], "val", official=npz)
+    assert [r["metrics"] for r in theirs] == [r["metrics"] for r in ours]
+    assert any(k.startswith("VCMR") for k in ours[0]["metrics"])  # the moments are ranked too, and alike
+    named = {k: torch.from_numpy(v) for k, v in np.load(npz).items()}
+    mapped = xml_official(named, resolve("xml", "sim-tiny", 0).model)
+    assert set(mapped) == set(weights) and all(torch.equal(mapped[k], weights[k]) for k in weights)
+    arrays = dict(np.load(npz))
+    merged = {**{k: v for k, v in arrays.items() if "_predictor" not in k},
+              "merged_st_predictor.weight": arrays["video_st_predictor.weight"],
+              "merged_ed_predictor.weight": arrays["video_ed_predictor.weight"]}
+    with pytest.raises(UserError, match=r"lacks 'video_st_predictor.weight', a weight of jayleicn/TVRetrieval's xml "
+                                        r"model"):
+        evaluate_runs([path], "val", official=_write(tmp_path / "merged.npz", merged))
+    longer = {**arrays, "ctx_pos_embed.position_embeddings.weight": np.zeros((100, weights["video_embed.positions.weight"]
+                                                                             .shape[1]), np.float32)}
+    with pytest.raises(UserError, match=r"holds another model than this run's \(video_embed.positions.weight is "
+                                        r"\[100, "):
+        evaluate_runs([path], "val", official=_write(tmp_path / "longer.npz", longer))
 
 
 def test_holmes_official_names_read_back_rank_as_our_checkpoint(tmp_path):

@@ -101,3 +101,41 @@ def test_temporal_endpoints_of_each_real_row():
 def test_an_even_convolution_width_is_refused():
     with pytest.raises(UserError, match="model.conv_kernel' must be odd"):
         resolve("xml", "sim-tiny", 0, ["model.conv_kernel=4"])
+
+
+def test_encoded_span_padding_reads_the_padding_rows_as_xmls_code_does():
+    """`model.span_padding=encoded`: the convolutions read every row's similarity, the encoded padding
+    rows' too, and mask only after them (TVRetrieval's XML): a real row within half the kernel of a
+    video's end then depends on the padding, one farther from it does not; padding rows stay -inf."""
+    model = build("xml").eval()
+    frames, tokens = content()
+    vb = video_batch(frames, pad_to=max(FRAME_LENGTHS) + 6)
+    with torch.no_grad():
+        q = model.encode_queries(query_batch(tokens))
+        plain = model.encode_videos(vb)
+        model.cfg.span_padding = "encoded"
+        v = model.encode_videos(vb)
+    for j, n in enumerate(FRAME_LENGTHS):  # the real rows are encoded alike; the padding rows only now
+        for h in ("h1", "h2"):
+            torch.testing.assert_close(v[h][j, :n], plain[h][j, :n])
+            assert (plain[h][j, n:] == 0).all() and (v[h][j, n:].abs().sum(-1) > 0).all()
+    with torch.no_grad():
+        start, end = model.span_logits_batch(q, v)
+        sim = torch.einsum("qd,btd->qbt", model.query_linear(q["query"]), v["h2"])  # every row, padding too
+        half = model.start_conv.weight.shape[-1] // 2
+        for j, n in enumerate(FRAME_LENGTHS):
+            for got, conv in ((start, model.start_conv), (end, model.end_conv)):
+                ref = F.conv1d(sim[:, j, None], conv.weight, padding=half)[:, 0]
+                torch.testing.assert_close(got[:, j, :n], ref[:, :n])
+                assert torch.isneginf(got[:, j, n:]).all()
+        model.cfg.span_padding = "zero"
+        zero_start, _ = model.span_logits_batch(q, v)
+    n = min(FRAME_LENGTHS)
+    j = FRAME_LENGTHS.index(n)
+    torch.testing.assert_close(start[:, j, : n - half], zero_start[:, j, : n - half])  # away from the end: alike
+    assert not torch.allclose(start[:, j, n - 1], zero_start[:, j, n - 1])  # the last row reads the padding
+
+
+def test_an_unknown_span_padding_is_one_line():
+    with pytest.raises(UserError, match=r"model.span_padding.*must be one of zero, encoded, got 'xml'"):
+        resolve("xml", "sim-tiny", 0, ["model.span_padding=xml"])

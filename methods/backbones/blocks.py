@@ -252,9 +252,12 @@ class GMMBlock(nn.Module):
         super().__init__()
         self.branches = GaussianBranches(hidden, heads, widths, dropout, ffn_mult, window_len)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
+                keys: torch.Tensor | None = None) -> torch.Tensor:
+        """The rows of `mask` (default: every row; the others 0), each attending to the rows of `keys`
+        (default: `mask`)."""
         mask = full_mask(x) if mask is None else mask
-        return unpack(self.branches(x, mask).mean(0), mask)
+        return unpack(self.branches(x, mask, keys).mean(0), mask)
 
 
 class CrossAttentionLayer(nn.Module):

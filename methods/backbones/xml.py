@@ -18,9 +18,12 @@ evaluator reads them through `span_logits`; a training step's, `span_logits_batc
 its outputs (`step_extras`, under SPAN_LOGITS), which the losses read.
 
 Padding. XML's convolution also reads the similarities of padding rows (it masks the logits
-only after the convolution), so a video's end logits depend on its batch mates' lengths; here
-padding similarities are zero before the convolution, as if each video were zero-padded at its
-own end. XML's `max_ctx_l` is 100 (TVR, 1.5 s clips); `max_frames` is 128 here, the PRVR
+only after the convolution), so a video's end logits depend on its batch mates' lengths; here, by
+default, padding similarities are zero before the convolution, as if each video were zero-padded
+at its own end (`model.span_padding: zero`). `model.span_padding=encoded` reads them as XML does:
+the similarities of the padding rows as the encoders left them (rows of zero features, with their
+positions, attending to the real rows), up to the batch's longest video in training and the
+collection's encoded width in evaluation. XML's `max_ctx_l` is 100 (TVR, 1.5 s clips); `max_frames` is 128 here, the PRVR
 loaders' `data.max_frames`, and the preset sets the paper's 20 (Charades-STA) / 12 (DiDeMo).
 """
 
@@ -29,17 +32,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 from torch import nn
 
 from prvr.harness.base.batches import QueryBatch, VideoBatch
-from prvr.harness.base.checks import DROPOUT, FLAG, POSITIVE, at_least, param, require
+from prvr.harness.base.checks import DROPOUT, FLAG, POSITIVE, at_least, one_of, param, require
 from prvr.harness.base.contract import Encoded, OnDemand, Scores
 from prvr.harness.base.registry import BACKBONES
 from prvr.methods.backbones.blocks import (PLAIN, GMMBlock, InputEmbedding, QueryEncoder, check_heads, init_weights,
-                                           max_similarity, score_in_chunks, unit, with_units)
+                                           max_similarity, official_branches, official_input, score_in_chunks, unit,
+                                           with_units)
+
+
+SpanPadding = Literal["zero", "encoded"]
 
 
 @dataclass
@@ -55,6 +62,9 @@ class XMLConfig:
     conv_kernel: int = param(5, at_least(1))  # --conv_kernel_size 5 (start / end ConvSE), odd
     # append each row's temporal endpoints (TEF) to its features: appendix A, after Hendricks et al.
     tef: bool = param(True, FLAG)
+    # ours: what the start / end convolutions read beyond a video's last row: zero (the default: as if
+    # each video ended in zeros) or encoded (the padding rows' similarities, as XML's code reads them)
+    span_padding: SpanPadding = param("zero", one_of(SpanPadding))
     init_std: float = param(0.02, POSITIVE)  # --initializer_range 0.02
     # ours: max elements of a [queries, videos, rows] tensor when scoring without gradients
     eval_budget: int = param(1 << 24, at_least(1))
@@ -77,11 +87,30 @@ def temporal_endpoints(mask: torch.Tensor) -> torch.Tensor:
     return (torch.stack([start, start + 1 / length], -1) * mask[..., None]).to(torch.float32)
 
 
+def from_official(named: dict[str, torch.Tensor], cfg: XMLConfig) -> dict[str, torch.Tensor]:
+    """The weights of TVRetrieval's XML (jayleicn/TVRetrieval baselines/crossmodal_moment_localization,
+    `XML.state_dict()` by its parameter names) in its video-only layout (`--ctx_mode video_tef`, which
+    sets no_merge_two_stream and no_cross_att: three attention layers `video_encoder1..3` and the
+    stream's own `video_st_predictor` / `video_ed_predictor`) as this backbone's state dict (blocks.py
+    `official_input`, `official_branches`). Its `--max_ctx_l` must be our `model.max_frames` and its
+    video input our features plus the two TEF columns: the load says which shape differs."""
+    out = {**official_input(named, "query_encoder.embed", "query_input_proj", "query_pos_embed"),
+           **official_branches(named, "query_encoder.layer.branches", ["query_encoder"]),
+           "query_encoder.pool.score.weight": named["modular_vector_mapping.weight"],
+           **official_input(named, "video_embed", "video_input_proj", "ctx_pos_embed"),
+           "query_linear.weight": named["video_query_linear.weight"], "query_linear.bias": named["video_query_linear.bias"],
+           "start_conv.weight": named["video_st_predictor.weight"], "end_conv.weight": named["video_ed_predictor.weight"]}
+    for i in (1, 2, 3):
+        out.update(official_branches(named, f"encoder{i}.branches", [f"video_encoder{i}"]))
+    return out
+
+
 @BACKBONES.register("xml", "XML: query vector vs clip rows; max cosine to H1 retrieves (Eq. 1), ConvSE start/end "
                            "logits over H2 localize (Eq. 2)")
 class XML(nn.Module):
     config_cls = XMLConfig
     provides: ClassVar[frozenset[str]] = frozenset({"query_vector", "frame_mask", "span_logits"})
+    official = ("jayleicn/TVRetrieval", from_official)  # `evaluate --official-weights`, `train.init_weights`: whose, their map
 
     def __init__(self, cfg: XMLConfig, video_dim: int, query_dim: int) -> None:
         super().__init__()
@@ -94,8 +123,8 @@ class XML(nn.Module):
         self.encoder3 = GMMBlock(h, heads, [PLAIN], drop)  # video_encoder3 -> H2
         self.query_linear = nn.Linear(h, h)  # video_query_linear: the query of localization
         k = cfg.conv_kernel
-        self.start_conv = nn.Conv1d(1, 1, k, padding=k // 2, bias=False)  # merged_st_predictor
-        self.end_conv = nn.Conv1d(1, 1, k, padding=k // 2, bias=False)  # merged_ed_predictor
+        self.start_conv = nn.Conv1d(1, 1, k, padding=k // 2, bias=False)  # video_st_predictor
+        self.end_conv = nn.Conv1d(1, 1, k, padding=k // 2, bias=False)  # video_ed_predictor
         init_weights(self, cfg.init_std)  # the convolutions keep torch's init, as XML's reset_parameters
 
     def encode_queries(self, qb: QueryBatch) -> Encoded:
@@ -105,9 +134,13 @@ class XML(nn.Module):
         rows = vb.frames
         if self.cfg.tef:
             rows = torch.cat([rows, temporal_endpoints(vb.frame_mask).to(rows.dtype)], -1)
-        h1 = self.encoder1(self.video_embed(rows, vb.frame_mask), vb.frame_mask)
-        h2 = self.encoder3(self.encoder2(h1, vb.frame_mask), vb.frame_mask)
-        return {"h1": h1, "h2": h2, "frame_mask": vb.frame_mask}
+        real = vb.frame_mask
+        # span_padding=encoded: the padding rows encoded too (zero features and TEF, their positions),
+        # attending to the real rows, as XML's code encodes them; a real row's encodings are the same
+        rows_mask = torch.ones_like(real) if self.cfg.span_padding == "encoded" else real
+        h1 = self.encoder1(self.video_embed(rows, rows_mask), rows_mask, real)
+        h2 = self.encoder3(self.encoder2(h1, rows_mask, real), rows_mask, real)
+        return {"h1": h1, "h2": h2, "frame_mask": real}
 
     def index_videos(self, v: Encoded) -> Encoded:
         """Query-independent work before scoring many queries: unit H1 rows."""
@@ -155,9 +188,11 @@ class XML(nn.Module):
 
     def start_end(self, sim: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """ConvSE on row similarities sim [..., T] (mask broadcasts against it): padding rows are 0
-        going into the convolutions and -inf coming out."""
+        going into the convolutions (`span_padding: zero`; `encoded`: as they are) and -inf coming out."""
         mask = mask.expand_as(sim)
-        flat = sim.masked_fill(~mask, 0.0).reshape(-1, 1, sim.shape[-1])
+        if self.cfg.span_padding == "zero":
+            sim = sim.masked_fill(~mask, 0.0)
+        flat = sim.reshape(-1, 1, sim.shape[-1])
         start, end = (conv(flat).view(sim.shape).masked_fill(~mask, NEG_INF)
                       for conv in (self.start_conv, self.end_conv))
         return start, end
