@@ -47,6 +47,7 @@ CONDITIONS: dict[Condition, tuple[bool, bool]] = {"xml": (False, False), "sl": (
                                                   "sl_pr": (True, True)}
 # groups of the PR terms that appendix B leaves out together (Tables 7-8)
 PRGroup = Literal["vr_rank", "nll2", "vcmr_rank"]
+EndRow = Literal["last", "next"]  # the end row a moment trains (`XMLLossConfig.end_row`)
 
 
 @dataclass
@@ -63,6 +64,10 @@ class XMLLossConfig:
     # that can be negative")
     confidence_on: ConfidenceOn = param("score", one_of(ConfidenceOn))
     margin: float = param(0.1, NON_NEGATIVE)  # Delta = 0.1 (appendix A; XML --margin 0.1)
+    # the end row a moment trains: `last`, the last row it reaches into (what the decoder reads back,
+    # end inclusive); `next`, one row later, capped at the video's last row: XML's training label
+    # (TVRetrieval start_end_dataset.py, ceil(t_ed / clip)), while its decoder reads the end inclusive
+    end_row: EndRow = param("last", one_of(EndRow))
     hard_pool: int = param(20, at_least(1))  # N_pool = 20 from hard_negative_epoch on (appendix A; --hard_pool_size)
     # appendix A: N_pool = 20 after the first 20 epochs (XML --hard_negtiave_start_epoch 20); -1 = never
     hard_negative_epoch: int = param(20, at_least(-1, "-1 = never"))
@@ -169,9 +174,10 @@ class Segments:
     moment_known: torch.Tensor  # [Q] bool: its labelled pair's moment is known (`labelled` at that column)
 
     @staticmethod
-    def of(context, relations) -> "Segments | None":
+    def of(context, relations, end_row: EndRow = "last") -> "Segments | None":
         """From the batch's moments and durations (None when the batch has none, e.g. a step
-        built by hand) and the relations' optional moments, in the rows of the encoded videos."""
+        built by hand) and the relations' optional moments, in the rows of the encoded videos;
+        `end_row` as `XMLLossConfig.end_row`."""
         batch = context.batch
         moments = getattr(batch, "moments", None)
         durations = getattr(getattr(batch, "videos", None), "durations", None)
@@ -182,6 +188,9 @@ class Segments:
         query_rows = moment_rows(moments, durations[of], lengths[of])
         pair_moments = getattr(relations, "moments", None)
         pair_rows = None if pair_moments is None else moment_rows(pair_moments, durations[None], lengths[None])
+        if end_row == "next":
+            query_rows = next_end(query_rows, lengths[of])
+            pair_rows = None if pair_rows is None else next_end(pair_rows, lengths[None])
         rows = segment_rows(query_rows, of, len(durations), pair_rows)
         labelled = torch.zeros(rows.shape[:2], dtype=torch.bool, device=rows.device)
         known = (query_rows >= 0).all(-1)
@@ -190,11 +199,19 @@ class Segments:
         return Segments(rows, labelled, own, of, known)
 
 
+def next_end(rows: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """XML's training end label from `moment_rows`' rows [..., 2]: the row after the last one the moment
+    reaches into, capped at the video's last row (`lengths` broadcast against rows[..., 0]); unknown
+    rows (-1) stay."""
+    end = torch.minimum(rows[..., 1] + 1, lengths.to(rows.dtype) - 1)
+    return torch.where((rows >= 0).all(-1, keepdim=True), torch.stack([rows[..., 0], end], -1), rows)
+
+
 def localization_terms(cfg: XMLLossConfig, w: Weights, s_vr: torch.Tensor, relations, confidence: torch.Tensor,
                        pool: int | None, context) -> dict[str, torch.Tensor]:
     """NLL_1 (Eq. 16), NLL_2 (Eq. 17) and L_vcmr (Eq. 15), as the weights ask; zeros when the
     batch carries no moments."""
-    seg = Segments.of(context, relations) if w.tl > 0 or w.vcmr > 0 else None
+    seg = Segments.of(context, relations, cfg.end_row) if w.tl > 0 or w.vcmr > 0 else None
     zero = s_vr.sum() * 0.0 + 0.0
     if seg is None:
         out = {"nll1": zero, **({"nll2": zero} if w.tl2 > 0 else {})}

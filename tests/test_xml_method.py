@@ -19,7 +19,7 @@ from prvr.methods.objectives.xml import (pos_at_least_rel, pos_over_neg, rel_ove
                                          segment_rows, span_nll, vcmr_relevance)
 from prvr.methods.recipes import TABLES
 from prvr.methods.relations.base import Relations
-from prvr.methods.xml import Weights, XMLLossConfig, negative_pool, xml_objective
+from prvr.methods.xml import Weights, XMLLossConfig, negative_pool, next_end, xml_objective
 from test_backbones import build, content, query_batch, video_batch
 
 NAN = float("nan")
@@ -36,6 +36,33 @@ def test_moment_rows_hand_computed():
     assert moment_rows(moments[:1], torch.tensor([30.0]), torch.tensor([0])).tolist() == [[-1, -1]]
     back = rows_to_seconds(torch.tensor([[2, 5], [19, 19]]), torch.tensor([30.0, 29.0]), torch.tensor([20, 20]))
     torch.testing.assert_close(back, torch.tensor([[3.0, 9.0], [27.55, 29.0]], dtype=torch.float64))
+
+
+def test_xmls_training_end_label_is_the_next_row_capped_at_the_last():
+    """loss.end_row=next: TVRetrieval's training label, ceil(t_ed / w): one row after the last row a
+    moment reaches into, never past the video's last row; unknown moments stay -1."""
+    moments = torch.tensor([[3.2, 7.6], [3.0, 6.0], [0.0, 30.0], [4.5, 4.5], [NAN, 5.0]])
+    rows = moment_rows(moments, torch.full((5,), 30.0), torch.full((5,), 20))
+    assert next_end(rows, torch.full((5,), 20)).tolist() == [[2, 6], [2, 4], [0, 19], [3, 4], [-1, -1]]
+    pair = moment_rows(torch.tensor([[[27.0, 30.0], [NAN, NAN]]]), torch.tensor([30.0, 12.0])[None],
+                       torch.tensor([10, 4])[None])
+    assert next_end(pair, torch.tensor([10, 4])[None]).tolist() == [[[9, 9], [-1, -1]]]
+
+
+def test_the_next_end_row_trains_nll_on_the_row_after_the_moment():
+    cfg, out, model, q, v, scores, rel, moments, vb = _step("pr", end_row="next")
+    labels = torch.tensor([0, 1, 2, 0])
+    lengths = vb.frame_mask.sum(1)
+    with torch.no_grad():
+        start, end = model.span_logits_batch(q, v)
+    query_rows = next_end(moment_rows(moments, vb.durations[labels], lengths[labels]), lengths[labels])
+    pair_rows = next_end(moment_rows(rel.moments, vb.durations[None], lengths[None]), lengths[None])
+    rows = segment_rows(query_rows, labels, 3, pair_rows)
+    assert rows[0, 2].tolist() == [6, 8]  # [12, 18] s ends the 18 s video: its last row, capped
+    assert rows[0, 0].tolist() == [1, 3]  # [2, 6] s of a 10 s video in 5 rows of 2 s: rows 1..2, trained end 3
+    labelled = rel.positive
+    assert out["nll1"].item() == pytest.approx(span_nll(start[labelled], end[labelled], rows[labelled]).item(), rel=1e-5)
+    assert out["nll1"].item() != pytest.approx(_step("pr")[1]["nll1"].item())
 
 
 def test_moment_rows_broadcast_a_pair_matrix_over_the_batch_videos():
@@ -116,7 +143,8 @@ def test_tables_7_8_leave_out_each_group_with_and_without_unit_confidence():
 
 
 # ----------------------------------------------------------------------------- one step, term by term
-def _step(condition: str, unit_confidence: bool = False, pair_moments: bool = True, confidence_on: str = "score"):
+def _step(condition: str, unit_confidence: bool = False, pair_moments: bool = True, confidence_on: str = "score",
+          end_row: str = "last"):
     """The XML backbone on 4 queries x 3 videos (q0, q3 -> v0; q1 -> v1; q2 -> v2) with durations
     and moments; (q0, v2) and (q1, v0) potentially relevant with C = 0.6 and 0.3, (q0, v2) with a
     moment of its own when `pair_moments`."""
@@ -138,7 +166,8 @@ def _step(condition: str, unit_confidence: bool = False, pair_moments: bool = Tr
     ctx = SimpleNamespace(epoch=0, step=0, generator=torch.Generator().manual_seed(3), batch=batch,
                           outputs={"queries": q, "videos": v, "scores": scores,
                                    "extras": model.step_extras(q, v, labels)}, video_of_query=labels)
-    cfg = XMLLossConfig(condition=condition, unit_confidence=unit_confidence, margin=0.2, confidence_on=confidence_on)
+    cfg = XMLLossConfig(condition=condition, unit_confidence=unit_confidence, margin=0.2, confidence_on=confidence_on,
+                        end_row=end_row)
     return cfg, xml_objective(cfg, scores, rel, ctx), model, q, v, scores, rel, moments, vb
 
 

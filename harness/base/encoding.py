@@ -10,7 +10,9 @@ from typing import Any, Callable, Iterable
 import numpy as np
 import torch
 
-VIDEO_BATCH, QUERY_BATCH = 128, 512  # items encoded at a time (memory only: the results do not depend on them)
+# items encoded at a time (memory only: the results do not depend on them, except under XML's
+# model.span_padding=encoded, whose padding rows reach the longest video of each batch)
+VIDEO_BATCH, QUERY_BATCH = 128, 512
 
 
 def encode_batches(encode: Callable[[Any], dict[str, torch.Tensor]], batches: Iterable[Any],

@@ -22,8 +22,9 @@ only after the convolution), so a video's end logits depend on its batch mates' 
 default, padding similarities are zero before the convolution, as if each video were zero-padded
 at its own end (`model.span_padding: zero`). `model.span_padding=encoded` reads them as XML does:
 the similarities of the padding rows as the encoders left them (rows of zero features, with their
-positions, attending to the real rows), up to the batch's longest video in training and the
-collection's encoded width in evaluation. XML's `max_ctx_l` is 100 (TVR, 1.5 s clips); `max_frames` is 128 here, the PRVR
+positions, attending to the real rows), up to the longest video of the batch: of the training
+batch, and in evaluation of each encoding batch (128 videos; rows beyond it read 0), as XML's
+code pads its own evaluation batches of 200. XML's `max_ctx_l` is 100 (TVR, 1.5 s clips); `max_frames` is 128 here, the PRVR
 loaders' `data.max_frames`, and the preset sets the paper's 20 (Charades-STA) / 12 (DiDeMo).
 """
 
