@@ -46,11 +46,14 @@ def _attention(ours: dict[str, torch.Tensor], layer: str, names: list[str], ffn:
     return out
 
 
-def _embeddings(ours: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+MSL_INPUTS = (("query_encoder.embed", "query_input_proj", "query_pos_embed"),
+              ("clip_embed", "clip_input_proj", "clip_pos_embed"), ("frame_embed", "frame_input_proj", "frame_pos_embed"))
+
+
+def _embeddings(ours: dict[str, torch.Tensor], inputs=MSL_INPUTS) -> dict[str, torch.Tensor]:
+    """Our InputEmbeddings `inputs` [(ours, official LinearLayer, official positions)] under the official names."""
     out = {}
-    for mine, embed, pos in (("query_encoder.embed", "query_input_proj", "query_pos_embed"),
-                             ("clip_embed", "clip_input_proj", "clip_pos_embed"),
-                             ("frame_embed", "frame_input_proj", "frame_pos_embed")):
+    for mine, embed, pos in inputs:
         out.update({f"{embed}.LayerNorm.weight": ours[f"{mine}.in_norm.weight"],
                     f"{embed}.LayerNorm.bias": ours[f"{mine}.in_norm.bias"],
                     f"{embed}.net.1.weight": ours[f"{mine}.linear.weight"], f"{embed}.net.1.bias": ours[f"{mine}.linear.bias"],
@@ -203,14 +206,8 @@ def _xml_as_official(ours: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
     """Our xml state dict under TVRetrieval's XML names in its video-only layout (--ctx_mode video_tef:
     video_encoder1..3, video_query_linear, video_st_predictor / video_ed_predictor), written here by hand
     from its model_xml.py and model_components.py."""
-    out = {}
-    for mine, embed, pos in (("query_encoder.embed", "query_input_proj", "query_pos_embed"),
-                             ("video_embed", "video_input_proj", "ctx_pos_embed")):
-        out.update({f"{embed}.LayerNorm.weight": ours[f"{mine}.in_norm.weight"],
-                    f"{embed}.LayerNorm.bias": ours[f"{mine}.in_norm.bias"],
-                    f"{embed}.net.1.weight": ours[f"{mine}.linear.weight"], f"{embed}.net.1.bias": ours[f"{mine}.linear.bias"],
-                    f"{pos}.position_embeddings.weight": ours[f"{mine}.positions.weight"],
-                    f"{pos}.LayerNorm.weight": ours[f"{mine}.norm.weight"], f"{pos}.LayerNorm.bias": ours[f"{mine}.norm.bias"]})
+    out = _embeddings(ours, (("query_encoder.embed", "query_input_proj", "query_pos_embed"),
+                             ("video_embed", "video_input_proj", "ctx_pos_embed")))
     out.update(_attention(ours, "query_encoder.layer.branches", ["query_encoder"]))
     for i in (1, 2, 3):
         out.update(_attention(ours, f"encoder{i}.branches", [f"video_encoder{i}"]))
