@@ -24,8 +24,9 @@ at its own end (`model.span_padding: zero`). `model.span_padding=encoded` reads 
 the similarities of the padding rows as the encoders left them (rows of zero features, with their
 positions, attending to the real rows), up to the longest video of the batch: of the training
 batch, and in evaluation of each encoding batch (128 videos; rows beyond it read 0), as XML's
-code pads its own evaluation batches of 200. XML's `max_ctx_l` is 100 (TVR, 1.5 s clips); `max_frames` is 128 here, the PRVR
-loaders' `data.max_frames`, and the preset sets the paper's 20 (Charades-STA) / 12 (DiDeMo).
+code pads its own evaluation batches of 200. XML's `max_ctx_l` is 100 (TVR, 1.5 s clips);
+`max_frames` is 128 here, the PRVR loaders' `data.max_frames`, and the preset sets the paper's 20
+(Charades-STA) / 12 (DiDeMo).
 """
 
 from __future__ import annotations
@@ -99,8 +100,10 @@ def from_official(named: dict[str, torch.Tensor], cfg: XMLConfig) -> dict[str, t
            **official_branches(named, "query_encoder.layer.branches", ["query_encoder"]),
            "query_encoder.pool.score.weight": named["modular_vector_mapping.weight"],
            **official_input(named, "video_embed", "video_input_proj", "ctx_pos_embed"),
-           "query_linear.weight": named["video_query_linear.weight"], "query_linear.bias": named["video_query_linear.bias"],
-           "start_conv.weight": named["video_st_predictor.weight"], "end_conv.weight": named["video_ed_predictor.weight"]}
+           "query_linear.weight": named["video_query_linear.weight"],
+           "query_linear.bias": named["video_query_linear.bias"],
+           "start_conv.weight": named["video_st_predictor.weight"],
+           "end_conv.weight": named["video_ed_predictor.weight"]}
     for i in (1, 2, 3):
         out.update(official_branches(named, f"encoder{i}.branches", [f"video_encoder{i}"]))
     return out
@@ -111,7 +114,8 @@ def from_official(named: dict[str, torch.Tensor], cfg: XMLConfig) -> dict[str, t
 class XML(nn.Module):
     config_cls = XMLConfig
     provides: ClassVar[frozenset[str]] = frozenset({"query_vector", "frame_mask", "span_logits"})
-    official = ("jayleicn/TVRetrieval", from_official)  # `evaluate --official-weights`, `train.init_weights`: whose, their map
+    # `evaluate --official-weights`, `train.init_weights`: whose weights, and their map
+    official = ("jayleicn/TVRetrieval", from_official)
 
     def __init__(self, cfg: XMLConfig, video_dim: int, query_dim: int) -> None:
         super().__init__()
