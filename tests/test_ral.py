@@ -47,7 +47,8 @@ def _tiny(backbone, *sets):
 
 
 def _batch(run, n=6):
-    tr_batcher = run.trainer(tempfile.mkdtemp()).batchers["train"]
+    with tempfile.TemporaryDirectory() as ckpt:  # the trainer is dropped: only its batcher is kept
+        tr_batcher = run.trainer(ckpt).batchers["train"]
     return tr_batcher, tr_batcher.train_batch(np.arange(n))
 
 
