@@ -40,23 +40,23 @@ def test_detached_keeps_the_figures_and_leaves_the_graph():
     assert [float(v) for v in out.values()] == [3.0, 2.0, 4.0]
 
 
-def _trainer(method: str, ckpt):
+def _trainer(method: str):
     cfg = resolve(method, "sim-tiny", 0, ["train.device=cpu"])
     run = build_run(cfg)
-    trainer = run.trainer(ckpt)
+    trainer = run.trainer("unused")  # one step, no checkpoint: nothing is written
     batches = epoch_batches(len(trainer.has_queries), cfg.train.batch_size, 0, 0, trainer.has_queries)
     return trainer, trainer.batchers["train"].train_batch(batches[0])
 
 
-def test_the_trainer_keeps_a_detached_loss_output(tmp_path):
-    trainer, batch = _trainer("baseline", tmp_path)
+def test_the_trainer_keeps_a_detached_loss_output():
+    trainer, batch = _trainer("baseline")
     out = trainer.train_step(batch, 0, 0)
     assert isinstance(out, LossOutput) and not out.loss.requires_grad
     assert set(out.parts) == {"clip_triplet", "clip_nce", "frame_triplet", "frame_nce"} and out.diagnostics == {}
 
 
-def test_an_objective_that_returns_a_dict_is_named(tmp_path):
-    trainer, batch = _trainer("baseline", tmp_path)
+def test_an_objective_that_returns_a_dict_is_named():
+    trainer, batch = _trainer("baseline")
     trainer.spec = dataclasses.replace(trainer.spec, objective=lambda cfg, scores, relations, ctx: {
         "loss": scores.fused.sum()})
     with pytest.raises(UserError, match=r"^method 'baseline': its objective returned dict, not a LossOutput"):
